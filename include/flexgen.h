@@ -1,0 +1,450 @@
+/*
+ * flexgen.h -- the whole public API of libflexgen.
+ *
+ * flexgen brings PyTorch's FlexAttention to C and CUDA programs. A user writes
+ * `mask_mod` / `score_mod` as small C snippets (the "mod language", see
+ * docs/mod-language.md); flexgen parses and checks them, builds block-sparse
+ * masks, splices the checked code into CUDA attention templates, compiles the
+ * result at run time with NVRTC, loads it through the CUDA Driver API and caches
+ * the kernel under a hash of the canonical mods and the configuration.
+ *
+ * Conventions (one rule for every function below):
+ *  - Handles are opaque. Every `*_create` / `*_from_*` has a `*_destroy` that
+ *    accepts NULL.
+ *  - A function that can fail returns fg_status. On failure the context keeps
+ *    the status, a message and, for errors in mod text, the byte offset of the
+ *    offending token (fg_errmsg, fg_error_offset, fg_error_diagnostic).
+ *  - Nothing aborts or exits on bad input: a NULL pointer, a bad snippet, a
+ *    wrong shape, a missing GPU or a damaged cache file gives a status.
+ *  - libcuda is loaded with dlopen on first use. Everything that launches no
+ *    kernel works without a driver or GPU; GPU calls there return
+ *    FG_ERR_NO_DEVICE.
+ *  - Strings returned through `char **` are allocated by the library and must
+ *    be released with fg_free. Strings returned as `const char *` belong to the
+ *    object they came from and live as long as it (or until the next call on
+ *    the context, for the error accessors).
+ *  - A context is not shared between threads without external locking, except
+ *    for its kernel cache, which is thread-safe: several contexts (one per
+ *    thread) created over one fg_cache share compiled kernels.
+ */
+#ifndef FLEXGEN_H
+#define FLEXGEN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(FLEXGEN_BUILDING) && defined(__GNUC__)
+#define FG_API __attribute__((visibility("default")))
+#else
+#define FG_API
+#endif
+
+/* ------------------------------------------------------------------------- */
+/* Versions                                                                  */
+/* ------------------------------------------------------------------------- */
+
+#define FLEXGEN_VERSION_MAJOR 0
+#define FLEXGEN_VERSION_MINOR 1
+#define FLEXGEN_VERSION_PATCH 0
+#define FLEXGEN_VERSION_NUMBER \
+    (FLEXGEN_VERSION_MAJOR * 10000 + FLEXGEN_VERSION_MINOR * 100 + FLEXGEN_VERSION_PATCH)
+#define FLEXGEN_VERSION_STRING "0.1.0"
+
+/* The version of the library actually linked: FLEXGEN_VERSION_NUMBER of the
+ * build, so a program can compare it with the header it was compiled with. */
+FG_API int fg_version_number(void);
+FG_API const char *fg_version_string(void);
+
+/* ------------------------------------------------------------------------- */
+/* Status codes                                                              */
+/* ------------------------------------------------------------------------- */
+
+/* Stable: values never change meaning; new codes are appended. */
+typedef enum fg_status {
+    FG_OK = 0,
+    FG_ERR_INVALID_ARGUMENT = 1, /* NULL pointer, bad option value, bad flag   */
+    FG_ERR_OUT_OF_MEMORY = 2,    /* host allocation failed                     */
+    FG_ERR_IO = 3,               /* a file could not be read or written        */
+    /* The mod language (the offset of the offending token is recorded). */
+    FG_ERR_SYNTAX = 10,       /* not valid mod-language syntax                  */
+    FG_ERR_UNSUPPORTED = 11,  /* valid C, but outside the mod subset (loops,
+                                 assignment, pointers, strings, preprocessor) */
+    FG_ERR_NAME = 12,         /* unknown, duplicate or reserved name           */
+    FG_ERR_TYPE = 13,         /* type error (e.g. % on float, bool buffer)     */
+    FG_ERR_SIGNATURE = 14,    /* mask_mod / score_mod with the wrong signature */
+    FG_ERR_ARITY = 15,        /* a builtin called with the wrong argument count*/
+    FG_ERR_LIMIT = 16,        /* snippet length, nesting depth, local count    */
+    FG_ERR_EVAL = 17,         /* run-time error in the CPU evaluator: division
+                                 by zero, INT_MIN / -1, shift out of range,
+                                 buffer index out of bounds                    */
+    FG_ERR_UNBOUND = 18,      /* a buffer parameter was not bound / a binding
+                                 names no parameter / wrong binding kind       */
+    /* Shapes and objects. */
+    FG_ERR_SHAPE = 20,        /* inconsistent sizes, strides or block sizes    */
+    FG_ERR_NOT_SUPPORTED = 21,/* a valid configuration this build cannot run
+                                 (e.g. a head dim over 256, fp32 inputs)        */
+    FG_ERR_NOT_FOUND = 22,    /* a named object does not exist                 */
+    /* Compilation, CUDA and the cache. */
+    FG_ERR_COMPILE = 30,      /* NVRTC failed; the log is on the context       */
+    FG_ERR_NO_DEVICE = 31,    /* no libcuda, no driver or no CUDA device       */
+    FG_ERR_CUDA = 32,         /* a CUDA driver call failed; message has the
+                                 driver's own error name and string            */
+    FG_ERR_CACHE = 33,        /* the disk cache could not be used (a damaged
+                                 file is not an error: it is recompiled)       */
+    FG_ERR_TOLERANCE = 40     /* a check found results outside tolerance       */
+} fg_status;
+
+/* A static, human-readable name for a status ("FG_ERR_SYNTAX: syntax error"). */
+FG_API const char *fg_status_string(fg_status status);
+
+/* Release memory the library returned through a `char **` or `void **`. */
+FG_API void fg_free(void *p);
+
+/* ------------------------------------------------------------------------- */
+/* Context                                                                   */
+/* ------------------------------------------------------------------------- */
+
+typedef struct fg_ctx fg_ctx;
+
+/* Create a context. Never touches the GPU: CUDA is initialised lazily by the
+ * first call that needs it. Returns FG_ERR_OUT_OF_MEMORY or FG_OK. */
+FG_API fg_status fg_ctx_create(fg_ctx **out);
+FG_API void fg_ctx_destroy(fg_ctx *ctx);
+
+/* The last error recorded on ctx (FG_OK after a successful call that
+ * cleared it). fg_errmsg never returns NULL; fg_error_offset returns the byte
+ * offset of the offending token in the mod source, or -1. */
+FG_API fg_status fg_errcode(const fg_ctx *ctx);
+FG_API const char *fg_errmsg(const fg_ctx *ctx);
+FG_API int64_t fg_error_offset(const fg_ctx *ctx);
+
+/* A rendered diagnostic for the last error: for errors in mod text
+ *     mods/causal.c:5:22: error: unknown name 'kv_ix' (did you mean 'kv_idx'?)
+ *         return q_idx >= kv_ix;
+ *                         ^~~~~
+ * otherwise just the message. Owned by ctx, valid until the next call on it. */
+FG_API const char *fg_error_diagnostic(fg_ctx *ctx);
+
+/* The full NVRTC log of the last failed (or, when it produced warnings, last)
+ * compilation on ctx, or "" when there is none. */
+FG_API const char *fg_compile_log(const fg_ctx *ctx);
+
+/* Options, set through one function and range-checked. */
+typedef enum fg_option {
+    FG_OPT_DEVICE = 1,          /* int: CUDA device ordinal (default 0)        */
+    FG_OPT_ARCH = 2,            /* string: NVRTC target, e.g. "sm_90a",
+                                   "sm_80"; NULL or "" = the current device's
+                                   (sm_90a on Hopper; "sm_90a" with no GPU)   */
+    FG_OPT_CACHE_DIR = 3,       /* string: disk cache folder; NULL = default   */
+    FG_OPT_DISK_CACHE = 4,      /* int: 0 off, 1 on (default 1 unless the
+                                   environment has FLEXGEN_DISK_CACHE=0)       */
+    FG_OPT_CACHE_MAX_BYTES = 5, /* int64: disk cache size cap, LRU eviction
+                                   (default 1 GiB; FLEXGEN_CACHE_MAX_BYTES)    */
+    FG_OPT_MAX_SOURCE = 6,      /* int: max mod source length in bytes (64 KiB)*/
+    FG_OPT_MAX_DEPTH = 7,       /* int: max expression nesting depth (200)     */
+    FG_OPT_MAX_LOCALS = 8       /* int: max locals per function (64)           */
+} fg_option;
+
+FG_API fg_status fg_ctx_set_int(fg_ctx *ctx, fg_option opt, int64_t value);
+FG_API fg_status fg_ctx_set_string(fg_ctx *ctx, fg_option opt, const char *value);
+FG_API fg_status fg_ctx_get_int(const fg_ctx *ctx, fg_option opt, int64_t *value);
+/* The string value (for FG_OPT_ARCH: the effective arch; may initialise CUDA). */
+FG_API fg_status fg_ctx_get_string(fg_ctx *ctx, fg_option opt, const char **value);
+
+/* ------------------------------------------------------------------------- */
+/* Mods                                                                      */
+/* ------------------------------------------------------------------------- */
+
+/* A checked mod: optionally a mask_mod, optionally a score_mod, and the
+ * parameters they use. Immutable once created; may be shared between
+ * contexts and threads. */
+typedef struct fg_mod fg_mod;
+
+typedef enum fg_type { FG_TYPE_BOOL = 1, FG_TYPE_INT = 2, FG_TYPE_FLOAT = 3 } fg_type;
+typedef enum fg_param_kind { FG_PARAM_SCALAR = 1, FG_PARAM_BUFFER = 2 } fg_param_kind;
+
+/* A parameter declared through the API (for the expression form). */
+typedef struct fg_param_decl {
+    const char *name;
+    fg_param_kind kind;
+    fg_type type;         /* FG_TYPE_INT or FG_TYPE_FLOAT (buffer: element) */
+    double default_value; /* scalars: default (converted to the type)       */
+} fg_param_decl;
+
+/* Parse and check a mod file in the mod language. `filename` is used for
+ * diagnostics and #line directives. */
+FG_API fg_status fg_mod_from_file(fg_ctx *ctx, const char *path, fg_mod **out);
+/* Same, from text in memory (`len` bytes, or strlen when len is (size_t)-1).
+ * `name` (may be NULL: "<source>") appears in diagnostics. */
+FG_API fg_status fg_mod_from_source(fg_ctx *ctx, const char *name, const char *text,
+                                    size_t len, fg_mod **out);
+
+typedef enum fg_mod_kind { FG_MASK_MOD = 1, FG_SCORE_MOD = 2 } fg_mod_kind;
+
+/* The expression form: a bare expression that becomes the body of mask_mod
+ * (a bool expression of b, h, q_idx, kv_idx) or score_mod (a float expression
+ * of score, b, h, q_idx, kv_idx), with parameters declared through `params`.
+ * Parses to the same AST, canonical text and hash as the file form. */
+FG_API fg_status fg_mod_from_expr(fg_ctx *ctx, fg_mod_kind kind, const char *expr,
+                                  const fg_param_decl *params, size_t nparams,
+                                  fg_mod **out);
+
+/* FlexAttention's and_masks / or_masks: a new mod whose mask_mod is
+ * a(...) && b(...) (or ||), evaluated left to right with short-circuit, so b
+ * is never evaluated where a already decides. Parameters with the same name
+ * must have the same kind and type and are shared; otherwise FG_ERR_NAME.
+ * Neither input may have a score_mod: FG_ERR_INVALID_ARGUMENT. */
+FG_API fg_status fg_mod_and(fg_ctx *ctx, const fg_mod *a, const fg_mod *b, fg_mod **out);
+FG_API fg_status fg_mod_or(fg_ctx *ctx, const fg_mod *a, const fg_mod *b, fg_mod **out);
+
+/* A mod with the mask_mod of `mask_from` and the score_mod of `score_from`
+ * (either may be NULL, not both), parameters merged as for fg_mod_and. This is
+ * how `--mask FILE --score FILE` becomes one mod. */
+FG_API fg_status fg_mod_combine(fg_ctx *ctx, const fg_mod *mask_from, const fg_mod *score_from,
+                                fg_mod **out);
+
+FG_API void fg_mod_destroy(fg_mod *mod);
+
+FG_API int fg_mod_has_mask(const fg_mod *mod);
+FG_API int fg_mod_has_score(const fg_mod *mod);
+/* A readable name: the file's base name without extension ("sliding_window"),
+ * "expr" for expressions, "a_and_b" for compositions. */
+FG_API const char *fg_mod_name(const fg_mod *mod);
+
+/* The canonical text: one normal text per meaning. Whitespace, comments,
+ * redundant parentheses, parameter default values and the names the user gave
+ * the function arguments and locals do not change it. */
+FG_API const char *fg_mod_canonical(const fg_mod *mod);
+/* A 64-bit hash of the canonical text (FNV-1a). */
+FG_API uint64_t fg_mod_hash(const fg_mod *mod);
+
+/* Parameter introspection, in declaration order. */
+typedef struct fg_param_info {
+    const char *name;
+    fg_param_kind kind;
+    fg_type type;         /* scalar type, or buffer element type */
+    double default_value; /* scalars */
+} fg_param_info;
+FG_API size_t fg_mod_param_count(const fg_mod *mod);
+FG_API fg_status fg_mod_param(const fg_mod *mod, size_t index, fg_param_info *info);
+
+/* ------------------------------------------------------------------------- */
+/* Bindings: values for a mod's parameters at run time                        */
+/* ------------------------------------------------------------------------- */
+
+/* Scalars not bound take their default. Buffers must be bound. For CPU calls
+ * (evaluation, CPU block masks, the reference) buffers are host pointers; for
+ * GPU calls, device pointers. `length` is in elements. Changing a value never
+ * recompiles. */
+typedef struct fg_binding {
+    const char *name;
+    fg_param_kind kind;
+    union {
+        int32_t i;       /* scalar int   */
+        float f;         /* scalar float */
+        struct {
+            const void *data;
+            int64_t length;
+        } buffer;
+    } value;
+    fg_type type;        /* FG_TYPE_INT / FG_TYPE_FLOAT: scalar type, or
+                            buffer element type; checked against the decl   */
+} fg_binding;
+
+/* Helpers that fill a binding. */
+FG_API fg_binding fg_bind_int(const char *name, int32_t v);
+FG_API fg_binding fg_bind_float(const char *name, float v);
+FG_API fg_binding fg_bind_int_buffer(const char *name, const int32_t *data, int64_t length);
+FG_API fg_binding fg_bind_float_buffer(const char *name, const float *data, int64_t length);
+
+/* Evaluate a mod on the CPU over the tile [q0, q0+nq) x [kv0, kv0+nk) for
+ * batch b and head h, vector at a time. mask: out[i*nk+j] is 0 or 1 (all 1
+ * when the mod has no mask_mod). score: out[i*nk+j] = score_mod(in[i*nk+j],
+ * ...) (a copy when it has no score_mod). Errors (FG_ERR_EVAL) name the
+ * offending expression's offset. */
+FG_API fg_status fg_mod_eval_mask(fg_ctx *ctx, const fg_mod *mod, const fg_binding *binds,
+                                  size_t nbinds, int b, int h, int q0, int nq, int kv0, int nk,
+                                  uint8_t *out);
+FG_API fg_status fg_mod_eval_score(fg_ctx *ctx, const fg_mod *mod, const fg_binding *binds,
+                                   size_t nbinds, int b, int h, int q0, int nq, int kv0, int nk,
+                                   const float *in, float *out);
+
+/* ------------------------------------------------------------------------- */
+/* Code generation and compilation (no GPU needed)                           */
+/* ------------------------------------------------------------------------- */
+
+typedef enum fg_dtype { FG_BF16 = 1, FG_FP16 = 2 } fg_dtype;
+
+typedef enum fg_kernel_kind {
+    FG_KERNEL_ATTENTION_FWD = 1, /* the forward attention kernel         */
+    FG_KERNEL_BLOCK_MASK = 2     /* the GPU block-mask builder           */
+} fg_kernel_kind;
+
+/* Everything that selects a compiled kernel besides the mods. */
+typedef struct fg_kernel_config {
+    fg_kernel_kind kind;
+    fg_dtype dtype;      /* attention: input dtype (default FG_BF16)        */
+    int head_dim;        /* attention: head dim of q/k/v (default 128)      */
+    int q_block;         /* block-mask block sizes (default 128)            */
+    int kv_block;
+    const char *arch;    /* NULL: the context's arch                        */
+} fg_kernel_config;
+
+/* The complete, self-contained CUDA source of the kernel for `mod` under
+ * `config` (what `flexgen --mask FILE` prints). */
+FG_API fg_status fg_generate_source(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *config,
+                                    char **source);
+
+typedef enum fg_emit_kind { FG_EMIT_PTX = 1, FG_EMIT_CUBIN = 2 } fg_emit_kind;
+/* Compile the generated source with NVRTC for the config's arch. On
+ * FG_ERR_COMPILE the log is in fg_compile_log. */
+FG_API fg_status fg_compile(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *config,
+                            fg_emit_kind kind, void **image, size_t *size);
+
+/* ------------------------------------------------------------------------- */
+/* Kernel cache                                                              */
+/* ------------------------------------------------------------------------- */
+
+typedef struct fg_cache_stats {
+    uint64_t memory_hits;   /* found loaded in memory                       */
+    uint64_t disk_hits;     /* loaded from a verified disk file             */
+    uint64_t misses;        /* compiled                                     */
+    uint64_t disk_rejects;  /* damaged / foreign disk files recompiled      */
+    double compile_ms;      /* total NVRTC time                             */
+    double load_ms;         /* total disk read + module load time           */
+} fg_cache_stats;
+
+/* Stats of the process-wide kernel cache (all contexts share it). */
+FG_API void fg_cache_get_stats(fg_cache_stats *stats);
+FG_API void fg_cache_reset_stats(void);
+/* The disk cache folder in effect for ctx (option, $FLEXGEN_CACHE_DIR,
+ * $XDG_CACHE_HOME/flexgen, ~/.cache/flexgen). */
+FG_API fg_status fg_cache_dir(fg_ctx *ctx, const char **dir);
+/* Remove every cache file in the folder; `removed` may be NULL. */
+FG_API fg_status fg_cache_clear(fg_ctx *ctx, size_t *removed);
+/* Drop every kernel from the in-memory cache (for tests and benchmarks). */
+FG_API void fg_cache_forget_memory(void);
+
+/* ------------------------------------------------------------------------- */
+/* Block masks                                                               */
+/* ------------------------------------------------------------------------- */
+
+/* FlexAttention's BlockMask. Blocks of q_block x kv_block. For each (b, h,
+ * q block): `kv_num_blocks` partial blocks (the mask is evaluated inside)
+ * listed ascending in `kv_indices`, and `full_kv_num_blocks` full blocks (no
+ * mask evaluation) in `full_kv_indices`; empty blocks are absent. The q_*
+ * arrays are the transpose (per kv block, the q blocks) for the backward pass.
+ * batch or heads of 1 broadcast over the attention's B / H.
+ *
+ * Classification of a block that holds positions past q_len or kv_len: only
+ * in-range positions count. A block is full when the mask is true at every
+ * in-range position, empty when false at every one, partial otherwise. The
+ * kernels always mask positions past the lengths themselves. */
+typedef struct fg_block_mask fg_block_mask;
+
+typedef struct fg_block_mask_desc {
+    int batch, heads;     /* 1 = broadcast                                 */
+    int q_len, kv_len;
+    int q_block, kv_block;/* 0 = 128                                       */
+} fg_block_mask_desc;
+
+typedef enum fg_block_mask_array {
+    FG_BM_KV_NUM_BLOCKS = 1,      /* int32 [B][H][q_blocks]               */
+    FG_BM_KV_INDICES = 2,         /* int32 [B][H][q_blocks][kv_blocks]    */
+    FG_BM_FULL_KV_NUM_BLOCKS = 3, /* int32 [B][H][q_blocks]               */
+    FG_BM_FULL_KV_INDICES = 4,    /* int32 [B][H][q_blocks][kv_blocks]    */
+    FG_BM_Q_NUM_BLOCKS = 5,       /* int32 [B][H][kv_blocks]              */
+    FG_BM_Q_INDICES = 6,          /* int32 [B][H][kv_blocks][q_blocks]    */
+    FG_BM_FULL_Q_NUM_BLOCKS = 7,  /* int32 [B][H][kv_blocks]              */
+    FG_BM_FULL_Q_INDICES = 8      /* int32 [B][H][kv_blocks][q_blocks]    */
+} fg_block_mask_array;
+
+/* Build on the CPU with the evaluator (buffers bound to host memory). */
+FG_API fg_status fg_block_mask_create(fg_ctx *ctx, const fg_mod *mod, const fg_block_mask_desc *desc,
+                                      const fg_binding *binds, size_t nbinds, fg_block_mask **out);
+/* Build on the GPU with a generated kernel (buffers bound to device memory).
+ * The result lives on the device (download it to read it on the host).
+ * `stream` is a CUstream (NULL: the default stream); the call does not
+ * synchronise. */
+FG_API fg_status fg_block_mask_create_gpu(fg_ctx *ctx, const fg_mod *mod,
+                                          const fg_block_mask_desc *desc, const fg_binding *binds,
+                                          size_t nbinds, void *stream, fg_block_mask **out);
+/* Rebuild an existing GPU block mask in place for new parameter / buffer
+ * values (same mod and shape): no allocation, no compile, no host sync. */
+FG_API fg_status fg_block_mask_rebuild_gpu(fg_ctx *ctx, fg_block_mask *mask, const fg_mod *mod,
+                                           const fg_binding *binds, size_t nbinds, void *stream);
+/* Like BlockMask.from_kv_blocks: from host arrays of partial and (optional,
+ * may be NULL) full blocks; the q_* arrays are derived. Indices are checked. */
+FG_API fg_status fg_block_mask_from_kv_blocks(fg_ctx *ctx, const fg_block_mask_desc *desc,
+                                              const int32_t *kv_num_blocks, const int32_t *kv_indices,
+                                              const int32_t *full_kv_num_blocks,
+                                              const int32_t *full_kv_indices, fg_block_mask **out);
+FG_API void fg_block_mask_destroy(fg_block_mask *mask);
+
+FG_API fg_status fg_block_mask_get_desc(const fg_block_mask *mask, fg_block_mask_desc *desc);
+/* Copy host arrays to the device / device arrays to the host (synchronous). */
+FG_API fg_status fg_block_mask_upload(fg_ctx *ctx, fg_block_mask *mask);
+FG_API fg_status fg_block_mask_download(fg_ctx *ctx, fg_block_mask *mask);
+/* One array: host pointer (NULL when not on the host), device pointer (0 when
+ * not on the device), and its dims (4 entries; the 3-D ones set dims[3]=1). */
+FG_API fg_status fg_block_mask_array_get(const fg_block_mask *mask, fg_block_mask_array which,
+                                         const int32_t **host, uint64_t *device, int64_t dims[4]);
+/* Fraction of (b, h, q block, kv block) tiles that are empty, in [0, 1]
+ * (FlexAttention's sparsity() / 100). Needs the host arrays. */
+FG_API fg_status fg_block_mask_sparsity(const fg_block_mask *mask, double *sparsity);
+/* A text picture like BlockMask.__str__: '#' full, '+' partial, '.' empty,
+ * one row per q block, downsampled to at most max_cols columns / max_rows rows
+ * (0: 64 / 32), for each (b, h) up to a few. */
+FG_API fg_status fg_block_mask_picture(const fg_block_mask *mask, int max_rows, int max_cols,
+                                       char **text);
+
+/* ------------------------------------------------------------------------- */
+/* Attention                                                                 */
+/* ------------------------------------------------------------------------- */
+
+/* One attention call. q: [B, Hq, Q_LEN, D], k and v: [B, Hkv, KV_LEN, D],
+ * out: [B, Hq, Q_LEN, D], lse: [B, Hq, Q_LEN] float32 (natural log; may be
+ * NULL). Strides are in elements for the index order (b, h, s, d); the last
+ * must be 1; all zero means contiguous BHSD. BSHD works by strides.
+ * Hq must be a multiple of Hkv (GQA / MQA). */
+typedef struct fg_attention_args {
+    int batch, heads_q, heads_kv, q_len, kv_len, head_dim;
+    fg_dtype dtype;
+    const void *q, *k, *v;
+    void *out;
+    float *lse;
+    int64_t q_stride[4], k_stride[4], v_stride[4], out_stride[4];
+    float scale;                     /* 0: 1/sqrt(head_dim)                 */
+    int q_offset, kv_offset;         /* added to the indices the mods see  */
+    const fg_block_mask *block_mask; /* NULL: dense (mask_mod everywhere)  */
+    const fg_binding *binds;
+    size_t nbinds;
+    void *stream;                    /* CUstream; NULL: default stream    */
+} fg_attention_args;
+
+/* A compiled forward kernel for one mod and configuration, fetched once (from
+ * the cache, compiling on a miss) and launched many times. */
+typedef struct fg_kernel fg_kernel;
+FG_API fg_status fg_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *config,
+                               fg_kernel **out);
+FG_API void fg_kernel_release(fg_kernel *kernel);
+
+/* Run the forward pass on the GPU (device pointers). Asynchronous on the
+ * stream. Uses fg_kernel_get internally (a memory-cache hit after the first). */
+FG_API fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args);
+FG_API fg_status fg_kernel_launch(fg_ctx *ctx, fg_kernel *kernel, const fg_attention_args *args);
+
+/* The CPU reference: same arguments with host pointers (q/k/v in args->dtype,
+ * out as double [B, Hq, Q_LEN, D] contiguous, lse as double [B, Hq, Q_LEN]
+ * or NULL), float64 accumulation, the mods through the evaluator. */
+FG_API fg_status fg_attention_reference(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
+                                        double *out, double *lse);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLEXGEN_H */

@@ -1,0 +1,369 @@
+/*
+ * internal.h -- what the modules of libflexgen share and the public header
+ * does not say: the context, the error helpers, the arena, the typed AST of
+ * the mod language, and one section per module with the functions it offers
+ * the others. Internal names start with fgi_ (functions, types) or FGI_.
+ *
+ * The AST contract (read this before touching lex/parse/check/eval/emit):
+ *  - The parser builds nodes with kind FGI_E_NAME for identifiers and leaves
+ *    `type` at FGI_T_NONE. The checker resolves every name into ARG / PARAM /
+ *    LOCAL / INDEX, sets `type` on every node, and inserts explicit CAST nodes
+ *    for every implicit conversion (int -> float promotion, bool -> int in
+ *    arithmetic, int/float -> bool in conditions). After checking:
+ *      ADD SUB MUL DIV        operands both INT or both FLOAT, result same
+ *      MOD BAND BOR BXOR SHL SHR   operands INT, result INT
+ *      LT LE GT GE EQ NE      operands same type (INT, FLOAT, or BOOL for EQ/NE),
+ *                             result BOOL
+ *      LAND LOR NOT           operands BOOL, result BOOL
+ *      NEG                    INT or FLOAT;  BITNOT  INT
+ *      COND                   a BOOL, b and c of the result type
+ *      CAST                   to `type` from a->type (any of BOOL INT FLOAT)
+ *      CALL                   args already converted to the builtin's types
+ *      INDEX                  param = a buffer param, a = INT index; type is
+ *                             the element type
+ *    so the evaluator and the emitter never reason about promotion.
+ *  - Semantics shared by the CPU evaluator and the emitted CUDA:
+ *      int arithmetic wraps (two's complement); int / and % truncate toward
+ *      zero; float ops are IEEE single precision; float -> int casts truncate
+ *      and saturate, NaN -> 0 (CUDA __float2int_rz); bool -> int is 0/1.
+ *      The evaluator reports division/modulo by zero, INT_MIN / -1,
+ *      INT_MIN % -1, shifts by < 0 or >= 32, and buffer indices outside
+ *      [0, length) as FG_ERR_EVAL at the node's offset. The GPU code cannot
+ *      report: there x / 0 = 0, x % 0 = 0, INT_MIN / -1 = INT_MIN,
+ *      INT_MIN % -1 = 0, shift counts are masked with & 31, and an
+ *      out-of-range buffer read gives 0.
+ *      && || ?: short-circuit: the unevaluated side is never evaluated (the
+ *      evaluator masks lanes), so `i < n && buf[i]` is safe.
+ */
+#ifndef FLEXGEN_INTERNAL_H
+#define FLEXGEN_INTERNAL_H
+
+#include "flexgen.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ------------------------------------------------------------------------- */
+/* Arena (core.c): bump allocation, freed all at once.                       */
+/* ------------------------------------------------------------------------- */
+
+typedef struct fgi_arena_chunk fgi_arena_chunk;
+typedef struct fgi_arena {
+    fgi_arena_chunk *head;
+} fgi_arena;
+
+void fgi_arena_init(fgi_arena *a);
+void fgi_arena_free(fgi_arena *a);
+/* Zeroed, 16-byte aligned; NULL only when out of memory. */
+void *fgi_arena_alloc(fgi_arena *a, size_t size);
+char *fgi_arena_strndup(fgi_arena *a, const char *s, size_t n);
+char *fgi_arena_strdup(fgi_arena *a, const char *s);
+
+/* ------------------------------------------------------------------------- */
+/* Growable string (core.c)                                                  */
+/* ------------------------------------------------------------------------- */
+
+typedef struct fgi_buf {
+    char *data; /* NUL-terminated; NULL until the first append */
+    size_t len, cap;
+    bool oom;   /* set when an append failed; later appends do nothing */
+} fgi_buf;
+
+void fgi_buf_append(fgi_buf *b, const char *s, size_t n);
+void fgi_buf_puts(fgi_buf *b, const char *s);
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+void fgi_buf_printf(fgi_buf *b, const char *fmt, ...);
+void fgi_buf_free(fgi_buf *b);
+/* Hand the string to the caller (malloc'd, "" when empty); NULL on OOM. */
+char *fgi_buf_take(fgi_buf *b);
+
+/* ------------------------------------------------------------------------- */
+/* Context and errors (core.c)                                               */
+/* ------------------------------------------------------------------------- */
+
+struct fgi_cuda_state; /* cuda.c */
+
+struct fg_ctx {
+    /* last error */
+    fg_status status;
+    char message[1024];
+    int64_t offset;           /* -1 when the error has no position         */
+    char *err_source;         /* copy of the source the offset points into */
+    size_t err_source_len;
+    char *err_filename;       /* for diagnostics                           */
+    char *diagnostic;         /* rendered on demand                        */
+    char *compile_log;        /* last NVRTC log                            */
+    /* options */
+    int device;
+    char arch[32];            /* "" = current device's                     */
+    char *cache_dir;          /* NULL = default                            */
+    int disk_cache;           /* 0/1                                       */
+    int64_t cache_max_bytes;
+    int max_source, max_depth, max_locals;
+    /* lazily initialised CUDA state (cuda.c) */
+    struct fgi_cuda_state *cuda;
+};
+
+/* Record an error and return its status. `offset` < 0: no position. The
+ * source/filename (may be NULL) are copied for fg_error_diagnostic. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 6, 7)))
+#endif
+fg_status fgi_error_at(fg_ctx *ctx, fg_status st, const char *filename, const char *source,
+                       int64_t offset, const char *fmt, ...);
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+fg_status fgi_error(fg_ctx *ctx, fg_status st, const char *fmt, ...);
+void fgi_clear_error(fg_ctx *ctx);
+void fgi_set_compile_log(fg_ctx *ctx, const char *log);
+
+/* Early-return helpers. */
+#define FGI_CHECK_ARG(ctx, cond, ...)                                      \
+    do {                                                                   \
+        if (!(cond)) return fgi_error((ctx), FG_ERR_INVALID_ARGUMENT, __VA_ARGS__); \
+    } while (0)
+#define FGI_TRY(expr)                          \
+    do {                                       \
+        fg_status fgi_st_ = (expr);            \
+        if (fgi_st_ != FG_OK) return fgi_st_;  \
+    } while (0)
+
+/* 64-bit FNV-1a, chainable (start with FGI_FNV_SEED). */
+#define FGI_FNV_SEED 0xcbf29ce484222325ull
+uint64_t fgi_fnv1a(uint64_t h, const void *data, size_t n);
+
+/* Milliseconds from a monotonic clock. */
+double fgi_now_ms(void);
+
+/* ------------------------------------------------------------------------- */
+/* The AST of the mod language                                               */
+/* ------------------------------------------------------------------------- */
+
+typedef enum fgi_type { FGI_T_NONE = 0, FGI_T_BOOL = 1, FGI_T_INT = 2, FGI_T_FLOAT = 3 } fgi_type;
+
+typedef enum fgi_expr_kind {
+    FGI_E_INT_LIT = 1, /* lit.i                                              */
+    FGI_E_FLOAT_LIT,   /* lit.f (INFINITY included)                          */
+    FGI_E_BOOL_LIT,    /* lit.b (true / false)                               */
+    FGI_E_NAME,        /* parser only: identifier `name`                     */
+    FGI_E_ARG,         /* op = fgi_arg                                       */
+    FGI_E_PARAM,       /* scalar parameter: index into mod->params           */
+    FGI_E_LOCAL,       /* local: index into the function's locals            */
+    FGI_E_INDEX,       /* buffer[a]: index = buffer param; parser: a = base
+                          (a NAME node), b = index; checker: a = index,
+                          b = NULL                                           */
+    FGI_E_UNARY,       /* op = fgi_op, a                                     */
+    FGI_E_BINARY,      /* op = fgi_op, a, b                                  */
+    FGI_E_COND,        /* a ? b : c                                          */
+    FGI_E_CAST,        /* (type) a; implicit conversions too after check    */
+    FGI_E_CALL         /* op = fgi_builtin (parser: name), args[nargs]       */
+} fgi_expr_kind;
+
+typedef enum fgi_arg { FGI_ARG_B = 0, FGI_ARG_H, FGI_ARG_Q_IDX, FGI_ARG_KV_IDX, FGI_ARG_SCORE } fgi_arg;
+
+typedef enum fgi_op {
+    FGI_OP_NONE = 0,
+    /* unary */
+    FGI_OP_NEG, FGI_OP_PLUS, FGI_OP_NOT, FGI_OP_BITNOT,
+    /* binary */
+    FGI_OP_ADD, FGI_OP_SUB, FGI_OP_MUL, FGI_OP_DIV, FGI_OP_MOD,
+    FGI_OP_SHL, FGI_OP_SHR, FGI_OP_BAND, FGI_OP_BOR, FGI_OP_BXOR,
+    FGI_OP_LT, FGI_OP_LE, FGI_OP_GT, FGI_OP_GE, FGI_OP_EQ, FGI_OP_NE,
+    FGI_OP_LAND, FGI_OP_LOR
+} fgi_op;
+
+typedef enum fgi_builtin {
+    FGI_FN_ABS = 0, FGI_FN_MIN, FGI_FN_MAX, FGI_FN_CLAMP, /* int or float      */
+    FGI_FN_EXP, FGI_FN_EXP2, FGI_FN_LOG, FGI_FN_LOG2, FGI_FN_SQRT, FGI_FN_RSQRT,
+    FGI_FN_TANH, FGI_FN_SIGMOID, FGI_FN_FLOOR, FGI_FN_CEIL, FGI_FN_POW,
+    FGI_FN_SIN, FGI_FN_COS, FGI_FN_ROUND, FGI_FN_TRUNC, FGI_FN_FMOD,
+    FGI_FN_COUNT
+} fgi_builtin;
+
+typedef struct fgi_expr fgi_expr;
+struct fgi_expr {
+    fgi_expr_kind kind;
+    fgi_type type;       /* FGI_T_NONE until checked                         */
+    int op;              /* fgi_op / fgi_arg / fgi_builtin                   */
+    int index;           /* PARAM / LOCAL / INDEX                            */
+    int offset, length;  /* the token that names this node (the operator for
+                            unary/binary, the name for calls and indices,
+                            the '(' of a cast); offsets into the func's src  */
+    const char *name;    /* NAME and CALL (as written)                       */
+    union {
+        int32_t i;
+        float f;
+        bool b;
+    } lit;
+    fgi_expr *a, *b, *c;
+    fgi_expr **args;
+    int nargs;
+};
+
+typedef struct fgi_local {
+    const char *name;
+    fgi_type type;
+    bool is_const;
+    fgi_expr *init;
+    int offset, length;  /* the name token */
+} fgi_local;
+
+typedef enum fgi_func_kind { FGI_FUNC_MASK = 1, FGI_FUNC_SCORE = 2 } fgi_func_kind;
+
+/* One mask_mod or score_mod body. `src` / `filename` are the text the
+ * offsets point into (owned by the mod's arena) so that composed mods keep
+ * each part's own positions for diagnostics and #line. */
+typedef struct fgi_func {
+    fgi_func_kind kind;
+    const char *arg_names[5];   /* as the user named them, in fgi_arg order  */
+    fgi_local *locals;
+    int nlocals;
+    fgi_expr *ret;
+    int offset;                 /* the function name                         */
+    int ret_offset;             /* the `return` keyword                      */
+    const char *src;
+    size_t src_len;
+    const char *filename;
+} fgi_func;
+
+typedef enum fgi_mask_op { FGI_MASK_LEAF = 1, FGI_MASK_AND, FGI_MASK_OR } fgi_mask_op;
+typedef struct fgi_mask_node fgi_mask_node;
+struct fgi_mask_node {
+    fgi_mask_op op;
+    fgi_func *func;            /* LEAF */
+    fgi_mask_node *a, *b;      /* AND / OR */
+};
+
+typedef struct fgi_param {
+    const char *name;
+    fg_param_kind kind;        /* FG_PARAM_SCALAR / FG_PARAM_BUFFER           */
+    fgi_type type;             /* FGI_T_INT / FGI_T_FLOAT (buffer: element)  */
+    union {
+        int32_t i;
+        float f;
+    } def;                     /* scalars                                    */
+    int offset;                /* the name token, -1 when declared by API    */
+} fgi_param;
+
+struct fg_mod {
+    fgi_arena arena;
+    const char *name;          /* readable name                              */
+    const char *filename;      /* the main file (diagnostics)                */
+    fgi_param *params;
+    int nparams;
+    fgi_mask_node *mask;       /* NULL: no mask_mod                          */
+    fgi_func *score;           /* NULL: no score_mod                         */
+    const char *canonical;     /* set by fgi_mod_finish                      */
+    uint64_t hash;
+};
+
+/* ------------------------------------------------------------------------- */
+/* Front end: lex.c parse.c check.c print.c mod.c                            */
+/* ------------------------------------------------------------------------- */
+
+/* Parse + check `text` into a new mod (the whole fg_mod_from_source). */
+fg_status fgi_mod_parse(fg_ctx *ctx, const char *filename, const char *text, size_t len,
+                        fg_mod **out);
+/* Canonical text of a mod, allocated in its arena, and its hash; called once
+ * when a mod is created. */
+fg_status fgi_mod_finish(fg_ctx *ctx, fg_mod *mod);
+/* The canonical text of one expression (for tests and the emitter's comments). */
+char *fgi_expr_canonical(const fg_mod *mod, const fgi_func *fn, const fgi_expr *e);
+/* Index of a parameter by name, or -1. */
+int fgi_mod_find_param(const fg_mod *mod, const char *name);
+const char *fgi_type_name(fgi_type t);
+const char *fgi_builtin_name(fgi_builtin fn);
+
+/* ------------------------------------------------------------------------- */
+/* Bound parameter values (core.c)                                           */
+/* ------------------------------------------------------------------------- */
+
+typedef struct fgi_value {
+    union {
+        int32_t i;
+        float f;
+    } scalar;
+    const void *data;          /* buffers: host or device pointer            */
+    int64_t length;            /* buffers: elements                          */
+} fgi_value;
+
+/* Resolve bindings against mod->params (defaults for unbound scalars;
+ * FG_ERR_UNBOUND for unbound buffers, unknown names, or a kind / type that
+ * does not match). `values` has mod->nparams entries. */
+fg_status fgi_bind(fg_ctx *ctx, const fg_mod *mod, const fg_binding *binds, size_t nbinds,
+                   fgi_value *values);
+
+/* The by-value parameter struct the emitted CUDA declares (struct
+ * fg_mod_params) and the host fills for a launch. Layout, in declaration
+ * order: a scalar is 4 bytes (int32 / float, align 4); a buffer is a pointer
+ * (8 bytes, align 8) followed by its length as int64 (align 8). Then a
+ * trailing int32 `fg_pad` so the struct is never empty; size rounded up to 8.
+ * `offsets` receives, per param, the offset of its value (buffers: of the
+ * pointer; the length is at offset + 8). */
+typedef struct fgi_param_layout {
+    size_t size;
+    size_t offsets[256];
+} fgi_param_layout;
+#define FGI_MAX_PARAMS 256
+void fgi_param_layout_compute(const fg_mod *mod, fgi_param_layout *layout);
+/* Write values into `blob` (layout.size bytes) per the layout. */
+void fgi_param_pack(const fg_mod *mod, const fgi_param_layout *layout, const fgi_value *values,
+                    void *blob);
+
+/* ------------------------------------------------------------------------- */
+/* Evaluator (eval.c)                                                        */
+/* ------------------------------------------------------------------------- */
+
+/* Vector-at-a-time evaluation over the tile [q0, q0+nq) x [kv0, kv0+nk):
+ * lane i*nk+j is (q0+i, kv0+j). One walk of the tree per tile (internally
+ * chunked when the tile is larger than the evaluator's vector). Values are
+ * host values (buffers point to host memory). Errors: FG_ERR_EVAL at the
+ * offending node's offset, with the lane's (q_idx, kv_idx) in the message. */
+fg_status fgi_eval_mask(fg_ctx *ctx, const fg_mod *mod, const fgi_value *values, int b, int h,
+                        int q0, int nq, int kv0, int nk, uint8_t *out);
+fg_status fgi_eval_score(fg_ctx *ctx, const fg_mod *mod, const fgi_value *values, int b, int h,
+                         int q0, int nq, int kv0, int nk, const float *in, float *out);
+
+/* ------------------------------------------------------------------------- */
+/* Emitter (emit.c) and source assembly (codegen.c)                          */
+/* ------------------------------------------------------------------------- */
+
+/* Append the CUDA for a mod: `struct fg_mod_params`, `fg_mask_mod`,
+ * `fg_score_mod` (identity / always-true when absent), FG_HAS_MASK_MOD and
+ * FG_HAS_SCORE_MOD, with #line directives back to the mod's files. */
+fg_status fgi_emit_mod(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out);
+
+/* Embedded templates (generated at build time from templates/\*.cuh). */
+typedef struct fgi_template {
+    const char *name;   /* file name, e.g. "attention_fwd.cuh" */
+    const char *text;
+} fgi_template;
+const fgi_template *fgi_template_find(const char *name);
+extern const fgi_template fgi_templates[];
+extern const size_t fgi_template_count;
+
+/* ------------------------------------------------------------------------- */
+/* CUDA driver (cuda.c): libcuda through dlopen                              */
+/* ------------------------------------------------------------------------- */
+
+/* Make sure libcuda is loaded, cuInit done, and ctx's device's primary context
+ * is current on this thread. FG_ERR_NO_DEVICE when there is no libcuda, no
+ * driver or no device. */
+fg_status fgi_cuda_ready(fg_ctx *ctx);
+/* The compute capability of ctx's device (needs fgi_cuda_ready). */
+fg_status fgi_cuda_arch(fg_ctx *ctx, int *major, int *minor);
+
+/* ------------------------------------------------------------------------- */
+/* JIT and cache (nvrtc.c, cache.c)                                          */
+/* ------------------------------------------------------------------------- */
+
+/* The arch to compile for ("sm_90a"...): option, else the device's, else
+ * "sm_90a". */
+const char *fgi_effective_arch(fg_ctx *ctx);
+
+#endif /* FLEXGEN_INTERNAL_H */

@@ -1,0 +1,3 @@
+/* lex.c -- placeholder until the module lands. */
+#include "internal.h"
+typedef int fgi_placeholder_lex;

@@ -1,0 +1,3 @@
+/* parse.c -- placeholder until the module lands. */
+#include "internal.h"
+typedef int fgi_placeholder_parse;

@@ -1,0 +1,1 @@
+/* attention_fwd.cuh -- placeholder until the template lands. */

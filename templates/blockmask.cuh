@@ -1,0 +1,1 @@
+/* blockmask.cuh -- placeholder until the template lands. */

@@ -1,0 +1,1 @@
+/* common.cuh -- placeholder until the template lands. */

@@ -1,0 +1,131 @@
+/* test_core.c -- context, options, errors and the caret diagnostic,
+ * bindings and the parameter-struct layout. */
+#include "testutil.h"
+
+#include <string.h>
+
+#include "internal.h"
+
+static void test_status_strings(void **state) {
+    (void)state;
+    static const fg_status all[] = {FG_OK, FG_ERR_INVALID_ARGUMENT, FG_ERR_OUT_OF_MEMORY, FG_ERR_IO,
+                                    FG_ERR_SYNTAX, FG_ERR_UNSUPPORTED, FG_ERR_NAME, FG_ERR_TYPE,
+                                    FG_ERR_SIGNATURE, FG_ERR_ARITY, FG_ERR_LIMIT, FG_ERR_EVAL,
+                                    FG_ERR_UNBOUND, FG_ERR_SHAPE, FG_ERR_NOT_SUPPORTED, FG_ERR_NOT_FOUND,
+                                    FG_ERR_COMPILE, FG_ERR_NO_DEVICE, FG_ERR_CUDA, FG_ERR_CACHE,
+                                    FG_ERR_TOLERANCE};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        const char *s = fg_status_string(all[i]);
+        assert_non_null(s);
+        assert_true(strncmp(s, "FG_", 3) == 0);
+        assert_null(strstr(s, "UNKNOWN"));
+    }
+    assert_non_null(strstr(fg_status_string((fg_status)999), "UNKNOWN"));
+}
+
+static void test_version(void **state) {
+    (void)state;
+    assert_int_equal(fg_version_number(), FLEXGEN_VERSION_NUMBER);
+    assert_string_equal(fg_version_string(), FLEXGEN_VERSION_STRING);
+}
+
+static void test_diagnostic_caret(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    const char *src = "int W = 3;\nbool mask_mod(int b, int h, int q_idx, int kv_idx) {\n    return q_idx >= kv_ix;\n}\n";
+    int64_t off = strstr(src, "kv_ix;") - src;
+    assert_int_equal(fgi_error_at(ctx, FG_ERR_NAME, "m.c", src, off, "unknown name 'kv_ix'"), FG_ERR_NAME);
+    assert_int_equal(fg_errcode(ctx), FG_ERR_NAME);
+    assert_int_equal(fg_error_offset(ctx), off);
+    const char *d = fg_error_diagnostic(ctx);
+    assert_non_null(strstr(d, "m.c:3:20: error: unknown name 'kv_ix'"));
+    assert_non_null(strstr(d, "    return q_idx >= kv_ix;\n"));
+    assert_non_null(strstr(d, "\n                       ^~~~~\n"));
+    fgi_clear_error(ctx);
+    assert_int_equal(fg_errcode(ctx), FG_OK);
+    assert_int_equal(fg_error_offset(ctx), -1);
+    fg_ctx_destroy(ctx);
+    fg_ctx_destroy(NULL);
+}
+
+static void test_options(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    assert_int_equal(fg_ctx_set_string(ctx, FG_OPT_ARCH, "sm_80"), FG_OK);
+    assert_int_equal(fg_ctx_set_string(ctx, FG_OPT_ARCH, "sm_90a"), FG_OK);
+    assert_int_equal(fg_ctx_set_string(ctx, FG_OPT_ARCH, "gfx90a"), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_ctx_set_string(ctx, FG_OPT_ARCH, "sm_9"), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_MAX_DEPTH, 2), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_MAX_DEPTH, 50), FG_OK);
+    int64_t v = 0;
+    assert_int_equal(fg_ctx_get_int(ctx, FG_OPT_MAX_DEPTH, &v), FG_OK);
+    assert_int_equal(v, 50);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_ARCH, 1), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_ctx_set_int(NULL, FG_OPT_MAX_DEPTH, 50), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_ctx_create(NULL), FG_ERR_INVALID_ARGUMENT);
+    fg_ctx_destroy(ctx);
+}
+
+static void test_param_layout(void **state) {
+    (void)state;
+    fgi_param params[3] = {
+        {.name = "W", .kind = FG_PARAM_SCALAR, .type = FGI_T_INT, .def.i = 7},
+        {.name = "doc", .kind = FG_PARAM_BUFFER, .type = FGI_T_INT},
+        {.name = "s", .kind = FG_PARAM_SCALAR, .type = FGI_T_FLOAT, .def.f = 0.5f},
+    };
+    fg_mod mod;
+    memset(&mod, 0, sizeof mod);
+    mod.params = params;
+    mod.nparams = 3;
+    fgi_param_layout lay;
+    fgi_param_layout_compute(&mod, &lay);
+    assert_int_equal(lay.offsets[0], 0);
+    assert_int_equal(lay.offsets[1], 8);
+    assert_int_equal(lay.offsets[2], 24);
+    assert_int_equal(lay.size, 32);
+    fgi_value vals[3] = {{.scalar.i = 5}, {.data = (void *)0x1000, .length = 9}, {.scalar.f = 2.0f}};
+    unsigned char blob[32];
+    fgi_param_pack(&mod, &lay, vals, blob);
+    int32_t w;
+    uint64_t ptr;
+    int64_t len;
+    float s;
+    memcpy(&w, blob, 4);
+    memcpy(&ptr, blob + 8, 8);
+    memcpy(&len, blob + 16, 8);
+    memcpy(&s, blob + 24, 4);
+    assert_int_equal(w, 5);
+    assert_int_equal(ptr, 0x1000);
+    assert_int_equal(len, 9);
+    assert_true(s == 2.0f);
+}
+
+static void test_buf(void **state) {
+    (void)state;
+    fgi_buf b = {0};
+    for (int i = 0; i < 1000; i++) fgi_buf_printf(&b, "%d,", i);
+    assert_int_equal(strncmp(b.data, "0,1,2,", 6), 0);
+    char *s = fgi_buf_take(&b);
+    assert_non_null(strstr(s, ",999,"));
+    fg_free(s);
+    fgi_arena a;
+    fgi_arena_init(&a);
+    for (int i = 0; i < 5000; i++) {
+        char *p = fgi_arena_alloc(&a, (size_t)i % 100);
+        assert_non_null(p);
+        assert_int_equal((uintptr_t)p % 16, 0);
+    }
+    assert_string_equal(fgi_arena_strndup(&a, "hello", 3), "hel");
+    fgi_arena_free(&a);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_status_strings), cmocka_unit_test(test_version),
+        cmocka_unit_test(test_diagnostic_caret), cmocka_unit_test(test_options),
+        cmocka_unit_test(test_param_layout), cmocka_unit_test(test_buf),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
