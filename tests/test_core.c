@@ -39,9 +39,9 @@ static void test_diagnostic_caret(void **state) {
     assert_int_equal(fg_errcode(ctx), FG_ERR_NAME);
     assert_int_equal(fg_error_offset(ctx), off);
     const char *d = fg_error_diagnostic(ctx);
-    assert_non_null(strstr(d, "m.c:3:20: error: unknown name 'kv_ix'"));
+    assert_non_null(strstr(d, "m.c:3:21: error: unknown name 'kv_ix'"));
     assert_non_null(strstr(d, "    return q_idx >= kv_ix;\n"));
-    assert_non_null(strstr(d, "\n                       ^~~~~\n"));
+    assert_non_null(strstr(d, "\n                        ^~~~~\n"));
     fgi_clear_error(ctx);
     assert_int_equal(fg_errcode(ctx), FG_OK);
     assert_int_equal(fg_error_offset(ctx), -1);
