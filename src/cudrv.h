@@ -1,0 +1,78 @@
+/*
+ * cudrv.h -- the CUDA Driver API through dlopen (cuda.c).
+ *
+ * libcuda is never linked. cuda.c opens libcuda.so.1 on first use and looks
+ * every entry point up by its versioned symbol name (cuda.h's macros map
+ * cuMemAlloc to cuMemAlloc_v2 and so on, so a member named after the plain
+ * function resolves the symbol the header means). Call through fgi_cu():
+ *     FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&ptr, bytes), "cuMemAlloc");
+ * after fgi_cuda_ready(ctx) has returned FG_OK (it also makes ctx's device's
+ * primary context current on the calling thread).
+ */
+#ifndef FLEXGEN_CUDRV_H
+#define FLEXGEN_CUDRV_H
+
+#include <cuda.h>
+
+#include "internal.h"
+
+#define FGI_CU_FN(name) __typeof__(&name) name
+typedef struct fgi_cu_api {
+    FGI_CU_FN(cuInit);
+    FGI_CU_FN(cuDriverGetVersion);
+    FGI_CU_FN(cuGetErrorName);
+    FGI_CU_FN(cuGetErrorString);
+    FGI_CU_FN(cuDeviceGet);
+    FGI_CU_FN(cuDeviceGetCount);
+    FGI_CU_FN(cuDeviceGetAttribute);
+    FGI_CU_FN(cuDeviceGetName);
+    FGI_CU_FN(cuDevicePrimaryCtxRetain);
+    FGI_CU_FN(cuDevicePrimaryCtxRelease);
+    FGI_CU_FN(cuCtxGetCurrent);
+    FGI_CU_FN(cuCtxSetCurrent);
+    FGI_CU_FN(cuCtxGetDevice);
+    FGI_CU_FN(cuCtxSynchronize);
+    FGI_CU_FN(cuModuleLoadData);
+    FGI_CU_FN(cuModuleUnload);
+    FGI_CU_FN(cuModuleGetFunction);
+    FGI_CU_FN(cuFuncSetAttribute);
+    FGI_CU_FN(cuFuncGetAttribute);
+    FGI_CU_FN(cuLaunchKernel);
+    FGI_CU_FN(cuMemAlloc);
+    FGI_CU_FN(cuMemFree);
+    FGI_CU_FN(cuMemcpyHtoD);
+    FGI_CU_FN(cuMemcpyDtoH);
+    FGI_CU_FN(cuMemcpyDtoD);
+    FGI_CU_FN(cuMemcpyHtoDAsync);
+    FGI_CU_FN(cuMemcpyDtoHAsync);
+    FGI_CU_FN(cuMemsetD8);
+    FGI_CU_FN(cuMemsetD32);
+    FGI_CU_FN(cuMemsetD8Async);
+    FGI_CU_FN(cuMemsetD32Async);
+    FGI_CU_FN(cuStreamCreate);
+    FGI_CU_FN(cuStreamDestroy);
+    FGI_CU_FN(cuStreamSynchronize);
+    FGI_CU_FN(cuEventCreate);
+    FGI_CU_FN(cuEventDestroy);
+    FGI_CU_FN(cuEventRecord);
+    FGI_CU_FN(cuEventSynchronize);
+    FGI_CU_FN(cuEventElapsedTime);
+    FGI_CU_FN(cuPointerGetAttribute);
+} fgi_cu_api;
+#undef FGI_CU_FN
+
+/* The loaded table; only valid after fgi_cuda_ready returned FG_OK. */
+const fgi_cu_api *fgi_cu(void);
+
+/* Map a driver result to a status: FG_OK for CUDA_SUCCESS, FG_ERR_NO_DEVICE
+ * for CUDA_ERROR_NO_DEVICE / NOT_INITIALIZED / INSUFFICIENT_DRIVER, else
+ * FG_ERR_CUDA with "<what>: <CUDA_ERROR_NAME>: <driver's string>" recorded
+ * on ctx. */
+fg_status fgi_cu_status(fg_ctx *ctx, CUresult r, const char *what);
+#define FGI_CU_TRY(ctx, call, what)                                   \
+    do {                                                              \
+        CUresult fgi_r_ = (call);                                     \
+        if (fgi_r_ != CUDA_SUCCESS) return fgi_cu_status((ctx), fgi_r_, (what)); \
+    } while (0)
+
+#endif
