@@ -343,7 +343,9 @@ FG_API void fg_cache_forget_memory(void);
  * Classification of a block that holds positions past q_len or kv_len: only
  * in-range positions count. A block is full when the mask is true at every
  * in-range position, empty when false at every one, partial otherwise. The
- * kernels always mask positions past the lengths themselves. */
+ * kernels always mask positions past the lengths themselves. Index entries
+ * past a row's count are 0. The mod sees b in [0, batch) and h in [0, heads)
+ * (so b = h = 0 when broadcasting). */
 typedef struct fg_block_mask fg_block_mask;
 
 typedef struct fg_block_mask_desc {
@@ -373,8 +375,11 @@ FG_API fg_status fg_block_mask_create(fg_ctx *ctx, const fg_mod *mod, const fg_b
 FG_API fg_status fg_block_mask_create_gpu(fg_ctx *ctx, const fg_mod *mod,
                                           const fg_block_mask_desc *desc, const fg_binding *binds,
                                           size_t nbinds, void *stream, fg_block_mask **out);
-/* Rebuild an existing GPU block mask in place for new parameter / buffer
- * values (same mod and shape): no allocation, no compile, no host sync. */
+/* Rebuild an existing block mask in place on the GPU for new parameter /
+ * buffer values (or another mask mod of the same shape): no compile once the
+ * kernel is cached, no host sync, and no allocation for a mask made by
+ * fg_block_mask_create_gpu (a host-made mask gets its device memory on the
+ * first rebuild). The host arrays become stale: download to read them. */
 FG_API fg_status fg_block_mask_rebuild_gpu(fg_ctx *ctx, fg_block_mask *mask, const fg_mod *mod,
                                            const fg_binding *binds, size_t nbinds, void *stream);
 /* Like BlockMask.from_kv_blocks: from host arrays of partial and (optional,

@@ -58,6 +58,8 @@ typedef struct fgi_cu_api {
     FGI_CU_FN(cuEventSynchronize);
     FGI_CU_FN(cuEventElapsedTime);
     FGI_CU_FN(cuPointerGetAttribute);
+    /* Optional (NULL when the driver predates CUDA 12.0). */
+    FGI_CU_FN(cuCtxGetId);
 } fgi_cu_api;
 #undef FGI_CU_FN
 
@@ -65,10 +67,21 @@ typedef struct fgi_cu_api {
 const fgi_cu_api *fgi_cu(void);
 
 /* Map a driver result to a status: FG_OK for CUDA_SUCCESS, FG_ERR_NO_DEVICE
- * for CUDA_ERROR_NO_DEVICE / NOT_INITIALIZED / INSUFFICIENT_DRIVER, else
+ * for CUDA_ERROR_NO_DEVICE / NOT_INITIALIZED / SYSTEM_DRIVER_MISMATCH /
+ * STUB_LIBRARY, else
  * FG_ERR_CUDA with "<what>: <CUDA_ERROR_NAME>: <driver's string>" recorded
  * on ctx. */
 fg_status fgi_cu_status(fg_ctx *ctx, CUresult r, const char *what);
+/* The CUDA context current on this thread (after fgi_cuda_ready) and an id
+ * that no other context in this process ever had (cuCtxGetId; the handle
+ * value where the driver lacks it). Modules are cached per id. */
+fg_status fgi_cuda_current(fg_ctx *ctx, CUcontext *cu, uint64_t *id);
+/* True when `cu` is a device's primary context that flexgen keeps retained
+ * for the life of the process, so modules loaded into it stay valid. */
+bool fgi_cuda_context_is_pinned(CUcontext cu);
+/* Per-context CUDA state (core.c calls it from fg_ctx_destroy). */
+void fgi_cuda_state_free(struct fgi_cuda_state *s);
+
 #define FGI_CU_TRY(ctx, call, what)                                   \
     do {                                                              \
         CUresult fgi_r_ = (call);                                     \

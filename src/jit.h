@@ -48,4 +48,20 @@ fg_status fgi_cache_get_image(fg_ctx *ctx, const fgi_kernel_spec *spec, const vo
  * module once per CUDA context and keeps it). Needs a GPU. */
 fg_status fgi_cache_get_function(fg_ctx *ctx, const fgi_kernel_spec *spec, CUfunction *fn);
 
+/* The disk cache file a spec maps to under ctx's folder and arch
+ * ("<dir>/<name>-<16 hex>.fgbin"), malloc'd; for tests and tools. */
+fg_status fgi_cache_file_path(fg_ctx *ctx, const fgi_kernel_spec *spec, char **path);
+
+/* One disk cache file, as `flexgen cache list` shows it. */
+typedef struct fgi_cache_file {
+    const char *name;   /* file name inside the folder */
+    uint64_t size;      /* bytes                       */
+    int64_t mtime;      /* seconds since the epoch; last use (hits touch it) */
+} fgi_cache_file;
+typedef void (*fgi_cache_list_fn)(void *arg, const fgi_cache_file *file);
+/* Call `fn` for every cache file in ctx's folder, most recently used first.
+ * A folder that does not exist yet lists nothing. FG_ERR_CACHE when the
+ * folder cannot be determined or read. */
+fg_status fgi_cache_list(fg_ctx *ctx, fgi_cache_list_fn fn, void *arg);
+
 #endif

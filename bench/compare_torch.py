@@ -1,0 +1,446 @@
+#!/usr/bin/env python3
+"""compare_torch.py -- flexgen beside PyTorch FlexAttention and SDPA, on the same inputs, in one run.
+
+Users choose between flexgen and torch.compile(flex_attention) by numbers
+taken the same way on the same tensors, so every figure here is measured
+for every system in one process:
+
+  forward time   median of CUDA-event timings after warm-up
+                 (triton.testing.do_bench, return_mode='median'; an
+                 event-timed loop when triton is missing);
+  TFLOP/s        4 * B * H * S * S * D * density, FlexAttention's count:
+                 density is the fraction of non-empty blocks of the block
+                 mask (1 - sparsity), the same density for every system in a
+                 row so that ratios are ratios of times;
+  block mask     create_block_mask against flexgen's GPU builder (in-place
+                 rebuild, as a training loop uses it, and create + destroy);
+  first call     torch.compile's first call after torch._dynamo.reset();
+                 flexgen's first call with an empty disk cache (NVRTC
+                 compile + load + run) and again after dropping the memory
+                 cache (disk load + run);
+  accuracy       ||out - ref|| / ||ref|| against a float64 reference computed
+                 from the torch mods on a subset of query rows of the timed
+                 shape (the first and last rows and random ones, for two
+                 (b, h) pairs), which keeps the reference cheap without
+                 measuring on a different shape; and flexgen against flex on
+                 the whole output.
+
+Inputs are random normal (never zeros), drawn once and shared by all systems.
+The gallery's torch equivalents live in torch_mods.py; `--mask FILE [--score
+FILE] --torch-mods FILE` adds a mod of your own (see torch_mods.load_file).
+
+Output: a table on stdout, a JSON file (--json) and a bar chart of TFLOP/s
+per mod and system (--png).
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: E402
+
+import flexgen  # noqa: E402
+import torch_mods  # noqa: E402
+
+SYSTEMS = ("flexgen", "flex", "sdpa_flash", "sdpa_cudnn")
+
+
+# ---------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------
+
+def bench_ms(fn, warmup_ms, rep_ms):
+    """Median milliseconds of fn() on the GPU."""
+    try:
+        from triton.testing import do_bench
+    except ImportError:
+        do_bench = None
+    if do_bench is not None:
+        return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    one = max(start.elapsed_time(end), 1e-3)
+    for _ in range(max(1, int(warmup_ms / one))):
+        fn()
+    times = []
+    for _ in range(max(5, int(rep_ms / one))):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        times.append((s, e))
+    torch.cuda.synchronize()
+    ms = sorted(s.elapsed_time(e) for s, e in times)
+    return ms[len(ms) // 2]
+
+
+def wall_ms(fn):
+    """Host wall time of one call, the GPU work included."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    r = fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3, r
+
+
+# ---------------------------------------------------------------------------
+# The float64 reference, from the torch mods
+# ---------------------------------------------------------------------------
+
+def reference_rows(q, k, v, b, h, rows, mask_mod, score_mod, scale):
+    """out[b, h, rows] in float64, computed directly: scores, score_mod,
+    mask, softmax, times v. The mods are called on broadcast index tensors
+    (b and h as 1x1 tensors, q_idx a column, kv_idx a row). A fully masked
+    row gives 0, as both kernels define it."""
+    hk = h // (q.shape[1] // k.shape[1])
+    dev = q.device
+    qd = q[b, h, rows].double()
+    kd = k[b, hk].double()
+    vd = v[b, hk].double()
+    s = (qd @ kd.T) * scale
+    bi = torch.tensor(b, device=dev).view(1, 1)
+    hi = torch.tensor(h, device=dev).view(1, 1)
+    qi = rows.view(-1, 1)
+    ki = torch.arange(k.shape[2], device=dev).view(1, -1)
+    if score_mod is not None:
+        s = score_mod(s, bi, hi, qi, ki)
+    if mask_mod is not None:
+        keep = torch.broadcast_to(mask_mod(bi, hi, qi, ki), s.shape)
+        s = s.masked_fill(~keep, -math.inf)
+    mx = s.amax(dim=-1, keepdim=True)
+    mx = torch.where(torch.isinf(mx), torch.zeros_like(mx), mx)
+    p = torch.exp(s - mx)
+    den = p.sum(dim=-1, keepdim=True)
+    return (p @ vd) / torch.where(den == 0, torch.ones_like(den), den)
+
+
+def probe_rows(S, device, seed):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    n = min(S, 64)
+    picks = torch.cat([torch.arange(n), torch.arange(S - n, S),
+                       torch.randint(0, S, (min(S, 128),), generator=g)])
+    return torch.unique(picks).to(device)
+
+
+def rel_err(x, ref):
+    x = x.double()
+    num = torch.linalg.vector_norm(x - ref)
+    den = torch.linalg.vector_norm(ref)
+    return float(num / den) if float(den) > 0 else float(num)
+
+
+# ---------------------------------------------------------------------------
+# One case
+# ---------------------------------------------------------------------------
+
+def run_case(spec, inputs, opts):
+    """Measure one mod for every system that applies; failures of one system
+    are recorded in the row and do not stop the others."""
+    q, k, v = inputs
+    B, H, S, D = q.shape
+    dev = q.device
+    st = spec.setup(B, H, S, dev)
+    params, buffers = st.get("params", {}), st.get("buffers", {})
+    t_mask, t_score = st.get("mask_mod"), st.get("score_mod")
+    mB, mH = st.get("mask_b"), st.get("mask_h")
+    scale = 1.0 / math.sqrt(D)
+    row = {"name": spec.name, "mask_file": spec.mask_file, "score_file": spec.score_file,
+           "params": {n: v for n, v in params.items()},
+           "buffers": {n: [str(t.dtype), list(t.shape)] for n, t in buffers.items()},
+           "ms": {}, "tflops": {}, "block_mask_ms": {}, "first_call_ms": {}, "error": {},
+           "failures": {}}
+    outs = {}
+
+    def attempt(system, fn):
+        try:
+            fn()
+        except Exception as e:  # keep measuring the other systems
+            row["failures"][system] = f"{type(e).__name__}: {e}"
+            print(f"[{spec.name}] {system} failed:", file=sys.stderr)
+            traceback.print_exc()
+
+    # --- flexgen -----------------------------------------------------------
+    def run_flexgen():
+        cache = tempfile.mkdtemp(prefix="flexgen-cold-")
+        try:
+            flexgen.set_cache_dir(cache)
+            flexgen.forget_memory_cache()
+            flexgen.reset_cache_stats()
+            mod = flexgen.load_mod(spec.mask_file, spec.score_file)
+            row["mod_name"], row["mod_hash"] = mod.name, f"{mod.hash:016x}"
+            bm = None
+            if mod.has_mask:
+                ms, bm = wall_ms(lambda: flexgen.block_mask(mod, mB, mH, S, S, params, buffers,
+                                                            device=dev))
+                row["first_call_ms"]["flexgen_block_mask"] = ms
+                row["block_mask_ms"]["flexgen_rebuild"] = bench_ms(
+                    lambda: bm.rebuild(params, buffers), opts.warmup, opts.rep)
+                row["block_mask_ms"]["flexgen_create"] = bench_ms(
+                    lambda: flexgen.block_mask(mod, mB, mH, S, S, params, buffers, device=dev),
+                    opts.warmup, opts.rep)
+                row["density_flexgen"] = bm.density()
+            else:
+                row["density_flexgen"] = 1.0
+
+            def call():
+                return flexgen.attention(q, k, v, mod, None, params, buffers, block_mask=bm)
+            before = flexgen.cache_stats()
+            row["first_call_ms"]["flexgen_cold"], _ = wall_ms(call)
+            after = flexgen.cache_stats()
+            row["nvrtc_compile_ms"] = after["compile_ms"] - before["compile_ms"]
+            flexgen.forget_memory_cache()
+            before = flexgen.cache_stats()
+            row["first_call_ms"]["flexgen_warm_disk"], _ = wall_ms(call)
+            after = flexgen.cache_stats()
+            row["disk_load_ms"] = after["load_ms"] - before["load_ms"]
+            row["disk_hits"] = after["disk_hits"] - before["disk_hits"]
+            row["ms"]["flexgen"] = bench_ms(call, opts.warmup, opts.rep)
+            outs["flexgen"] = call()
+        finally:
+            flexgen.set_cache_dir(None)
+            shutil.rmtree(cache, ignore_errors=True)
+
+    # --- FlexAttention -----------------------------------------------------
+    def run_flex():
+        torch._dynamo.reset()
+        compiled = torch.compile(flex_attention, dynamic=False)
+        bm = None
+        if t_mask is not None:
+            ms, bm = wall_ms(lambda: create_block_mask(t_mask, mB, mH, S, S, device=dev))
+            row["first_call_ms"]["flex_block_mask"] = ms
+            row["block_mask_ms"]["flex"] = bench_ms(
+                lambda: create_block_mask(t_mask, mB, mH, S, S, device=dev), opts.warmup, opts.rep)
+            row["density_flex"] = 1.0 - float(bm.sparsity()) / 100.0
+        else:
+            row["density_flex"] = 1.0
+
+        def call():
+            return compiled(q, k, v, score_mod=t_score, block_mask=bm, scale=scale)
+        row["first_call_ms"]["flex"], _ = wall_ms(call)
+        row["ms"]["flex"] = bench_ms(call, opts.warmup, opts.rep)
+        outs["flex"] = call()
+
+    # --- SDPA --------------------------------------------------------------
+    def run_sdpa(system, backend):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        be = getattr(SDPBackend, backend)
+        causal = spec.sdpa == "causal"
+
+        def call():
+            with sdpa_kernel(be):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        call()
+        row["ms"][system] = bench_ms(call, opts.warmup, opts.rep)
+        outs[system] = call()
+
+    if "flexgen" in opts.systems:
+        attempt("flexgen", run_flexgen)
+    if "flex" in opts.systems:
+        attempt("flex", run_flex)
+    if spec.sdpa is not None:
+        if "sdpa_flash" in opts.systems:
+            attempt("sdpa_flash", lambda: run_sdpa("sdpa_flash", "FLASH_ATTENTION"))
+        if "sdpa_cudnn" in opts.systems:
+            attempt("sdpa_cudnn", lambda: run_sdpa("sdpa_cudnn", "CUDNN_ATTENTION"))
+
+    # --- FLOPs: one density for the row (flex's when it ran, as the notebook) --
+    density = row.get("density_flex", row.get("density_flexgen"))
+    row["density"] = density
+    if density is not None:
+        flops = 4.0 * B * H * S * S * D * density
+        for system, ms in row["ms"].items():
+            row["tflops"][system] = flops / (ms * 1e-3) / 1e12
+    if "flexgen" in row["tflops"] and "flex" in row["tflops"]:
+        row["ratio_flexgen_over_flex"] = row["tflops"]["flexgen"] / row["tflops"]["flex"]
+
+    # --- accuracy ----------------------------------------------------------
+    def accuracy():
+        rows = probe_rows(S, dev, opts.seed)
+        pairs = sorted({(0, 0), (B - 1, H - 1)})
+        for b, h in pairs:
+            ref = reference_rows(q, k, v, b, h, rows, t_mask, t_score, scale)
+            for system, out in outs.items():
+                e = rel_err(out[b, h, rows], ref)
+                row["error"][system] = max(row["error"].get(system, 0.0), e)
+        if "flexgen" in outs and "flex" in outs:
+            row["error"]["flexgen_vs_flex"] = rel_err(outs["flexgen"], outs["flex"].double())
+    attempt("accuracy", accuracy)
+    del outs
+    torch.cuda.empty_cache()
+    return row
+
+
+# ---------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------
+
+def fmt(x, spec="{:.1f}"):
+    return "-" if x is None else spec.format(x)
+
+
+def table(rows):
+    head = ["mod", "dens", "flexgen", "flex", "fg/flex", "sdpa-fa", "cudnn",
+            "bm fg ms", "bm flex ms", "1st fg cold", "1st fg disk", "1st flex",
+            "err fg", "err flex", "fg~flex"]
+    lines = []
+    for r in rows:
+        t, bm, fc, er = r["tflops"], r["block_mask_ms"], r["first_call_ms"], r["error"]
+        lines.append([
+            r["name"], fmt(r.get("density"), "{:.3f}"),
+            fmt(t.get("flexgen")), fmt(t.get("flex")),
+            fmt(r.get("ratio_flexgen_over_flex"), "{:.2f}"),
+            fmt(t.get("sdpa_flash")), fmt(t.get("sdpa_cudnn")),
+            fmt(bm.get("flexgen_rebuild"), "{:.4f}"), fmt(bm.get("flex"), "{:.3f}"),
+            fmt(fc.get("flexgen_cold"), "{:.0f}"), fmt(fc.get("flexgen_warm_disk"), "{:.1f}"),
+            fmt(fc.get("flex"), "{:.0f}"),
+            fmt(er.get("flexgen"), "{:.1e}"), fmt(er.get("flex"), "{:.1e}"),
+            fmt(er.get("flexgen_vs_flex"), "{:.1e}"),
+        ])
+    widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h)
+              for i, h in enumerate(head)]
+    out = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |",
+           "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    for l in lines:
+        out.append("| " + " | ".join(c.rjust(w) if i else c.ljust(w)
+                                      for i, (c, w) in enumerate(zip(l, widths))) + " |")
+    return "\n".join(out)
+
+
+def chart(rows, meta, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = [r["name"] for r in rows]
+    systems = [s for s in SYSTEMS if any(s in r["tflops"] for r in rows)]
+    width = 0.8 / max(1, len(systems))
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(names)), 4.5))
+    for i, s in enumerate(systems):
+        xs = [j + (i - (len(systems) - 1) / 2) * width for j in range(len(names))]
+        ys = [r["tflops"].get(s, 0.0) for r in rows]
+        ax.bar(xs, ys, width, label=s)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=30, ha="right")
+    ax.set_ylabel("forward TFLOP/s")
+    sh = meta["shape"]
+    ax.set_title(f"{meta['device']}  B={sh['B']} H={sh['H']} S={sh['S']} D={sh['D']} "
+                 f"{meta['dtype']}  ({meta['date']})", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batch", "-B", type=int, default=4)
+    p.add_argument("--heads", "-H", type=int, default=16)
+    p.add_argument("--seq", "-S", type=int, default=8192)
+    p.add_argument("--head-dim", "--d", "-D", dest="head_dim", type=int, default=128)
+    p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    p.add_argument("--mods", default=",".join(torch_mods.GALLERY),
+                   help="comma-separated gallery mods, or 'none' (default: all)")
+    p.add_argument("--mask", help="extra mod: a mask_mod file")
+    p.add_argument("--score", help="extra mod: a score_mod file")
+    p.add_argument("--torch-mods", help="extra mod: the Python file with its torch equivalents")
+    p.add_argument("--name", help="extra mod: its name in the table")
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--warmup", type=float, default=25, help="warm-up per timing, ms")
+    p.add_argument("--rep", type=float, default=100, help="timed repetitions per timing, ms")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--png", help="draw the TFLOP/s chart here")
+    a = p.parse_args(argv)
+    a.systems = set(s for s in a.systems.split(",") if s)
+    unknown = a.systems - set(SYSTEMS)
+    if unknown:
+        p.error(f"unknown systems: {sorted(unknown)}")
+    if (a.mask or a.score) and not a.torch_mods:
+        p.error("--mask/--score need --torch-mods FILE with the torch equivalents")
+    return a
+
+
+def main(argv=None):
+    opts = parse_args(sys.argv[1:] if argv is None else argv)
+    if not torch.cuda.is_available():
+        print("compare_torch: no CUDA device", file=sys.stderr)
+        return 2
+    specs = []
+    if opts.mods != "none":
+        for name in opts.mods.split(","):
+            if name not in torch_mods.GALLERY:
+                print(f"compare_torch: unknown gallery mod '{name}'", file=sys.stderr)
+                return 2
+            specs.append(torch_mods.GALLERY[name])
+    if opts.torch_mods:
+        specs.append(torch_mods.load_file(opts.torch_mods, opts.mask, opts.score, opts.name))
+
+    dtype = torch.bfloat16 if opts.dtype == "bf16" else torch.float16
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(opts.seed)
+    shape = (opts.batch, opts.heads, opts.seq, opts.head_dim)
+    inputs = tuple(torch.randn(shape, generator=g, device=dev, dtype=dtype) for _ in range(3))
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python3 bench/compare_torch.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "device": torch.cuda.get_device_name(dev),
+        "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton_version,
+        "flexgen": flexgen.version(), "flexgen_lib": flexgen.library_path(),
+        "host": platform.node(),
+        "shape": {"B": opts.batch, "H": opts.heads, "S": opts.seq, "D": opts.head_dim},
+        "dtype": opts.dtype, "timing": {"warmup_ms": opts.warmup, "rep_ms": opts.rep,
+                                        "median": True},
+        "flops": "4*B*H*S*S*D*density, density = 1 - block sparsity (flex's block mask)",
+        "error": "||out-ref||/||ref|| vs float64 on rows of (b,h) in {(0,0),(B-1,H-1)}",
+    }
+    print(f"# {meta['device']}  torch {meta['torch']}  flexgen {meta['flexgen']}  "
+          f"B={opts.batch} H={opts.heads} S={opts.seq} D={opts.head_dim} {opts.dtype}", flush=True)
+    rows = []
+    for spec in specs:
+        t0 = time.perf_counter()
+        rows.append(run_case(spec, inputs, opts))
+        print(f"# {spec.name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    print(table(rows))
+    failures = {r["name"]: r["failures"] for r in rows if r["failures"]}
+    if failures:
+        print("failures:", json.dumps(failures, indent=1))
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    if opts.png:
+        try:
+            chart(rows, meta, opts.png)
+        except ImportError as e:
+            print(f"compare_torch: no chart ({e})", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1019 @@
+"""flexgen.py -- FlexAttention-style attention for PyTorch tensors, through libflexgen.
+
+The library does the real work: it parses and checks the mod text, builds the
+block mask with a generated GPU kernel, compiles the attention kernel with
+NVRTC and caches it. This module only translates: torch tensors become device
+pointers, strides and a dtype; a dict of parameters becomes an array of
+fg_binding; torch's current stream becomes the CUstream of the launch; a
+failing fg_status becomes a FlexgenError carrying the library's message and
+its caret diagnostic. It is plain ctypes over the shared library, so there is
+no build step beyond the library's own.
+
+Three caches keep repeated calls cheap, because a training or serving loop
+calls attention() with the same mods thousands of times:
+  - mods are parsed once per text (and, for files, per content);
+  - block masks are kept per (mod, shape, block size, scalar values, and the
+    identity and version counter of every buffer): a document-id tensor
+    written in place bumps its _version, so the mask is rebuilt, and a new
+    tensor with new ids is a new key;
+  - kernels are cached by the library itself (memory, then disk).
+
+Checks that need no library call (types, ranks, dtypes, shapes, GQA ratios,
+strides, devices, parameter names and types) run first, in that order, in
+Python, so their messages name the Python argument and they work on a
+machine without a GPU. The library checks everything again.
+
+The library is found through $FLEXGEN_LIB (a path to libflexgen.so), else a
+build folder beside this package (../build*/src/libflexgen.so, newest
+first), else the system loader.
+"""
+
+import ctypes
+import glob
+import os
+import re
+import threading
+import weakref
+from collections import OrderedDict
+
+try:  # the mod-level API (parsing, CPU block masks) works without torch
+    import torch
+except ImportError:  # pragma: no cover - exercised on machines without torch
+    torch = None
+
+__all__ = [
+    "FlexgenError", "LibraryNotFound", "Mod", "BlockMask", "attention", "block_mask",
+    "load_mod", "reference", "cache_stats", "reset_cache_stats", "forget_memory_cache",
+    "set_cache_dir", "cache_dir", "library_path", "version",
+]
+
+# ---------------------------------------------------------------------------
+# The C ABI (include/flexgen.h), mirrored field for field.
+# ---------------------------------------------------------------------------
+
+FG_OK = 0
+FG_PARAM_SCALAR, FG_PARAM_BUFFER = 1, 2
+FG_TYPE_BOOL, FG_TYPE_INT, FG_TYPE_FLOAT = 1, 2, 3
+FG_MASK_MOD, FG_SCORE_MOD = 1, 2
+FG_BF16, FG_FP16 = 1, 2
+FG_OPT_DEVICE, FG_OPT_ARCH, FG_OPT_CACHE_DIR, FG_OPT_DISK_CACHE = 1, 2, 3, 4
+FG_BM_ARRAYS = {
+    "kv_num_blocks": 1, "kv_indices": 2, "full_kv_num_blocks": 3, "full_kv_indices": 4,
+    "q_num_blocks": 5, "q_indices": 6, "full_q_num_blocks": 7, "full_q_indices": 8,
+}
+
+
+class _BufferValue(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("length", ctypes.c_int64)]
+
+
+class _BindingValue(ctypes.Union):
+    _fields_ = [("i", ctypes.c_int32), ("f", ctypes.c_float), ("buffer", _BufferValue)]
+
+
+class _Binding(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("kind", ctypes.c_int),
+                ("value", _BindingValue), ("type", ctypes.c_int)]
+
+
+class _ParamInfo(ctypes.Structure):  # also the layout of fg_param_decl
+    _fields_ = [("name", ctypes.c_char_p), ("kind", ctypes.c_int),
+                ("type", ctypes.c_int), ("default_value", ctypes.c_double)]
+
+
+class _BlockMaskDesc(ctypes.Structure):
+    _fields_ = [("batch", ctypes.c_int), ("heads", ctypes.c_int), ("q_len", ctypes.c_int),
+                ("kv_len", ctypes.c_int), ("q_block", ctypes.c_int), ("kv_block", ctypes.c_int)]
+
+
+class _CacheStats(ctypes.Structure):
+    _fields_ = [("memory_hits", ctypes.c_uint64), ("disk_hits", ctypes.c_uint64),
+                ("misses", ctypes.c_uint64), ("disk_rejects", ctypes.c_uint64),
+                ("compile_ms", ctypes.c_double), ("load_ms", ctypes.c_double)]
+
+
+_Stride = ctypes.c_int64 * 4
+
+
+class _AttentionArgs(ctypes.Structure):
+    _fields_ = [
+        ("batch", ctypes.c_int), ("heads_q", ctypes.c_int), ("heads_kv", ctypes.c_int),
+        ("q_len", ctypes.c_int), ("kv_len", ctypes.c_int), ("head_dim", ctypes.c_int),
+        ("dtype", ctypes.c_int),
+        ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+        ("out", ctypes.c_void_p), ("lse", ctypes.c_void_p),
+        ("q_stride", _Stride), ("k_stride", _Stride), ("v_stride", _Stride),
+        ("out_stride", _Stride),
+        ("scale", ctypes.c_float), ("q_offset", ctypes.c_int), ("kv_offset", ctypes.c_int),
+        ("block_mask", ctypes.c_void_p),
+        ("binds", ctypes.POINTER(_Binding)), ("nbinds", ctypes.c_size_t),
+        ("stream", ctypes.c_void_p),
+    ]
+
+
+_P = ctypes.c_void_p
+_PP = ctypes.POINTER(ctypes.c_void_p)
+_SIGNATURES = {
+    # name: (restype, argtypes)
+    "fg_version_string": (ctypes.c_char_p, []),
+    "fg_status_string": (ctypes.c_char_p, [ctypes.c_int]),
+    "fg_free": (None, [_P]),
+    "fg_ctx_create": (ctypes.c_int, [_PP]),
+    "fg_ctx_destroy": (None, [_P]),
+    "fg_errmsg": (ctypes.c_char_p, [_P]),
+    "fg_error_offset": (ctypes.c_int64, [_P]),
+    "fg_error_diagnostic": (ctypes.c_char_p, [_P]),
+    "fg_compile_log": (ctypes.c_char_p, [_P]),
+    "fg_ctx_set_int": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_int64]),
+    "fg_ctx_set_string": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_char_p]),
+    "fg_ctx_get_string": (ctypes.c_int, [_P, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]),
+    "fg_mod_from_file": (ctypes.c_int, [_P, ctypes.c_char_p, _PP]),
+    "fg_mod_from_source": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, _PP]),
+    "fg_mod_from_expr": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_char_p,
+                                        ctypes.POINTER(_ParamInfo), ctypes.c_size_t, _PP]),
+    "fg_mod_combine": (ctypes.c_int, [_P, _P, _P, _PP]),
+    "fg_mod_destroy": (None, [_P]),
+    "fg_mod_has_mask": (ctypes.c_int, [_P]),
+    "fg_mod_has_score": (ctypes.c_int, [_P]),
+    "fg_mod_name": (ctypes.c_char_p, [_P]),
+    "fg_mod_canonical": (ctypes.c_char_p, [_P]),
+    "fg_mod_hash": (ctypes.c_uint64, [_P]),
+    "fg_mod_param_count": (ctypes.c_size_t, [_P]),
+    "fg_mod_param": (ctypes.c_int, [_P, ctypes.c_size_t, ctypes.POINTER(_ParamInfo)]),
+    "fg_mod_eval_mask": (ctypes.c_int, [_P, _P, ctypes.POINTER(_Binding), ctypes.c_size_t,
+                                        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                        ctypes.c_int, ctypes.c_int, ctypes.c_void_p]),
+    "fg_mod_eval_score": (ctypes.c_int, [_P, _P, ctypes.POINTER(_Binding), ctypes.c_size_t,
+                                         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                         ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                         ctypes.c_void_p]),
+    "fg_block_mask_create": (ctypes.c_int, [_P, _P, ctypes.POINTER(_BlockMaskDesc),
+                                            ctypes.POINTER(_Binding), ctypes.c_size_t, _PP]),
+    "fg_block_mask_create_gpu": (ctypes.c_int, [_P, _P, ctypes.POINTER(_BlockMaskDesc),
+                                                ctypes.POINTER(_Binding), ctypes.c_size_t, _P, _PP]),
+    "fg_block_mask_rebuild_gpu": (ctypes.c_int, [_P, _P, _P, ctypes.POINTER(_Binding),
+                                                 ctypes.c_size_t, _P]),
+    "fg_block_mask_destroy": (None, [_P]),
+    "fg_block_mask_download": (ctypes.c_int, [_P, _P]),
+    "fg_block_mask_array_get": (ctypes.c_int, [_P, ctypes.c_int,
+                                               ctypes.POINTER(ctypes.POINTER(ctypes.c_int32)),
+                                               ctypes.POINTER(ctypes.c_uint64),
+                                               ctypes.POINTER(ctypes.c_int64)]),
+    "fg_block_mask_sparsity": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_double)]),
+    "fg_block_mask_picture": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_int,
+                                             ctypes.POINTER(ctypes.c_void_p)]),
+    "fg_attention_forward": (ctypes.c_int, [_P, _P, ctypes.POINTER(_AttentionArgs)]),
+    "fg_attention_reference": (ctypes.c_int, [_P, _P, ctypes.POINTER(_AttentionArgs),
+                                              ctypes.c_void_p, ctypes.c_void_p]),
+    "fg_cache_get_stats": (None, [ctypes.POINTER(_CacheStats)]),
+    "fg_cache_reset_stats": (None, []),
+    "fg_cache_forget_memory": (None, []),
+    "fg_cache_clear": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_size_t)]),
+}
+
+
+class LibraryNotFound(OSError):
+    """libflexgen.so could not be located or loaded."""
+
+
+class FlexgenError(RuntimeError):
+    """A failing fg_status: `status` (int), `status_name`, `message`, `offset`
+    (byte offset into the mod text, -1 when none), `diagnostic` (the rendered
+    file:line:col + source line + caret) and `compile_log` (NVRTC's log, or "")."""
+
+    def __init__(self, status, status_name, message, offset=-1, diagnostic="", compile_log=""):
+        self.status = status
+        self.status_name = status_name
+        self.message = message
+        self.offset = offset
+        self.diagnostic = diagnostic
+        self.compile_log = compile_log
+        super().__init__(self._text())
+
+    def _text(self):
+        text = f"{self.status_name}: {self.message}"
+        if self.diagnostic and self.offset >= 0:
+            text += "\n" + self.diagnostic.rstrip("\n")
+        if self.compile_log:
+            text += "\n" + self.compile_log.rstrip("\n")
+        return text
+
+
+# ---------------------------------------------------------------------------
+# Loading the library and the per-device contexts.
+# ---------------------------------------------------------------------------
+
+_lib = None
+_lib_path = None
+_lib_lock = threading.Lock()
+
+
+def _candidate_paths():
+    env = os.environ.get("FLEXGEN_LIB")
+    if env:
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = glob.glob(os.path.join(here, "..", "build*", "src", "libflexgen.so"))
+    found.sort(key=lambda p: os.path.getmtime(p), reverse=True)
+    return found + ["libflexgen.so", "libflexgen.so.0"]
+
+
+def _load():
+    global _lib, _lib_path
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        errors = []
+        for path in _candidate_paths():
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError as e:
+                errors.append(f"{path}: {e}")
+                continue
+            for name, (res, args) in _SIGNATURES.items():
+                fn = getattr(lib, name)
+                fn.restype = res
+                fn.argtypes = args
+            _lib, _lib_path = lib, path
+            return lib
+        raise LibraryNotFound("libflexgen not found; set FLEXGEN_LIB to the path of "
+                              "libflexgen.so (tried: " + "; ".join(errors) + ")")
+
+
+def library_path():
+    """The path of the loaded libflexgen (loading it if needed)."""
+    _load()
+    return _lib_path
+
+
+def version():
+    return _load().fg_version_string().decode()
+
+
+def _status_name(status):
+    s = _load().fg_status_string(status)
+    return s.decode().split(":")[0] if s else f"status {status}"
+
+
+class _Context:
+    """One fg_ctx (contexts are not thread-safe: every use holds the lock, and
+    the error is read under the same lock as the failing call)."""
+
+    def __init__(self, device):
+        lib = _load()
+        handle = ctypes.c_void_p()
+        st = lib.fg_ctx_create(ctypes.byref(handle))
+        if st != FG_OK:
+            raise FlexgenError(st, _status_name(st), "could not create a context")
+        self.handle = handle
+        self.lock = threading.RLock()
+        self.device = device
+        self._lib = lib
+        if device is not None:
+            self.check(lib.fg_ctx_set_int(handle, FG_OPT_DEVICE, device))
+        if _cache_dir_override is not None:
+            self.check(lib.fg_ctx_set_string(handle, FG_OPT_CACHE_DIR,
+                                             _cache_dir_override.encode()))
+
+    def check(self, status):
+        if status == FG_OK:
+            return
+        lib = self._lib
+        raise FlexgenError(status, _status_name(status),
+                           (lib.fg_errmsg(self.handle) or b"").decode(errors="replace"),
+                           int(lib.fg_error_offset(self.handle)),
+                           (lib.fg_error_diagnostic(self.handle) or b"").decode(errors="replace"),
+                           (lib.fg_compile_log(self.handle) or b"").decode(errors="replace"))
+
+    def __del__(self):
+        try:
+            self._lib.fg_ctx_destroy(self.handle)
+        except Exception:
+            pass
+
+
+_contexts = {}
+_contexts_lock = threading.Lock()
+_cache_dir_override = None
+
+
+def _ctx(device=None):
+    """The context for a CUDA device ordinal (None: one for host-only work)."""
+    with _contexts_lock:
+        c = _contexts.get(device)
+        if c is None:
+            c = _contexts[device] = _Context(device)
+        return c
+
+
+# ---------------------------------------------------------------------------
+# Mods.
+# ---------------------------------------------------------------------------
+
+_TYPE_NAMES = {FG_TYPE_INT: "int", FG_TYPE_FLOAT: "float", FG_TYPE_BOOL: "bool"}
+
+
+class Mod:
+    """A checked mod (immutable). `name`, `canonical`, `hash`, `has_mask`,
+    `has_score`, and `params`: name -> (kind, type, default) with kind
+    'scalar' or 'buffer' and type 'int' or 'float'."""
+
+    def __init__(self, handle, keep=()):
+        lib = _load()
+        self._lib = lib
+        self.handle = handle
+        self._keep = keep  # mods this one was combined from are not needed, but are cheap
+        self.name = lib.fg_mod_name(handle).decode()
+        self.canonical = (lib.fg_mod_canonical(handle) or b"").decode()
+        self.hash = int(lib.fg_mod_hash(handle))
+        self.has_mask = bool(lib.fg_mod_has_mask(handle))
+        self.has_score = bool(lib.fg_mod_has_score(handle))
+        self.params = OrderedDict()
+        for i in range(lib.fg_mod_param_count(handle)):
+            info = _ParamInfo()
+            if lib.fg_mod_param(handle, i, ctypes.byref(info)) != FG_OK:
+                raise FlexgenError(1, "FG_ERR_INVALID_ARGUMENT", f"parameter {i} unreadable")
+            kind = "buffer" if info.kind == FG_PARAM_BUFFER else "scalar"
+            self.params[info.name.decode()] = (kind, _TYPE_NAMES.get(info.type, "?"),
+                                               info.default_value)
+
+    def uses(self, arg):
+        """Whether the canonical text mentions the index argument `arg`
+        ('b' or 'h'); True when unsure, so a block mask is never broadcast
+        over a dimension the mask reads."""
+        if not self.canonical:
+            return True
+        return re.search(r"\b" + re.escape(arg) + r"\b", self.canonical) is not None
+
+    def __repr__(self):
+        parts = [p for p, f in (("mask_mod", self.has_mask), ("score_mod", self.has_score)) if f]
+        return f"<flexgen.Mod {self.name!r} {'+'.join(parts) or 'empty'} params={list(self.params)}>"
+
+    def __del__(self):
+        try:
+            self._lib.fg_mod_destroy(self.handle)
+        except Exception:
+            pass
+
+    # CPU evaluation (no GPU): the evaluator the CPU block mask and the
+    # reference use. Buffers are host tensors or sequences.
+    def eval_mask(self, q_len, kv_len, b=0, h=0, params=None, buffers=None, q0=0, kv0=0):
+        """The dense mask over [q0, q0+q_len) x [kv0, kv0+kv_len) for (b, h), as a
+        list of rows of 0/1."""
+        binds = _Bindings(self, params, buffers, host=True)
+        out = (ctypes.c_uint8 * (q_len * kv_len))()
+        c = _ctx(None)
+        with c.lock:
+            c.check(self._lib.fg_mod_eval_mask(c.handle, self.handle, binds.array, binds.count,
+                                               b, h, q0, q_len, kv0, kv_len, out))
+        return [list(out[i * kv_len:(i + 1) * kv_len]) for i in range(q_len)]
+
+    def eval_score(self, scores, b=0, h=0, params=None, buffers=None, q0=0, kv0=0):
+        """score_mod over a q_len x kv_len list of rows of input scores."""
+        q_len = len(scores)
+        kv_len = len(scores[0]) if q_len else 0
+        flat = (ctypes.c_float * (q_len * kv_len))(*[x for row in scores for x in row])
+        out = (ctypes.c_float * (q_len * kv_len))()
+        binds = _Bindings(self, params, buffers, host=True)
+        c = _ctx(None)
+        with c.lock:
+            c.check(self._lib.fg_mod_eval_score(c.handle, self.handle, binds.array, binds.count,
+                                                b, h, q0, q_len, kv0, kv_len, flat, out))
+        return [list(out[i * kv_len:(i + 1) * kv_len]) for i in range(q_len)]
+
+
+_MOD_CACHE_MAX = 256
+_mod_cache = OrderedDict()
+_mod_lock = threading.Lock()
+_FUNC_RE = re.compile(r"\b(mask_mod|score_mod)\s*\(")
+
+
+def _classify(text):
+    """'file', 'source' or 'expr' for a mask_mod / score_mod argument."""
+    if "\n" not in text and len(text) < 4096 and os.path.isfile(text):
+        return "file"
+    if _FUNC_RE.search(text):
+        return "source"
+    if text.endswith((".c", ".h", ".mod")) and "(" not in text:
+        raise FileNotFoundError(f"mod file not found: {text}")
+    return "expr"
+
+
+def _cached(key, make):
+    with _mod_lock:
+        m = _mod_cache.get(key)
+        if m is not None:
+            _mod_cache.move_to_end(key)
+            return m
+    m = make()
+    with _mod_lock:
+        _mod_cache[key] = m
+        while len(_mod_cache) > _MOD_CACHE_MAX:
+            _mod_cache.popitem(last=False)
+    return m
+
+
+def _parse_one(text, kind, decls):
+    lib = _load()
+    form = _classify(text)
+    if form == "file":
+        path = os.path.abspath(text)
+        with open(path, "rb") as f:
+            content = f.read()
+        key = ("file", path, content)
+
+        def make():
+            c, h = _ctx(None), ctypes.c_void_p()
+            with c.lock:
+                c.check(lib.fg_mod_from_file(c.handle, path.encode(), ctypes.byref(h)))
+            return Mod(h)
+        return _cached(key, make)
+    if form == "source":
+        key = ("source", text)
+
+        def make():
+            c, h = _ctx(None), ctypes.c_void_p()
+            data = text.encode()
+            with c.lock:
+                c.check(lib.fg_mod_from_source(c.handle, b"<source>", data, len(data),
+                                               ctypes.byref(h)))
+            return Mod(h)
+        return _cached(key, make)
+    key = ("expr", kind, text, tuple(decls))
+
+    def make():
+        c, h = _ctx(None), ctypes.c_void_p()
+        arr = (_ParamInfo * max(1, len(decls)))()
+        names = []
+        for i, (name, pkind, ptype, default) in enumerate(decls):
+            names.append(name.encode())
+            arr[i] = _ParamInfo(names[-1], pkind, ptype, default)
+        with c.lock:
+            c.check(lib.fg_mod_from_expr(c.handle, kind, text.encode(), arr, len(decls),
+                                         ctypes.byref(h)))
+        return Mod(h)
+    return _cached(key, make)
+
+
+def _expr_decls(params, buffers):
+    """Parameter declarations for the expression form, from the values given."""
+    decls = []
+    for name, value in sorted((params or {}).items()):
+        t = FG_TYPE_FLOAT if isinstance(value, float) else FG_TYPE_INT
+        decls.append((name, FG_PARAM_SCALAR, t, float(value)))
+    for name, buf in sorted((buffers or {}).items()):
+        t = FG_TYPE_FLOAT if _is_float_buffer(buf) else FG_TYPE_INT
+        decls.append((name, FG_PARAM_BUFFER, t, 0.0))
+    return decls
+
+
+def _is_float_buffer(buf):
+    if torch is not None and isinstance(buf, torch.Tensor):
+        return buf.dtype == torch.float32
+    return any(isinstance(x, float) for x in buf)
+
+
+def load_mod(mask_mod=None, score_mod=None, params=None, buffers=None):
+    """The Mod for a mask_mod and/or score_mod given as a file path, the text
+    of a mod file, or a bare expression (its parameters declared from the
+    types of `params` / `buffers`). With one argument, the whole mod it names
+    is used (a file may define both functions); with two, the mask_mod of the
+    first and the score_mod of the second are combined."""
+    if mask_mod is None and score_mod is None:
+        return _parse_one("score", FG_SCORE_MOD, [])
+    for argname, value in (("mask_mod", mask_mod), ("score_mod", score_mod)):
+        if value is not None and not isinstance(value, (str, os.PathLike, Mod)):
+            raise TypeError(f"{argname} must be a path, mod text or flexgen.Mod, "
+                            f"not {type(value).__name__}")
+    decls = _expr_decls(params, buffers)
+
+    def one(value, kind):
+        return value if isinstance(value, Mod) else _parse_one(os.fspath(value), kind, decls)
+
+    mm = one(mask_mod, FG_MASK_MOD) if mask_mod is not None else None
+    sm = one(score_mod, FG_SCORE_MOD) if score_mod is not None else None
+    if mm is None or sm is None or mm is sm:
+        return mm or sm  # one mod: all of it (a file may define both functions)
+    if not mm.has_mask:
+        raise ValueError(f"mask_mod: mod '{mm.name}' defines no mask_mod")
+    if not sm.has_score:
+        raise ValueError(f"score_mod: mod '{sm.name}' defines no score_mod")
+    key = ("combine", mm.hash, mm.canonical, sm.hash, sm.canonical, id(mm), id(sm))
+
+    def make():
+        c, h = _ctx(None), ctypes.c_void_p()
+        with c.lock:
+            c.check(_load().fg_mod_combine(c.handle, mm.handle, sm.handle, ctypes.byref(h)))
+        return Mod(h, keep=(mm, sm))
+    return _cached(key, make)
+
+
+# ---------------------------------------------------------------------------
+# Bindings: params and buffers checked against the mod's declarations.
+# ---------------------------------------------------------------------------
+
+class _Bindings:
+    """An fg_binding array (and the bytes objects and tensors it points to,
+    kept alive as long as it)."""
+
+    def __init__(self, mod, params, buffers, host=False, device=None):
+        params = dict(params or {})
+        buffers = dict(buffers or {})
+        rows, self._keep = [], []
+        for name, value in params.items():
+            rows.append(self._scalar(mod, name, value))
+        for name, buf in buffers.items():
+            rows.append(self._buffer(mod, name, buf, host, device))
+        for name, (kind, _, _) in mod.params.items():
+            if kind == "buffer" and name not in buffers:
+                raise ValueError(f"mod '{mod.name}' needs buffer '{name}': pass it in buffers=")
+        self.count = len(rows)
+        self.array = (_Binding * max(1, len(rows)))(*rows)
+        self.key = (tuple(sorted((n, repr(v)) for n, v in params.items())),
+                    tuple(sorted((n, id(b), _version(b), _data_ptr(b), _numel(b))
+                                 for n, b in buffers.items())))
+        self.buffers = buffers
+
+    def _decl(self, mod, name, want):
+        if not isinstance(name, str):
+            raise TypeError(f"parameter names must be str, not {type(name).__name__}")
+        if name not in mod.params:
+            raise ValueError(f"mod '{mod.name}' has no parameter '{name}' "
+                             f"(it has: {', '.join(mod.params) or 'none'})")
+        kind, ptype, _ = mod.params[name]
+        if kind != want:
+            raise TypeError(f"parameter '{name}' of mod '{mod.name}' is a {kind}: pass it in "
+                            f"{'buffers' if kind == 'buffer' else 'params'}=")
+        return ptype
+
+    def _scalar(self, mod, name, value):
+        ptype = self._decl(mod, name, "scalar")
+        if torch is not None and isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"parameter '{name}' must be an int or float, not {type(value).__name__}")
+        nb = name.encode()
+        self._keep.append(nb)
+        b = _Binding()
+        b.name, b.kind = nb, FG_PARAM_SCALAR
+        if ptype == "int":
+            if isinstance(value, float):
+                if not value.is_integer():
+                    raise ValueError(f"parameter '{name}' is an int; got {value}")
+                value = int(value)
+            if not -2**31 <= value < 2**31:
+                raise ValueError(f"parameter '{name}' = {value} does not fit in int32")
+            b.type, b.value.i = FG_TYPE_INT, value
+        else:
+            b.type, b.value.f = FG_TYPE_FLOAT, float(value)
+        return b
+
+    def _buffer(self, mod, name, buf, host, device):
+        ptype = self._decl(mod, name, "buffer")
+        nb = name.encode()
+        b = _Binding()
+        b.name, b.kind = nb, FG_PARAM_BUFFER
+        b.type = FG_TYPE_INT if ptype == "int" else FG_TYPE_FLOAT
+        if torch is not None and isinstance(buf, torch.Tensor):
+            want = torch.int32 if ptype == "int" else torch.float32
+            if buf.dtype != want:
+                raise TypeError(f"buffer '{name}' must be a {want} tensor, not {buf.dtype}")
+            if not buf.is_contiguous():
+                raise ValueError(f"buffer '{name}' must be contiguous")
+            if host and buf.device.type != "cpu":
+                raise ValueError(f"buffer '{name}' must be a CPU tensor for a CPU call")
+            if not host and (buf.device.type != "cuda" or buf.device.index != device):
+                raise ValueError(f"buffer '{name}' must be on cuda:{device}, not {buf.device}")
+            b.value.buffer.data = buf.data_ptr() if buf.numel() else None
+            b.value.buffer.length = buf.numel()
+            self._keep.append(buf)
+        elif host and isinstance(buf, (list, tuple)):
+            ctype = ctypes.c_int32 if ptype == "int" else ctypes.c_float
+            arr = (ctype * max(1, len(buf)))(*buf)
+            b.value.buffer.data = ctypes.addressof(arr)
+            b.value.buffer.length = len(buf)
+            self._keep.append(arr)
+        else:
+            raise TypeError(f"buffer '{name}' must be a torch tensor"
+                            + (" or a list" if host else "") + f", not {type(buf).__name__}")
+        self._keep.append(nb)
+        return b
+
+
+def _version(t):
+    return getattr(t, "_version", None)
+
+
+def _data_ptr(t):
+    return t.data_ptr() if torch is not None and isinstance(t, torch.Tensor) else id(t)
+
+
+def _numel(t):
+    return t.numel() if torch is not None and isinstance(t, torch.Tensor) else len(t)
+
+
+# ---------------------------------------------------------------------------
+# Block masks.
+# ---------------------------------------------------------------------------
+
+class BlockMask:
+    """An fg_block_mask (FlexAttention's BlockMask layout). Built on the GPU
+    (device arrays) or the CPU (host arrays). `shape` is (batch, heads,
+    q_len, kv_len) with 1 meaning broadcast; `block_size` is (q, kv)."""
+
+    def __init__(self, handle, mod, shape, block_size, device):
+        self.handle = handle
+        self.mod = mod
+        self.shape = shape
+        self.block_size = block_size
+        self.device = device  # CUDA ordinal, or None for a CPU mask
+        self._lib = _load()
+        self._downloaded = device is None
+        self._sparsity = None
+
+    def _host(self):
+        if not self._downloaded:
+            c = _ctx(self.device)
+            with c.lock:
+                c.check(self._lib.fg_block_mask_download(c.handle, self.handle))
+            self._downloaded = True
+
+    def sparsity(self):
+        """Fraction of (b, h, q block, kv block) tiles that are empty, in [0, 1]."""
+        if self._sparsity is None:
+            self._host()
+            s = ctypes.c_double()
+            c = _ctx(self.device)
+            with c.lock:
+                c.check(self._lib.fg_block_mask_sparsity(self.handle, ctypes.byref(s)))
+            self._sparsity = s.value
+        return self._sparsity
+
+    def density(self):
+        return 1.0 - self.sparsity()
+
+    def picture(self, max_rows=0, max_cols=0):
+        self._host()
+        p = ctypes.c_void_p()
+        c = _ctx(self.device)
+        with c.lock:
+            c.check(self._lib.fg_block_mask_picture(self.handle, max_rows, max_cols,
+                                                    ctypes.byref(p)))
+        try:
+            return ctypes.string_at(p).decode()
+        finally:
+            self._lib.fg_free(p)
+
+    def array(self, name):
+        """One array as nested lists shaped like it (downloads a GPU mask)."""
+        self._host()
+        host = ctypes.POINTER(ctypes.c_int32)()
+        dev = ctypes.c_uint64()
+        dims = (ctypes.c_int64 * 4)()
+        c = _ctx(self.device)
+        with c.lock:
+            c.check(self._lib.fg_block_mask_array_get(self.handle, FG_BM_ARRAYS[name],
+                                                       ctypes.byref(host), ctypes.byref(dev), dims))
+        n = dims[0] * dims[1] * dims[2] * dims[3]
+        flat = host[:n] if n else []
+        if torch is not None:
+            t = torch.tensor(flat, dtype=torch.int32).reshape(tuple(dims))
+            return t[..., 0] if name.endswith("num_blocks") else t
+        return flat
+
+    def rebuild(self, params=None, buffers=None):
+        """Rebuild a GPU mask in place for new values (no allocation, no
+        compile) on torch's current stream."""
+        if self.device is None:
+            raise ValueError("rebuild() is for GPU block masks")
+        binds = _Bindings(self.mod, params, buffers, device=self.device)
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        c = _ctx(self.device)
+        with c.lock:
+            c.check(self._lib.fg_block_mask_rebuild_gpu(c.handle, self.handle, self.mod.handle,
+                                                        binds.array, binds.count, stream))
+        self._downloaded = False
+        self._sparsity = None
+
+    def __repr__(self):
+        where = "cpu" if self.device is None else f"cuda:{self.device}"
+        return (f"<flexgen.BlockMask {self.mod.name} shape={self.shape} "
+                f"block={self.block_size} on {where}>")
+
+    def __del__(self):
+        try:
+            self._lib.fg_block_mask_destroy(self.handle)
+        except Exception:
+            pass
+
+
+def _block_dims(block_size):
+    if isinstance(block_size, int):
+        qb = kvb = block_size
+    elif isinstance(block_size, (tuple, list)) and len(block_size) == 2:
+        qb, kvb = block_size
+    else:
+        raise TypeError("block_size must be an int or a (q_block, kv_block) pair")
+    for v in (qb, kvb):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"block sizes must be positive ints, got {block_size!r}")
+    return qb, kvb
+
+
+def block_mask(mask_mod, B, H, Q_LEN, KV_LEN, params=None, buffers=None, block_size=128,
+               device="cuda"):
+    """Build a block mask like FlexAttention's create_block_mask. B or H of
+    None broadcasts (1). device: a CUDA device (the GPU builder, on torch's
+    current stream; buffers on that device) or 'cpu' (the CPU builder; buffers
+    on the host). The result can be passed as attention(..., block_mask=)."""
+    mod = mask_mod if isinstance(mask_mod, Mod) else load_mod(mask_mod, None, params, buffers)
+    if not mod.has_mask:
+        raise ValueError(f"mod '{mod.name}' defines no mask_mod")
+    B = 1 if B is None else B
+    H = 1 if H is None else H
+    for name, v in (("B", B), ("H", H), ("Q_LEN", Q_LEN), ("KV_LEN", KV_LEN)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    qb, kvb = _block_dims(block_size)
+    desc = _BlockMaskDesc(B, H, Q_LEN, KV_LEN, qb, kvb)
+    cpu = device == "cpu" or (torch is not None and isinstance(device, torch.device)
+                              and device.type == "cpu")
+    handle = ctypes.c_void_p()
+    if cpu:
+        binds = _Bindings(mod, params, buffers, host=True)
+        c = _ctx(None)
+        with c.lock:
+            c.check(_load().fg_block_mask_create(c.handle, mod.handle, ctypes.byref(desc),
+                                                 binds.array, binds.count, ctypes.byref(handle)))
+        return BlockMask(handle, mod, (B, H, Q_LEN, KV_LEN), (qb, kvb), None)
+    _need_torch()
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise ValueError(f"device must be a CUDA device or 'cpu', not {device!r}")
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return _gpu_block_mask(mod, desc, params, buffers, index)
+
+
+def _gpu_block_mask(mod, desc, params, buffers, index):
+    binds = _Bindings(mod, params, buffers, device=index)
+    stream = torch.cuda.current_stream(index).cuda_stream
+    handle = ctypes.c_void_p()
+    c = _ctx(index)
+    with c.lock:
+        c.check(_load().fg_block_mask_create_gpu(c.handle, mod.handle, ctypes.byref(desc),
+                                                 binds.array, binds.count, stream,
+                                                 ctypes.byref(handle)))
+    return BlockMask(handle, mod, (desc.batch, desc.heads, desc.q_len, desc.kv_len),
+                     (desc.q_block, desc.kv_block), index)
+
+
+_BM_CACHE_MAX = 64
+_bm_cache = OrderedDict()  # key -> (BlockMask, weakrefs of the buffers)
+_bm_lock = threading.Lock()
+
+
+def _cached_block_mask(mod, B, H, Q_LEN, KV_LEN, qb, kvb, binds, params, buffers, index):
+    """A GPU block mask from the cache, or built and cached. Buffer identity
+    is checked through weak references so a recycled id() never matches."""
+    key = (mod.hash, mod.canonical, id(mod), B, H, Q_LEN, KV_LEN, qb, kvb, index) + binds.key
+    with _bm_lock:
+        hit = _bm_cache.get(key)
+        if hit is not None:
+            bm, refs = hit
+            if all(r() is buffers[n] for n, r in refs.items()):
+                _bm_cache.move_to_end(key)
+                return bm
+            del _bm_cache[key]
+    desc = _BlockMaskDesc(B, H, Q_LEN, KV_LEN, qb, kvb)
+    bm = _gpu_block_mask(mod, desc, params, buffers, index)
+    refs = {n: weakref.ref(t) for n, t in buffers.items()}
+    with _bm_lock:
+        _bm_cache[key] = (bm, refs)
+        while len(_bm_cache) > _BM_CACHE_MAX:
+            _bm_cache.popitem(last=False)
+    return bm
+
+
+# ---------------------------------------------------------------------------
+# Attention.
+# ---------------------------------------------------------------------------
+
+def _need_torch():
+    if torch is None:
+        raise ImportError("flexgen.attention needs torch")
+
+
+def _check_qkv(q, k, v, enable_gqa):
+    """The tensor checks that need no device, in a fixed order (types,
+    ranks, dtypes, shapes, GQA, strides); attention() checks devices last so
+    that tests on a machine without a GPU reach every other check with CPU
+    tensors."""
+    _need_torch()
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dimensions (B, H, S, D), got shape {tuple(t.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in (torch.float16, torch.bfloat16):
+            raise TypeError(f"{name} must be float16 or bfloat16, not {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"batch sizes differ: q has {q.shape[0]}, k has {k.shape[0]}")
+    if q.shape[3] != k.shape[3]:
+        raise ValueError(f"head dims differ: q has {q.shape[3]}, k has {k.shape[3]}")
+    if min(q.shape) == 0 or min(k.shape) == 0:
+        raise ValueError("empty tensors are not supported")
+    hq, hkv = q.shape[1], k.shape[1]
+    if hq != hkv:
+        if not enable_gqa:
+            raise ValueError(f"q has {hq} heads and k/v {hkv}: pass enable_gqa=True for "
+                             f"grouped-query attention")
+        if hq % hkv != 0:
+            raise ValueError(f"q heads ({hq}) must be a multiple of k/v heads ({hkv})")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(3) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension (stride {t.stride(3)})")
+
+
+def _check_devices(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} must be a CUDA tensor, not on {t.device}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+
+
+def _check_params(params, buffers):
+    if params is not None and not isinstance(params, dict):
+        raise TypeError(f"params must be a dict, not {type(params).__name__}")
+    if buffers is not None and not isinstance(buffers, dict):
+        raise TypeError(f"buffers must be a dict, not {type(buffers).__name__}")
+    for name, buf in (buffers or {}).items():
+        if torch is None or not isinstance(buf, torch.Tensor):
+            raise TypeError(f"buffer '{name}' must be a torch tensor, not {type(buf).__name__}")
+        if buf.dtype not in (torch.int32, torch.float32):
+            raise TypeError(f"buffer '{name}' must be int32 or float32, not {buf.dtype}")
+
+
+def _mask_dims(mod, B, H):
+    """The block mask's batch and heads: 1 (broadcast) where the mask_mod
+    cannot depend on the dimension."""
+    return (B if mod.uses("b") else 1), (H if mod.uses("h") else 1)
+
+
+def _fill_args(args, q, k, v, out, lse, scale, bm, binds, stream):
+    B, Hq, S, D = q.shape
+    args.batch, args.heads_q, args.heads_kv = B, Hq, k.shape[1]
+    args.q_len, args.kv_len, args.head_dim = S, k.shape[2], D
+    args.dtype = FG_BF16 if q.dtype == torch.bfloat16 else FG_FP16
+    args.q, args.k, args.v = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    args.out = out.data_ptr()
+    args.lse = lse.data_ptr() if lse is not None else None
+    args.q_stride = _Stride(*q.stride())
+    args.k_stride = _Stride(*k.stride())
+    args.v_stride = _Stride(*v.stride())
+    args.out_stride = _Stride(*out.stride())
+    args.scale = 0.0 if scale is None else float(scale)
+    args.q_offset = args.kv_offset = 0
+    args.block_mask = bm.handle.value if bm is not None else None
+    args.binds = ctypes.cast(binds.array, ctypes.POINTER(_Binding))
+    args.nbinds = binds.count
+    args.stream = stream
+
+
+def attention(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None, scale=None,
+              enable_gqa=False, return_lse=False, block_size=128, block_mask=None):
+    """softmax(score_mod(q k^T * scale) masked by mask_mod) v, like
+    FlexAttention's flex_attention.
+
+    q: (B, Hq, Q_LEN, D), k and v: (B, Hkv, KV_LEN, D), CUDA, float16 or
+    bfloat16, last dimension contiguous (BHSD or BSHD views both work).
+    mask_mod / score_mod: a mod file path, mod text or bare expression (see
+    load_mod). params: {name: int or float}; buffers: {name: int32 or
+    float32 CUDA tensor}. scale: default 1/sqrt(D). block_mask: from
+    block_mask(), else built (and cached) here. Returns out (B, Hq, Q_LEN,
+    D) contiguous, and with return_lse also lse (B, Hq, Q_LEN) float32."""
+    _check_qkv(q, k, v, enable_gqa)
+    _check_params(params, buffers)
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"scale must be a float, not {type(scale).__name__}")
+    qb, kvb = _block_dims(block_size)
+    if block_mask is not None and not isinstance(block_mask, BlockMask):
+        raise TypeError(f"block_mask must be a flexgen.BlockMask, not {type(block_mask).__name__}")
+    _check_devices(q, k, v)
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    mod = load_mod(mask_mod, score_mod, params, buffers)
+    binds = _Bindings(mod, params, buffers, device=index)
+    B, Hq, S, D = q.shape
+    KV = k.shape[2]
+    if block_mask is not None:
+        if block_mask.device != index:
+            raise ValueError(f"block_mask lives on {block_mask.device}, not cuda:{index}")
+        bB, bH, bS, bKV = block_mask.shape
+        if (bS, bKV) != (S, KV) or bB not in (1, B) or bH not in (1, Hq):
+            raise ValueError(f"block_mask shape {block_mask.shape} does not fit "
+                             f"(B={B}, H={Hq}, Q_LEN={S}, KV_LEN={KV})")
+        bm = block_mask
+    elif mod.has_mask:
+        mB, mH = _mask_dims(mod, B, Hq)
+        bm = _cached_block_mask(mod, mB, mH, S, KV, qb, kvb, binds, params or {},
+                                binds.buffers, index)
+    else:
+        bm = None  # no mask_mod: every block is visited and nothing is evaluated
+    out = torch.empty((B, Hq, S, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device) if return_lse else None
+    args = _AttentionArgs()
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    _fill_args(args, q, k, v, out, lse, scale, bm, binds, stream)
+    c = _ctx(index)
+    with c.lock:
+        c.check(_load().fg_attention_forward(c.handle, mod.handle, ctypes.byref(args)))
+    return (out, lse) if return_lse else out
+
+
+def reference(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None, scale=None,
+              enable_gqa=False):
+    """The library's CPU reference (float64 accumulation, mods through the
+    evaluator) on CPU tensors: returns (out float64, lse float64)."""
+    _need_torch()
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+            raise ValueError(f"{name} must be a CPU tensor for the reference")
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[3] != k.shape[3]:
+        raise ValueError("q, k, v must be (B, H, S, D) with matching k/v shapes and head dims")
+    if q.dtype not in (torch.float16, torch.bfloat16) or not (q.dtype == k.dtype == v.dtype):
+        raise TypeError("q, k, v must all be float16 or all bfloat16")
+    if q.shape[1] != k.shape[1] and (not enable_gqa or q.shape[1] % k.shape[1]):
+        raise ValueError("q heads must equal k/v heads (or be a multiple with enable_gqa=True)")
+    mod = load_mod(mask_mod, score_mod, params, buffers)
+    binds = _Bindings(mod, params, buffers, host=True)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    B, Hq, S, D = q.shape
+    out = torch.empty((B, Hq, S, D), dtype=torch.float64)
+    lse = torch.empty((B, Hq, S), dtype=torch.float64)
+    args = _AttentionArgs()
+    args.batch, args.heads_q, args.heads_kv = B, Hq, k.shape[1]
+    args.q_len, args.kv_len, args.head_dim = S, k.shape[2], D
+    args.dtype = FG_BF16 if q.dtype == torch.bfloat16 else FG_FP16
+    args.q, args.k, args.v = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    args.q_stride = _Stride(*q.stride())
+    args.k_stride = _Stride(*k.stride())
+    args.v_stride = _Stride(*v.stride())
+    args.out_stride = _Stride(*out.stride())
+    args.scale = 0.0 if scale is None else float(scale)
+    args.binds = ctypes.cast(binds.array, ctypes.POINTER(_Binding))
+    args.nbinds = binds.count
+    c = _ctx(None)
+    with c.lock:
+        c.check(_load().fg_attention_reference(c.handle, mod.handle, ctypes.byref(args),
+                                               out.data_ptr(), lse.data_ptr()))
+    return out, lse
+
+
+# ---------------------------------------------------------------------------
+# The kernel cache (process-wide in the library).
+# ---------------------------------------------------------------------------
+
+def cache_stats():
+    """The library's kernel-cache counters as a dict."""
+    s = _CacheStats()
+    _load().fg_cache_get_stats(ctypes.byref(s))
+    return {f: getattr(s, f) for f, _ in _CacheStats._fields_}
+
+
+def reset_cache_stats():
+    _load().fg_cache_reset_stats()
+
+
+def forget_memory_cache():
+    """Drop every kernel from the in-memory cache (the next call loads from
+    disk or compiles): for measuring cold and warm first calls."""
+    _load().fg_cache_forget_memory()
+    with _bm_lock:
+        _bm_cache.clear()
+
+
+def set_cache_dir(path):
+    """Use `path` as the disk cache folder for every context (None: default)."""
+    global _cache_dir_override
+    _cache_dir_override = os.fspath(path) if path is not None else None
+    with _contexts_lock:
+        contexts = list(_contexts.values())
+    for c in contexts:
+        with c.lock:
+            c.check(c._lib.fg_ctx_set_string(c.handle, FG_OPT_CACHE_DIR,
+                                             _cache_dir_override.encode()
+                                             if _cache_dir_override else None))
+
+
+def cache_dir():
+    c = _ctx(None)
+    v = ctypes.c_char_p()
+    with c.lock:
+        c.check(c._lib.fg_ctx_get_string(c.handle, FG_OPT_CACHE_DIR, ctypes.byref(v)))
+    return v.value.decode() if v.value else ""

@@ -1,0 +1,475 @@
+"""test_flexgen.py -- the Python wrapper, as a specification.
+
+Three layers, each run where it can be:
+  - argument checks (torch, no library, no GPU): every bad call raises the
+    documented exception naming the argument, before any library call;
+  - the library through ctypes (libflexgen, no GPU): mods parse or fail with
+    the library's status, offset and caret; the CPU block mask has the
+    counts computed here from first principles and equals torch's
+    create_block_mask; every torch twin in bench/torch_mods.py computes the
+    same mask and score as its gallery mod under flexgen's evaluator;
+  - the GPU: one attention call per gallery mod against the float64
+    reference and torch's flex_attention, plus LSE, GQA, strides and the
+    block-mask cache.
+
+Run directly (python3 python/test_flexgen.py [-v]) or through meson (suite
+cpu). Exit status: 0 when everything ran and passed, 1 on a failure, 77
+(meson: skipped) when torch or the library is missing or the library is
+built with sanitizers, so that a machine that cannot run these tests
+never reports them as passed.
+"""
+
+import math
+import os
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+import flexgen  # noqa: E402
+
+try:
+    flexgen.library_path()
+    HAVE_LIB = True
+except flexgen.LibraryNotFound:
+    HAVE_LIB = False
+
+HAVE_GPU = bool(HAVE_LIB and torch is not None and torch.cuda.is_available())
+if torch is not None:
+    import torch_mods
+    GALLERY = torch_mods.GALLERY
+else:
+    GALLERY = {}
+
+
+def gallery_file(name):
+    return os.path.join(ROOT, "mods", name + ".c")
+
+
+needs_torch = unittest.skipIf(torch is None, "torch is not importable")
+needs_lib = unittest.skipIf(not HAVE_LIB, "libflexgen not found (set FLEXGEN_LIB)")
+needs_gpu = unittest.skipIf(not HAVE_GPU, "no CUDA device")
+
+
+# ---------------------------------------------------------------------------
+# Argument checks: no library, no GPU
+# ---------------------------------------------------------------------------
+
+def _t(*shape, dtype=None, **kw):
+    return torch.randn(*shape, dtype=dtype or torch.bfloat16, **kw)
+
+
+def _bad_calls():
+    """(what, call, exception, words in the message) -- each call is wrong in
+    exactly one way, and the first check that fails names that way."""
+    q = _t(1, 4, 32, 64)
+    k = _t(1, 4, 32, 64)
+    kv2 = _t(1, 2, 32, 64)
+    kv3 = _t(1, 3, 32, 64)
+    strided = _t(1, 4, 32, 128)[..., ::2]
+    A = flexgen.attention
+    return [
+        ("q not a tensor", lambda: A([1.0], k, k), TypeError, "q must be a torch.Tensor"),
+        ("v not a tensor", lambda: A(q, k, None), TypeError, "v must be a torch.Tensor"),
+        ("q of rank 3", lambda: A(q[0], k, k), ValueError, "q must have 4 dimensions"),
+        ("float32 inputs", lambda: A(q.float(), k.float(), k.float()), TypeError,
+         "float16 or bfloat16"),
+        ("mixed dtypes", lambda: A(q, k.half(), k.half()), TypeError, "share a dtype"),
+        ("k and v shapes differ", lambda: A(q, k, _t(1, 4, 16, 64)), ValueError,
+         "same shape"),
+        ("batch sizes differ", lambda: A(q, _t(2, 4, 32, 64), _t(2, 4, 32, 64)), ValueError,
+         "batch sizes differ"),
+        ("head dims differ", lambda: A(q, _t(1, 4, 32, 32), _t(1, 4, 32, 32)), ValueError,
+         "head dims differ"),
+        ("GQA without enable_gqa", lambda: A(q, kv2, kv2), ValueError, "enable_gqa=True"),
+        ("GQA ratio not whole", lambda: A(q, kv3, kv3, enable_gqa=True), ValueError,
+         "multiple of k/v heads"),
+        ("last dim not contiguous", lambda: A(strided, k, k), ValueError,
+         "contiguous last dimension"),
+        ("params not a dict", lambda: A(q, k, k, params=[("W", 1)]), TypeError,
+         "params must be a dict"),
+        ("buffers not a dict", lambda: A(q, k, k, buffers=3), TypeError,
+         "buffers must be a dict"),
+        ("buffer not a tensor", lambda: A(q, k, k, buffers={"ids": [1, 2]}), TypeError,
+         "buffer 'ids' must be a torch tensor"),
+        ("int64 buffer", lambda: A(q, k, k, buffers={"ids": torch.zeros(4, dtype=torch.int64)}),
+         TypeError, "int32 or float32"),
+        ("scale a string", lambda: A(q, k, k, scale="0.1"), TypeError, "scale must be a float"),
+        ("block size zero", lambda: A(q, k, k, block_size=0), ValueError, "positive ints"),
+        ("block size triple", lambda: A(q, k, k, block_size=(64, 64, 64)), TypeError,
+         "block_size must be"),
+        ("block_mask not a BlockMask", lambda: A(q, k, k, block_mask="causal"), TypeError,
+         "block_mask must be a flexgen.BlockMask"),
+        ("CPU tensors", lambda: A(q, k, k), ValueError, "must be a CUDA tensor"),
+    ]
+
+
+@needs_torch
+class ArgumentChecks(unittest.TestCase):
+    def test_each_bad_call_names_its_argument(self):
+        for what, call, exc, words in _bad_calls():
+            with self.subTest(what):
+                with self.assertRaises(exc) as cm:
+                    call()
+                self.assertIn(words, str(cm.exception))
+
+    def test_a_good_call_fails_only_on_the_device(self):
+        q = _t(2, 8, 64, 64)
+        kv = _t(2, 2, 64, 64)
+        with self.assertRaises(ValueError) as cm:
+            flexgen.attention(q, kv, kv, enable_gqa=True, scale=0.1, block_size=(64, 128))
+        self.assertIn("CUDA", str(cm.exception))
+
+
+# ---------------------------------------------------------------------------
+# The library through ctypes: no GPU
+# ---------------------------------------------------------------------------
+
+def _src(body):
+    return "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n    return " + body + ";\n}\n"
+
+
+@needs_lib
+class Mods(unittest.TestCase):
+    def test_gallery_files_parse(self):
+        for name in ("noop", "causal", "sliding_window", "document", "alibi", "softcap"):
+            with self.subTest(name):
+                m = flexgen.load_mod(gallery_file(name))
+                self.assertEqual(m.name, name)
+                self.assertTrue(m.has_mask or m.has_score)
+
+    def test_parsed_once_per_text(self):
+        a = flexgen.load_mod(_src("q_idx >= kv_idx"))
+        b = flexgen.load_mod(_src("q_idx >= kv_idx"))
+        self.assertIs(a, b)
+
+    def test_reformatting_keeps_the_hash(self):
+        a = flexgen.load_mod(_src("q_idx >= kv_idx"))
+        b = flexgen.load_mod("/* causal */\n" + _src("(q_idx)   >=  kv_idx"))
+        c = flexgen.load_mod(_src("q_idx > kv_idx"))
+        self.assertEqual(a.hash, b.hash)
+        self.assertNotEqual(a.hash, c.hash)
+
+    def test_errors_carry_status_offset_and_caret(self):
+        text = _src("q_idx >= kv_ix")
+        with self.assertRaises(flexgen.FlexgenError) as cm:
+            flexgen.load_mod(text)
+        e = cm.exception
+        self.assertEqual(e.status_name, "FG_ERR_NAME")
+        self.assertEqual(e.offset, text.index("kv_ix"))
+        self.assertIn("kv_ix", e.message)
+        self.assertIn("^", e.diagnostic)
+        self.assertIn("return q_idx >= kv_ix;", e.diagnostic)
+
+    def test_unsupported_c_is_refused(self):
+        bad = [
+            ("a loop", "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+                       "    for (;;) {}\n    return true;\n}\n"),
+            ("a string", _src('"x" == 0')),
+            ("an unknown call", _src("system(0) == 0")),
+        ]
+        for what, text in bad:
+            with self.subTest(what):
+                with self.assertRaises(flexgen.FlexgenError):
+                    flexgen.load_mod(text)
+
+    def test_missing_file_is_an_error_not_an_expression(self):
+        with self.assertRaises(FileNotFoundError):
+            flexgen.load_mod("mods/no_such_mod.c")
+
+    def test_expression_form_declares_params_from_values(self):
+        m = flexgen.load_mod("q_idx >= kv_idx && q_idx - kv_idx <= W", params={"W": 2})
+        self.assertEqual(m.params["W"][:2], ("scalar", "int"))
+        got = m.eval_mask(5, 5, params={"W": 2})
+        want = [[int(i >= j and i - j <= 2) for j in range(5)] for i in range(5)]
+        self.assertEqual(got, want)
+
+    def test_param_checks(self):
+        m = flexgen.load_mod(gallery_file("sliding_window"))
+        scalar = next(n for n, p in m.params.items() if p[0] == "scalar")
+        cases = [
+            ("unknown name", {"NO_SUCH": 1}, ValueError, "has no parameter 'NO_SUCH'"),
+            ("a string value", {scalar: "8"}, TypeError, "must be an int or float"),
+            ("a fraction for an int", {scalar: 2.5}, ValueError, "is an int"),
+        ]
+        for what, params, exc, words in cases:
+            with self.subTest(what):
+                with self.assertRaises(exc) as cm:
+                    m.eval_mask(4, 4, params=params)
+                self.assertIn(words, str(cm.exception))
+
+    def test_combining_a_mask_and_a_score(self):
+        m = flexgen.load_mod(gallery_file("causal"), gallery_file("softcap"))
+        self.assertTrue(m.has_mask and m.has_score)
+        score_only = ("float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+                      "    return score * 0.5;\n}\n")
+        with self.assertRaises(ValueError) as cm:
+            flexgen.load_mod(score_only, gallery_file("softcap"))
+        self.assertIn("defines no mask_mod", str(cm.exception))
+
+
+@needs_lib
+class CpuBlockMask(unittest.TestCase):
+    def test_causal_counts_from_first_principles(self):
+        for S, blk in ((1000, 128), (1024, 128), (256, 64), (129, 128)):
+            with self.subTest(S=S, block=blk):
+                bm = flexgen.block_mask(gallery_file("causal"), None, None, S, S,
+                                        block_size=blk, device="cpu")
+                nb = (S + blk - 1) // blk
+                partial = [1] * nb       # the diagonal block of each row
+                full = list(range(nb))   # every block left of it
+                got_p = bm.array("kv_num_blocks")
+                got_f = bm.array("full_kv_num_blocks")
+                if torch is not None:
+                    got_p, got_f = got_p.flatten().tolist(), got_f.flatten().tolist()
+                self.assertEqual(got_p, partial)
+                self.assertEqual(got_f, full)
+                empty = nb * nb - sum(partial) - sum(full)
+                self.assertAlmostEqual(bm.sparsity(), empty / (nb * nb))
+                self.assertIn("#", bm.picture())
+
+    @needs_torch
+    def test_equal_to_torch_create_block_mask(self):
+        from torch.nn.attention.flex_attention import create_block_mask
+        for name in ("causal", "sliding_window", "prefix_lm", "document"):
+            spec = GALLERY[name]
+            st = spec.setup(1, 1, 1024, "cpu")
+            with self.subTest(name):
+                ours = flexgen.block_mask(spec.mask_file, None, None, 1024, 1024,
+                                          params=st["params"], buffers=st["buffers"],
+                                          device="cpu")
+                theirs = create_block_mask(st["mask_mod"], None, None, 1024, 1024, device="cpu")
+                for kind in ("", "full_"):
+                    n_ours = ours.array(kind + "kv_num_blocks")
+                    n_theirs = getattr(theirs, kind + "kv_num_blocks")
+                    self.assertTrue(torch.equal(n_ours, n_theirs.to(torch.int32)),
+                                    f"{kind}kv_num_blocks")
+                    i_ours = ours.array(kind + "kv_indices")
+                    i_theirs = getattr(theirs, kind + "kv_indices")
+                    for r in range(n_ours.shape[-1]):
+                        n = int(n_ours[0, 0, r])
+                        self.assertEqual(sorted(i_ours[0, 0, r, :n].tolist()),
+                                         sorted(i_theirs[0, 0, r, :n].tolist()))
+
+
+def _index_grids(S):
+    return (torch.arange(S).view(-1, 1), torch.arange(S).view(1, -1))
+
+
+@needs_lib
+@needs_torch
+class TorchTwins(unittest.TestCase):
+    """bench/torch_mods.py computes what mods/*.c compute: the benchmark
+    compares like with like."""
+
+    S = 256  # a square canvas (16 x 16) for the 2-D mods
+
+    def test_every_gallery_mod_has_a_twin(self):
+        files = sorted(f[:-2] for f in os.listdir(os.path.join(ROOT, "mods")) if f.endswith(".c"))
+        self.assertEqual(sorted(GALLERY), files)
+
+    def test_masks_and_scores_agree_with_the_evaluator(self):
+        S, B, H = self.S, 2, 4
+        qi, ki = _index_grids(S)
+        g = torch.Generator().manual_seed(7)
+        for name, spec in GALLERY.items():
+            st = spec.setup(B, H, S, "cpu")
+            mod = flexgen.load_mod(spec.mask_file, spec.score_file)
+            for b, h in ((0, 0), (B - 1, H - 1)):
+                with self.subTest(name, b=b, h=h):
+                    bt, ht = torch.tensor(b).view(1, 1), torch.tensor(h).view(1, 1)
+                    if mod.has_mask:
+                        ours = torch.tensor(mod.eval_mask(S, S, b, h, st["params"], st["buffers"]),
+                                            dtype=torch.bool)
+                        theirs = torch.broadcast_to(st["mask_mod"](bt, ht, qi, ki), (S, S))
+                        bad = (ours != theirs).nonzero()
+                        self.assertEqual(bad.numel(), 0, f"mask differs at (q, kv) {bad[:4].tolist()}")
+                    else:
+                        self.assertIsNone(st.get("mask_mod"))
+                    if mod.has_score:  # a twin without score_mod means the identity
+                        scores = torch.randn(S, S, generator=g) * 4
+                        ours = torch.tensor(mod.eval_score(scores.tolist(), b, h, st["params"],
+                                                           st["buffers"]))
+                        twin = st.get("score_mod") or (lambda s, *_: s)
+                        theirs = twin(scores, bt, ht, qi, ki)
+                        torch.testing.assert_close(ours, theirs.float(), rtol=1e-5, atol=1e-5)
+                    else:
+                        self.assertIsNone(st.get("score_mod"))
+
+
+@needs_lib
+@needs_torch
+class CpuReference(unittest.TestCase):
+    def test_reference_matches_torch_float64(self):
+        import compare_torch as ct
+        g = torch.Generator().manual_seed(3)
+        q, k, v = (torch.randn(1, 2, 96, 32, generator=g).bfloat16() for _ in range(3))
+        for name in ("causal", "alibi", "softcap"):
+            spec = GALLERY[name]
+            st = spec.setup(1, 2, 96, "cpu")
+            with self.subTest(name):
+                out, lse = flexgen.reference(q, k, v, spec.mask_file, params=st["params"],
+                                             buffers=st["buffers"])
+                rows = torch.arange(96)
+                for h in range(2):
+                    ref = ct.reference_rows(q, k, v, 0, h, rows, st.get("mask_mod"),
+                                            st.get("score_mod"), 1 / math.sqrt(32))
+                    torch.testing.assert_close(out[0, h], ref, rtol=1e-9, atol=1e-9)
+
+
+# ---------------------------------------------------------------------------
+# The GPU
+# ---------------------------------------------------------------------------
+
+def _rel(x, ref):
+    x, ref = x.double(), ref.double()
+    return float(torch.linalg.vector_norm(x - ref) / torch.linalg.vector_norm(ref))
+
+
+@needs_gpu
+class Gpu(unittest.TestCase):
+    B, H, S, D = 2, 4, 1000, 64
+
+    def inputs(self, seed, dtype=None, B=None, H=None, S=None, D=None, Hkv=None):
+        B, H, S, D = B or self.B, H or self.H, S or self.S, D or self.D
+        dtype = dtype or torch.bfloat16
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        q = torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=g)
+        k = torch.randn(B, Hkv or H, S, D, device="cuda", dtype=dtype, generator=g)
+        v = torch.randn(B, Hkv or H, S, D, device="cuda", dtype=dtype, generator=g)
+        return q, k, v
+
+    def reference(self, q, k, v, st, b, h, rows=None):
+        import compare_torch as ct
+        rows = torch.arange(q.shape[2], device="cuda") if rows is None else rows
+        return ct.reference_rows(q, k, v, b, h, rows, st.get("mask_mod"), st.get("score_mod"),
+                                 1 / math.sqrt(q.shape[3]))
+
+    def test_every_gallery_mod_matches_reference_and_flex(self):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        q, k, v = self.inputs(1)
+        for name, spec in GALLERY.items():
+            st = spec.setup(self.B, self.H, self.S, "cuda")
+            with self.subTest(name):
+                out = flexgen.attention(q, k, v, spec.mask_file, spec.score_file,
+                                        st["params"], st["buffers"])
+                bm = (create_block_mask(st["mask_mod"], None, None, self.S, self.S, device="cuda")
+                      if st.get("mask_mod") else None)
+                flex = flex_attention(q, k, v, score_mod=st.get("score_mod"), block_mask=bm)
+                self.assertFalse(out.isnan().any())
+                for b, h in ((0, 0), (self.B - 1, self.H - 1)):
+                    self.assertLess(_rel(out[b, h], self.reference(q, k, v, st, b, h)), 1e-2)
+                self.assertLess(_rel(out, flex), 2e-2)
+
+    def test_lse_fp16_and_explicit_scale(self):
+        q, k, v = self.inputs(2, dtype=torch.float16)
+        spec = GALLERY["causal"]
+        st = spec.setup(self.B, self.H, self.S, "cuda")
+        out, lse = flexgen.attention(q, k, v, spec.mask_file, scale=0.05, return_lse=True)
+        self.assertEqual(lse.shape, (self.B, self.H, self.S))
+        self.assertEqual(lse.dtype, torch.float32)
+        s = (q[0, 1].double() @ k[0, 1].double().T) * 0.05
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), -math.inf)
+        ref_lse = torch.logsumexp(s, dim=-1)
+        ref = torch.softmax(s, dim=-1) @ v[0, 1].double()
+        self.assertLess(_rel(out[0, 1], ref), 2e-3)
+        self.assertLess(float((lse[0, 1].double() - ref_lse).abs().max()), 1e-3 * (1 + float(ref_lse.abs().max())))
+        del st
+
+    def test_gqa_and_bshd_strides(self):
+        q, k, v = self.inputs(3, H=8, Hkv=2)
+        spec = GALLERY["sliding_window"]
+        st = spec.setup(self.B, 8, self.S, "cuda")
+        out = flexgen.attention(q, k, v, spec.mask_file, params=st["params"], enable_gqa=True)
+        for h in (0, 5):
+            self.assertLess(_rel(out[1, h], self.reference(q, k, v, st, 1, h)), 1e-2)
+        # The same tensors as BSHD views: same numbers.
+        qs, ks, vs = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+        self.assertNotEqual(qs.stride(), q.stride())
+        out2 = flexgen.attention(qs, ks, vs, spec.mask_file, params=st["params"], enable_gqa=True)
+        self.assertTrue(torch.equal(out, out2))
+
+    def test_block_mask_cache_follows_buffer_versions(self):
+        spec = GALLERY["document"]
+        st = spec.setup(1, 2, 512, "cuda")
+        q, k, v = self.inputs(4, B=1, H=2, S=512)
+        name, ids = next(iter(st["buffers"].items()))
+        flexgen.forget_memory_cache()
+        flexgen.attention(q, k, v, spec.mask_file, params=st["params"], buffers=st["buffers"])
+        cached = len(flexgen._bm_cache)
+        out1 = flexgen.attention(q, k, v, spec.mask_file, params=st["params"], buffers=st["buffers"])
+        self.assertEqual(len(flexgen._bm_cache), cached)  # a hit, not a new mask
+        ids.zero_()  # one document: written in place, _version moves
+        out2 = flexgen.attention(q, k, v, spec.mask_file, params=st["params"], buffers=st["buffers"])
+        self.assertEqual(len(flexgen._bm_cache), cached + 1)
+        causal = flexgen.attention(q, k, v, gallery_file("causal"))
+        self.assertFalse(torch.equal(out1, out2))
+        self.assertLess(_rel(out2, causal), 1e-6)
+
+    def test_explicit_block_mask_is_reused(self):
+        spec = GALLERY["causal"]
+        q, k, v = self.inputs(5)
+        bm = flexgen.block_mask(spec.mask_file, None, None, self.S, self.S)
+        self.assertAlmostEqual(bm.sparsity(), 28 / 64)  # 8 x 8 blocks, 36 non-empty
+        a = flexgen.attention(q, k, v, spec.mask_file, block_mask=bm)
+        b = flexgen.attention(q, k, v, spec.mask_file)
+        self.assertTrue(torch.equal(a, b))
+        with self.assertRaises(ValueError):
+            flexgen.attention(q[:, :, :500], k, v, spec.mask_file, block_mask=bm)
+
+    def test_disk_cache_hit_after_forgetting_memory(self):
+        with tempfile.TemporaryDirectory() as d:
+            flexgen.set_cache_dir(d)
+            try:
+                flexgen.forget_memory_cache()
+                flexgen.reset_cache_stats()
+                q, k, v = self.inputs(6, B=1, H=1, S=128)
+                flexgen.attention(q, k, v, gallery_file("causal"))
+                self.assertGreaterEqual(flexgen.cache_stats()["misses"], 1)
+                flexgen.forget_memory_cache()
+                flexgen.reset_cache_stats()
+                flexgen.attention(q, k, v, gallery_file("causal"))
+                s = flexgen.cache_stats()
+                self.assertEqual(s["misses"], 0)
+                self.assertGreaterEqual(s["disk_hits"], 1)
+            finally:
+                flexgen.set_cache_dir(None)
+
+    def test_library_errors_raise(self):
+        q, k, v = self.inputs(7, B=1, H=1, S=64, D=64)
+        with self.assertRaises(flexgen.FlexgenError) as cm:
+            flexgen.attention(q, k, v, _src("q_idx >= kv_ix"))
+        self.assertEqual(cm.exception.status_name, "FG_ERR_NAME")
+        with self.assertRaises(ValueError):
+            flexgen.attention(q, k, v, gallery_file("document"))  # buffer not given
+
+
+def main():
+    if os.environ.get("FLEXGEN_SANITIZED") == "1":
+        print("test_flexgen: the library is built with sanitizers and cannot be loaded "
+              "into python: skipped")
+        return 77
+    prog = unittest.main(exit=False, verbosity=2 if "-v" in sys.argv else 1)
+    r = prog.result
+    ran_all = torch is not None and HAVE_LIB
+    if not r.wasSuccessful():
+        return 1
+    if not ran_all:
+        print(f"test_flexgen: {'torch is not importable' if torch is None else 'no libflexgen'}"
+              f": reported as skipped")
+        return 77
+    print(f"{r.testsRun - len(r.skipped)} passed, 0 failed, {len(r.skipped)} skipped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

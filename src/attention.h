@@ -1,0 +1,55 @@
+/*
+ * attention.h -- what the forward launcher (attention.c), the CPU reference
+ * (reference.c) and the kernel template (templates/attention_fwd.cuh) agree
+ * on: the kernel's argument block, its tile sizes and shared-memory size, and
+ * the argument checks both entry points share.
+ *
+ * The template cannot include this header (NVRTC sees no files), so the
+ * layout is written twice; the static assertions on both sides pin the size
+ * and the field order is the same line for line.
+ */
+#ifndef FLEXGEN_ATTENTION_H
+#define FLEXGEN_ATTENTION_H
+
+#include "internal.h"
+
+/* The first kernel argument (fga_args in the template). Strides in
+ * elements for (b, h, s); the d stride is 1. */
+typedef struct fgi_attn_abi {
+    uint64_t q, k, v, out, lse;
+    int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];
+    uint64_t kv_num, kv_idx, full_num, full_idx;
+    int32_t batch, heads_q, heads_kv, q_len, kv_len;
+    int32_t q_offset, kv_offset;
+    float scale, scale_log2;
+    int32_t has_block_mask, bm_batch, bm_heads, bm_q_blocks, bm_kv_blocks, bm_q_block, bm_kv_block;
+    int32_t q_tiles, pad_;
+} fgi_attn_abi;
+_Static_assert(sizeof(fgi_attn_abi) == 240, "fgi_attn_abi must match fga_args");
+
+/* Tile sizes of the portable forward kernel (FGA_BLOCK_M / FGA_BLOCK_N). */
+#define FGI_ATTN_THREADS 128
+#define FGI_ATTN_BLOCK_M 64
+static inline int fgi_attn_block_n(int head_dim) { return head_dim > 128 ? 32 : 64; }
+/* Dynamic shared memory: the Q tile plus two stages of K and V, rows padded
+ * by 8 elements. */
+static inline size_t fgi_attn_smem_bytes(int head_dim) {
+    size_t row = (size_t)(head_dim + 8) * 2;
+    return (size_t)FGI_ATTN_BLOCK_M * row + 4 * (size_t)fgi_attn_block_n(head_dim) * row;
+}
+
+/* The effective scale: args->scale, or 1/sqrt(head_dim) when it is 0. */
+float fgi_attn_scale(const fg_attention_args *args);
+
+/* The checks that do not depend on where the tensors live: dtype, head
+ * dim, sizes, GQA ratio, strides (last 1, none negative), offsets that keep
+ * every index the mods see inside int, the scale. `strides` receives the
+ * effective (b, h, s) strides of q, k, v, out (contiguous BHSD when all four
+ * of a tensor's strides are zero). */
+typedef struct fgi_attn_strides {
+    int64_t q[3], k[3], v[3], o[3];
+} fgi_attn_strides;
+fg_status fgi_attn_check_args(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
+                              fgi_attn_strides *strides);
+
+#endif

@@ -1,0 +1,96 @@
+/*
+ * blockmask.h -- the inside of fg_block_mask, for the kernels that consume
+ * block masks (attention.c) and for the builders (blockmask.c,
+ * blockmask_gpu.c).
+ *
+ * One block mask is eight int32 arrays in FlexAttention's layout (see
+ * fg_block_mask_array in flexgen.h). They are kept as one contiguous block
+ * of memory, on the host and/or on the device, in the order of the enum:
+ *
+ *   KV_NUM_BLOCKS       [B][H][QB]        partial kv blocks per q block
+ *   KV_INDICES          [B][H][QB][KB]    their kv block indices, ascending
+ *   FULL_KV_NUM_BLOCKS  [B][H][QB]
+ *   FULL_KV_INDICES     [B][H][QB][KB]
+ *   Q_NUM_BLOCKS        [B][H][KB]        the transposes (backward pass)
+ *   Q_INDICES           [B][H][KB][QB]
+ *   FULL_Q_NUM_BLOCKS   [B][H][KB]
+ *   FULL_Q_INDICES      [B][H][KB][QB]
+ *
+ * with B = desc.batch, H = desc.heads (1 = broadcast over the attention's
+ * batch / heads), QB = ceil(q_len / q_block), KB = ceil(kv_len / kv_block).
+ * Entries of an index row past its count are 0.
+ *
+ * A consumer at (b, h, qb) of the attention reads
+ *     mb = (B == 1 ? 0 : b), mh = (H == 1 ? 0 : h),
+ *     row = (mb * H + mh) * QB + qb,
+ * kv_num_blocks[row] partial blocks kv_indices[row * KB + i] (mask_mod must
+ * be evaluated inside, and positions past kv_len / q_len masked) and
+ * full_kv_num_blocks[row] full blocks full_kv_indices[row * KB + i] (no
+ * mask_mod; positions past the lengths still masked by the kernel).
+ */
+#ifndef FLEXGEN_BLOCKMASK_H
+#define FLEXGEN_BLOCKMASK_H
+
+#include "internal.h"
+
+#define FGI_BM_NARRAYS 8
+
+struct fg_block_mask {
+    fg_block_mask_desc desc;  /* block sizes filled in (never 0)               */
+    int q_blocks, kv_blocks;  /* QB, KB                                        */
+    int64_t count[FGI_BM_NARRAYS];  /* elements per array, in enum order - 1 */
+    int64_t offset[FGI_BM_NARRAYS]; /* element offset of each array in the
+                                       contiguous block                       */
+    int64_t total;            /* elements in all eight arrays                  */
+
+    /* Host copy: one malloc'd block; host[i] points into it. */
+    int32_t *host_block;
+    int32_t *host[FGI_BM_NARRAYS];
+    bool host_valid;
+
+    /* Device copy: one cuMemAlloc'd block; device[i] points into it. The
+     * pointers are CUdeviceptr values (kept as uint64_t so this header does
+     * not need cuda.h). `tiles` is the GPU builder's scratch: one byte per
+     * (b, h, q block, kv block) tile, 0 empty / 1 partial / 2 full. */
+    uint64_t device_block;
+    uint64_t device[FGI_BM_NARRAYS];
+    bool device_valid;
+    uint64_t tiles;
+    int cu_device;            /* the device ordinal the memory belongs to     */
+
+    /* For fg_block_mask_rebuild_gpu: the hash of the mod built with, so a
+     * rebuild with a different mod is refused (0 when not built by a mod). */
+    uint64_t mod_hash;
+};
+
+/* Array `which` (fg_block_mask_array) as a 0-based slot. */
+static inline int fgi_bm_slot(fg_block_mask_array which) { return (int)which - 1; }
+
+/* Check that `mask` can serve an attention call of batch x heads with the
+ * given lengths and block sizes: its B is 1 or batch, its H is 1 or heads
+ * (for GQA pass heads_q: the mask is per query head), q_len / kv_len and the
+ * block sizes equal. FG_ERR_SHAPE with a message naming the mismatch. */
+fg_status fgi_block_mask_check(fg_ctx *ctx, const fg_block_mask *mask, int batch, int heads,
+                               int q_len, int kv_len, int q_block, int kv_block);
+
+/* Make sure the mask's arrays are on the device (uploading the host copy
+ * when needed; needs fgi_cuda_ready) and return the device pointer of one
+ * array. */
+fg_status fgi_block_mask_device_array(fg_ctx *ctx, fg_block_mask *mask, fg_block_mask_array which,
+                                      uint64_t *ptr);
+
+/* ---- shared between blockmask.c (host) and blockmask_gpu.c (device) ---- */
+
+/* Validate desc, fill defaults into *norm and compute the geometry. */
+fg_status fgi_bm_normalise(fg_ctx *ctx, const fg_block_mask_desc *desc, fg_block_mask_desc *norm);
+/* A new block mask with the geometry of a normalised desc and no storage. */
+fg_status fgi_bm_new(fg_ctx *ctx, const fg_block_mask_desc *norm, fg_block_mask **out);
+/* Allocate the host block (zeroed) if not there yet. */
+fg_status fgi_bm_alloc_host(fg_ctx *ctx, fg_block_mask *m);
+/* Allocate the device block (not zeroed) if not there yet; needs
+ * fgi_cuda_ready. */
+fg_status fgi_bm_alloc_device(fg_ctx *ctx, fg_block_mask *m);
+/* Free the device memory of m (needs no ready context: best effort). */
+void fgi_bm_free_device(fg_block_mask *m);
+
+#endif

@@ -1,0 +1,152 @@
+/*
+ * blockmask_gpu.c -- the GPU block-mask builder: fg_block_mask_create_gpu
+ * and fg_block_mask_rebuild_gpu.
+ *
+ * The kernels come from templates/blockmask.cuh with the mask's emitted
+ * fg_mask_mod spliced in (codegen with FG_KERNEL_BLOCK_MASK); both entry
+ * points live in one cached module, so the second lookup is a memory hit.
+ * A build is two launches on the caller's stream -- classify every tile
+ * into a byte map, then compact rows and columns into the eight arrays --
+ * with nothing in between that waits for the host. Scalar parameters and
+ * buffer pointers travel in the by-value fg_mod_params argument, which is
+ * why a document mask can be rebuilt each batch from new device buffers
+ * with no compile and no allocation: rebuild only repacks that struct and
+ * launches again into the memory the mask already owns.
+ */
+#include "blockmask.h"
+#include "codegen.h"
+
+#include <string.h>
+
+#define BM_WARPS_PER_BLOCK 8 /* FG_BM_WARPS in the template */
+
+typedef struct bm_kernels {
+    CUfunction classify, compact;
+} bm_kernels;
+
+static fg_status get_kernels(fg_ctx *ctx, const fg_mod *mod, const fg_block_mask_desc *d,
+                             bm_kernels *k) {
+    fg_kernel_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.kind = FG_KERNEL_BLOCK_MASK;
+    cfg.q_block = d->q_block;
+    cfg.kv_block = d->kv_block;
+    fgi_codegen cg;
+    FGI_TRY(fgi_codegen_init(ctx, mod, &cfg, &cg));
+    cg.spec.entry = "fg_block_mask_classify";
+    fg_status st = fgi_cache_get_function(ctx, &cg.spec, &k->classify);
+    if (st == FG_OK) {
+        cg.spec.entry = "fg_block_mask_compact";
+        st = fgi_cache_get_function(ctx, &cg.spec, &k->compact);
+    }
+    fgi_codegen_free(&cg);
+    return st;
+}
+
+static unsigned grid_for(int64_t warps) {
+    return (unsigned)((warps + BM_WARPS_PER_BLOCK - 1) / BM_WARPS_PER_BLOCK);
+}
+
+/* Queue the two kernels for mask m with the given parameter values. */
+static fg_status launch(fg_ctx *ctx, const fg_mod *mod, const bm_kernels *k, fg_block_mask *m,
+                        const fgi_value *values, CUstream stream) {
+    fgi_param_layout layout;
+    fgi_param_layout_compute(mod, &layout);
+    /* The kernel takes fg_mod_params by value; the driver copies
+     * layout.size bytes from here, so 8-byte alignment is all it needs. */
+    uint64_t blob[(sizeof layout.offsets / sizeof layout.offsets[0]) * 2 + 1];
+    if (layout.size > sizeof blob)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "parameter struct of %zu bytes is too large",
+                         layout.size);
+    fgi_param_pack(mod, &layout, values, blob);
+
+    const fg_block_mask_desc *d = &m->desc;
+    int B = d->batch, H = d->heads, BH = B * H, QB = m->q_blocks, KB = m->kv_blocks;
+    int q_len = d->q_len, kv_len = d->kv_len;
+    CUdeviceptr tiles = (CUdeviceptr)m->tiles;
+    void *classify_args[] = {blob, &B, &H, &q_len, &kv_len, &QB, &KB, &tiles};
+    FGI_CU_TRY(ctx,
+               fgi_cu()->cuLaunchKernel(k->classify, grid_for(m->count[1]), 1, 1,
+                                        BM_WARPS_PER_BLOCK * 32, 1, 1, 0, stream, classify_args,
+                                        NULL),
+               "cuLaunchKernel (block mask classify)");
+
+    CUdeviceptr a[FGI_BM_NARRAYS];
+    for (int i = 0; i < FGI_BM_NARRAYS; i++) a[i] = (CUdeviceptr)m->device[i];
+    void *compact_args[] = {&BH, &QB, &KB, &tiles, &a[0], &a[1], &a[2], &a[3],
+                            &a[4], &a[5], &a[6], &a[7]};
+    int64_t lists = (int64_t)BH * QB + (int64_t)BH * KB;
+    FGI_CU_TRY(ctx,
+               fgi_cu()->cuLaunchKernel(k->compact, grid_for(lists), 1, 1,
+                                        BM_WARPS_PER_BLOCK * 32, 1, 1, 0, stream, compact_args,
+                                        NULL),
+               "cuLaunchKernel (block mask compact)");
+    m->device_valid = true;
+    m->host_valid = false;
+    return FG_OK;
+}
+
+static fg_status alloc_tiles(fg_ctx *ctx, fg_block_mask *m) {
+    if (m->tiles) return FG_OK;
+    CUdeviceptr p = 0;
+    FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&p, (size_t)m->count[1]), "cuMemAlloc (tile map)");
+    m->tiles = (uint64_t)p;
+    return FG_OK;
+}
+
+static fg_status create_gpu(fg_ctx *ctx, const fg_mod *mod, const fg_block_mask_desc *norm,
+                            const fgi_value *values, CUstream stream, fg_block_mask **out) {
+    bm_kernels k;
+    FGI_TRY(get_kernels(ctx, mod, norm, &k));
+    fg_block_mask *m;
+    FGI_TRY(fgi_bm_new(ctx, norm, &m));
+    fg_status st = fgi_bm_alloc_device(ctx, m);
+    if (st == FG_OK) st = alloc_tiles(ctx, m);
+    if (st == FG_OK) st = launch(ctx, mod, &k, m, values, stream);
+    if (st != FG_OK) {
+        fg_block_mask_destroy(m);
+        return st;
+    }
+    m->mod_hash = mod->hash;
+    *out = m;
+    return FG_OK;
+}
+
+fg_status fg_block_mask_create_gpu(fg_ctx *ctx, const fg_mod *mod, const fg_block_mask_desc *desc,
+                                   const fg_binding *binds, size_t nbinds, void *stream,
+                                   fg_block_mask **out) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    FGI_CHECK_ARG(ctx, mod && out, "NULL mod or output pointer");
+    *out = NULL;
+    fg_block_mask_desc norm;
+    FGI_TRY(fgi_bm_normalise(ctx, desc, &norm));
+    fgi_value values[FGI_MAX_PARAMS];
+    FGI_TRY(fgi_bind(ctx, mod, binds, nbinds, values));
+    FGI_TRY(fgi_cuda_ready(ctx));
+    FGI_TRY(create_gpu(ctx, mod, &norm, values, (CUstream)stream, out));
+    fgi_clear_error(ctx);
+    return FG_OK;
+}
+
+fg_status fg_block_mask_rebuild_gpu(fg_ctx *ctx, fg_block_mask *mask, const fg_mod *mod,
+                                    const fg_binding *binds, size_t nbinds, void *stream) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    FGI_CHECK_ARG(ctx, mask && mod, "NULL block mask or mod");
+    fgi_value values[FGI_MAX_PARAMS];
+    FGI_TRY(fgi_bind(ctx, mod, binds, nbinds, values));
+    FGI_TRY(fgi_cuda_ready(ctx));
+    if (mask->device_block && mask->cu_device != ctx->device)
+        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
+                         "block mask lives on device %d, the context uses device %d",
+                         mask->cu_device, ctx->device);
+    bm_kernels k;
+    FGI_TRY(get_kernels(ctx, mod, &mask->desc, &k));
+    /* A mask made on the host gets its device memory once, here; a mask
+     * made by fg_block_mask_create_gpu already has it. */
+    FGI_TRY(fgi_bm_alloc_device(ctx, mask));
+    FGI_TRY(alloc_tiles(ctx, mask));
+    FGI_TRY(launch(ctx, mod, &k, mask, values, (CUstream)stream));
+    mask->mod_hash = mod->hash;
+    fgi_clear_error(ctx);
+    return FG_OK;
+}
