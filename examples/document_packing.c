@@ -38,7 +38,7 @@ static const char *const MOD_SOURCE =
     "\n"
     "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
     "    int row = b * SEQ_LEN;\n"
-    "    return doc[row + q_idx] == doc[row + kv_idx] && q_idx >= kv_idx;\n"
+    "    return q_idx >= kv_idx && doc[row + q_idx] == doc[row + kv_idx];\n"
     "}\n";
 
 /* A new batch: documents of 64 to 2047 tokens until each row is full. Writes

@@ -16,10 +16,12 @@
  * exists. The evaluator is asked for exactly that clipped tile, so the mod
  * is never evaluated out of range either.
  *
- * The CPU builder walks the tiles row by row. For each tile the evaluator
- * does one vector-at-a-time walk of the mask's tree over the whole tile;
- * classifying is then two memchr scans, which stop at the first byte that
- * decides (a partial tile is known as soon as both values were seen).
+ * The CPU builder walks the tiles row by row. The evaluator does one
+ * vector-at-a-time walk of the mask's tree per chunk of lanes (a whole 128 x
+ * 128 tile), over a strip of tiles of one q block at a time so that its
+ * scratch is set up once per strip; classifying a tile is then a memchr scan
+ * per row for the value opposite to its first element, which stops as soon
+ * as the tile is known to be partial.
  */
 #include "blockmask.h"
 
@@ -149,25 +151,42 @@ static void arrays_from_tiles(fg_block_mask *m, const uint8_t *tiles) {
 
 /* ---- the CPU builder ------------------------------------------------------ */
 
-static uint8_t classify(const uint8_t *v, size_t n) {
-    if (v[0]) return memchr(v, 0, n) ? TILE_PARTIAL : TILE_FULL;
-    return memchr(v, 1, n) ? TILE_PARTIAL : TILE_EMPTY;
+/* Classify the tile of nk columns at `v` (rows of `pitch` bytes): look for
+ * the value opposite to the first element, row by row, stopping as soon as
+ * it turns up. */
+static uint8_t classify(const uint8_t *v, int nq, int nk, size_t pitch) {
+    int other = !v[0];
+    for (int r = 0; r < nq; r++)
+        if (memchr(v + (size_t)r * pitch, other, (size_t)nk)) return TILE_PARTIAL;
+    return v[0] ? TILE_FULL : TILE_EMPTY;
 }
 
+/* The evaluator is asked for a strip of tiles at once (one q block by up to
+ * STRIP_LANES / q_block columns): the same tree walk per chunk of lanes,
+ * but its scratch is set up once per strip instead of once per tile. */
+#define STRIP_LANES ((size_t)1 << 20)
+
 static fg_status classify_all(fg_ctx *ctx, const fg_mod *mod, const fgi_value *values,
-                              const fg_block_mask *m, uint8_t *tiles, uint8_t *scratch) {
+                              const fg_block_mask *m, uint8_t *tiles, uint8_t *scratch,
+                              int strip_blocks) {
     const fg_block_mask_desc *d = &m->desc;
-    size_t t = 0;
+    const int QB = m->q_blocks, KB = m->kv_blocks;
     for (int b = 0; b < d->batch; b++)
         for (int h = 0; h < d->heads; h++)
-            for (int qb = 0; qb < m->q_blocks; qb++) {
+            for (int qb = 0; qb < QB; qb++) {
                 int q0 = qb * d->q_block;
                 int nq = d->q_len - q0 < d->q_block ? d->q_len - q0 : d->q_block;
-                for (int kb = 0; kb < m->kv_blocks; kb++, t++) {
-                    int k0 = kb * d->kv_block;
-                    int nk = d->kv_len - k0 < d->kv_block ? d->kv_len - k0 : d->kv_block;
-                    FGI_TRY(fgi_eval_mask(ctx, mod, values, b, h, q0, nq, k0, nk, scratch));
-                    tiles[t] = classify(scratch, (size_t)nq * nk);
+                uint8_t *trow = tiles + (((int64_t)b * d->heads + h) * QB + qb) * KB;
+                for (int kb0 = 0; kb0 < KB; kb0 += strip_blocks) {
+                    int k0 = kb0 * d->kv_block;
+                    int kend = (kb0 + strip_blocks) * d->kv_block;
+                    int width = (kend < d->kv_len ? kend : d->kv_len) - k0;
+                    FGI_TRY(fgi_eval_mask(ctx, mod, values, b, h, q0, nq, k0, width, scratch));
+                    for (int kb = kb0; kb < KB && kb < kb0 + strip_blocks; kb++) {
+                        int c0 = (kb - kb0) * d->kv_block;
+                        int nk = width - c0 < d->kv_block ? width - c0 : d->kv_block;
+                        trow[kb] = classify(scratch + c0, nq, nk, (size_t)width);
+                    }
                 }
             }
     return FG_OK;
@@ -188,9 +207,11 @@ fg_status fg_block_mask_create(fg_ctx *ctx, const fg_mod *mod, const fg_block_ma
     fg_status st = fgi_bm_alloc_host(ctx, m);
     int64_t ntiles = m->count[1];
     uint8_t *tiles = st == FG_OK ? malloc((size_t)ntiles) : NULL;
-    uint8_t *scratch = tiles ? malloc((size_t)norm.q_block * norm.kv_block) : NULL;
+    int strip = (int)(STRIP_LANES / ((size_t)norm.q_block * norm.kv_block));
+    if (strip > m->kv_blocks) strip = m->kv_blocks;
+    uint8_t *scratch = tiles ? malloc((size_t)strip * norm.q_block * norm.kv_block) : NULL;
     if (st == FG_OK && !scratch) st = fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (tile map)");
-    if (st == FG_OK) st = classify_all(ctx, mod, values, m, tiles, scratch);
+    if (st == FG_OK) st = classify_all(ctx, mod, values, m, tiles, scratch, strip);
     if (st == FG_OK) arrays_from_tiles(m, tiles);
     free(scratch);
     free(tiles);

@@ -36,6 +36,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,9 +89,15 @@ static struct {
     CUcontext pinned[FGI_MAX_PINNED]; /* per device ordinal, NULL until used */
 } g = {.once = PTHREAD_ONCE_INIT, .pin_lock = PTHREAD_MUTEX_INITIALIZER};
 
-static void load_fail(const char *fmt, const char *a, const char *b) {
+#if defined(__GNUC__)
+__attribute__((format(printf, 1, 2)))
+#endif
+static void load_fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
     g.status = FG_ERR_NO_DEVICE;
-    snprintf(g.message, sizeof g.message, fmt, a, b);
+    vsnprintf(g.message, sizeof g.message, fmt, ap);
+    va_end(ap);
 }
 
 /* Ask the driver for a result's name, tolerating a driver so broken that
@@ -119,20 +126,19 @@ static void *open_library(void) {
     char first[256];
     snprintf(first, sizeof first, "%s", dlerror());
     h = dlopen("libcuda.so", RTLD_NOW | RTLD_LOCAL);
-    if (!h) load_fail("no CUDA driver: libcuda.so.1 not found (%s)%s", first, "");
+    if (!h) load_fail("no CUDA driver: libcuda.so.1 not found (%s)", first);
     return h;
 }
 
 static bool resolve(const fgi_cu_sym *syms, size_t n, bool required) {
     for (size_t i = 0; i < n; i++) {
         if (strstr(syms[i].name, "_ptds") || strstr(syms[i].name, "_ptsz")) {
-            load_fail("internal error: %s is a per-thread-stream symbol%s", syms[i].name, "");
+            load_fail("internal error: %s is a per-thread-stream symbol", syms[i].name);
             return false;
         }
         void *fn = dlsym(g.lib, syms[i].name);
         if (!fn && required) {
-            load_fail("no usable CUDA driver: libcuda lacks %s (%s)", syms[i].name,
-                      "driver too old?");
+            load_fail("no usable CUDA driver: libcuda lacks %s (driver too old?)", syms[i].name);
             return false;
         }
         memcpy((char *)&g.api + syms[i].offset, &fn, sizeof fn);
@@ -158,13 +164,14 @@ static void load_once(void) {
                                         "loaded, no driver is installed");
         else
             snprintf(what, sizeof what, "error %d %s: %s", (int)r, result_name(r), result_string(r));
-        load_fail("no CUDA device: cuInit failed (%s)%s", what, "");
+        load_fail("no CUDA device: cuInit failed (%s)", what);
         return;
     }
     int n = 0;
     r = g.api.cuDeviceGetCount(&n);
     if (r != CUDA_SUCCESS || n <= 0) {
-        load_fail("no CUDA device: the driver reports %s%s", r == CUDA_SUCCESS ? "zero devices" : result_name(r), "");
+        load_fail("no CUDA device: the driver reports %s",
+                  r == CUDA_SUCCESS ? "zero devices" : result_name(r));
         return;
     }
     g.device_count = n;

@@ -1,1 +1,187 @@
-/* common.cuh -- placeholder until the template lands. */
+/*
+ * common.cuh -- what every generated kernel source starts with: fixed-width
+ * types, the arithmetic helpers the emitted mods call, bounds-checked buffer
+ * loads, and 16-bit float conversions. Self-contained on purpose: it
+ * includes nothing, so NVRTC reads no header from disk and a compile depends
+ * only on the text flexgen hands it (which is what the cache key hashes).
+ *
+ * Why helpers instead of plain operators. The emitted CUDA must compute what
+ * the CPU evaluator (src/eval.c) computes, and the rules of the mod language
+ * are not C++'s:
+ *   - int + - * wrap (two's complement). Signed overflow is undefined in
+ *     C++, and the optimiser uses that (`x + 1 > x` folds to true), so the
+ *     wrapping forms go through unsigned arithmetic.
+ *   - int / and % by zero give 0, INT_MIN / -1 gives INT_MIN and
+ *     INT_MIN % -1 gives 0, where C++ has undefined behaviour and the GPU
+ *     would produce garbage; the CPU evaluator reports these as errors, the
+ *     GPU cannot report, so it yields a fixed value.
+ *   - shift counts are taken & 31; >> of a negative value is arithmetic.
+ *   - float -> int truncates and saturates, NaN -> 0 (__float2int_rz), where
+ *     a C++ cast of an out-of-range float is undefined.
+ *   - float + - * / are single IEEE operations rounded to nearest. Without
+ *     the _rn intrinsics the compiler may contract a * b + c into one fused
+ *     multiply-add, whose single rounding differs from the evaluator's two.
+ *   - exp, log, tanh ... are the accurate device functions (expf, logf,
+ *     tanhf), never the __expf-style intrinsics; rsqrt and sigmoid are
+ *     spelled out with an IEEE division for the same reason.
+ *   - a buffer read outside [0, length) gives 0 instead of faulting.
+ * All helpers are tiny and force-inlined: the generated code costs the same
+ * instructions a hand-written kernel would use.
+ *
+ * The 16-bit float types are storage only (a struct around the bits); the
+ * conversions are single PTX instructions (sm_80 and newer), so neither
+ * cuda_fp16.h nor cuda_bf16.h is needed.
+ */
+
+/* ---- types -------------------------------------------------------------- */
+
+typedef int fg_i32;                /* 32-bit signed                         */
+typedef unsigned int fg_u32;       /* 32-bit unsigned                       */
+typedef long long fg_i64;          /* 64-bit signed                         */
+typedef unsigned long long fg_u64; /* 64-bit unsigned                       */
+typedef short fg_i16;              /* 16-bit signed                         */
+typedef unsigned short fg_u16;     /* 16-bit unsigned                       */
+typedef unsigned char fg_u8;       /* 8-bit unsigned                        */
+
+static_assert(sizeof(fg_i32) == 4 && sizeof(fg_i64) == 8 && sizeof(fg_u16) == 2,
+              "flexgen needs 32-bit int and 64-bit long long");
+static_assert(sizeof(void *) == 8, "flexgen kernels use 64-bit pointers");
+
+#define FG_INT_MIN (-2147483647 - 1)   /* INT_MIN without <climits>        */
+#define FG_INT_MAX 2147483647          /* INT_MAX                          */
+#define FG_INFINITY __int_as_float(0x7f800000)  /* +inf                    */
+#define FG_NAN __int_as_float(0x7fffffff)       /* a quiet NaN             */
+
+#define FG_DEV static __device__ __forceinline__
+
+/* ---- int arithmetic: wrapping, total ------------------------------------ */
+
+/* a + b, a - b, a * b and -a modulo 2^32. */
+FG_DEV int fg_iadd(int a, int b) { return (int)((fg_u32)a + (fg_u32)b); }
+FG_DEV int fg_isub(int a, int b) { return (int)((fg_u32)a - (fg_u32)b); }
+FG_DEV int fg_imul(int a, int b) { return (int)((fg_u32)a * (fg_u32)b); }
+FG_DEV int fg_ineg(int a) { return (int)(0u - (fg_u32)a); }
+/* a / b truncated toward zero; 0 when b == 0; INT_MIN / -1 == INT_MIN. */
+FG_DEV int fg_idiv(int a, int b) {
+    if (b == 0) return 0;
+    if (b == -1) return fg_ineg(a);
+    return a / b;
+}
+/* a % b with the sign of a; 0 when b == 0 or b == -1. */
+FG_DEV int fg_imod(int a, int b) {
+    if (b == 0 || b == -1) return 0;
+    return a % b;
+}
+/* a << (n & 31), bits shifted out are lost. */
+FG_DEV int fg_shl(int a, int n) { return (int)((fg_u32)a << (n & 31)); }
+/* a >> (n & 31), arithmetic (sign-filling), spelled so it is for any a. */
+FG_DEV int fg_shr(int a, int n) {
+    const int c = n & 31;
+    return a < 0 ? ~(~a >> c) : a >> c;
+}
+/* |a|, with |INT_MIN| == INT_MIN (wrapping). */
+FG_DEV int fg_iabs(int a) { return a < 0 ? fg_ineg(a) : a; }
+/* min, max and clamp(x, lo, hi) == min(max(x, lo), hi) on ints. */
+FG_DEV int fg_imin(int a, int b) { return a < b ? a : b; }
+FG_DEV int fg_imax(int a, int b) { return a > b ? a : b; }
+FG_DEV int fg_iclamp(int x, int lo, int hi) { return fg_imin(fg_imax(x, lo), hi); }
+
+/* ---- float arithmetic: one IEEE rounding per operation ------------------ */
+
+/* a + b, a - b, a * b, a / b rounded to nearest, never fused into an FMA. */
+FG_DEV float fg_fadd(float a, float b) { return __fadd_rn(a, b); }
+FG_DEV float fg_fsub(float a, float b) { return __fsub_rn(a, b); }
+FG_DEV float fg_fmul(float a, float b) { return __fmul_rn(a, b); }
+FG_DEV float fg_fdiv(float a, float b) { return __fdiv_rn(a, b); }
+/* clamp(x, lo, hi) == fminf(fmaxf(x, lo), hi) (NaN bounds are ignored). */
+FG_DEV float fg_fclamp(float x, float lo, float hi) { return fminf(fmaxf(x, lo), hi); }
+/* 1 / sqrt(x) with an IEEE square root and division (rsqrtf is approximate). */
+FG_DEV float fg_rsqrt(float x) { return __fdiv_rn(1.0f, __fsqrt_rn(x)); }
+/* 1 / (1 + exp(-x)) with the accurate expf. */
+FG_DEV float fg_sigmoid(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
+
+/* ---- conversions ------------------------------------------------------- */
+
+/* float -> int: truncate toward zero, saturate, NaN -> 0. */
+FG_DEV int fg_f2i(float x) { return __float2int_rz(x); }
+/* int -> float rounded to nearest (what a C cast does, said explicitly). */
+FG_DEV float fg_i2f(int x) { return __int2float_rn(x); }
+
+/* ---- buffers ------------------------------------------------------------ */
+
+/* p[i] when 0 <= i < len, else 0: a mod may index with any int. */
+FG_DEV int fg_load_i32(const int *__restrict__ p, fg_i64 len, int i) {
+    return (i >= 0 && (fg_i64)i < len) ? __ldg(p + i) : 0;
+}
+FG_DEV float fg_load_f32(const float *__restrict__ p, fg_i64 len, int i) {
+    return (i >= 0 && (fg_i64)i < len) ? __ldg(p + i) : 0.0f;
+}
+
+/* ---- 16-bit floats (storage) -------------------------------------------- */
+
+/* The bits of one bfloat16 / IEEE half value. */
+struct fg_bf16 {
+    fg_u16 bits;
+};
+struct fg_fp16 {
+    fg_u16 bits;
+};
+
+/* bf16 -> float is exact: the bits are the high half of the float. */
+FG_DEV float fg_bf16_to_f32(fg_bf16 x) { return __int_as_float((int)((fg_u32)x.bits << 16)); }
+/* float -> bf16 rounded to nearest even (NaN stays NaN). */
+FG_DEV fg_bf16 fg_f32_to_bf16(float x) {
+    fg_bf16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
+    return r;
+}
+/* half -> float (exact) and float -> half rounded to nearest even. */
+FG_DEV float fg_fp16_to_f32(fg_fp16 x) {
+    float r;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(x.bits));
+    return r;
+}
+FG_DEV fg_fp16 fg_f32_to_fp16(float x) {
+    fg_fp16 r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
+    return r;
+}
+
+/* Two floats -> one register of two 16-bit values, `lo` in the low half
+ * (the layout of mma fragments and of consecutive elements in memory). */
+FG_DEV fg_u32 fg_pack_bf16x2(float lo, float hi) {
+    fg_u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+FG_DEV fg_u32 fg_pack_fp16x2(float lo, float hi) {
+    fg_u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+/* One register of two 16-bit values -> two floats (exact). */
+FG_DEV void fg_unpack_bf16x2(fg_u32 v, float &lo, float &hi) {
+    lo = __int_as_float((int)(v << 16));
+    hi = __int_as_float((int)(v & 0xffff0000u));
+}
+FG_DEV void fg_unpack_fp16x2(fg_u32 v, float &lo, float &hi) {
+    const fg_u16 l = (fg_u16)(v & 0xffffu), h = (fg_u16)(v >> 16);
+    asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(l));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(h));
+}
+
+/* The configured input type (FG_DTYPE_BF16 / FG_DTYPE_FP16), for templates
+ * that are written once for both. */
+#if defined(FG_DTYPE_FP16)
+typedef fg_fp16 fg_elem;
+#define fg_elem_to_f32 fg_fp16_to_f32
+#define fg_f32_to_elem fg_f32_to_fp16
+#define fg_pack2 fg_pack_fp16x2
+#define fg_unpack2 fg_unpack_fp16x2
+#else
+typedef fg_bf16 fg_elem;
+#define fg_elem_to_f32 fg_bf16_to_f32
+#define fg_f32_to_elem fg_f32_to_bf16
+#define fg_pack2 fg_pack_bf16x2
+#define fg_unpack2 fg_unpack_bf16x2
+#endif
