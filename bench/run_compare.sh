@@ -11,6 +11,7 @@
 #     compare128  compare_torch.py at B=4 H=16 S=8192 D=128 bf16 (the default)
 #     compare64   the same at D=64
 #     cbench      flexgen bench (the C benchmark) at the default shape
+#     cquick      flexgen bench on the small shape
 # Logs, JSON and charts go to $OUT (default ./bench-out); the last lines of
 # the log are the tables. BUILD_DIR/devlib, if present, is put on
 # LD_LIBRARY_PATH (for libraries the build machine has and this one lacks).
@@ -67,6 +68,10 @@ for s in $STEPS; do
         ;;
     cbench)
         step cbench "$BUILD/tools/flexgen" bench --json "$OUT/bench_c.json"
+        ;;
+    cquick)
+        step cquick "$BUILD/tools/flexgen" bench --batch 1 --heads 8 --seq 2048 \
+            --json "$OUT/cquick.json"
         ;;
     *)
         echo "unknown step '$s'" | tee -a "$LOG"

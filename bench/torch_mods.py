@@ -251,6 +251,8 @@ def load_file(path, mask_file=None, score_file=None, name=None):
         st.setdefault("mask_mod", getattr(module, "mask_mod", None))
         st.setdefault("score_mod", getattr(module, "score_mod", None))
         return st
-    label = name or os.path.splitext(os.path.basename(mask_file or score_file or path))[0]
+    def base(f):
+        return os.path.splitext(os.path.basename(f))[0]
+    label = name or "+".join(base(f) for f in (mask_file, score_file) if f) or base(path)
     return Spec(label, setup, getattr(module, "SDPA", None), mask_file=mask_file,
                 score_file=score_file)

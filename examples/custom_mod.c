@@ -341,9 +341,11 @@ int main(int argc, char **argv) {
         EX_TRY(ctx, fg_mod_from_file(ctx, o.file, &mod));
     else
         EX_TRY(ctx, mod_from_exprs(ctx, &o, &mod));
-    printf("mod '%s', hash %016llx, %s%s; canonical form:\n%s\n", fg_mod_name(mod),
-           (unsigned long long)fg_mod_hash(mod), fg_mod_has_mask(mod) ? "mask_mod " : "",
-           fg_mod_has_score(mod) ? "score_mod" : "", fg_mod_canonical(mod));
+    printf("mod '%s' (%s), hash %016llx; canonical form:\n%s\n", fg_mod_name(mod),
+           fg_mod_has_mask(mod) && fg_mod_has_score(mod) ? "mask_mod and score_mod"
+           : fg_mod_has_mask(mod)                        ? "mask_mod"
+                                                         : "score_mod",
+           (unsigned long long)fg_mod_hash(mod), fg_mod_canonical(mod));
     if (make_bindings(mod, &o, binds, &nbinds, store) != FG_OK) goto done;
     if (fg_mod_has_mask(mod))
         EX_TRY(ctx, show_block_mask(ctx, mod, &o, binds, nbinds, &mask, &density));

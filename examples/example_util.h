@@ -47,6 +47,7 @@ typedef unsigned long long ex_dptr; /* CUdeviceptr */
 
 typedef struct ex_cuda {
     int tried, ok;
+    char why[200]; /* why the GPU part cannot run */
     void *lib;
     char device_name[256];
     int (*cuInit)(unsigned);
@@ -108,18 +109,18 @@ static inline const char *ex_cuda_error_name(int r) {
 }
 
 /* Open libcuda, find a device, make device 0's primary context current.
- * Returns 1 when the GPU part can run; otherwise prints why on stderr and
- * returns 0. Safe to call repeatedly. */
+ * Returns 1 when the GPU part can run; otherwise 0, and ex_no_gpu says
+ * why. Safe to call repeatedly. */
 static inline int ex_gpu_open(void) {
     if (ex_cu.tried) return ex_cu.ok;
     ex_cu.tried = 1;
     ex_cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!ex_cu.lib) {
-        fprintf(stderr, "(libcuda.so.1 not found: no NVIDIA driver on this machine)\n");
+        snprintf(ex_cu.why, sizeof ex_cu.why, "libcuda.so.1 not found: no NVIDIA driver");
         return 0;
     }
     if (!ex_cuda_lookup()) {
-        fprintf(stderr, "(libcuda.so.1 lacks an entry point the examples need)\n");
+        snprintf(ex_cu.why, sizeof ex_cu.why, "libcuda.so.1 lacks an entry point");
         return 0;
     }
     int count = 0, dev = 0;
@@ -127,15 +128,15 @@ static inline int ex_gpu_open(void) {
     int r = ex_cu.cuInit(0);
     if (r == 0) r = ex_cu.cuDeviceGetCount(&count);
     if (r != 0 || count == 0) {
-        fprintf(stderr, "(cuInit / cuDeviceGetCount: %s, %d devices)\n",
-                r ? ex_cuda_error_name(r) : "ok", count);
+        snprintf(ex_cu.why, sizeof ex_cu.why, "%s, %d devices",
+                 r ? ex_cuda_error_name(r) : "cuInit ok", count);
         return 0;
     }
     r = ex_cu.cuDeviceGet(&dev, 0);
     if (r == 0) r = ex_cu.cuDevicePrimaryCtxRetain(&cuctx, dev);
     if (r == 0) r = ex_cu.cuCtxSetCurrent(cuctx);
     if (r != 0) {
-        fprintf(stderr, "(device 0: %s)\n", ex_cuda_error_name(r));
+        snprintf(ex_cu.why, sizeof ex_cu.why, "device 0: %s", ex_cuda_error_name(r));
         return 0;
     }
     if (ex_cu.cuDeviceGetName(ex_cu.device_name, (int)sizeof ex_cu.device_name, dev) != 0)
@@ -144,7 +145,12 @@ static inline int ex_gpu_open(void) {
     return 1;
 }
 
-static inline void ex_no_gpu(void) { printf("no CUDA device: skipping the GPU part\n"); }
+static inline void ex_no_gpu(void) {
+    if (ex_cu.why[0])
+        printf("no CUDA device: skipping the GPU part (%s)\n", ex_cu.why);
+    else
+        printf("no CUDA device: skipping the GPU part\n");
+}
 
 static inline int ex_cu_ok(int r, const char *what) {
     if (r == 0) return 1;
@@ -217,6 +223,7 @@ static inline double ex_now_ms(void) {
  * the example, so FG_ERR_NO_DEVICE gives 0 after the usual line. */
 static inline int ex_report(fg_ctx *ctx, fg_status st, const char *what) {
     if (st == FG_ERR_NO_DEVICE) {
+        if (ctx) snprintf(ex_cu.why, sizeof ex_cu.why, "%s", fg_errmsg(ctx));
         ex_no_gpu();
         return 0;
     }

@@ -42,7 +42,8 @@ except ImportError:  # pragma: no cover - exercised on machines without torch
     torch = None
 
 __all__ = [
-    "FlexgenError", "LibraryNotFound", "Mod", "BlockMask", "attention", "block_mask",
+    "FlexgenError", "LibraryNotFound", "Mod", "BlockMask", "Prepared", "attention", "prepare",
+    "block_mask",
     "load_mod", "reference", "cache_stats", "reset_cache_stats", "forget_memory_cache",
     "set_cache_dir", "cache_dir", "library_path", "version",
 ]
@@ -322,7 +323,7 @@ class Mod:
         lib = _load()
         self._lib = lib
         self.handle = handle
-        self._keep = keep  # mods this one was combined from are not needed, but are cheap
+        self._keep = keep  # the mods it was combined from live as long as it
         self.name = lib.fg_mod_name(handle).decode()
         self.canonical = (lib.fg_mod_canonical(handle) or b"").decode()
         self.hash = int(lib.fg_mod_hash(handle))
@@ -337,13 +338,18 @@ class Mod:
             self.params[info.name.decode()] = (kind, _TYPE_NAMES.get(info.type, "?"),
                                                info.default_value)
 
-    def uses(self, arg):
-        """Whether the canonical text mentions the index argument `arg`
-        ('b' or 'h'); True when unsure, so a block mask is never broadcast
-        over a dimension the mask reads."""
-        if not self.canonical:
+    _MASK_BODY = re.compile(r"^bool \w+\(int b, int h, int q_idx, int kv_idx\) \{\n(.*?)^\}",
+                            re.S | re.M)
+
+    def mask_uses(self, arg):
+        """Whether a mask_mod body of the canonical text reads the index
+        argument `arg` ('b' or 'h'); True when unsure, so a block mask is
+        never broadcast over a dimension the mask reads."""
+        bodies = self._MASK_BODY.findall(self.canonical or "")
+        if not bodies:
             return True
-        return re.search(r"\b" + re.escape(arg) + r"\b", self.canonical) is not None
+        word = re.compile(r"\b" + re.escape(arg) + r"\b")
+        return any(word.search(body) for body in bodies)
 
     def __repr__(self):
         parts = [p for p, f in (("mask_mod", self.has_mask), ("score_mod", self.has_score)) if f]
@@ -863,7 +869,7 @@ def _check_params(params, buffers):
 def _mask_dims(mod, B, H):
     """The block mask's batch and heads: 1 (broadcast) where the mask_mod
     cannot depend on the dimension."""
-    return (B if mod.uses("b") else 1), (H if mod.uses("h") else 1)
+    return (B if mod.mask_uses("b") else 1), (H if mod.mask_uses("h") else 1)
 
 
 def _fill_args(args, q, k, v, out, lse, scale, bm, binds, stream):
@@ -896,8 +902,40 @@ def attention(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None,
     mask_mod / score_mod: a mod file path, mod text or bare expression (see
     load_mod). params: {name: int or float}; buffers: {name: int32 or
     float32 CUDA tensor}. scale: default 1/sqrt(D). block_mask: from
-    block_mask(), else built (and cached) here. Returns out (B, Hq, Q_LEN,
-    D) contiguous, and with return_lse also lse (B, Hq, Q_LEN) float32."""
+    block_mask(), else built (and cached) here. Runs on torch's current
+    stream. Returns out (B, Hq, Q_LEN, D) contiguous, and with return_lse
+    also lse (B, Hq, Q_LEN) float32 (natural log; -inf for a fully masked
+    row, whose output is 0)."""
+    call = prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa,
+                   return_lse, block_size, block_mask)
+    return call()
+
+
+class Prepared:
+    """One attention call with every argument checked and converted once:
+    calling it launches the kernel again on torch's current stream, writing
+    the same `out` (and `lse`). For loops that call the same attention on
+    tensors updated in place, and for timing the kernel without the Python
+    argument handling."""
+
+    def __init__(self, mod, args, out, lse, keep, index):
+        self.mod, self.out, self.lse = mod, out, lse
+        self._args, self._keep, self._index = args, keep, index
+        self._ctx = _ctx(index)
+        self._fn = _load().fg_attention_forward
+
+    def __call__(self):
+        self._args.stream = torch.cuda.current_stream(self._index).cuda_stream
+        c = self._ctx
+        with c.lock:
+            c.check(self._fn(c.handle, self.mod.handle, ctypes.byref(self._args)))
+        return (self.out, self.lse) if self.lse is not None else self.out
+
+
+def prepare(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None, scale=None,
+            enable_gqa=False, return_lse=False, block_size=128, block_mask=None):
+    """attention()'s checks, mod, block mask and output allocation, without
+    the launch: returns a Prepared call (same arguments as attention)."""
     _check_qkv(q, k, v, enable_gqa)
     _check_params(params, buffers)
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
@@ -928,12 +966,8 @@ def attention(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None,
     out = torch.empty((B, Hq, S, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device) if return_lse else None
     args = _AttentionArgs()
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    _fill_args(args, q, k, v, out, lse, scale, bm, binds, stream)
-    c = _ctx(index)
-    with c.lock:
-        c.check(_load().fg_attention_forward(c.handle, mod.handle, ctypes.byref(args)))
-    return (out, lse) if return_lse else out
+    _fill_args(args, q, k, v, out, lse, scale, bm, binds, None)
+    return Prepared(mod, args, out, lse, (q, k, v, bm, binds), index)
 
 
 def reference(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None, scale=None,
@@ -965,6 +999,7 @@ def reference(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None,
     args.k_stride = _Stride(*k.stride())
     args.v_stride = _Stride(*v.stride())
     args.out_stride = _Stride(*out.stride())
+    args.out, args.lse = out.data_ptr(), lse.data_ptr()  # (the results go to out / lse below)
     args.scale = 0.0 if scale is None else float(scale)
     args.binds = ctypes.cast(binds.array, ctypes.POINTER(_Binding))
     args.nbinds = binds.count

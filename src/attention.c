@@ -138,15 +138,16 @@ static fg_status check_alignment(fg_ctx *ctx, const fg_attention_args *a, const 
     return FG_OK;
 }
 
-static fg_status block_mask_args(fg_ctx *ctx, const fg_attention_args *a, fgi_attn_abi *abi) {
+static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_attention_args *a,
+                                 fgi_attn_abi *abi) {
     fg_block_mask *m = (fg_block_mask *)a->block_mask; /* uploading is a cache fill */
     const fg_block_mask_desc *d = &m->desc;
-    int bn = fgi_attn_block_n(a->head_dim);
+    const int bn = fgi_attn_block_n(k->head_dim);
     if (d->q_block % FGI_ATTN_BLOCK_M != 0 || d->kv_block % bn != 0)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
-                         "block mask blocks %d x %d: the kernel for head dim %d needs q blocks that "
-                         "are multiples of %d and kv blocks multiples of %d",
-                         d->q_block, d->kv_block, a->head_dim, FGI_ATTN_BLOCK_M, bn);
+                         "block mask blocks %d x %d: the kernel for head dim %d needs q blocks "
+                         "that are multiples of %d and kv blocks multiples of %d",
+                         d->q_block, d->kv_block, k->head_dim, FGI_ATTN_BLOCK_M, bn);
     FGI_TRY(fgi_block_mask_check(ctx, m, a->batch, a->heads_q, a->q_len, a->kv_len, d->q_block,
                                  d->kv_block));
     FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_KV_NUM_BLOCKS, &abi->kv_num));
@@ -310,7 +311,7 @@ fg_status fg_kernel_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a
     fgi_attn_abi abi;
     memset(&abi, 0, sizeof abi);
     fill_abi(a, &st, &abi);
-    if (a->block_mask) FGI_TRY(block_mask_args(ctx, a, &abi));
+    if (a->block_mask) FGI_TRY(block_mask_args(ctx, k, a, &abi));
 
     fgi_value values[FGI_MAX_PARAMS];
     FGI_TRY(fgi_bind(ctx, &k->params, a->binds, a->nbinds, values));
@@ -338,6 +339,8 @@ fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attentio
     cfg.kind = FG_KERNEL_ATTENTION_FWD;
     cfg.dtype = args->dtype;
     cfg.head_dim = args->head_dim;
+    /* The kernel reads the block mask's geometry at run time, so one kernel
+     * (the default block configuration) serves every block size. */
     fg_kernel *k;
     FGI_TRY(fg_kernel_get(ctx, mod, &cfg, &k));
     fg_status s = fg_kernel_launch(ctx, k, args);

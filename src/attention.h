@@ -27,7 +27,9 @@ typedef struct fgi_attn_abi {
 } fgi_attn_abi;
 _Static_assert(sizeof(fgi_attn_abi) == 240, "fgi_attn_abi must match fga_args");
 
-/* Tile sizes of the portable forward kernel (FGA_BLOCK_M / FGA_BLOCK_N). */
+/* Tile sizes of the portable forward kernel (FGA_BLOCK_M / FGA_BLOCK_N /
+ * FGA_THREADS): four warps of 16 query rows; K/V tiles of 64 rows (32 for
+ * head dims over 128, to stay within 255 registers). */
 #define FGI_ATTN_THREADS 128
 #define FGI_ATTN_BLOCK_M 64
 static inline int fgi_attn_block_n(int head_dim) { return head_dim > 128 ? 32 : 64; }

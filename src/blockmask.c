@@ -11,6 +11,12 @@
  * what makes the builders agree bit for bit: ascending indices fall out of
  * scanning the map in order, and the tails of the index rows are zero.
  *
+ * A mask that never reads h (or b) is the same for every head (batch
+ * entry): both builders classify the tiles of head 0 only and let the
+ * compaction copy them to the others. That is a plain property of the AST,
+ * not a guess about which mask it is, and it makes B=4 x H=16 cost what
+ * B=4 x H=1 costs.
+ *
  * Classification only looks at in-range positions (q < q_len, kv < kv_len):
  * the last q / kv block of a ragged length is judged on the part that
  * exists. The evaluator is asked for exactly that clipped tile, so the mod
@@ -128,13 +134,16 @@ static int32_t compact_list(const uint8_t *tiles, int n, int64_t stride, uint8_t
     return k;
 }
 
-/* Fill the host arrays of m from a tile map [B][H][QB][KB]. */
-static void arrays_from_tiles(fg_block_mask *m, const uint8_t *tiles) {
-    const int QB = m->q_blocks, KB = m->kv_blocks;
-    const int64_t bh_count = (int64_t)m->desc.batch * m->desc.heads;
+/* Fill the host arrays of m from a tile map [B'][H'][QB][KB], where B' is
+ * B when per_b and 1 otherwise (the map then holds the tiles of b = 0 for
+ * every b), and H' likewise. */
+static void arrays_from_tiles(fg_block_mask *m, const uint8_t *tiles, bool per_b, bool per_h) {
+    const int QB = m->q_blocks, KB = m->kv_blocks, H = m->desc.heads;
+    const int64_t bh_count = (int64_t)m->desc.batch * H;
     int32_t **a = m->host;
     for (int64_t bh = 0; bh < bh_count; bh++) {
-        const uint8_t *t = tiles + bh * QB * KB;
+        int64_t src = (per_b ? bh / H : 0) * (per_h ? H : 1) + (per_h ? bh % H : 0);
+        const uint8_t *t = tiles + src * QB * KB;
         for (int qb = 0; qb < QB; qb++) {
             int64_t row = bh * QB + qb;
             a[0][row] = compact_list(t + (int64_t)qb * KB, KB, 1, TILE_PARTIAL, a[1] + row * KB);
@@ -147,6 +156,35 @@ static void arrays_from_tiles(fg_block_mask *m, const uint8_t *tiles) {
         }
     }
     m->host_valid = true;
+}
+
+/* ---- which of b and h the mask reads ------------------------------------------ */
+
+static void expr_uses(const fgi_expr *e, bool *ub, bool *uh) {
+    if (!e) return;
+    if (e->kind == FGI_E_ARG) {
+        *ub |= e->op == FGI_ARG_B;
+        *uh |= e->op == FGI_ARG_H;
+    }
+    expr_uses(e->a, ub, uh);
+    expr_uses(e->b, ub, uh);
+    expr_uses(e->c, ub, uh);
+    for (int i = 0; i < e->nargs; i++) expr_uses(e->args[i], ub, uh);
+}
+
+static void node_uses(const fgi_mask_node *n, bool *ub, bool *uh) {
+    if (!n) return;
+    if (n->op == FGI_MASK_LEAF && n->func) {
+        for (int i = 0; i < n->func->nlocals; i++) expr_uses(n->func->locals[i].init, ub, uh);
+        expr_uses(n->func->ret, ub, uh);
+    }
+    node_uses(n->a, ub, uh);
+    node_uses(n->b, ub, uh);
+}
+
+void fgi_bm_mask_uses(const fg_mod *mod, bool *uses_b, bool *uses_h) {
+    *uses_b = *uses_h = false;
+    node_uses(mod->mask, uses_b, uses_h);
 }
 
 /* ---- the CPU builder ------------------------------------------------------ */
@@ -166,17 +204,18 @@ static uint8_t classify(const uint8_t *v, int nq, int nk, size_t pitch) {
  * but its scratch is set up once per strip instead of once per tile. */
 #define STRIP_LANES ((size_t)1 << 20)
 
+/* Classify the tiles of (b, h) in [0, nb) x [0, nh) into a map [nb][nh]. */
 static fg_status classify_all(fg_ctx *ctx, const fg_mod *mod, const fgi_value *values,
-                              const fg_block_mask *m, uint8_t *tiles, uint8_t *scratch,
-                              int strip_blocks) {
+                              const fg_block_mask *m, int nb, int nh, uint8_t *tiles,
+                              uint8_t *scratch, int strip_blocks) {
     const fg_block_mask_desc *d = &m->desc;
     const int QB = m->q_blocks, KB = m->kv_blocks;
-    for (int b = 0; b < d->batch; b++)
-        for (int h = 0; h < d->heads; h++)
+    for (int b = 0; b < nb; b++)
+        for (int h = 0; h < nh; h++)
             for (int qb = 0; qb < QB; qb++) {
                 int q0 = qb * d->q_block;
                 int nq = d->q_len - q0 < d->q_block ? d->q_len - q0 : d->q_block;
-                uint8_t *trow = tiles + (((int64_t)b * d->heads + h) * QB + qb) * KB;
+                uint8_t *trow = tiles + (((int64_t)b * nh + h) * QB + qb) * KB;
                 for (int kb0 = 0; kb0 < KB; kb0 += strip_blocks) {
                     int k0 = kb0 * d->kv_block;
                     int kend = (kb0 + strip_blocks) * d->kv_block;
@@ -211,8 +250,12 @@ fg_status fg_block_mask_create(fg_ctx *ctx, const fg_mod *mod, const fg_block_ma
     if (strip > m->kv_blocks) strip = m->kv_blocks;
     uint8_t *scratch = tiles ? malloc((size_t)strip * norm.q_block * norm.kv_block) : NULL;
     if (st == FG_OK && !scratch) st = fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (tile map)");
-    if (st == FG_OK) st = classify_all(ctx, mod, values, m, tiles, scratch, strip);
-    if (st == FG_OK) arrays_from_tiles(m, tiles);
+    bool per_b, per_h;
+    fgi_bm_mask_uses(mod, &per_b, &per_h);
+    if (st == FG_OK)
+        st = classify_all(ctx, mod, values, m, per_b ? norm.batch : 1, per_h ? norm.heads : 1,
+                          tiles, scratch, strip);
+    if (st == FG_OK) arrays_from_tiles(m, tiles, per_b, per_h);
     free(scratch);
     free(tiles);
     if (st != FG_OK) {
@@ -286,7 +329,7 @@ fg_status fg_block_mask_from_kv_blocks(fg_ctx *ctx, const fg_block_mask_desc *de
     if (st == FG_OK)
         st = tiles_from_lists(ctx, m, kv_num_blocks, kv_indices, full_kv_num_blocks,
                               full_kv_indices, tiles);
-    if (st == FG_OK) arrays_from_tiles(m, tiles);
+    if (st == FG_OK) arrays_from_tiles(m, tiles, true, true);
     free(tiles);
     if (st != FG_OK) {
         fg_block_mask_destroy(m);

@@ -90,6 +90,10 @@ fg_status fgi_bm_alloc_host(fg_ctx *ctx, fg_block_mask *m);
 /* Allocate the device block (not zeroed) if not there yet; needs
  * fgi_cuda_ready. */
 fg_status fgi_bm_alloc_device(fg_ctx *ctx, fg_block_mask *m);
+/* Whether the mod's mask_mod reads b / h at all. When it does not, every
+ * batch entry / head has the same block mask: the builders classify the
+ * tiles of one and copy the lists to the others. */
+void fgi_bm_mask_uses(const fg_mod *mod, bool *uses_b, bool *uses_h);
 /* Free the device memory of m (needs no ready context: best effort). */
 void fgi_bm_free_device(fg_block_mask *m);
 

@@ -11,7 +11,9 @@
  * buffer pointers travel in the by-value fg_mod_params argument, which is
  * why a document mask can be rebuilt each batch from new device buffers
  * with no compile and no allocation: rebuild only repacks that struct and
- * launches again into the memory the mask already owns.
+ * launches again into the memory the mask already owns. A mask that reads
+ * neither b nor h is classified for one (b, h) and the compaction fans it
+ * out (see blockmask.c).
  */
 #include "blockmask.h"
 #include "codegen.h"
@@ -61,21 +63,26 @@ static fg_status launch(fg_ctx *ctx, const fg_mod *mod, const bm_kernels *k, fg_
     fgi_param_pack(mod, &layout, values, blob);
 
     const fg_block_mask_desc *d = &m->desc;
-    int B = d->batch, H = d->heads, BH = B * H, QB = m->q_blocks, KB = m->kv_blocks;
+    bool uses_b, uses_h;
+    fgi_bm_mask_uses(mod, &uses_b, &uses_h);
+    int B = d->batch, H = d->heads, QB = m->q_blocks, KB = m->kv_blocks;
+    int per_b = uses_b, per_h = uses_h;
+    int cb = per_b ? B : 1, ch = per_h ? H : 1; /* the (b, h) classified */
     int q_len = d->q_len, kv_len = d->kv_len;
     CUdeviceptr tiles = (CUdeviceptr)m->tiles;
-    void *classify_args[] = {blob, &B, &H, &q_len, &kv_len, &QB, &KB, &tiles};
+    void *classify_args[] = {blob, &cb, &ch, &q_len, &kv_len, &QB, &KB, &tiles};
+    int64_t classified = (int64_t)cb * ch * QB * KB;
     FGI_CU_TRY(ctx,
-               fgi_cu()->cuLaunchKernel(k->classify, grid_for(m->count[1]), 1, 1,
+               fgi_cu()->cuLaunchKernel(k->classify, grid_for(classified), 1, 1,
                                         BM_WARPS_PER_BLOCK * 32, 1, 1, 0, stream, classify_args,
                                         NULL),
                "cuLaunchKernel (block mask classify)");
 
     CUdeviceptr a[FGI_BM_NARRAYS];
     for (int i = 0; i < FGI_BM_NARRAYS; i++) a[i] = (CUdeviceptr)m->device[i];
-    void *compact_args[] = {&BH, &QB, &KB, &tiles, &a[0], &a[1], &a[2], &a[3],
-                            &a[4], &a[5], &a[6], &a[7]};
-    int64_t lists = (int64_t)BH * QB + (int64_t)BH * KB;
+    void *compact_args[] = {&B, &H, &per_b, &per_h, &QB, &KB, &tiles, &a[0], &a[1],
+                            &a[2], &a[3], &a[4], &a[5], &a[6], &a[7]};
+    int64_t lists = (int64_t)B * H * (QB + KB);
     FGI_CU_TRY(ctx,
                fgi_cu()->cuLaunchKernel(k->compact, grid_for(lists), 1, 1,
                                         BM_WARPS_PER_BLOCK * 32, 1, 1, 0, stream, compact_args,

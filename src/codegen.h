@@ -39,4 +39,11 @@ fg_status fgi_codegen_init(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_confi
                            fgi_codegen *out);
 void fgi_codegen_free(fgi_codegen *cg);
 
+/* fgi_emit_mod for a source NVRTC will know as `generated_name` (the
+ * spec's name + ".cu"): the #line directives that end each stretch of user
+ * text name it, so messages about the template keep pointing at the
+ * generated file. NULL: "flexgen.cu". */
+fg_status fgi_emit_mod_named(fg_ctx *ctx, const fg_mod *mod, const char *generated_name,
+                             fgi_buf *out);
+
 #endif

@@ -1,8 +1,657 @@
-/* emit.c -- placeholder until the module lands (every entry point reports FG_ERR_NOT_SUPPORTED). */
-#include "internal.h"
+/*
+ * emit.c -- the checked AST of a mod, printed back out as CUDA.
+ *
+ * The user's text is never pasted into a kernel. What reaches NVRTC is this
+ * file's rendering of the typed tree, so nothing the checker did not accept
+ * can appear in it, and every operator is spelled with the semantics of the
+ * mod language rather than C++'s: int + - * through the wrapping helpers of
+ * templates/common.cuh, / and % through the total ones (x / 0 == 0), float
+ * arithmetic through the _rn intrinsics (never contracted into an FMA, so a
+ * score_mod rounds exactly like the CPU evaluator), float -> int through
+ * __float2int_rz, buffer reads through the bounds-checked loads. What C++
+ * already gets right (comparisons, && || ?: with their short-circuit, the
+ * bitwise operators, float negation) is printed as C, with the fewest
+ * parentheses that keep the reading obvious.
+ *
+ * The output, in order:
+ *   - a comment naming the mod, its file(s) and its canonical text;
+ *   - FG_HAS_MASK_MOD / FG_HAS_SCORE_MOD;
+ *   - struct fg_mod_params, the by-value kernel argument. Its layout is
+ *     fgi_param_layout_compute's (core.c), which the host packs; the struct
+ *     is written so that C++ lays it out the same way (natural alignment,
+ *     8-byte aligned struct), and static_asserts with the host's offsets
+ *     make NVRTC refuse any source where the two would disagree;
+ *   - fg_mask_mod and fg_score_mod with fixed signatures (always true /
+ *     the identity when the mod lacks one). A composed mask gets one
+ *     function per leaf, fg_mask_part0 ..., combined with && and || so the
+ *     right side is evaluated only where the left does not decide.
+ *
+ * Inside a function every local becomes `const T lN = ...;` in order and
+ * the body ends with `return ...;`. Each of those lines is preceded by a
+ * #line directive naming the user's file and line, so an NVRTC message or
+ * a profiler line points at the mod, and a #line after each function gives
+ * the generated file its own numbering back.
+ */
+#include "codegen.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The name the generated source goes by when the caller gives none: what
+ * src/nvrtc.c calls an unnamed program. */
+#define DEFAULT_GENERATED_NAME "flexgen.cu"
+
+typedef struct emitter {
+    fg_ctx *ctx;
+    const fg_mod *mod;
+    fgi_buf *out;
+    const char *gen_name; /* file name for the #line that ends user text */
+    fg_status st;         /* first internal error                        */
+} emitter;
+
+/* C precedence of what is printed (not of the AST operator: a / b prints
+ * as a call). Higher binds tighter. */
+enum {
+    P_NONE = 0, P_COND = 1, P_LOR = 2, P_LAND = 3, P_BOR = 4, P_BXOR = 5, P_BAND = 6,
+    P_EQ = 7, P_REL = 8, P_UNARY = 12, P_PRIMARY = 13
+};
+
+static void fail(emitter *em, const char *what, const fgi_expr *e) {
+    if (em->st == FG_OK)
+        em->st = fgi_error(em->ctx, FG_ERR_INVALID_ARGUMENT,
+                           "cannot emit %s (node kind %d): the mod was not checked",
+                           what, e ? (int)e->kind : -1);
+}
+
+/* ---- small printing helpers ---------------------------------------------- */
+
+/* Text inside a C comment: "*" "/" would end it, control bytes would break
+ * the layout. */
+static void put_comment_text(fgi_buf *out, const char *s) {
+    for (; s && *s; s++) {
+        if (s[0] == '*' && s[1] == '/') fgi_buf_puts(out, "*\\");
+        else if ((unsigned char)*s < 0x20 && *s != '\n') fgi_buf_puts(out, "?");
+        else fgi_buf_append(out, s, 1);
+    }
+}
+
+/* A C string literal's body (for #line "file"). */
+static void put_string_body(fgi_buf *out, const char *s) {
+    for (; s && *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fgi_buf_printf(out, "\\%c", c);
+        else if (c < 0x20 || c == 0x7f) fgi_buf_printf(out, "\\%03o", c);
+        else fgi_buf_append(out, s, 1);
+    }
+}
+
+static int count_lines(const char *s, size_t n) {
+    int lines = 0;
+    for (size_t i = 0; i < n; i++) lines += s[i] == '\n';
+    return lines;
+}
+
+/* The 1-based line of byte `offset` in fn's source. */
+static int source_line(const fgi_func *fn, int offset) {
+    if (!fn->src || offset < 0) return 1;
+    size_t n = (size_t)offset < fn->src_len ? (size_t)offset : fn->src_len;
+    return 1 + count_lines(fn->src, n);
+}
+
+static const char *func_file(const emitter *em, const fgi_func *fn) {
+    if (fn->filename) return fn->filename;
+    return em->mod->filename ? em->mod->filename : "<source>";
+}
+
+static void line_user(emitter *em, const fgi_func *fn, int offset) {
+    fgi_buf_printf(em->out, "#line %d \"", source_line(fn, offset));
+    put_string_body(em->out, func_file(em, fn));
+    fgi_buf_puts(em->out, "\"\n");
+}
+
+/* Back to the generated file's own numbering: the line after the directive
+ * is the output's next line. */
+static void line_generated(emitter *em) {
+    int here = em->out->data ? count_lines(em->out->data, em->out->len) : 0;
+    fgi_buf_printf(em->out, "#line %d \"", here + 2);
+    put_string_body(em->out, em->gen_name);
+    fgi_buf_puts(em->out, "\"\n");
+}
+
+/* ---- literals ------------------------------------------------------------- */
+
+/* The shortest decimal that reads back as the same float, with an f; inf
+ * and NaN by their bits (no <cmath> macros in NVRTC without headers). */
+static void put_float(fgi_buf *out, float f) {
+    if (isnan(f) || isinf(f)) {
+        uint32_t bits;
+        memcpy(&bits, &f, sizeof bits);
+        fgi_buf_printf(out, "__int_as_float(0x%08x)", (unsigned)bits);
+        return;
+    }
+    char s[48];
+    for (int digits = 1; digits <= 9; digits++) {
+        snprintf(s, sizeof s, "%.*g", digits, (double)f);
+        if (strtof(s, NULL) == f && signbit(strtof(s, NULL)) == signbit(f)) break;
+    }
+    fgi_buf_puts(out, s);
+    if (!strpbrk(s, ".e")) fgi_buf_puts(out, ".0");
+    fgi_buf_puts(out, "f");
+}
+
+/* ---- expressions ------------------------------------------------------------ */
+
+static bool is_arith(int op) {
+    return op == FGI_OP_ADD || op == FGI_OP_SUB || op == FGI_OP_MUL || op == FGI_OP_DIV ||
+           op == FGI_OP_MOD || op == FGI_OP_SHL || op == FGI_OP_SHR;
+}
+
+static int infix_prec(int op) {
+    switch (op) {
+    case FGI_OP_LOR: return P_LOR;
+    case FGI_OP_LAND: return P_LAND;
+    case FGI_OP_BOR: return P_BOR;
+    case FGI_OP_BXOR: return P_BXOR;
+    case FGI_OP_BAND: return P_BAND;
+    case FGI_OP_EQ: case FGI_OP_NE: return P_EQ;
+    case FGI_OP_LT: case FGI_OP_LE: case FGI_OP_GT: case FGI_OP_GE: return P_REL;
+    default: return P_PRIMARY; /* arithmetic prints as a call */
+    }
+}
+
+static const char *infix_str(int op) {
+    switch (op) {
+    case FGI_OP_LOR: return "||";
+    case FGI_OP_LAND: return "&&";
+    case FGI_OP_BOR: return "|";
+    case FGI_OP_BXOR: return "^";
+    case FGI_OP_BAND: return "&";
+    case FGI_OP_EQ: return "==";
+    case FGI_OP_NE: return "!=";
+    case FGI_OP_LT: return "<";
+    case FGI_OP_LE: return "<=";
+    case FGI_OP_GT: return ">";
+    case FGI_OP_GE: return ">=";
+    default: return NULL;
+    }
+}
+
+/* The helper an arithmetic operator prints as, by operand type. */
+static const char *arith_fn(int op, fgi_type t) {
+    bool f = t == FGI_T_FLOAT;
+    switch (op) {
+    case FGI_OP_ADD: return f ? "fg_fadd" : "fg_iadd";
+    case FGI_OP_SUB: return f ? "fg_fsub" : "fg_isub";
+    case FGI_OP_MUL: return f ? "fg_fmul" : "fg_imul";
+    case FGI_OP_DIV: return f ? "fg_fdiv" : "fg_idiv";
+    case FGI_OP_MOD: return f ? NULL : "fg_imod";
+    case FGI_OP_SHL: return f ? NULL : "fg_shl";
+    case FGI_OP_SHR: return f ? NULL : "fg_shr";
+    default: return NULL;
+    }
+}
+
+static const char *builtin_fn(int fn, fgi_type t) {
+    if (t == FGI_T_INT) {
+        switch (fn) {
+        case FGI_FN_ABS: return "fg_iabs";
+        case FGI_FN_MIN: return "fg_imin";
+        case FGI_FN_MAX: return "fg_imax";
+        case FGI_FN_CLAMP: return "fg_iclamp";
+        default: return NULL;
+        }
+    }
+    if (t != FGI_T_FLOAT) return NULL;
+    static const char *const names[FGI_FN_COUNT] = {
+        [FGI_FN_ABS] = "fabsf",     [FGI_FN_MIN] = "fminf",       [FGI_FN_MAX] = "fmaxf",
+        [FGI_FN_CLAMP] = "fg_fclamp", [FGI_FN_EXP] = "expf",      [FGI_FN_EXP2] = "exp2f",
+        [FGI_FN_LOG] = "logf",      [FGI_FN_LOG2] = "log2f",      [FGI_FN_SQRT] = "sqrtf",
+        [FGI_FN_RSQRT] = "fg_rsqrt", [FGI_FN_TANH] = "tanhf",     [FGI_FN_SIGMOID] = "fg_sigmoid",
+        [FGI_FN_FLOOR] = "floorf",  [FGI_FN_CEIL] = "ceilf",      [FGI_FN_POW] = "powf",
+        [FGI_FN_SIN] = "sinf",      [FGI_FN_COS] = "cosf",        [FGI_FN_ROUND] = "roundf",
+        [FGI_FN_TRUNC] = "truncf",  [FGI_FN_FMOD] = "fmodf",
+    };
+    return fn >= 0 && fn < FGI_FN_COUNT ? names[fn] : NULL;
+}
+
+/* Skip nodes that print as nothing: unary plus and same-type casts. */
+static const fgi_expr *transparent(const fgi_expr *e) {
+    while (e && ((e->kind == FGI_E_UNARY && e->op == FGI_OP_PLUS) ||
+                 (e->kind == FGI_E_CAST && e->a && e->a->type == e->type)))
+        e = e->a;
+    return e;
+}
+
+/* The precedence of e's printed form. */
+static int printed_prec(const fgi_expr *e) {
+    e = transparent(e);
+    if (!e) return P_PRIMARY;
+    switch (e->kind) {
+    case FGI_E_INT_LIT: return e->lit.i < 0 && e->lit.i != INT32_MIN ? P_UNARY : P_PRIMARY;
+    case FGI_E_FLOAT_LIT: return !isnan(e->lit.f) && !isinf(e->lit.f) && signbit(e->lit.f) ? P_UNARY : P_PRIMARY;
+    case FGI_E_UNARY: return e->op == FGI_OP_NEG && e->type == FGI_T_INT ? P_PRIMARY : P_UNARY;
+    case FGI_E_BINARY: return infix_prec(e->op);
+    case FGI_E_COND: return P_COND;
+    case FGI_E_CAST:
+        if (e->type == FGI_T_BOOL) return P_EQ;                      /* x != 0     */
+        if (e->type == FGI_T_INT && e->a->type == FGI_T_FLOAT) return P_PRIMARY; /* fg_f2i */
+        return P_UNARY;                                              /* (float)x  */
+    default: return P_PRIMARY;
+    }
+}
+
+static bool is_infix(const fgi_expr *e) {
+    e = transparent(e);
+    return e && e->kind == FGI_E_BINARY && infix_prec(e->op) < P_PRIMARY;
+}
+
+static void emit_expr(emitter *em, const fgi_func *fn, const fgi_expr *e);
+
+/* e as an operand that needs precedence `min`. */
+static void emit_at(emitter *em, const fgi_func *fn, const fgi_expr *e, int min) {
+    bool paren = printed_prec(e) < min;
+    if (paren) fgi_buf_puts(em->out, "(");
+    emit_expr(em, fn, e);
+    if (paren) fgi_buf_puts(em->out, ")");
+}
+
+/* An operand of infix `op`: besides C's precedence, mixed operators get
+ * parentheses (a & (b == c), (a && b) || c), as a careful writer adds them;
+ * comparisons inside && / || read fine without. */
+static void emit_operand(emitter *em, const fgi_func *fn, int op, const fgi_expr *x, bool right) {
+    int p = infix_prec(op);
+    int min = right ? p + 1 : p;
+    const fgi_expr *t = transparent(x);
+    if (is_infix(t) && t->op != op) {
+        bool cmp_in_logic = (op == FGI_OP_LAND || op == FGI_OP_LOR) && infix_prec(t->op) >= P_EQ;
+        if (!cmp_in_logic) min = P_PRIMARY;
+    }
+    emit_at(em, fn, x, min);
+}
+
+static void emit_call(emitter *em, const fgi_func *fn, const char *name, const fgi_expr *const *args,
+                      int nargs) {
+    fgi_buf_printf(em->out, "%s(", name);
+    for (int i = 0; i < nargs; i++) {
+        if (i) fgi_buf_puts(em->out, ", ");
+        emit_at(em, fn, args[i], P_COND);
+    }
+    fgi_buf_puts(em->out, ")");
+}
+
+static void emit_binary(emitter *em, const fgi_func *fn, const fgi_expr *e) {
+    if (is_arith(e->op)) {
+        const char *name = arith_fn(e->op, e->a ? e->a->type : FGI_T_NONE);
+        if (!name || !e->a || !e->b || e->a->type != e->b->type) {
+            fail(em, "an arithmetic operator on mismatched or non-number operands", e);
+            return;
+        }
+        const fgi_expr *args[2] = {e->a, e->b};
+        emit_call(em, fn, name, args, 2);
+        return;
+    }
+    const char *s = infix_str(e->op);
+    if (!s || !e->a || !e->b) {
+        fail(em, "an unknown binary operator", e);
+        return;
+    }
+    emit_operand(em, fn, e->op, e->a, false);
+    fgi_buf_printf(em->out, " %s ", s);
+    emit_operand(em, fn, e->op, e->b, true);
+}
+
+static void emit_unary(emitter *em, const fgi_func *fn, const fgi_expr *e) {
+    switch (e->op) {
+    case FGI_OP_PLUS: emit_expr(em, fn, e->a); return;
+    case FGI_OP_NEG:
+        if (e->type == FGI_T_INT) {
+            const fgi_expr *args[1] = {e->a};
+            emit_call(em, fn, "fg_ineg", args, 1);
+            return;
+        }
+        fgi_buf_puts(em->out, "-");
+        break;
+    case FGI_OP_NOT: fgi_buf_puts(em->out, "!"); break;
+    case FGI_OP_BITNOT: fgi_buf_puts(em->out, "~"); break;
+    default: fail(em, "an unknown unary operator", e); return;
+    }
+    /* A primary operand only: "- -x" must never print as "--x". */
+    emit_at(em, fn, e->a, P_PRIMARY);
+}
+
+static void emit_cast(emitter *em, const fgi_func *fn, const fgi_expr *e) {
+    fgi_type to = e->type, from = e->a->type;
+    if (to == from) {
+        emit_expr(em, fn, e->a);
+    } else if (to == FGI_T_BOOL && (from == FGI_T_INT || from == FGI_T_FLOAT)) {
+        emit_at(em, fn, e->a, P_REL);
+        fgi_buf_puts(em->out, from == FGI_T_INT ? " != 0" : " != 0.0f");
+    } else if (to == FGI_T_INT && from == FGI_T_FLOAT) {
+        const fgi_expr *args[1] = {e->a};
+        emit_call(em, fn, "fg_f2i", args, 1);
+    } else if ((to == FGI_T_INT && from == FGI_T_BOOL) ||
+               (to == FGI_T_FLOAT && (from == FGI_T_INT || from == FGI_T_BOOL))) {
+        fgi_buf_printf(em->out, "(%s)", fgi_type_name(to));
+        emit_at(em, fn, e->a, P_PRIMARY);
+    } else {
+        fail(em, "a cast between unknown types", e);
+    }
+}
+
+static void emit_index(emitter *em, const fgi_func *fn, const fgi_expr *e) {
+    const fg_mod *mod = em->mod;
+    if (e->index < 0 || e->index >= mod->nparams || mod->params[e->index].kind != FG_PARAM_BUFFER ||
+        !e->a || e->b) {
+        fail(em, "an index into something that is not a buffer parameter", e);
+        return;
+    }
+    const fgi_param *prm = &mod->params[e->index];
+    fgi_buf_printf(em->out, "%s(p.%s, p.fg_len_%s, ",
+                   prm->type == FGI_T_FLOAT ? "fg_load_f32" : "fg_load_i32", prm->name, prm->name);
+    emit_at(em, fn, e->a, P_COND);
+    fgi_buf_puts(em->out, ")");
+}
+
+static void emit_name(emitter *em, const fgi_expr *e) {
+    static const char *const arg_names[5] = {"b", "h", "q_idx", "kv_idx", "score"};
+    switch (e->kind) {
+    case FGI_E_ARG:
+        if (e->op < 0 || e->op >= 5) break;
+        fgi_buf_puts(em->out, arg_names[e->op]);
+        return;
+    case FGI_E_PARAM:
+        if (e->index < 0 || e->index >= em->mod->nparams ||
+            em->mod->params[e->index].kind != FG_PARAM_SCALAR)
+            break;
+        fgi_buf_printf(em->out, "p.%s", em->mod->params[e->index].name);
+        return;
+    case FGI_E_LOCAL:
+        if (e->index < 0) break;
+        fgi_buf_printf(em->out, "l%d", e->index);
+        return;
+    default: break;
+    }
+    fail(em, "an unresolved name", e);
+}
+
+static void emit_expr(emitter *em, const fgi_func *fn, const fgi_expr *e) {
+    if (!e || em->st != FG_OK || e->type == FGI_T_NONE) {
+        fail(em, "an untyped expression", e);
+        return;
+    }
+    switch (e->kind) {
+    case FGI_E_INT_LIT:
+        if (e->lit.i == INT32_MIN) fgi_buf_puts(em->out, "FG_INT_MIN");
+        else fgi_buf_printf(em->out, "%d", (int)e->lit.i);
+        return;
+    case FGI_E_FLOAT_LIT: put_float(em->out, e->lit.f); return;
+    case FGI_E_BOOL_LIT: fgi_buf_puts(em->out, e->lit.b ? "true" : "false"); return;
+    case FGI_E_ARG:
+    case FGI_E_PARAM:
+    case FGI_E_LOCAL: emit_name(em, e); return;
+    case FGI_E_INDEX: emit_index(em, fn, e); return;
+    case FGI_E_UNARY: emit_unary(em, fn, e); return;
+    case FGI_E_BINARY: emit_binary(em, fn, e); return;
+    case FGI_E_COND:
+        emit_at(em, fn, e->a, P_COND + 1);
+        fgi_buf_puts(em->out, " ? ");
+        emit_at(em, fn, e->b, P_COND + 1);
+        fgi_buf_puts(em->out, " : ");
+        emit_at(em, fn, e->c, P_COND + 1);
+        return;
+    case FGI_E_CAST:
+        if (!e->a) break;
+        emit_cast(em, fn, e);
+        return;
+    case FGI_E_CALL: {
+        const char *name = builtin_fn(e->op, e->type);
+        if (!name) break;
+        for (int i = 0; i < e->nargs; i++)
+            if (!e->args[i] || e->args[i]->type != e->type) {
+                fail(em, "a builtin call with unconverted arguments", e);
+                return;
+            }
+        emit_call(em, fn, name, (const fgi_expr *const *)e->args, e->nargs);
+        return;
+    }
+    case FGI_E_NAME: break;
+    }
+    fail(em, "an expression", e);
+}
+
+/* ---- functions --------------------------------------------------------------- */
+
+static const char *ctype(fgi_type t) {
+    return t == FGI_T_BOOL ? "bool" : t == FGI_T_INT ? "int" : "float";
+}
+
+/* The statements of one mask_mod / score_mod body, each under a #line. */
+static void emit_body(emitter *em, const fgi_func *fn) {
+    for (int i = 0; i < fn->nlocals && em->st == FG_OK; i++) {
+        const fgi_local *l = &fn->locals[i];
+        line_user(em, fn, l->offset);
+        fgi_buf_printf(em->out, "    const %s l%d = ", ctype(l->type), i);
+        emit_expr(em, fn, l->init);
+        fgi_buf_puts(em->out, ";");
+        if (l->name) fgi_buf_printf(em->out, " /* %s */", l->name);
+        fgi_buf_puts(em->out, "\n");
+    }
+    line_user(em, fn, fn->ret_offset);
+    fgi_buf_puts(em->out, "    return ");
+    emit_expr(em, fn, fn->ret);
+    fgi_buf_puts(em->out, ";\n");
+    line_generated(em);
+}
+
+#define MASK_ARGS "const fg_mod_params &p, int b, int h, int q_idx, int kv_idx"
+#define SCORE_ARGS "const fg_mod_params &p, float score, int b, int h, int q_idx, int kv_idx"
+
+static void emit_mask_func(emitter *em, const char *name, const fgi_func *fn) {
+    if (fn->kind != FGI_FUNC_MASK || !fn->ret || fn->ret->type != FGI_T_BOOL) {
+        fail(em, "a mask_mod that does not return bool", fn->ret);
+        return;
+    }
+    fgi_buf_printf(em->out, "__device__ __forceinline__ bool %s(" MASK_ARGS ") {\n", name);
+    emit_body(em, fn);
+    fgi_buf_puts(em->out, "}\n\n");
+}
+
+/* One helper per leaf of a composed mask, numbered left to right. */
+static void emit_mask_parts(emitter *em, const fgi_mask_node *n, int *next) {
+    if (em->st != FG_OK) return;
+    if (n->op == FGI_MASK_LEAF) {
+        char name[32];
+        snprintf(name, sizeof name, "fg_mask_part%d", (*next)++);
+        if (!n->func) fail(em, "a mask leaf without a function", NULL);
+        else emit_mask_func(em, name, n->func);
+        return;
+    }
+    if (!n->a || !n->b) {
+        fail(em, "a mask composition with a missing side", NULL);
+        return;
+    }
+    emit_mask_parts(em, n->a, next);
+    emit_mask_parts(em, n->b, next);
+}
+
+/* The && / || tree over the leaf helpers, in the same left-to-right order. */
+static void emit_mask_tree(emitter *em, const fgi_mask_node *n, int *next, int parent_op) {
+    if (n->op == FGI_MASK_LEAF) {
+        fgi_buf_printf(em->out, "fg_mask_part%d(p, b, h, q_idx, kv_idx)", (*next)++);
+        return;
+    }
+    bool paren = parent_op != 0;
+    if (paren) fgi_buf_puts(em->out, "(");
+    emit_mask_tree(em, n->a, next, n->op);
+    fgi_buf_puts(em->out, n->op == FGI_MASK_AND ? " && " : " || ");
+    emit_mask_tree(em, n->b, next, n->op);
+    if (paren) fgi_buf_puts(em->out, ")");
+}
+
+static void emit_mask(emitter *em) {
+    const fgi_mask_node *m = em->mod->mask;
+    if (!m) {
+        fgi_buf_puts(em->out, "/* No mask_mod: every position is kept. */\n"
+                              "__device__ __forceinline__ bool fg_mask_mod(" MASK_ARGS ") {\n"
+                              "    return true;\n}\n\n");
+        return;
+    }
+    if (m->op == FGI_MASK_LEAF) {
+        if (!m->func) fail(em, "a mask leaf without a function", NULL);
+        else emit_mask_func(em, "fg_mask_mod", m->func);
+        return;
+    }
+    int next = 0;
+    emit_mask_parts(em, m, &next);
+    fgi_buf_puts(em->out, "/* The composition: the right side runs only where the left does not\n"
+                          " * decide (FlexAttention's and_masks / or_masks). */\n"
+                          "__device__ __forceinline__ bool fg_mask_mod(" MASK_ARGS ") {\n"
+                          "    return ");
+    next = 0;
+    emit_mask_tree(em, m, &next, 0);
+    fgi_buf_puts(em->out, ";\n}\n\n");
+}
+
+static void emit_score(emitter *em) {
+    const fgi_func *fn = em->mod->score;
+    if (!fn) {
+        fgi_buf_puts(em->out, "/* No score_mod: scores are used as they are. */\n"
+                              "__device__ __forceinline__ float fg_score_mod(" SCORE_ARGS ") {\n"
+                              "    return score;\n}\n\n");
+        return;
+    }
+    if (fn->kind != FGI_FUNC_SCORE || !fn->ret || fn->ret->type != FGI_T_FLOAT) {
+        fail(em, "a score_mod that does not return float", fn->ret);
+        return;
+    }
+    fgi_buf_puts(em->out, "__device__ __forceinline__ float fg_score_mod(" SCORE_ARGS ") {\n");
+    emit_body(em, fn);
+    fgi_buf_puts(em->out, "}\n\n");
+}
+
+/* ---- parameters ------------------------------------------------------------- */
+
+/* The struct is written in declaration order with C++'s natural alignment,
+ * which is the host's rule (a buffer's pointer aligned to 8); __align__(8)
+ * rounds the size up to 8 as the host does. The asserts turn any drift
+ * between the two into a compile error instead of garbage parameters. */
+static void emit_params(emitter *em) {
+    const fg_mod *mod = em->mod;
+    if (mod->nparams > FGI_MAX_PARAMS) {
+        if (em->st == FG_OK)
+            em->st = fgi_error(em->ctx, FG_ERR_LIMIT, "%d parameters: at most %d are supported",
+                               mod->nparams, FGI_MAX_PARAMS);
+        return;
+    }
+    fgi_param_layout layout;
+    fgi_param_layout_compute(mod, &layout);
+    fgi_buf *out = em->out;
+    fgi_buf_puts(out, "/* The mod's parameters, passed by value to every kernel; the host packs\n"
+                      " * the same layout (fgi_param_layout_compute). */\n"
+                      "struct __align__(8) fg_mod_params {\n");
+    for (int i = 0; i < mod->nparams; i++) {
+        const fgi_param *prm = &mod->params[i];
+        if (prm->kind == FG_PARAM_BUFFER)
+            fgi_buf_printf(out, "    const %s *__restrict__ %s;\n    long long fg_len_%s;\n",
+                           ctype(prm->type), prm->name, prm->name);
+        else
+            fgi_buf_printf(out, "    %s %s;\n", ctype(prm->type), prm->name);
+    }
+    fgi_buf_puts(out, "    int fg_pad; /* never empty */\n};\n");
+    for (int i = 0; i < mod->nparams; i++) {
+        const char *n = mod->params[i].name;
+        fgi_buf_printf(out, "static_assert(fg_offsetof(fg_mod_params, %s) == %zu, \"%s\");\n",
+                       n, layout.offsets[i], n);
+        if (mod->params[i].kind == FG_PARAM_BUFFER)
+            fgi_buf_printf(out,
+                           "static_assert(fg_offsetof(fg_mod_params, fg_len_%s) == %zu, "
+                           "\"%s length\");\n",
+                           n, layout.offsets[i] + 8, n);
+    }
+    fgi_buf_printf(out, "static_assert(sizeof(fg_mod_params) == %zu, \"fg_mod_params size\");\n\n",
+                   layout.size);
+}
+
+/* ---- the whole mod ------------------------------------------------------------- */
+
+static bool seen_file(const char **files, int n, const char *f) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(files[i], f) == 0) return true;
+    return false;
+}
+
+static void collect_files(const fgi_mask_node *n, const char **files, int *nfiles, int cap) {
+    if (!n) return;
+    if (n->op == FGI_MASK_LEAF) {
+        if (n->func && n->func->filename && *nfiles < cap &&
+            !seen_file(files, *nfiles, n->func->filename))
+            files[(*nfiles)++] = n->func->filename;
+        return;
+    }
+    collect_files(n->a, files, nfiles, cap);
+    collect_files(n->b, files, nfiles, cap);
+}
+
+static void emit_header(emitter *em) {
+    const fg_mod *mod = em->mod;
+    const char *files[16];
+    int nfiles = 0;
+    collect_files(mod->mask, files, &nfiles, 16);
+    if (mod->score && mod->score->filename && nfiles < 16 &&
+        !seen_file(files, nfiles, mod->score->filename))
+        files[nfiles++] = mod->score->filename;
+    if (nfiles == 0 && mod->filename) files[nfiles++] = mod->filename;
+
+    fgi_buf *out = em->out;
+    fgi_buf_puts(out, "/* ---- the mod: ");
+    put_comment_text(out, mod->name ? mod->name : "mod");
+    fgi_buf_puts(out, " (");
+    for (int i = 0; i < nfiles; i++) {
+        if (i) fgi_buf_puts(out, ", ");
+        put_comment_text(out, files[i]);
+    }
+    fgi_buf_puts(out, ")\n * Emitted by flexgen from the checked syntax tree, not copied from the\n"
+                      " * file. Its canonical text (the kernel cache key's part):\n *\n");
+    const char *c = mod->canonical ? mod->canonical : "";
+    while (*c) {
+        const char *nl = strchr(c, '\n');
+        size_t n = nl ? (size_t)(nl - c) : strlen(c);
+        char *line = malloc(n + 1);
+        if (!line) {
+            out->oom = true;
+            return;
+        }
+        memcpy(line, c, n);
+        line[n] = 0;
+        fgi_buf_puts(out, n ? " *   " : " *");
+        put_comment_text(out, line);
+        fgi_buf_puts(out, "\n");
+        free(line);
+        c += n + (nl ? 1 : 0);
+    }
+    fgi_buf_puts(out, " */\n");
+    fgi_buf_printf(out, "#define FG_HAS_MASK_MOD %d\n#define FG_HAS_SCORE_MOD %d\n\n",
+                   mod->mask ? 1 : 0, mod->score ? 1 : 0);
+}
+
+fg_status fgi_emit_mod_named(fg_ctx *ctx, const fg_mod *mod, const char *generated_name,
+                             fgi_buf *out) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    FGI_CHECK_ARG(ctx, mod && out, "NULL mod or output buffer");
+    emitter em = {ctx, mod, out, generated_name && *generated_name ? generated_name
+                                                                   : DEFAULT_GENERATED_NAME,
+                  FG_OK};
+    emit_header(&em);
+    emit_params(&em);
+    if (em.st == FG_OK) emit_mask(&em);
+    if (em.st == FG_OK) emit_score(&em);
+    if (em.st != FG_OK) return em.st;
+    if (out->oom) return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory emitting the mod");
+    return FG_OK;
+}
 
 fg_status fgi_emit_mod(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out) {
-    (void)mod;
-    (void)out;
-    return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "src/emit.c: not implemented");
+    return fgi_emit_mod_named(ctx, mod, NULL, out);
 }

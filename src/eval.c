@@ -26,17 +26,22 @@
  * are reported, never executed: division or modulo by zero, INT_MIN / -1,
  * INT_MIN % -1, shift counts outside [0, 32) and buffer indices outside
  * [0, length) give FG_ERR_EVAL at the operator's (or buffer name's) offset,
- * naming the first offending lane's (b, h, q_idx, kv_idx). The loops compute
- * with a safe stand-in operand and raise a flag; only when the flag is set is
- * the selection scanned again for the first bad lane. A left shift of a
- * negative value is not an error: it shifts the two's-complement bits, as
- * the GPU does. `>>` on a negative value shifts arithmetically.
+ * naming the first offending lane's (b, h, q_idx, kv_idx). The loops only
+ * raise a flag (computing with a harmless stand-in where the operation
+ * itself could trap); when the flag is set the selection is scanned again
+ * for the first bad lane, in row-major order. A left shift of a negative
+ * value is not an error: it shifts the two's-complement bits, as the GPU
+ * does; `>>` on a negative value shifts arithmetically. The builtins match
+ * templates/common.cuh: abs(INT_MIN) is INT_MIN, float min / max are
+ * fminf / fmaxf (a NaN operand loses), clamp(x, lo, hi) is
+ * min(max(x, lo), hi), rsqrt is 1 / sqrtf, sigmoid 1 / (1 + expf(-x)).
  *
  * Scratch memory is a stack of lane-sized slabs owned by one call: a node
  * takes a slab for its result, its children take theirs above it and are
- * popped when the node is done, so the live slabs are bounded by twice the
- * tree depth (which the checker limits). Slabs are allocated on first use
- * and all freed before the call returns.
+ * popped when the node is done, so the live slabs are bounded by about twice
+ * the tree depth (which the checker limits). Slabs are allocated on first
+ * use and all freed before the call returns; leaves that already have an
+ * array (q_idx, kv_idx, score, locals) hand it out without a copy.
  */
 #include "internal.h"
 
@@ -46,11 +51,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Lanes per chunk: one 128 x 128 tile in a single walk. Deep trees get
- * smaller chunks so that the slab stack stays within EV_SCRATCH_BYTES. */
-#define EV_MAX_LANES 16384
-#define EV_MIN_LANES 512
-#define EV_SCRATCH_BYTES ((size_t)16 << 20)
+/* Lanes per chunk. Long enough that the walk's dispatch is noise next to
+ * the loops, short enough that a call's scratch (coordinates, locals, slabs)
+ * stays around EV_SCRATCH_BYTES: below malloc's trim threshold the memory
+ * is reused from one call to the next instead of being returned to the
+ * kernel and faulted in again, which cost more than the evaluation itself.
+ * Mods with many locals or deep trees get shorter chunks. */
+#define EV_MAX_LANES 4096
+#define EV_MIN_LANES 256
+#define EV_SCRATCH_BYTES ((size_t)96 << 10)
 
 /* The lanes an evaluation covers: idx[0..n) ascending, or all of 0..n when
  * idx is NULL. uint16 indices are enough for EV_MAX_LANES. */
@@ -125,16 +134,27 @@ static void ev_free(ev *E) {
 /* The sub-selection of `s` where the bool lanes `c` equal `want`. When that
  * is all of `s`, `s` itself (so a dense selection stays dense). */
 static bool split(ev *E, sel s, const uint8_t *c, bool want, sel *out) {
-    uint16_t *idx = push(E);
-    if (!idx) return false;
+    /* Counting first is cheap (it vectorises) and spares building the list
+     * when every lane or none goes the same way, as in most tiles. */
     int m = 0;
     uint8_t w = want;
+    FOR_LANES(s, i, { m += c[i] == w; });
+    if (m == s.n) {
+        *out = s;
+        return true;
+    }
+    if (m == 0) {
+        *out = (sel){NULL, 0};
+        return true;
+    }
+    uint16_t *idx = push(E);
+    if (!idx) return false;
+    m = 0;
     FOR_LANES(s, i, {
         idx[m] = (uint16_t)i;
         m += c[i] == w;
     });
-    if (m == s.n) *out = s;
-    else *out = (sel){idx, m};
+    *out = (sel){idx, m};
     return true;
 }
 
@@ -344,6 +364,32 @@ static const void *shift_error(ev *E, const fgi_expr *e, sel s, const int32_t *y
     return internal_error(E, e, "a shift error on no lane");
 }
 
+/* x / d for a divisor d > 0 shared by every lane and dividends x >= 0,
+ * the usual case (q_idx / W): a multiply by m = ceil(2^(31+l) / d), with
+ * 2^l >= d, and a shift (Granlund and Montgomery 1994). For 31-bit x the
+ * error m d - 2^(31+l) < d <= 2^l keeps the quotient exact, m fits in 32
+ * bits, and the product in 63. Returns false when the lanes do not qualify. */
+static bool magic_divide(sel s, const int32_t *x, const int32_t *y, bool mod, int32_t *r) {
+    if (s.n == 0) return true;
+    int32_t d = y[s.idx ? s.idx[0] : 0];
+    if (d <= 0) return false;
+    int ok = 1;
+    FOR_LANES(s, i, { ok &= (y[i] == d) & (x[i] >= 0); });
+    if (!ok) return false;
+    int l = 0;
+    while (((uint32_t)1 << l) < (uint32_t)d) l++;
+    uint64_t m = ((((uint64_t)1) << (31 + l)) + (uint64_t)d - 1) / (uint64_t)d;
+    int sh = 31 + l;
+    if (mod)
+        FOR_LANES(s, i, {
+            uint32_t q = (uint32_t)(((uint64_t)(uint32_t)x[i] * m) >> sh);
+            r[i] = (int32_t)((uint32_t)x[i] - q * (uint32_t)d);
+        });
+    else
+        FOR_LANES(s, i, { r[i] = (int32_t)(((uint64_t)(uint32_t)x[i] * m) >> sh); });
+    return true;
+}
+
 /* Arithmetic and bitwise operators on int lanes; false after an error. */
 static bool int_arith(ev *E, const fgi_expr *e, sel s, const int32_t *x, const int32_t *y,
                       int32_t *r) {
@@ -353,20 +399,20 @@ static bool int_arith(ev *E, const fgi_expr *e, sel s, const int32_t *x, const i
     case FGI_OP_SUB: FOR_LANES(s, i, { r[i] = (int32_t)((uint32_t)x[i] - (uint32_t)y[i]); }); break;
     case FGI_OP_MUL: FOR_LANES(s, i, { r[i] = (int32_t)((uint32_t)x[i] * (uint32_t)y[i]); }); break;
     case FGI_OP_DIV:
-        FOR_LANES(s, i, {
-            int32_t a = x[i], d = y[i];
-            bad |= (d == 0) | ((a == INT32_MIN) & (d == -1));
-            int32_t safe = (d == 0 || d == -1) ? 1 : d;
-            r[i] = d == -1 ? (int32_t)(0u - (uint32_t)a) : a / safe;
-        });
-        break;
     case FGI_OP_MOD:
-        FOR_LANES(s, i, {
-            int32_t a = x[i], d = y[i];
-            bad |= (d == 0) | ((a == INT32_MIN) & (d == -1));
-            int32_t safe = (d == 0 || d == -1) ? 1 : d;
-            r[i] = d == -1 ? 0 : a % safe;
-        });
+        /* Check first, then divide in double: for int32 operands the
+         * truncated double quotient is exact (the rounding error,
+         * < 2^-22 / |d|, never reaches the next integer, 1 / |d| away),
+         * and the loop vectorises where idiv would not. */
+        FOR_LANES(s, i, { bad |= (y[i] == 0) | ((x[i] == INT32_MIN) & (y[i] == -1)); });
+        if (bad || magic_divide(s, x, y, e->op == FGI_OP_MOD, r)) break;
+        if (e->op == FGI_OP_DIV)
+            FOR_LANES(s, i, { r[i] = (int32_t)((double)x[i] / (double)y[i]); });
+        else
+            FOR_LANES(s, i, {
+                int32_t q = (int32_t)((double)x[i] / (double)y[i]);
+                r[i] = (int32_t)((uint32_t)x[i] - (uint32_t)q * (uint32_t)y[i]);
+            });
         break;
     case FGI_OP_SHL:
         FOR_LANES(s, i, {
@@ -571,8 +617,8 @@ static const void *eval(ev *E, const fgi_expr *e, sel s) {
     case FGI_E_ARG: return eval_arg(E, e, s);
     case FGI_E_PARAM: return eval_param(E, e, s);
     case FGI_E_LOCAL:
-        if (e->index < 0 || !E->fn || e->index >= E->fn->nlocals)
-            return internal_error(E, e, "a bad local");
+        if (e->index < 0 || !E->fn || e->index >= E->fn->nlocals || !E->locals[e->index])
+            return internal_error(E, e, "a local read before its declaration");
         return E->locals[e->index];
     case FGI_E_INDEX: return eval_index(E, e, s);
     case FGI_E_UNARY: return eval_unary(E, e, s);
@@ -677,8 +723,10 @@ static fg_status ev_init(ev *E, fg_ctx *ctx, const fg_mod *mod, const fgi_value 
     E->vals = values;
     E->b = b;
     E->h = h;
+    /* lane arrays: q, kv, the locals, and about one slab per level */
+    size_t arrays = 2 + (size_t)max_locals + (size_t)depth;
     int cap = EV_MAX_LANES;
-    while (cap > EV_MIN_LANES && (size_t)cap * 8 * (size_t)(depth + 4) > EV_SCRATCH_BYTES) cap /= 2;
+    while (cap > EV_MIN_LANES && (size_t)cap * 4 * arrays > EV_SCRATCH_BYTES) cap /= 2;
     if (total < cap) cap = (int)total;
     E->cap = cap;
     E->q = malloc((size_t)cap * sizeof *E->q);

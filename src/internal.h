@@ -272,7 +272,8 @@ fg_status fgi_mod_parse(fg_ctx *ctx, const char *filename, const char *text, siz
 /* Canonical text of a mod, allocated in its arena, and its hash; called once
  * when a mod is created. */
 fg_status fgi_mod_finish(fg_ctx *ctx, fg_mod *mod);
-/* The canonical text of one expression (for tests and the emitter's comments). */
+/* The canonical text of one expression (for tests and the emitter's comments);
+ * malloc'd, the caller frees it (NULL on OOM). */
 char *fgi_expr_canonical(const fg_mod *mod, const fgi_func *fn, const fgi_expr *e);
 /* Index of a parameter by name, or -1. */
 int fgi_mod_find_param(const fg_mod *mod, const char *name);

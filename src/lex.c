@@ -34,6 +34,7 @@ typedef struct lexer {
     const char *src;
     size_t len;
     size_t pos;
+    size_t begin; /* 3 when the text starts with a UTF-8 byte-order mark */
     fgi_token *toks;
     int ntoks, cap;
 } lexer;
@@ -85,8 +86,16 @@ static bool is_space(char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
 }
 
-static fg_status lex_error(lexer *lx, fg_status st, size_t at, const char *fmt, const char *arg) {
-    return fgi_error_at(lx->ctx, st, lx->filename, lx->src, (int64_t)at, fmt, arg);
+#if defined(__GNUC__)
+__attribute__((format(printf, 4, 5)))
+#endif
+static fg_status lex_error(lexer *lx, fg_status st, size_t at, const char *fmt, ...) {
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return fgi_error_at(lx->ctx, st, lx->filename, lx->src, (int64_t)at, "%s", msg);
 }
 
 bool fgi_tok_is(const fgi_token *t, const char *src, const char *s) {
@@ -127,13 +136,13 @@ static fg_status skip_comment(lexer *lx, bool *skipped) {
         while (last > p + 2 && (s[last - 1] == '\r')) last--;
         if (last > p + 2 && s[last - 1] == '\\')
             return lex_error(lx, FG_ERR_UNSUPPORTED, last - 1,
-                             "line continuation '\\' at the end of a comment is not supported%s", "");
+                             "line continuation '\\' at the end of a comment is not supported");
         lx->pos = e;
         *skipped = true;
     } else if (s[p + 1] == '*') {
         size_t e = p + 2;
         while (e + 1 < lx->len && !(s[e] == '*' && s[e + 1] == '/')) e++;
-        if (e + 1 >= lx->len) return lex_error(lx, FG_ERR_SYNTAX, p, "unterminated comment%s", "");
+        if (e + 1 >= lx->len) return lex_error(lx, FG_ERR_SYNTAX, p, "unterminated comment");
         lx->pos = e + 2;
         *skipped = true;
     }
@@ -142,7 +151,7 @@ static fg_status skip_comment(lexer *lx, bool *skipped) {
 
 /* Whether `p` is the first non-blank character of its line. */
 static bool at_line_start(const lexer *lx, size_t p) {
-    while (p > 0) {
+    while (p > lx->begin) {
         char c = lx->src[p - 1];
         if (c == '\n') return true;
         if (c != ' ' && c != '\t' && c != '\r' && c != '\f' && c != '\v') return false;
@@ -231,8 +240,8 @@ static fg_status lex_float(lexer *lx, size_t start, size_t p) {
     char *end = NULL;
     errno = 0;
     float v = strtof(lx->src + start, &end);
-    if (end != lx->src + p) return lex_error(lx, FG_ERR_SYNTAX, start, "malformed float literal%s", "");
-    if (isinf(v)) return lex_error(lx, FG_ERR_SYNTAX, start, "float literal out of range%s", "");
+    if (end != lx->src + p) return lex_error(lx, FG_ERR_SYNTAX, start, "malformed float literal");
+    if (isinf(v)) return lex_error(lx, FG_ERR_SYNTAX, start, "float literal out of range");
     if (p < lx->len && (lx->src[p] == 'f' || lx->src[p] == 'F')) p++;
     if (p < lx->len && is_alnum(lx->src[p])) return bad_suffix(lx, p);
     fgi_token *t;
@@ -249,7 +258,7 @@ static fg_status lex_int(lexer *lx, size_t start, size_t p, int base) {
         int d = is_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10;
         v = v * base + d;
         if (v > 2147483648ll)
-            return lex_error(lx, FG_ERR_SYNTAX, start, "integer literal does not fit in a 32-bit int%s", "");
+            return lex_error(lx, FG_ERR_SYNTAX, start, "integer literal does not fit in a 32-bit int");
     }
     if (p < lx->len && is_alnum(lx->src[p])) return bad_suffix(lx, p);
     fgi_token *t;
@@ -267,9 +276,9 @@ static fg_status lex_number(lexer *lx) {
         p += 2;
         size_t digits = p;
         while (p < lx->len && is_hex(s[p])) p++;
-        if (p == digits) return lex_error(lx, FG_ERR_SYNTAX, start, "malformed hex literal%s", "");
+        if (p == digits) return lex_error(lx, FG_ERR_SYNTAX, start, "malformed hex literal");
         if (p < lx->len && (s[p] == '.' || s[p] == 'p' || s[p] == 'P'))
-            return lex_error(lx, FG_ERR_UNSUPPORTED, start, "hex float literals are not supported%s", "");
+            return lex_error(lx, FG_ERR_UNSUPPORTED, start, "hex float literals are not supported");
         return lex_int(lx, start, p, 16);
     }
     bool is_float = false;
@@ -291,7 +300,7 @@ static fg_status lex_number(lexer *lx) {
     if (is_float) return lex_float(lx, start, p);
     if (s[start] == '0' && p - start > 1)
         return lex_error(lx, FG_ERR_UNSUPPORTED, start,
-                         "octal literals are not supported (write the number in decimal)%s", "");
+                         "octal literals are not supported (write the number in decimal)");
     return lex_int(lx, start, p, 10);
 }
 
@@ -327,7 +336,9 @@ static fg_status lex_one(lexer *lx) {
 
 fg_status fgi_lex(fg_ctx *ctx, const char *filename, const char *text, size_t len,
                   fgi_token **toks, int *ntoks) {
-    lexer lx = {ctx, filename, text, len, 0, NULL, 0, 0};
+    lexer lx = {ctx, filename, text, len, 0, 0, NULL, 0, 0};
+    /* editors on some systems start files with a byte-order mark */
+    if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0) lx.pos = lx.begin = 3;
     fg_status st = FG_OK;
     while (st == FG_OK) {
         while (lx.pos < len && is_space(text[lx.pos])) lx.pos++;

@@ -115,9 +115,15 @@ fg_status fg_mod_from_file(fg_ctx *ctx, const char *path, fg_mod **out) {
     size_t n = fread(buf, 1, cap, f);
     int err = ferror(f) ? errno : 0;
     fclose(f);
-    if (err || (n == 0 && err)) {
+    if (err) {
         free(buf);
         return fgi_error(ctx, FG_ERR_IO, "cannot read '%s': %s", path, strerror(err ? err : EIO));
+    }
+    if (n == cap) {
+        free(buf);
+        return fgi_error(ctx, FG_ERR_LIMIT,
+                         "%s: the file is longer than the limit of %d bytes (FG_OPT_MAX_SOURCE)",
+                         path, ctx->max_source);
     }
     fg_status st = fgi_mod_parse(ctx, path, buf, n, out);
     free(buf);
@@ -155,6 +161,11 @@ static fg_status add_api_param(fg_ctx *ctx, fg_mod *mod, const fg_param_decl *d,
         return fgi_error(ctx, FG_ERR_NAME, "parameter '%s': the name is a reserved word", d->name);
     const char *why = fgi_name_reserved(d->name);
     if (why) return fgi_error(ctx, FG_ERR_NAME, "parameter '%s' is reserved: %s", d->name, why);
+    for (int a = 0; a < 5; a++)
+        if (strcmp(d->name, fgi_canonical_arg_names[a]) == 0)
+            return fgi_error(ctx, FG_ERR_NAME,
+                             "parameter '%s' has the name of an argument of the expression",
+                             d->name);
     if (fgi_mod_find_param(mod, d->name) >= 0)
         return fgi_error(ctx, FG_ERR_NAME, "duplicate parameter '%s'", d->name);
     FGI_CHECK_ARG(ctx, d->kind == FG_PARAM_SCALAR || d->kind == FG_PARAM_BUFFER,
@@ -377,6 +388,14 @@ static fg_status compose_new(fg_ctx *ctx, const fg_mod *ma, const fg_mod *mb, fg
     return FG_OK;
 }
 
+/* Height of a composition tree; the tree walks of the printer, evaluator
+ * and emitter recurse over it, so it is bounded like expression nesting. */
+static int mask_height(const fgi_mask_node *n) {
+    if (n->op == FGI_MASK_LEAF) return 1;
+    int ha = mask_height(n->a), hb = mask_height(n->b);
+    return 1 + (ha > hb ? ha : hb);
+}
+
 static fg_status mask_op(fg_ctx *ctx, const fg_mod *a, const fg_mod *b, fgi_mask_op op,
                          fg_mod **out) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
@@ -385,6 +404,12 @@ static fg_status mask_op(fg_ctx *ctx, const fg_mod *a, const fg_mod *b, fgi_mask
     FGI_CHECK_ARG(ctx, a->mask && b->mask, "mask composition: both inputs need a mask_mod");
     FGI_CHECK_ARG(ctx, !a->score && !b->score,
                   "mask composition: inputs may not have a score_mod (use fg_mod_combine)");
+    int ha = mask_height(a->mask), hb = mask_height(b->mask);
+    if (1 + (ha > hb ? ha : hb) > ctx->max_depth)
+        return fgi_error(ctx, FG_ERR_LIMIT,
+                         "mask composition nested too deeply (more than %d levels; "
+                         "FG_OPT_MAX_DEPTH)",
+                         ctx->max_depth);
     return compose_new(ctx, a, b, op, NULL, out);
 }
 

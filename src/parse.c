@@ -668,7 +668,7 @@ static fg_status add_param(parser *p, const fgi_token *name, fg_param_kind kind,
         return fail(p, FG_ERR_LIMIT, name->offset, "too many parameters (more than %d)",
                     FGI_MAX_PARAMS);
     int n = p->mod->nparams;
-    if ((n & (n - 1)) == 0) { /* grow at powers of two */
+    if (n == 0 || (n >= 4 && (n & (n - 1)) == 0)) { /* capacity 4, 8, 16, ... */
         fgi_param *np = fgi_arena_alloc(&p->mod->arena, sizeof *np * (size_t)(n ? 2 * n : 4));
         if (!np) return oom(p);
         if (n) memcpy(np, p->mod->params, sizeof *np * (size_t)n);

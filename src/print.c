@@ -109,6 +109,22 @@ static int prec_of(const fgi_expr *e) {
     }
 }
 
+/* The precedence an operand of binary `parent` must have to go without
+ * parentheses. C's rules (`need`) are the minimum; on top of them the
+ * combinations that C programmers misread and compilers warn about
+ * (`a & b == c`, `a && b || c`, `a << b + c`...) are parenthesised too.
+ * Arithmetic (except under a shift) and comparisons under && and || stay
+ * bare. */
+static int operand_prec(const fgi_expr *parent, const fgi_expr *child, int need) {
+    if (child->kind != FGI_E_BINARY) return need;
+    int pc = binary_prec(child->op), pp = binary_prec(parent->op);
+    bool arith = pc >= 10 && pp != 9; /* not under a shift */
+    bool compare = pc == 7 || pc == 8;
+    bool logical_parent = parent->op == FGI_OP_LAND || parent->op == FGI_OP_LOR;
+    if (pc == pp || (pc > pp && (arith || (compare && logical_parent)))) return need;
+    return PREC_PRIMARY;
+}
+
 static void print_float(fgi_buf *out, float f) {
     if (isnan(f)) {
         fgi_buf_puts(out, "NAN");
@@ -201,9 +217,9 @@ static void print_node(fgi_buf *out, const fg_mod *mod, const fgi_func *fn, cons
         break;
     case FGI_E_BINARY: {
         int p = binary_prec(e->op);
-        print_at(out, mod, fn, e->a, p);
+        print_at(out, mod, fn, e->a, operand_prec(e, e->a, p));
         fgi_buf_printf(out, " %s ", op_str(e->op));
-        print_at(out, mod, fn, e->b, p + 1);
+        print_at(out, mod, fn, e->b, operand_prec(e, e->b, p + 1));
         break;
     }
     case FGI_E_COND:

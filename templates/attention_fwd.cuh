@@ -25,8 +25,8 @@
  * Which tiles are visited comes from the block mask (FlexAttention's
  * layout): for the q block, the partial kv blocks (mask_mod evaluated
  * inside) and then the full ones (no mask evaluation). A mask block of
- * kv_block columns is kv_block / BLOCK_N kernel tiles; BLOCK_M divides every
- * supported q_block, so a kernel q tile never straddles two mask rows.
+ * kv_block columns is kv_block / BLOCK_N kernel tiles; the host checks that BLOCK_M
+ * divides q_block, so a kernel q tile never straddles two mask rows.
  * Without a block mask every tile is visited, as partial when the mod has a
  * mask_mod and as full otherwise. Independently of the mask, positions past
  * Q_LEN or KV_LEN are masked by the kernel, and the mods are called only
@@ -57,6 +57,9 @@
 #error "FG_HEAD_DIM must be a multiple of 16 in [16, 256]"
 #endif
 
+/* Four warps, 64 query rows: with ~210 registers a thread at D = 128, two
+ * such blocks share an SM and drift out of phase, which hid latency better
+ * on an H100 than one block of eight warps (bench/attention_notes.md). */
 #define FGA_NWARPS 4
 #define FGA_THREADS (FGA_NWARPS * 32)
 #define FGA_BLOCK_M (16 * FGA_NWARPS)
@@ -335,11 +338,10 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         }
 
         /* Scale, mods and range, into log2 units. */
-        const bool edge = kv0 + FGA_BLOCK_N > a.kv_len || q0 + FGA_BLOCK_M > a.q_len;
 #if (defined(FG_HAS_SCORE_MOD) && FG_HAS_SCORE_MOD)
         const bool slow = true;
 #else
-        const bool slow = edge || partial;
+        const bool slow = partial || kv0 + FGA_BLOCK_N > a.kv_len || q0 + FGA_BLOCK_M > a.q_len;
 #endif
         if (slow) {
 #pragma unroll

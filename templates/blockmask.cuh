@@ -23,6 +23,8 @@
  *       tiles at a time, and a ballot plus a popcount of the lanes below
  *       gives each partial / full tile its slot, so indices come out
  *       ascending; the unused tail of every index row is written with zeros.
+ *       A mask that reads neither b nor h (per_b / per_h = 0) was
+ *       classified for b = 0 / h = 0 only; every list reads those tiles.
  *
  * The layout and the classification rule are the CPU builder's
  * (src/blockmask.c); the two must agree bit for bit.
@@ -42,19 +44,34 @@
 #define FG_BM_ROWS_PER_VOTE 8
 #define FG_BM_COLS ((FG_KV_BLOCK + 31) / 32)
 
-/* Walk rows [i0, i0 + FG_BM_ROWS_PER_VOTE) of a tile; `checked` tiles test
- * every position against the clipped extent (nq, nk). */
+/* Walk rows [i0, i0 + FG_BM_ROWS_PER_VOTE) of a tile. Interior tiles
+ * (checked = false) unroll two rows by all of a lane's columns:
+ * independent evaluations for the scheduler, without so many inlined copies
+ * of a heavy mask that compile time explodes. Ragged tiles are rare (one
+ * row and one column of blocks) and test every position against the
+ * clipped extent (nq, nk) in a plain loop. */
 template <bool checked>
 __device__ __forceinline__ void fg_bm_rows(const fg_mod_params &p, int b, int h, int q0, int k0,
                                            int i0, int nq, int nk, int lane, bool &any, bool &all) {
-#pragma unroll
+    if (checked) {
+#pragma unroll 1
+        for (int di = 0; di < FG_BM_ROWS_PER_VOTE * FG_BM_COLS; di++) {
+            int i = i0 + di / FG_BM_COLS, j = lane + 32 * (di % FG_BM_COLS);
+            if (i < nq && j < nk) {
+                bool m = fg_mask_mod(p, b, h, q0 + i, k0 + j);
+                any |= m;
+                all &= m;
+            }
+        }
+        return;
+    }
+#pragma unroll 2
     for (int di = 0; di < FG_BM_ROWS_PER_VOTE; di++) {
         int i = i0 + di;
 #pragma unroll
         for (int c = 0; c < FG_BM_COLS; c++) {
             int j = lane + 32 * c;
-            bool in = checked ? (i < nq && j < nk) : (FG_KV_BLOCK >= 32 || j < FG_KV_BLOCK);
-            if (in) {
+            if (FG_KV_BLOCK >= 32 || j < FG_KV_BLOCK) {
                 bool m = fg_mask_mod(p, b, h, q0 + i, k0 + j);
                 any |= m;
                 all &= m;
@@ -126,23 +143,26 @@ __device__ __forceinline__ void fg_bm_compact_list(const unsigned char *t, int n
 }
 
 extern "C" __global__ void __launch_bounds__(FG_BM_WARPS * 32)
-fg_block_mask_compact(int BH, int QB, int KB, const unsigned char *tiles, int *kv_num,
-                      int *kv_idx, int *full_kv_num, int *full_kv_idx, int *q_num, int *q_idx,
-                      int *full_q_num, int *full_q_idx) {
+fg_block_mask_compact(int B, int H, int per_b, int per_h, int QB, int KB,
+                      const unsigned char *tiles, int *kv_num, int *kv_idx, int *full_kv_num,
+                      int *full_kv_idx, int *q_num, int *q_idx, int *full_q_num,
+                      int *full_q_idx) {
     int lane = threadIdx.x & 31;
     long long w = (long long)blockIdx.x * FG_BM_WARPS + (threadIdx.x >> 5);
-    long long rows = (long long)BH * QB, cols = (long long)BH * KB;
-    if (w < rows) {
-        /* row w = (bh, qb): its KB tiles are contiguous */
-        const unsigned char *t = tiles + w * KB;
-        fg_bm_compact_list(t, KB, 1, lane, kv_num + w, kv_idx + w * KB, full_kv_num + w,
-                           full_kv_idx + w * KB);
-    } else if (w < rows + cols) {
-        long long c = w - rows; /* column c = (bh, kb): stride KB */
-        long long bh = c / KB;
-        int kb = (int)(c % KB);
-        const unsigned char *t = tiles + bh * QB * KB + kb;
-        fg_bm_compact_list(t, QB, KB, lane, q_num + c, q_idx + c * QB, full_q_num + c,
-                           full_q_idx + c * QB);
-    }
+    long long rows = (long long)B * H * QB, cols = (long long)B * H * KB;
+    bool is_row = w < rows;
+    if (!is_row && w >= rows + cols) return;
+    long long list = is_row ? w : w - rows;
+    int inner = is_row ? QB : KB;
+    long long bh = list / inner;
+    int o = (int)(list % inner);
+    /* the tile map holds [per_b ? B : 1][per_h ? H : 1] */
+    long long src = (per_b ? bh / H : 0) * (per_h ? H : 1) + (per_h ? bh % H : 0);
+    const unsigned char *t = tiles + src * QB * KB;
+    if (is_row)
+        fg_bm_compact_list(t + (long long)o * KB, KB, 1, lane, kv_num + list, kv_idx + list * KB,
+                           full_kv_num + list, full_kv_idx + list * KB);
+    else
+        fg_bm_compact_list(t + o, QB, KB, lane, q_num + list, q_idx + list * QB, full_q_num + list,
+                           full_q_idx + list * QB);
 }

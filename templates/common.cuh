@@ -54,6 +54,10 @@ static_assert(sizeof(void *) == 8, "flexgen kernels use 64-bit pointers");
 
 #define FG_DEV static __device__ __forceinline__
 
+/* offsetof without <cstddef>: NVRTC's front end (EDG) folds __INTADDR__ of
+ * a member address to a constant, so it works in static_assert. */
+#define fg_offsetof(T, m) ((unsigned long long)__INTADDR__(&(((T *)0)->m)))
+
 /* ---- int arithmetic: wrapping, total ------------------------------------ */
 
 /* a + b, a - b, a * b and -a modulo 2^32. */

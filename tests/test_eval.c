@@ -457,6 +457,58 @@ static void test_tiles(void **state) {
     fg_mod_destroy(m);
 }
 
+/* Division and modulo over whole tiles, for divisors shared by every lane
+ * (the evaluator's multiply-and-shift path) and mixed ones, with dividends
+ * up to nearly INT_MAX and of both signs. */
+static void test_division_tiles(void **state) {
+    fg_ctx *ctx = *state;
+    static const int32_t divisors[] = {1, 2, 3, 7, 10, 128, 641, 65535, 65536, 1000003,
+                                       1073741825, 2147483647, -1, -3, -65536};
+    static const struct {
+        int q0, nq, kv0, nk;
+    } tiles[] = {{2000, 47, 0, 301}, {-2100, 40, 5, 90}, {0, 3, 0, 5000}, {-20, 41, -7, 15}};
+    /* quotients are seen whole (as a float, to within 2^-24) and by their
+     * low 16 bits (exactly), which together pin them down */
+    fg_mod *dm = load(ctx, true, NULL, "(float)((q_idx * 1000003 + kv_idx * 7) / N & 65535)", NULL);
+    fg_mod *fm = load(ctx, true, NULL, "(float)((q_idx * 1000003 + kv_idx * 7) / N)", NULL);
+    fg_mod *mm = load(ctx, true, NULL, "(float)((q_idx * 1000003 + kv_idx * 7) % N)", NULL);
+    fg_mod *vm = load(ctx, true, NULL, "(float)((q_idx * 1000003) / (kv_idx == 0 ? N : kv_idx))", NULL);
+    for (size_t di = 0; di < sizeof divisors / sizeof divisors[0]; di++)
+        for (size_t ti = 0; ti < sizeof tiles / sizeof tiles[0]; ti++) {
+            int q0 = tiles[ti].q0, nq = tiles[ti].nq, kv0 = tiles[ti].kv0, nk = tiles[ti].nk;
+            size_t n = (size_t)nq * nk;
+            float *in = calloc(n, sizeof *in), *d = malloc(n * sizeof *d), *m = malloc(n * sizeof *m),
+                  *v = malloc(n * sizeof *v), *f = malloc(n * sizeof *f);
+            fg_binding bd[4];
+            size_t nb = bind_all(bd);
+            bd[nb++] = fg_bind_int("N", divisors[di]);
+            assert_int_equal(fg_mod_eval_score(ctx, dm, bd, nb, 0, 0, q0, nq, kv0, nk, in, d), FG_OK);
+            assert_int_equal(fg_mod_eval_score(ctx, fm, bd, nb, 0, 0, q0, nq, kv0, nk, in, f), FG_OK);
+            assert_int_equal(fg_mod_eval_score(ctx, mm, bd, nb, 0, 0, q0, nq, kv0, nk, in, m), FG_OK);
+            assert_int_equal(fg_mod_eval_score(ctx, vm, bd, nb, 0, 0, q0, nq, kv0, nk, in, v), FG_OK);
+            for (int i = 0; i < nq; i++)
+                for (int j = 0; j < nk; j++) {
+                    int32_t x = (q0 + i) * 1000003 + (kv0 + j) * 7, y = divisors[di];
+                    int32_t vx = (q0 + i) * 1000003, vy = kv0 + j == 0 ? y : kv0 + j;
+                    size_t k = (size_t)i * nk + j;
+                    if (d[k] != (float)(x / y & 65535) || f[k] != (float)(x / y) || m[k] != (float)(x % y) || v[k] != (float)(vx / vy)) {
+                        print_error("%d / %d: got %.9g %.9g, %d / %d: got %.9g\n", x, y,
+                                    (double)d[k], (double)m[k], vx, vy, (double)v[k]);
+                        fail();
+                    }
+                }
+            free(in);
+            free(d);
+            free(m);
+            free(v);
+            free(f);
+        }
+    fg_mod_destroy(dm);
+    fg_mod_destroy(fm);
+    fg_mod_destroy(mm);
+    fg_mod_destroy(vm);
+}
+
 /* A score_mod over a tile crossing chunk borders, in place (in == out). */
 static float score_c(float s, int q, int kv) {
     int d = q - kv;
@@ -540,6 +592,52 @@ static void test_composition(void **state) {
     fg_mod_destroy(and_m);
     fg_mod_destroy(or_m);
     fg_mod_destroy(bad);
+}
+
+/* Deep trees and many locals: the evaluator's scratch grows with them and
+ * its chunks shrink, the results do not change. */
+static void check_score_tile(fg_ctx *ctx, const char *locals, const char *expr, int q_mul,
+                             int kv_mul, int add) {
+    fg_mod *m = load(ctx, true, locals, expr, NULL);
+    fg_binding bd[4];
+    size_t nb = bind_all(bd);
+    int nq = 97, nk = 301;
+    float *in = calloc((size_t)nq * nk, sizeof *in), *out = malloc((size_t)nq * nk * sizeof *out);
+    assert_int_equal(fg_mod_eval_score(ctx, m, bd, nb, 0, 0, 3, nq, 5, nk, in, out), FG_OK);
+    for (int i = 0; i < nq; i++)
+        for (int j = 0; j < nk; j++)
+            assert_true(out[(size_t)i * nk + j] == (float)(q_mul * (3 + i) + kv_mul * (5 + j) + add));
+    free(in);
+    free(out);
+    fg_mod_destroy(m);
+}
+
+static void test_deep_and_wide(void **state) {
+    fg_ctx *ctx = *state;
+    enum { DEPTH = 150, LOCALS = 60 };
+    fgi_buf e = {0};
+    /* left-deep: ((q_idx + 1) + 1) + ... */
+    fgi_buf_puts(&e, "(float)(q_idx");
+    for (int i = 0; i < DEPTH; i++) fgi_buf_puts(&e, " + 1");
+    fgi_buf_puts(&e, ")");
+    check_score_tile(ctx, NULL, e.data, 1, 0, DEPTH);
+    fgi_buf_free(&e);
+    /* right-deep: 2 * (1 + 2 * (1 + ... kv_idx)) */
+    fgi_buf_puts(&e, "(float)(");
+    for (int i = 0; i < 20; i++) fgi_buf_puts(&e, "2 * (1 + ");
+    fgi_buf_puts(&e, "kv_idx");
+    for (int i = 0; i < 20; i++) fgi_buf_puts(&e, ")");
+    fgi_buf_puts(&e, ")");
+    /* x -> 2 (1 + x) twenty times: 2^20 x + (2^21 - 2) */
+    check_score_tile(ctx, NULL, e.data, 0, 1 << 20, (1 << 21) - 2);
+    fgi_buf_free(&e);
+    /* a chain of locals, each reading the one before */
+    fgi_buf_puts(&e, "    int l0 = q_idx;\n");
+    for (int i = 1; i < LOCALS; i++) fgi_buf_printf(&e, "    int l%d = l%d + kv_idx;\n", i, i - 1);
+    char ret[32];
+    snprintf(ret, sizeof ret, "(float)l%d", LOCALS - 1);
+    check_score_tile(ctx, e.data, ret, 1, LOCALS - 1, 0);
+    fgi_buf_free(&e);
 }
 
 /* ---- run-time errors ----------------------------------------------------- */
@@ -730,6 +828,7 @@ int main(void) {
         cmocka_unit_test(test_bool_logic),      cmocka_unit_test(test_locals),
         cmocka_unit_test(test_tiles),           cmocka_unit_test(test_score_tiles),
         cmocka_unit_test(test_absent_functions), cmocka_unit_test(test_composition),
+        cmocka_unit_test(test_deep_and_wide),   cmocka_unit_test(test_division_tiles),
         cmocka_unit_test(test_errors),          cmocka_unit_test(test_error_messages),
         cmocka_unit_test(test_bad_arguments),   cmocka_unit_test(test_internal_values),
     };

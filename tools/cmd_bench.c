@@ -32,6 +32,7 @@
  * own driver table (cudrv.h) for device memory and events: no CUDA runtime.
  */
 #include <errno.h>
+#include <ftw.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdbool.h>
@@ -41,10 +42,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "cudrv.h"
 #include "flexgen.h"
-
-int fg_cmd_bench(int argc, char **argv);
 
 #define MAX_CASES 64
 #define MAX_PARAMS 16
@@ -409,16 +409,8 @@ static void usage(FILE *f) {
             "  --json FILE          also write the results as JSON ('-' for stdout)\n"
             "  -h, --help           this text\n"
             "\n"
-            "exit status: 0 success, 1 a measurement failed, 2 usage error, 3 no CUDA device\n");
-}
-
-static bool parse_int(const char *s, int lo, int hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *s == 0 || *end != 0 || v < lo || v > hi) return false;
-    *out = (int)v;
-    return true;
+            "exit status: 0 success, 1 usage, 2 bad mod, 3 compile error, 4 no CUDA device,\n"
+            "6 another failure (the table still shows the cases that ran)\n");
 }
 
 static const char *gallery_dir(const char *opt) {
@@ -441,23 +433,22 @@ static char *join_path(const char *dir, const char *name) {
 
 static int add_gallery(bench_opts *o, const char *list, const char *dir, char **owned, int *nowned) {
     char *copy = strdup(list);
-    if (!copy) return 1;
+    if (!copy) return fg_cli_error(FG_EXIT_OTHER, "out of memory");
     int rc = 0;
     for (char *tok = strtok(copy, ","); tok && rc == 0; tok = strtok(NULL, ",")) {
         size_t i = 0;
         while (i < GALLERY_COUNT && strcmp(gallery[i].name, tok) != 0) i++;
         if (i == GALLERY_COUNT) {
-            fprintf(stderr, "flexgen bench: unknown gallery mod '%s'\n", tok);
-            rc = 2;
+            rc = fg_cli_error(FG_EXIT_USAGE, "bench: unknown gallery mod '%s'", tok);
         } else if (o->ncases == MAX_CASES) {
-            rc = 2;
+            rc = fg_cli_error(FG_EXIT_USAGE, "bench: more than %d cases", MAX_CASES);
         } else {
             bench_case *c = &o->cases[o->ncases++];
             memset(c, 0, sizeof *c);
             snprintf(c->name, sizeof c->name, "%s", gallery[i].name);
             c->mask_file = owned[(*nowned)++] = join_path(dir, gallery[i].name);
             c->setup = gallery[i].setup;
-            if (!c->mask_file) rc = 1;
+            if (!c->mask_file) rc = fg_cli_error(FG_EXIT_OTHER, "out of memory");
         }
     }
     free(copy);
@@ -479,7 +470,7 @@ static void case_name_from_files(bench_case *c) {
     }
 }
 
-/* 0 ok, 2 usage error, -1 help printed. */
+/* 0 ok, -1 help printed, else an exit code (message printed). */
 static int parse_opts(int argc, char **argv, bench_opts *o, char **owned, int *nowned) {
     enum { O_MASK = 256, O_SCORE, O_MODS, O_GALLERY, O_BATCH, O_HEADS, O_SEQ, O_HEAD_DIM, O_DTYPE,
            O_SET, O_BUFFER, O_ITERS, O_WARMUP, O_CHECK_SEQ, O_NO_CHECK, O_JSON };
@@ -499,12 +490,13 @@ static int parse_opts(int argc, char **argv, bench_opts *o, char **owned, int *n
     optind = 0; /* glibc: restart scanning, argv[0] is the command name */
     opterr = 1;
     for (;;) {
-        int c = getopt_long(argc, argv, "h", longopts, NULL);
+        int li = -1;
+        int c = getopt_long(argc, argv, "h", longopts, &li);
         if (c == -1) break;
         bool ok = true;
         switch (c) {
         case O_MASK:
-            if (o->ncases == MAX_CASES) return 2;
+            if (o->ncases == MAX_CASES) return fg_cli_error(FG_EXIT_USAGE, "bench: more than %d cases", MAX_CASES);
             memset(&o->cases[o->ncases], 0, sizeof o->cases[0]);
             o->cases[o->ncases++].mask_file = optarg;
             last_was_mask = true;
@@ -513,7 +505,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o, char **owned, int *n
             if (last_was_mask) {
                 o->cases[o->ncases - 1].score_file = optarg;
             } else {
-                if (o->ncases == MAX_CASES) return 2;
+                if (o->ncases == MAX_CASES)
+                    return fg_cli_error(FG_EXIT_USAGE, "bench: more than %d cases", MAX_CASES);
                 memset(&o->cases[o->ncases], 0, sizeof o->cases[0]);
                 o->cases[o->ncases++].score_file = optarg;
             }
@@ -521,10 +514,10 @@ static int parse_opts(int argc, char **argv, bench_opts *o, char **owned, int *n
             continue;
         case O_MODS: mods = optarg; break;
         case O_GALLERY: dir = optarg; break;
-        case O_BATCH: ok = parse_int(optarg, 1, 65535, &o->batch); break;
-        case O_HEADS: ok = parse_int(optarg, 1, 65535, &o->heads); break;
-        case O_SEQ: ok = parse_int(optarg, 1, 1 << 24, &o->seq); break;
-        case O_HEAD_DIM: ok = parse_int(optarg, 1, 1024, &o->head_dim); break;
+        case O_BATCH: ok = !fg_cli_parse_int(optarg, "--batch", 1, 65535, &o->batch); break;
+        case O_HEADS: ok = !fg_cli_parse_int(optarg, "--heads", 1, 65535, &o->heads); break;
+        case O_SEQ: ok = !fg_cli_parse_int(optarg, "--seq", 1, 1 << 24, &o->seq); break;
+        case O_HEAD_DIM: ok = !fg_cli_parse_int(optarg, "--head-dim", 1, 1024, &o->head_dim); break;
         case O_DTYPE:
             if (strcmp(optarg, "bf16") == 0) o->dtype = FG_BF16;
             else if (strcmp(optarg, "fp16") == 0) o->dtype = FG_FP16;
@@ -538,27 +531,30 @@ static int parse_opts(int argc, char **argv, bench_opts *o, char **owned, int *n
             ok = o->nbuffers < MAX_SETS && strchr(optarg, '=');
             if (ok) o->buffers[o->nbuffers++] = optarg;
             break;
-        case O_ITERS: ok = parse_int(optarg, 1, 100000, &o->iters); break;
-        case O_WARMUP: ok = parse_int(optarg, 0, 100000, &o->warmup); break;
-        case O_CHECK_SEQ: ok = parse_int(optarg, 1, 1 << 16, &o->check_seq); break;
+        case O_ITERS: ok = !fg_cli_parse_int(optarg, "--iters", 1, 100000, &o->iters); break;
+        case O_WARMUP: ok = !fg_cli_parse_int(optarg, "--warmup", 0, 100000, &o->warmup); break;
+        case O_CHECK_SEQ: ok = !fg_cli_parse_int(optarg, "--check-seq", 1, 1 << 16, &o->check_seq); break;
         case O_NO_CHECK: o->check = false; break;
         case O_JSON: o->json = optarg; break;
         case 'h': usage(stdout); return -1;
-        default: usage(stderr); return 2;
+        default: usage(stderr); return FG_EXIT_USAGE;
         }
         last_was_mask = false;
         if (!ok) {
-            fprintf(stderr, "flexgen bench: bad value '%s' for %s\n", optarg ? optarg : "",
-                    argv[optind - 1]);
-            return 2;
+            if (c == O_DTYPE || c == O_SET || c == O_BUFFER)
+                fg_cli_error(FG_EXIT_USAGE, "bench: bad value '%s' for --%s", optarg ? optarg : "",
+                             li >= 0 ? longopts[li].name : "?");
+            return FG_EXIT_USAGE;
         }
     }
     for (int i = optind; i < argc; i++) {
         if (strcmp(argv[i], "bench") == 0) continue; /* the subcommand itself */
-        fprintf(stderr, "flexgen bench: unexpected argument '%s'\n", argv[i]);
-        return 2;
+        return fg_cli_error(FG_EXIT_USAGE, "bench: unexpected argument '%s'", argv[i]);
     }
     for (int i = 0; i < o->ncases; i++) case_name_from_files(&o->cases[i]);
+    if ((o->nsets || o->nbuffers) && o->ncases == 0)
+        return fg_cli_error(FG_EXIT_USAGE, "bench: --set and --buffer give values to --mask / --score "
+                                           "mods (the gallery brings its own)");
     if (o->ncases == 0 || mods) {
         char all[512] = "";
         for (size_t i = 0; i < GALLERY_COUNT; i++)
@@ -580,66 +576,43 @@ static bool find_param(const fg_mod *mod, const char *name, fg_param_info *info)
     return false;
 }
 
-static bool apply_set(const fg_mod *mod, const char *spec, setup *s) {
-    char name[64];
+/* Split "NAME=REST" and find NAME among the mod's parameters of `kind`. */
+static fg_status named_param(fg_ctx *ctx, const fg_mod *mod, const char *spec, fg_param_kind kind,
+                             char name[64], fg_param_info *info) {
     size_t n = strcspn(spec, "=");
-    if (n == 0 || n >= sizeof name) return false;
+    if (n == 0 || n >= 64 || spec[n] != '=')
+        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT, "'%s' is not NAME=VALUE", spec);
     memcpy(name, spec, n);
     name[n] = 0;
-    fg_param_info info;
-    if (!find_param(mod, name, &info) || info.kind != FG_PARAM_SCALAR) {
-        fprintf(stderr, "flexgen bench: mod '%s' has no scalar parameter '%s'\n", fg_mod_name(mod), name);
-        return false;
-    }
-    char *end;
-    double v = strtod(spec + n + 1, &end);
-    if (*end != 0 || end == spec + n + 1) {
-        fprintf(stderr, "flexgen bench: bad number in --set %s\n", spec);
-        return false;
-    }
-    return set_scalar(s, name, info.type, v);
+    if (!find_param(mod, name, info) || info->kind != kind)
+        return fgi_error(ctx, FG_ERR_UNBOUND, "mod '%s' has no %s parameter '%s'", fg_mod_name(mod),
+                         kind == FG_PARAM_SCALAR ? "scalar" : "buffer", name);
+    return FG_OK;
 }
 
-static bool apply_buffer(const fg_mod *mod, const char *spec, setup *s) {
+static fg_status apply_set(fg_ctx *ctx, const fg_mod *mod, const char *spec, setup *s) {
     char name[64];
-    size_t n = strcspn(spec, "=");
-    if (n == 0 || n >= sizeof name) return false;
-    memcpy(name, spec, n);
-    name[n] = 0;
     fg_param_info info;
-    if (!find_param(mod, name, &info) || info.kind != FG_PARAM_BUFFER) {
-        fprintf(stderr, "flexgen bench: mod '%s' has no buffer parameter '%s'\n", fg_mod_name(mod), name);
-        return false;
-    }
-    FILE *f = fopen(spec + n + 1, "r");
-    if (!f) {
-        fprintf(stderr, "flexgen bench: cannot open %s: %s\n", spec + n + 1, strerror(errno));
-        return false;
-    }
-    size_t cap = 1024, len = 0;
-    char *data = malloc(cap * 4);
-    double v;
-    bool ok = data != NULL;
-    while (ok && fscanf(f, "%lf", &v) == 1) {
-        if (len == cap) {
-            char *p = realloc(data, cap * 8);
-            if (!p) ok = false;
-            else data = p, cap *= 2;
-        }
-        if (!ok) break;
-        if (info.type == FG_TYPE_INT) ((int32_t *)(void *)data)[len++] = (int32_t)v;
-        else ((float *)(void *)data)[len++] = (float)v;
-    }
-    if (ok && !feof(f)) {
-        fprintf(stderr, "flexgen bench: %s: not a list of numbers\n", spec + n + 1);
-        ok = false;
-    }
-    fclose(f);
-    if (!ok) {
-        free(data);
-        return false;
-    }
-    return set_buffer(s, name, info.type, data, (int64_t)len);
+    FGI_TRY(named_param(ctx, mod, spec, FG_PARAM_SCALAR, name, &info));
+    const char *text = spec + strlen(name) + 1;
+    char *end;
+    double v = strtod(text, &end);
+    if (*text == 0 || *end != 0 || (info.type == FG_TYPE_INT && (v != floor(v) || fabs(v) > 2147483647.0)))
+        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT, "--set %s: not a%s number", spec,
+                         info.type == FG_TYPE_INT ? " whole int32" : "");
+    return set_scalar(s, name, info.type, v) ? FG_OK : fgi_error(ctx, FG_ERR_LIMIT, "too many parameters");
+}
+
+static fg_status apply_buffer(fg_ctx *ctx, const fg_mod *mod, const char *spec, setup *s) {
+    char name[64];
+    fg_param_info info;
+    FGI_TRY(named_param(ctx, mod, spec, FG_PARAM_BUFFER, name, &info));
+    void *data = NULL;
+    int64_t count = 0;
+    if (fg_cli_read_numbers(spec + strlen(name) + 1, info.type, &data, &count) != 0)
+        return fgi_error(ctx, FG_ERR_IO, "--buffer %s: cannot read the numbers", spec);
+    return set_buffer(s, name, info.type, data, count) ? FG_OK
+                                                       : fgi_error(ctx, FG_ERR_LIMIT, "too many parameters");
 }
 
 /* ------------------------------------------------------------------------- */
@@ -780,20 +753,34 @@ static fg_status device_sync(fg_ctx *ctx) {
     return FG_OK;
 }
 
-/* Whether the canonical text reads the index argument `arg` ("b" / "h"):
- * when it cannot, the block mask broadcasts over that dimension. */
+static bool is_word_char(char c) {
+    return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+}
+
+/* Whether a mask_mod body of the canonical text reads the index argument
+ * `arg` ("b" / "h"): when none does, the block mask broadcasts over that
+ * dimension. The canonical text prints each mask function as
+ * "bool NAME(int b, int h, int q_idx, int kv_idx) {", its body, then "}"
+ * alone on a line; anything else counts as "uses" (never broadcast wrongly). */
 static bool mod_uses(const fg_mod *mod, const char *arg) {
     const char *t = fg_mod_canonical(mod);
-    if (!t || !*t) return true;
+    const char *sig = "(int b, int h, int q_idx, int kv_idx) {\n";
     size_t n = strlen(arg);
-    for (const char *p = strstr(t, arg); p; p = strstr(p + 1, arg)) {
-        bool left = p == t || !(p[-1] == '_' || (p[-1] >= 'a' && p[-1] <= 'z') ||
-                                (p[-1] >= 'A' && p[-1] <= 'Z') || (p[-1] >= '0' && p[-1] <= '9'));
-        char r = p[n];
-        bool right = !(r == '_' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9'));
-        if (left && right) return true;
+    bool found_mask = false;
+    for (const char *p = t ? strstr(t, "bool ") : NULL; p; p = strstr(p + 1, "bool ")) {
+        if (p != t && p[-1] != '\n') continue;
+        const char *open = strstr(p, sig);
+        const char *eol = strchr(p, '\n');
+        if (!open || !eol || open > eol) continue;
+        const char *body = open + strlen(sig);
+        const char *end = strstr(body, "\n}");
+        if (!end) return true;
+        found_mask = true;
+        for (const char *w = body; w < end; w++)
+            if (strncmp(w, arg, n) == 0 && (w == body || !is_word_char(w[-1])) && !is_word_char(w[n]))
+                return true;
     }
-    return false;
+    return !found_mask;
 }
 
 /* A fresh, empty cache folder for one case. */
@@ -803,13 +790,16 @@ static bool fresh_cache_dir(char *buf, size_t n) {
     return mkdtemp(buf) != NULL;
 }
 
-static void remove_cache_dir(fg_ctx *ctx, const char *dir) {
-    fg_cache_clear(ctx, NULL);
-    if (rmdir(dir) != 0) { /* leftovers (temp files of a failed write) */
-        char cmd[4200];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        if (strchr(dir, '\'') == NULL && system(cmd) != 0) fprintf(stderr, "flexgen bench: could not remove %s\n", dir);
-    }
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+/* The folder and whatever is in it (cache files, and temporary files of an
+ * interrupted write). */
+static void remove_cache_dir(const char *dir) {
+    if (nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        fg_cli_error(0, "bench: could not remove %s", dir);
 }
 
 static fg_status load_case_mod(fg_ctx *ctx, const bench_case *c, fg_mod **out) {
@@ -833,15 +823,14 @@ static fg_status load_case_mod(fg_ctx *ctx, const bench_case *c, fg_mod **out) {
     return FG_OK;
 }
 
-static fg_status make_setup(const bench_opts *o, const bench_case *c, const fg_mod *mod, int B, int H,
-                            int S, setup *s) {
+static fg_status make_setup(fg_ctx *ctx, const bench_opts *o, const bench_case *c, const fg_mod *mod,
+                            int B, int H, int S, setup *s) {
     memset(s, 0, sizeof *s);
-    if (c->setup && !c->setup(B, H, S, s)) return FG_ERR_OUT_OF_MEMORY;
+    if (c->setup && !c->setup(B, H, S, s))
+        return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory for the parameters of %s", c->name);
     if (!c->setup) {
-        for (int i = 0; i < o->nsets; i++)
-            if (!apply_set(mod, o->sets[i], s)) return FG_ERR_INVALID_ARGUMENT;
-        for (int i = 0; i < o->nbuffers; i++)
-            if (!apply_buffer(mod, o->buffers[i], s)) return FG_ERR_INVALID_ARGUMENT;
+        for (int i = 0; i < o->nsets; i++) FGI_TRY(apply_set(ctx, mod, o->sets[i], s));
+        for (int i = 0; i < o->nbuffers; i++) FGI_TRY(apply_buffer(ctx, mod, o->buffers[i], s));
     }
     return FG_OK;
 }
@@ -860,7 +849,7 @@ static fg_status check_case(fg_ctx *ctx, const bench_opts *o, const bench_case *
     uint16_t *hv = random_halves(n, o->dtype, 103), *hout = malloc(n * 2);
     float *hlse = malloc(sizeof(float) * (size_t)B * H * S);
     double *ref = malloc(sizeof(double) * n), *ref_lse = malloc(sizeof(double) * (size_t)B * H * S);
-    fg_status st = make_setup(o, c, mod, B, H, S, &s);
+    fg_status st = make_setup(ctx, o, c, mod, B, H, S, &s);
     if (!hq || !hk || !hv || !hout || !hlse || !ref || !ref_lse) st = FG_ERR_OUT_OF_MEMORY;
     if (st == FG_OK) st = device_upload(ctx, &s, &d);
     if (st == FG_OK) st = upload_halves(ctx, hq, n, &dq);
@@ -889,7 +878,7 @@ static fg_status check_case(fg_ctx *ctx, const bench_opts *o, const bench_case *
         fg_binding hb[MAX_PARAMS];
         host_binds(&s, hb);
         fg_attention_args h = a;
-        h.q = hq, h.k = hk, h.v = hv, h.out = NULL, h.lse = NULL, h.block_mask = NULL;
+        h.q = hq, h.k = hk, h.v = hv, h.out = ref, h.lse = NULL, h.block_mask = NULL;
         h.binds = hb, h.nbinds = (size_t)s.n;
         st = fg_attention_reference(ctx, mod, &h, ref, ref_lse);
     }
@@ -943,7 +932,7 @@ static fg_status run_case(fg_ctx *ctx, const bench_opts *o, const bench_case *c,
     snprintf(r->name, sizeof r->name, "%s", c->name);
     fg_status st = load_case_mod(ctx, c, &mod);
     if (st == FG_OK) snprintf(r->mod_name, sizeof r->mod_name, "%s", fg_mod_name(mod));
-    if (st == FG_OK) st = make_setup(o, c, mod, B, H, S, &s);
+    if (st == FG_OK) st = make_setup(ctx, o, c, mod, B, H, S, &s);
     if (st == FG_OK) st = device_upload(ctx, &s, &d);
     if (st == FG_OK && !fresh_cache_dir(cache, sizeof cache))
         st = fgi_error(ctx, FG_ERR_IO, "cannot create a temporary cache folder: %s", strerror(errno));
@@ -952,6 +941,7 @@ static fg_status run_case(fg_ctx *ctx, const bench_opts *o, const bench_case *c,
 
     /* Block mask: first build (builder compiled cold), then in-place rebuilds. */
     r->density = 1.0;
+    r->bm_first_ms = r->bm_rebuild_ms = NAN; /* none without a mask_mod */
     if (st == FG_OK && fg_mod_has_mask(mod)) {
         fg_block_mask_desc desc = {mod_uses(mod, "b") ? B : 1, mod_uses(mod, "h") ? H : 1, S, S, 128, 128};
         double t0 = wall_ms();
@@ -997,9 +987,9 @@ static fg_status run_case(fg_ctx *ctx, const bench_opts *o, const bench_case *c,
         r->disk_load_ms = s1.load_ms - s0.load_ms;
     }
     if (st == FG_OK) {
-        fg_kernel_config cfg = {FG_KERNEL_ATTENTION_FWD, o->dtype, D, 128, 128, NULL};
+        fg_kernel_config cfg = {FG_KERNEL_ATTENTION_FWD, o->dtype, D, 0, 0, NULL}; /* as forward asks */
         fg_kernel *k = NULL;
-        st = fg_kernel_get(ctx, mod, &cfg, &k); /* loads it if the key differs from forward's */
+        st = fg_kernel_get(ctx, mod, &cfg, &k);
         fg_kernel_release(k);
         const int n = 1000;
         double t0 = wall_ms();
@@ -1019,9 +1009,11 @@ static fg_status run_case(fg_ctx *ctx, const bench_opts *o, const bench_case *c,
     device_free(&d);
     setup_free(&s);
     if (st == FG_OK && o->check) st = check_case(ctx, o, c, mod, r);
-    if (st != FG_OK)
+    if (st != FG_OK) { /* report now: the cleanup below may clear the error */
         snprintf(r->failure, sizeof r->failure, "%s: %s", fg_status_string(st), fg_errmsg(ctx));
-    if (cache[0]) remove_cache_dir(ctx, cache);
+        fg_cli_fail(ctx, st, r->name);
+    }
+    if (cache[0]) remove_cache_dir(cache);
     fg_ctx_set_string(ctx, FG_OPT_CACHE_DIR, NULL);
     fg_mod_destroy(mod);
     return st;
@@ -1042,9 +1034,12 @@ static void print_table(FILE *f, const result *r, int n) {
             fprintf(f, "%-16s FAILED: %s\n", r[i].name, r[i].failure);
             continue;
         }
-        fprintf(f, "%-16s %7.3f %9.3f %8.1f %10.4f %10.1f %9.1f %8.1f %9.2f %8.2f", r[i].name, r[i].density,
-                r[i].fwd_ms, r[i].tflops, r[i].bm_rebuild_ms, r[i].bm_first_ms, r[i].cold_ms, r[i].nvrtc_ms,
-                r[i].disk_ms, r[i].mem_hit_us);
+        char rebuild[32] = "-", first[32] = "-";
+        if (!isnan(r[i].bm_rebuild_ms)) snprintf(rebuild, sizeof rebuild, "%.4f", r[i].bm_rebuild_ms);
+        if (!isnan(r[i].bm_first_ms)) snprintf(first, sizeof first, "%.1f", r[i].bm_first_ms);
+        fprintf(f, "%-16s %7.3f %9.3f %8.1f %10s %10s %9.1f %8.1f %9.2f %8.2f", r[i].name, r[i].density,
+                r[i].fwd_ms, r[i].tflops, rebuild, first, r[i].cold_ms, r[i].nvrtc_ms, r[i].disk_ms,
+                r[i].mem_hit_us);
         if (r[i].checked) fprintf(f, " %9.2e %9.2e %5ld\n", r[i].err_out, r[i].err_lse, r[i].nonfinite);
         else fprintf(f, " %9s %9s %5s\n", "-", "-", "-");
     }
@@ -1066,11 +1061,22 @@ static void json_num(FILE *f, double v) {
     else fputs("null", f);
 }
 
-static void write_json(FILE *f, const bench_opts *o, const char *device, const result *r, int n) {
+static void write_json(FILE *f, const bench_opts *o, int argc, char **argv, const char *device,
+                       const result *r, int n) {
     char date[64];
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
-    fprintf(f, "{\n \"meta\": {\"date\": \"%s\", \"device\": ", date);
+    fprintf(f, "{\n \"meta\": {\"date\": \"%s\", \"command\": \"flexgen", date);
+    for (int i = 0; i < argc; i++) { /* the words, JSON-escaped, inside one string */
+        fputc(' ', f);
+        for (const char *c = argv[i]; *c; c++) {
+            unsigned char ch = (unsigned char)*c;
+            if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+            else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
+            else fputc(ch, f);
+        }
+    }
+    fputs("\", \"device\": ", f);
     json_str(f, device);
     fprintf(f, ", \"flexgen\": \"%s\", \"shape\": {\"B\": %d, \"H\": %d, \"S\": %d, \"D\": %d}, "
                "\"dtype\": \"%s\", \"warmup\": %d, \"iters\": %d,\n  \"flops\": "
@@ -1152,10 +1158,9 @@ int fg_cmd_bench(int argc, char **argv) {
     fg_ctx *ctx = NULL;
     result *res = calloc((size_t)o.ncases, sizeof *res);
     if (!res || fg_ctx_create(&ctx) != FG_OK) {
-        fprintf(stderr, "flexgen bench: out of memory\n");
         free(res);
         for (int i = 0; i < nowned; i++) free(owned[i]);
-        return 1;
+        return fg_cli_error(FG_EXIT_OTHER, "out of memory");
     }
     fg_status st = fgi_cuda_ready(ctx);
     char device[256] = "unknown device";
@@ -1170,30 +1175,22 @@ int fg_cmd_bench(int argc, char **argv) {
         fflush(stdout);
         st = alloc_inputs(ctx, &o, &in);
     }
-    if (st == FG_ERR_NO_DEVICE) {
-        fprintf(stderr, "flexgen bench: no CUDA device: %s\n", fg_errmsg(ctx));
-        rc = 3;
-    } else if (st != FG_OK) {
-        fprintf(stderr, "flexgen bench: %s: %s\n", fg_status_string(st), fg_errmsg(ctx));
-        rc = 1;
+    if (st != FG_OK) {
+        rc = fg_cli_fail(ctx, st, "bench");
     } else {
         for (int i = 0; i < o.ncases; i++) {
-            if (run_case(ctx, &o, &o.cases[i], &in, &res[i]) != FG_OK) {
-                rc = 1;
-                fprintf(stderr, "flexgen bench: %s: %s\n", o.cases[i].name, res[i].failure);
-                const char *diag = fg_error_diagnostic(ctx);
-                if (fg_error_offset(ctx) >= 0) fputs(diag, stderr);
-            }
+            fg_status cs = run_case(ctx, &o, &o.cases[i], &in, &res[i]);
+            if (cs != FG_OK && rc == 0) rc = fg_cli_exit_code(cs);
         }
         print_table(stdout, res, o.ncases);
         if (o.json) {
             FILE *f = strcmp(o.json, "-") == 0 ? stdout : fopen(o.json, "w");
             if (!f) {
-                fprintf(stderr, "flexgen bench: cannot write %s: %s\n", o.json, strerror(errno));
-                rc = 1;
+                rc = fg_cli_error(FG_EXIT_OTHER, "bench: cannot write %s: %s", o.json, strerror(errno));
             } else {
-                write_json(f, &o, device, res, o.ncases);
-                if (f != stdout && fclose(f) != 0) rc = 1;
+                write_json(f, &o, argc, argv, device, res, o.ncases);
+                if (f != stdout && fclose(f) != 0)
+                    rc = fg_cli_error(FG_EXIT_OTHER, "bench: cannot write %s", o.json);
             }
         }
     }

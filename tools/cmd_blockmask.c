@@ -12,228 +12,126 @@
  * with the generated kernel (buffers are copied to the device first) and
  * downloads the result, so the output is comparable with the CPU build.
  *
- * Buffer files hold numbers as text (separated by spaces, commas or new
- * lines); they are read as the buffer's element type.
+ * The mod and its values come from the options shared by every subcommand
+ * (cli.h: --mask / --expr-mask, --param, --set, --buffer).
  */
-#include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "cudrv.h"
 #include "flexgen.h"
 
-int fg_cmd_blockmask(int argc, char **argv);
-
-#define MAX_BINDS 32
-
 typedef struct options {
-    const char *mask;
+    fg_cli_mod_args mod;
     fg_block_mask_desc desc;
     int block;
     bool gpu, json;
-    const char *sets[MAX_BINDS];
-    int nsets;
-    const char *buffers[MAX_BINDS];
-    int nbuffers;
 } options;
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: flexgen blockmask --mask FILE --q-len N [--kv-len N] [--batch B --heads H]\n"
             "                         [--block N | --q-block N --kv-block N]\n"
-            "                         [--set NAME=VALUE] [--buffer NAME=FILE] [--gpu] [--json]\n");
+            "                         [--set NAME=VALUE] [--buffer NAME=FILE] [--gpu] [--json]\n"
+            "Build the block mask of a mask mod (on the CPU, or with --gpu on the device)\n"
+            "and print its picture, counts and sparsity, or every array with --json.\n%s%s",
+            fg_cli_mod_help, fg_cli_bind_help);
 }
 
-static bool parse_int(const char *s, int lo, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > 1 << 30) return false;
-    *out = (int)v;
-    return true;
-}
+enum { OPT_Q_LEN = 0x2000, OPT_KV_LEN, OPT_BATCH, OPT_HEADS, OPT_BLOCK, OPT_Q_BLOCK, OPT_KV_BLOCK,
+       OPT_GPU, OPT_JSON };
 
-/* Options that take an int value, by name. */
-static int *int_option(options *o, const char *name) {
-    if (!strcmp(name, "--q-len")) return &o->desc.q_len;
-    if (!strcmp(name, "--kv-len")) return &o->desc.kv_len;
-    if (!strcmp(name, "--batch")) return &o->desc.batch;
-    if (!strcmp(name, "--heads")) return &o->desc.heads;
-    if (!strcmp(name, "--block")) return &o->block;
-    if (!strcmp(name, "--q-block")) return &o->desc.q_block;
-    if (!strcmp(name, "--kv-block")) return &o->desc.kv_block;
+/* Options that take a positive int, by getopt value. */
+static int *int_option(options *o, int opt) {
+    switch (opt) {
+    case OPT_Q_LEN: return &o->desc.q_len;
+    case OPT_KV_LEN: return &o->desc.kv_len;
+    case OPT_BATCH: return &o->desc.batch;
+    case OPT_HEADS: return &o->desc.heads;
+    case OPT_BLOCK: return &o->block;
+    case OPT_Q_BLOCK: return &o->desc.q_block;
+    case OPT_KV_BLOCK: return &o->desc.kv_block;
+    }
     return NULL;
 }
 
+/* FG_EXIT_OK to go on, -1 after --help, else an exit code. */
 static int parse_args(int argc, char **argv, options *o) {
+    static const struct option longopts[] = {
+        FG_CLI_MOD_LONGOPTS,
+        FG_CLI_BIND_LONGOPTS,
+        {"q-len", required_argument, 0, OPT_Q_LEN},
+        {"kv-len", required_argument, 0, OPT_KV_LEN},
+        {"batch", required_argument, 0, OPT_BATCH},
+        {"heads", required_argument, 0, OPT_HEADS},
+        {"block", required_argument, 0, OPT_BLOCK},
+        {"q-block", required_argument, 0, OPT_Q_BLOCK},
+        {"kv-block", required_argument, 0, OPT_KV_BLOCK},
+        {"gpu", no_argument, 0, OPT_GPU},
+        {"json", no_argument, 0, OPT_JSON},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
     memset(o, 0, sizeof *o);
+    fg_cli_mod_args_init(&o->mod);
     o->desc.batch = o->desc.heads = 1;
-    o->desc.kv_len = -1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        int *ip = int_option(o, a);
-        if (!strcmp(a, "--gpu")) o->gpu = true;
-        else if (!strcmp(a, "--json")) o->json = true;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+    optind = 0; /* glibc: restart scanning, argv[0] is the command name */
+    int c, li;
+    while ((c = getopt_long(argc, argv, "h", longopts, &li)) != -1) {
+        int *ip = int_option(o, c);
+        if (c == 'h') {
             usage(stdout);
-            return 0;
-        } else if (!val) {
-            fprintf(stderr, "flexgen blockmask: '%s' needs a value (or is unknown)\n", a);
-            return 2;
-        } else if (!strcmp(a, "--mask")) o->mask = val, i++;
-        else if (!strcmp(a, "--set") && o->nsets < MAX_BINDS) o->sets[o->nsets++] = val, i++;
-        else if (!strcmp(a, "--buffer") && o->nbuffers < MAX_BINDS) o->buffers[o->nbuffers++] = val, i++;
+            return -1;
+        } else if (c == OPT_GPU) o->gpu = true;
+        else if (c == OPT_JSON) o->json = true;
         else if (ip) {
-            if (!parse_int(val, 1, ip)) {
-                fprintf(stderr, "flexgen blockmask: %s: '%s' is not a positive integer\n", a, val);
-                return 2;
-            }
-            i++;
+            if (fg_cli_parse_int(optarg, longopts[li].name, 1, 1 << 30, ip)) return FG_EXIT_USAGE;
         } else {
-            fprintf(stderr, "flexgen blockmask: unknown option '%s'\n", a);
-            return 2;
+            int r = fg_cli_mod_option(&o->mod, c, optarg);
+            if (r < 0) return FG_EXIT_USAGE;
+            if (r == 0) {
+                usage(stderr);
+                return FG_EXIT_USAGE;
+            }
         }
     }
-    if (!o->mask || o->desc.q_len <= 0) {
-        usage(stderr);
-        return 2;
-    }
-    if (o->block && (o->desc.q_block || o->desc.kv_block)) {
-        fprintf(stderr, "flexgen blockmask: give --block or --q-block/--kv-block, not both\n");
-        return 2;
-    }
+    if (optind < argc) return fg_cli_error(FG_EXIT_USAGE, "blockmask: unexpected argument '%s'", argv[optind]);
+    if (!fg_cli_has_mod(&o->mod) || o->desc.q_len <= 0)
+        return fg_cli_error(FG_EXIT_USAGE, "blockmask: needs a mask (--mask FILE) and --q-len N");
+    if (o->block && (o->desc.q_block || o->desc.kv_block))
+        return fg_cli_error(FG_EXIT_USAGE, "blockmask: give --block or --q-block/--kv-block, not both");
     if (o->block) o->desc.q_block = o->desc.kv_block = o->block;
-    if (o->desc.kv_len < 0) o->desc.kv_len = o->desc.q_len;
-    return -1; /* go on */
+    if (o->desc.kv_len <= 0) o->desc.kv_len = o->desc.q_len;
+    return FG_EXIT_OK;
 }
 
-/* ---- bindings from --set and --buffer ----------------------------------- */
-
-typedef struct binds {
-    fg_binding b[MAX_BINDS];
-    void *host[MAX_BINDS];
-    CUdeviceptr dev[MAX_BINDS];
+/* Device copies of the buffer bindings (for --gpu). */
+typedef struct device_binds {
+    fg_binding b[FG_CLI_MAX_ITEMS];
+    CUdeviceptr mem[FG_CLI_MAX_ITEMS];
     size_t n;
-} binds;
+} device_binds;
 
-static bool find_param(const fg_mod *mod, const char *name, size_t len, fg_param_info *pi) {
-    for (size_t i = 0; i < fg_mod_param_count(mod); i++)
-        if (fg_mod_param(mod, i, pi) == FG_OK && strlen(pi->name) == len && !strncmp(pi->name, name, len))
-            return true;
-    return false;
-}
-
-static bool bind_set(const fg_mod *mod, const char *arg, binds *bd) {
-    const char *eq = strchr(arg, '=');
-    fg_param_info pi;
-    if (!eq || !find_param(mod, arg, (size_t)(eq - arg), &pi) || pi.kind != FG_PARAM_SCALAR) {
-        fprintf(stderr, "flexgen blockmask: --set %s: not NAME=VALUE for a scalar parameter of the mod\n", arg);
-        return false;
-    }
-    char *end;
-    if (pi.type == FG_TYPE_INT) {
-        long v = strtol(eq + 1, &end, 0);
-        if (end == eq + 1 || *end || v < INT32_MIN || v > INT32_MAX) goto bad;
-        bd->b[bd->n++] = fg_bind_int(pi.name, (int32_t)v);
-    } else {
-        float v = strtof(eq + 1, &end);
-        if (end == eq + 1 || *end) goto bad;
-        bd->b[bd->n++] = fg_bind_float(pi.name, v);
-    }
-    return true;
-bad:
-    fprintf(stderr, "flexgen blockmask: --set %s: bad %s value\n", arg, pi.type == FG_TYPE_INT ? "int" : "float");
-    return false;
-}
-
-/* Read the numbers of a text file as int32 or float. */
-static void *read_numbers(const char *path, fg_type type, int64_t *count) {
-    FILE *f = fopen(path, "r");
-    if (!f) return NULL;
-    size_t cap = 1024, n = 0;
-    unsigned char *v = malloc(cap * 4);
-    char tok[128];
-    int c, len = 0;
-    bool ok = v != NULL;
-    while (ok) {
-        c = fgetc(f);
-        bool sep = c == EOF || c == ' ' || c == ',' || c == '\n' || c == '\t' || c == '\r';
-        if (!sep) {
-            if (len < (int)sizeof tok - 1) tok[len++] = (char)c;
-            else ok = false;
-            continue;
-        }
-        if (len > 0) {
-            tok[len] = 0;
-            len = 0;
-            char *end;
-            if (n == cap) {
-                unsigned char *nv = realloc(v, cap * 2 * 4);
-                if (!nv) { ok = false; break; }
-                v = nv;
-                cap *= 2;
-            }
-            if (type == FG_TYPE_INT) {
-                long x = strtol(tok, &end, 0);
-                int32_t y = (int32_t)x;
-                if (*end || x < INT32_MIN || x > INT32_MAX) ok = false;
-                memcpy(v + n * 4, &y, 4);
-            } else {
-                float y = strtof(tok, &end);
-                if (*end) ok = false;
-                memcpy(v + n * 4, &y, 4);
-            }
-            n++;
-        }
-        if (c == EOF) break;
-    }
-    fclose(f);
-    if (!ok) {
-        free(v);
-        return NULL;
-    }
-    *count = (int64_t)n;
-    return v;
-}
-
-static bool bind_buffer(const fg_mod *mod, const char *arg, binds *bd) {
-    const char *eq = strchr(arg, '=');
-    fg_param_info pi;
-    if (!eq || !find_param(mod, arg, (size_t)(eq - arg), &pi) || pi.kind != FG_PARAM_BUFFER) {
-        fprintf(stderr, "flexgen blockmask: --buffer %s: not NAME=FILE for a buffer parameter of the mod\n", arg);
-        return false;
-    }
-    int64_t n = 0;
-    void *data = read_numbers(eq + 1, pi.type, &n);
-    if (!data) {
-        fprintf(stderr, "flexgen blockmask: --buffer %s: cannot read the numbers in '%s'\n", arg, eq + 1);
-        return false;
-    }
-    bd->host[bd->n] = data;
-    bd->b[bd->n++] = pi.type == FG_TYPE_INT ? fg_bind_int_buffer(pi.name, data, n)
-                                            : fg_bind_float_buffer(pi.name, data, n);
-    return true;
-}
-
-/* Point the buffer bindings at device copies. */
-static fg_status to_device(fg_ctx *ctx, binds *bd) {
-    for (size_t i = 0; i < bd->n; i++) {
-        if (bd->b[i].kind != FG_PARAM_BUFFER || bd->b[i].value.buffer.length == 0) continue;
-        size_t bytes = (size_t)bd->b[i].value.buffer.length * 4;
-        FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&bd->dev[i], bytes), "cuMemAlloc (buffer)");
-        FGI_CU_TRY(ctx, fgi_cu()->cuMemcpyHtoD(bd->dev[i], bd->host[i], bytes), "cuMemcpyHtoD (buffer)");
-        bd->b[i].value.buffer.data = (const void *)(uintptr_t)bd->dev[i];
+static fg_status to_device(fg_ctx *ctx, const fg_cli_bindings *host, device_binds *dev) {
+    for (size_t i = 0; i < host->n; i++) {
+        dev->b[i] = host->binds[i];
+        dev->n = i + 1;
+        if (host->binds[i].kind != FG_PARAM_BUFFER || host->binds[i].value.buffer.length == 0) continue;
+        size_t bytes = (size_t)host->binds[i].value.buffer.length * 4;
+        FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&dev->mem[i], bytes), "cuMemAlloc (buffer)");
+        FGI_CU_TRY(ctx, fgi_cu()->cuMemcpyHtoD(dev->mem[i], host->binds[i].value.buffer.data, bytes),
+                   "cuMemcpyHtoD (buffer)");
+        dev->b[i].value.buffer.data = (const void *)(uintptr_t)dev->mem[i];
     }
     return FG_OK;
 }
 
-static void free_binds(binds *bd) {
-    for (size_t i = 0; i < bd->n; i++) {
-        free(bd->host[i]);
-        if (bd->dev[i]) fgi_cu()->cuMemFree(bd->dev[i]);
-    }
+static void free_device(device_binds *dev) {
+    for (size_t i = 0; i < dev->n; i++)
+        if (dev->mem[i]) fgi_cu()->cuMemFree(dev->mem[i]);
 }
 
 /* ---- output ------------------------------------------------------------------ */
@@ -333,48 +231,42 @@ static void print_text(FILE *f, const fg_block_mask *m) {
 
 /* ---- the command ---------------------------------------------------------------- */
 
-static fg_status build(fg_ctx *ctx, const fg_mod *mod, const options *o, binds *bd, fg_block_mask **m) {
-    if (!o->gpu) return fg_block_mask_create(ctx, mod, &o->desc, bd->b, bd->n, m);
+static fg_status build(fg_ctx *ctx, const fg_mod *mod, const options *o, const fg_cli_bindings *bb,
+                       fg_block_mask **m) {
+    if (!o->gpu) return fg_block_mask_create(ctx, mod, &o->desc, bb->binds, bb->n, m);
     fg_status st = fgi_cuda_ready(ctx);
     if (st != FG_OK) return st;
-    if ((st = to_device(ctx, bd)) != FG_OK) return st;
-    if ((st = fg_block_mask_create_gpu(ctx, mod, &o->desc, bd->b, bd->n, NULL, m)) != FG_OK) return st;
-    return fg_block_mask_download(ctx, *m);
+    device_binds dev;
+    memset(&dev, 0, sizeof dev);
+    st = to_device(ctx, bb, &dev);
+    if (st == FG_OK) st = fg_block_mask_create_gpu(ctx, mod, &o->desc, dev.b, dev.n, NULL, m);
+    if (st == FG_OK) st = fg_block_mask_download(ctx, *m);
+    free_device(&dev);
+    return st;
 }
 
 int fg_cmd_blockmask(int argc, char **argv) {
     options o;
     int rc = parse_args(argc, argv, &o);
-    if (rc >= 0) return rc;
+    if (rc) return rc < 0 ? FG_EXIT_OK : rc;
     fg_ctx *ctx = NULL;
-    if (fg_ctx_create(&ctx) != FG_OK) {
-        fprintf(stderr, "flexgen blockmask: out of memory\n");
-        return 1;
-    }
+    if (fg_ctx_create(&ctx) != FG_OK) return fg_cli_error(FG_EXIT_OTHER, "out of memory");
     fg_mod *mod = NULL;
     fg_block_mask *m = NULL;
-    binds bd;
-    memset(&bd, 0, sizeof bd);
-    rc = 1;
-    if (fg_mod_from_file(ctx, o.mask, &mod) != FG_OK) {
-        fprintf(stderr, "%s\n", fg_error_diagnostic(ctx));
-        goto done;
+    fg_cli_bindings bb;
+    memset(&bb, 0, sizeof bb);
+    rc = fg_cli_load_mod(ctx, &o.mod, &mod);
+    if (!rc) rc = fg_cli_bind(ctx, mod, &o.mod, &bb);
+    if (!rc) {
+        fg_status st = build(ctx, mod, &o, &bb, &m);
+        if (st != FG_OK) rc = fg_cli_fail(ctx, st, "blockmask");
     }
-    for (int i = 0; i < o.nsets; i++)
-        if (!bind_set(mod, o.sets[i], &bd)) goto done;
-    for (int i = 0; i < o.nbuffers; i++)
-        if (!bind_buffer(mod, o.buffers[i], &bd)) goto done;
-    fg_status st = build(ctx, mod, &o, &bd, &m);
-    if (st != FG_OK) {
-        fprintf(stderr, "flexgen blockmask: %s: %s\n", fg_status_string(st), fg_error_diagnostic(ctx));
-        goto done;
+    if (!rc) {
+        if (o.json) print_json(stdout, m, fg_mod_name(mod), o.gpu);
+        else print_text(stdout, m);
     }
-    if (o.json) print_json(stdout, m, fg_mod_name(mod), o.gpu);
-    else print_text(stdout, m);
-    rc = 0;
-done:
     fg_block_mask_destroy(m);
-    free_binds(&bd);
+    fg_cli_bindings_free(&bb);
     fg_mod_destroy(mod);
     fg_ctx_destroy(ctx);
     return rc;

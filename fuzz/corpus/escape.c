@@ -1,0 +1,1 @@
+bool mask_mod(int b, int h, int q_idx, int kv_idx) { return true; } } int x = 1; bool y() { return 1

@@ -1,0 +1,1 @@
+bool mask_mod(int b, int h, int q_idx, int kv_idx) { return q_idx % (kv_idx - 2) == 0 || (q_idx << kv_idx) > 0 || -2147483648 / (h - 2) < 0; }

@@ -1,0 +1,1 @@
+float score_mod(float s, int b, int h, int q, int k) { float x = (float)(int)(s * 1e30f); int y = (int)NAN; return x + y + fmod(s, 0.0f) + pow(-s, 0.5f) + log(s) + rsqrt(0) + sigmoid(-INFINITY); }

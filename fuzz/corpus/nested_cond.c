@@ -1,0 +1,1 @@
+bool mask_mod(int b, int h, int q_idx, int kv_idx) { return q_idx > 0 ? kv_idx > 0 ? true : q_idx < 3 ? false : b == h : !(~q_idx & 1); }

@@ -1,0 +1,1 @@
+bool mask_mod(int b, int h, int q_idx, int kv_idx) { for (int i = 0; i < 3; i++) {} return "x"; }

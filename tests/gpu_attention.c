@@ -1,0 +1,560 @@
+/* gpu_attention.c -- the forward kernel against the CPU reference.
+ *
+ * Every case draws fresh random inputs, poisons the outputs (all-ones bits:
+ * NaN in bf16, fp16 and float32), runs the kernel through the public API and
+ * compares with fg_attention_reference on the same inputs:
+ *     ||out - ref||_F / ||ref||_F  <= 1e-2 (bf16), 2e-3 (fp16)
+ *     |lse - ref| <= 1e-3 (1 + |ref|), -inf exactly where the reference has it
+ *     no non-finite value in out, no NaN in lse, rows with LSE -inf exactly 0
+ *     padding between output rows (strided layouts) never written.
+ * The table covers every gallery mod x {D 64, 128} x {bf16, fp16} on several
+ * shapes from the issue's list, with and without block masks (CPU- and
+ * GPU-built), then GQA / MQA, B / H broadcast, offsets, fully masked rows,
+ * BSHD strides, odd head dims, Q_LEN != KV_LEN, and the argument errors only
+ * a device call can meet (alignment, block sizes, kernel mismatch).
+ * FLEXGEN_TEST_QUICK=1 runs a reduced table (for compute-sanitizer). */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cudrv.h"
+#include "internal.h"
+
+enum { BM_NONE = 0, BM_CPU = 1, BM_GPU = 2 };
+enum { BHSD = 0, BSHD = 1 };
+
+typedef struct acase {
+    const char *mod;   /* gallery name, or NULL with `src`                */
+    const char *src;
+    int d;
+    fg_dtype dtype;
+    int b, hq, hkv, q, kv;
+    int q_offset, kv_offset;
+    int layout, pad;   /* BSHD with `pad` extra elements after each row   */
+    int bm, bm_b, bm_h, q_block, kv_block; /* bm_b / bm_h 0: B / H        */
+    float scale;
+    int expect_masked_rows; /* rows [0, n) must come out fully masked     */
+} acase;
+
+/* ---- inputs ---------------------------------------------------------------- */
+
+static uint64_t rng = 0x5eed1234abcdULL;
+
+static double normal(void) {
+    double u = tu_rand_uniform(&rng), v = tu_rand_uniform(&rng);
+    return sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v);
+}
+
+static uint16_t to16(fg_dtype dt, float f) {
+    if (dt == FG_BF16) {
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        u += 0x7fff + ((u >> 16) & 1);
+        return (uint16_t)(u >> 16);
+    }
+    /* fp16 (|f| well inside the normal range here): round to nearest. */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000;
+    int e = (int)((u >> 23) & 255) - 127 + 15;
+    uint32_t m = u & 0x7fffff;
+    if (e <= 0) return (uint16_t)sign; /* tiny: flush to zero */
+    uint32_t h = ((uint32_t)e << 10) | (m >> 13);
+    uint32_t rest = m & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+
+/* ---- buffers and scalars for the gallery ---------------------------------- */
+
+typedef struct binds {
+    fg_binding host[8], dev[8];
+    void *mem[8];
+    CUdeviceptr dmem[8];
+    int n;
+} binds;
+
+static void add_scalar(binds *bb, fg_binding b) {
+    bb->host[bb->n] = b;
+    bb->dev[bb->n] = b;
+    bb->n++;
+}
+
+static void add_buffer(binds *bb, const char *name, fg_type type, void *data, int len) {
+    int k = bb->n++;
+    bb->mem[k] = data;
+    assert_int_equal(fgi_cu()->cuMemAlloc(&bb->dmem[k], 4 * (size_t)len), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemcpyHtoD(bb->dmem[k], data, 4 * (size_t)len), CUDA_SUCCESS);
+    if (type == FG_TYPE_INT) {
+        bb->host[k] = fg_bind_int_buffer(name, data, len);
+        bb->dev[k] = fg_bind_int_buffer(name, (const int32_t *)(uintptr_t)bb->dmem[k], len);
+    } else {
+        bb->host[k] = fg_bind_float_buffer(name, data, len);
+        bb->dev[k] = fg_bind_float_buffer(name, (const float *)(uintptr_t)bb->dmem[k], len);
+    }
+}
+
+static void binds_free(binds *bb) {
+    for (int i = 0; i < bb->n; i++) {
+        free(bb->mem[i]);
+        if (bb->dmem[i]) fgi_cu()->cuMemFree(bb->dmem[i]);
+    }
+}
+
+/* Documents of random lengths (up to max_len) back to back. */
+static int32_t *documents(int n, int max_len) {
+    int32_t *doc = malloc(sizeof *doc * (size_t)n);
+    int id = 0, left = 1 + (int)(tu_rand_u64(&rng) % (uint64_t)max_len);
+    for (int i = 0; i < n; i++) {
+        if (left == 0) id++, left = 1 + (int)(tu_rand_u64(&rng) % (uint64_t)max_len);
+        doc[i] = id;
+        left--;
+    }
+    return doc;
+}
+
+/* The parameters of a gallery mod for a problem whose mods see q indices
+ * [q_offset, q_offset + q) and kv indices [kv_offset, kv_offset + kv). */
+static void gallery_binds(const char *name, const acase *c, binds *bb) {
+    memset(bb, 0, sizeof *bb);
+    if (!name) return;
+    const int nq = c->q_offset + c->q, nkv = c->kv_offset + c->kv;
+    const int n = nq > nkv ? nq : nkv;
+    if (!strcmp(name, "sliding_window")) {
+        add_scalar(bb, fg_bind_int("WINDOW", n / 5 + 1));
+    } else if (!strcmp(name, "prefix_lm")) {
+        add_scalar(bb, fg_bind_int("PREFIX", n / 3));
+    } else if (!strcmp(name, "document")) {
+        add_buffer(bb, "document_id", FG_TYPE_INT, documents(n, n / 3 + 2), n);
+    } else if (!strcmp(name, "jagged")) {
+        /* Sequences back to back over the first 90 % of the tokens, the
+         * rest padding (-1). */
+        int32_t *seq = malloc(sizeof *seq * (size_t)n), *off = malloc(sizeof *off * (size_t)(n + 1));
+        int real = n - n / 10, s = 0, left = 0;
+        for (int i = 0; i < n; i++) {
+            if (i >= real) {
+                seq[i] = -1;
+                continue;
+            }
+            if (left == 0) {
+                off[s++] = i;
+                left = 1 + (int)(tu_rand_u64(&rng) % (uint64_t)(n / 4 + 1));
+            }
+            seq[i] = s - 1;
+            left--;
+        }
+        off[s] = real;
+        add_buffer(bb, "offsets", FG_TYPE_INT, off, s + 1);
+        add_buffer(bb, "seq_idx", FG_TYPE_INT, seq, n);
+    } else if (!strcmp(name, "sasa")) {
+        add_scalar(bb, fg_bind_int("W", 16));
+        add_scalar(bb, fg_bind_int("WINDOW", 3));
+    } else if (!strcmp(name, "natten")) {
+        add_scalar(bb, fg_bind_int("W", 16));
+        add_scalar(bb, fg_bind_int("H", (n + 15) / 16 < 5 ? 5 : (n + 15) / 16));
+        add_scalar(bb, fg_bind_int("KERNEL", 5));
+    } else if (!strcmp(name, "alibi")) {
+        float *sl = malloc(sizeof *sl * (size_t)c->hq);
+        for (int h = 0; h < c->hq; h++) sl[h] = powf(2.0f, -8.0f * (float)(h + 1) / (float)c->hq);
+        add_buffer(bb, "slopes", FG_TYPE_FLOAT, sl, c->hq);
+    } else if (!strcmp(name, "softcap")) {
+        add_scalar(bb, fg_bind_float("SOFTCAP", 2.0f)); /* scores reach ~ +-4: it bites */
+    } else if (!strcmp(name, "flamingo")) {
+        /* 4 images; the first fifth of the text belongs to none. */
+        int32_t *ti = malloc(sizeof *ti * (size_t)nq), *ki = malloc(sizeof *ki * (size_t)nkv);
+        for (int i = 0; i < nq; i++) ti[i] = (int)((int64_t)i * 5 / nq) - 1;
+        for (int j = 0; j < nkv; j++) ki[j] = (int)((int64_t)j * 4 / nkv);
+        add_buffer(bb, "text_image", FG_TYPE_INT, ti, nq);
+        add_buffer(bb, "kv_image", FG_TYPE_INT, ki, nkv);
+    }
+}
+
+/* ---- one case -------------------------------------------------------------- */
+
+/* Element strides (b, h, s, d) of a [B, H, S, D] tensor in the case's layout. */
+static void strides_of(const acase *c, int h, int s, int64_t st[4], size_t *elems) {
+    const int64_t row = c->d + (c->layout == BSHD ? c->pad : 0);
+    if (c->layout == BSHD) {
+        st[3] = 1, st[2] = (int64_t)h * row, st[1] = row, st[0] = (int64_t)s * h * row;
+    } else {
+        st[3] = 1, st[2] = row, st[1] = (int64_t)s * row, st[0] = (int64_t)h * s * row;
+    }
+    *elems = (size_t)c->b * (size_t)st[0];
+}
+
+static uint16_t *random_tensor(const acase *c, int h, int s, const int64_t st[4], size_t elems,
+                               bool is_normal) {
+    uint16_t *x = malloc(elems * 2);
+    for (size_t i = 0; i < elems; i++) x[i] = 0xffff; /* padding stays NaN */
+    for (int b = 0; b < c->b; b++)
+        for (int hh = 0; hh < h; hh++)
+            for (int ss = 0; ss < s; ss++)
+                for (int d = 0; d < c->d; d++) {
+                    float v = is_normal ? (float)normal() : (float)(2 * tu_rand_uniform(&rng) - 1);
+                    x[b * st[0] + hh * st[1] + ss * st[2] + d] = to16(c->dtype, v);
+                }
+    return x;
+}
+
+static CUdeviceptr upload(const void *p, size_t bytes) {
+    CUdeviceptr d;
+    assert_int_equal(fgi_cu()->cuMemAlloc(&d, bytes), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemcpyHtoD(d, p, bytes), CUDA_SUCCESS);
+    return d;
+}
+
+static double from16(fg_dtype dt, uint16_t h) {
+    if (dt == FG_BF16) {
+        uint32_t u = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    int e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(m | 1024, e - 25);
+    return (h >> 15) ? -v : v;
+}
+
+static const char *case_name(const acase *c, char *buf, size_t n) {
+    snprintf(buf, n, "%s D=%d %s B=%d Hq=%d Hkv=%d Q=%d KV=%d off=%d/%d %s bm=%d(%dx%d, B%d H%d)",
+             c->mod ? c->mod : "src", c->d, c->dtype == FG_BF16 ? "bf16" : "fp16", c->b, c->hq,
+             c->hkv, c->q, c->kv, c->q_offset, c->kv_offset, c->layout == BSHD ? "BSHD" : "BHSD",
+             c->bm, c->q_block, c->kv_block, c->bm_b, c->bm_h);
+    return buf;
+}
+
+static fg_mod *case_mod(fg_ctx *ctx, const acase *c) {
+    if (c->mod) return tu_gallery_mod(ctx, c->mod);
+    fg_mod *m = NULL;
+    fg_status st = fg_mod_from_source(ctx, "case", c->src, (size_t)-1, &m);
+    if (st != FG_OK) print_error("%s\n", fg_error_diagnostic(ctx));
+    assert_int_equal(st, FG_OK);
+    return m;
+}
+
+static int failures = 0;
+
+static void run_case(fg_ctx *ctx, const acase *c) {
+    char name[256];
+    case_name(c, name, sizeof name);
+    const double t_start = fgi_now_ms();
+    fg_mod *mod = case_mod(ctx, c);
+    binds bb;
+    gallery_binds(c->mod, c, &bb);
+
+    fg_attention_args a;
+    memset(&a, 0, sizeof a);
+    a.batch = c->b, a.heads_q = c->hq, a.heads_kv = c->hkv, a.q_len = c->q, a.kv_len = c->kv;
+    a.head_dim = c->d, a.dtype = c->dtype, a.scale = c->scale;
+    a.q_offset = c->q_offset, a.kv_offset = c->kv_offset;
+    size_t nq, nk, no;
+    strides_of(c, c->hq, c->q, a.q_stride, &nq);
+    strides_of(c, c->hkv, c->kv, a.k_stride, &nk);
+    memcpy(a.v_stride, a.k_stride, sizeof a.k_stride);
+    strides_of(c, c->hq, c->q, a.out_stride, &no);
+    uint16_t *hq = random_tensor(c, c->hq, c->q, a.q_stride, nq, true);
+    uint16_t *hk = random_tensor(c, c->hkv, c->kv, a.k_stride, nk, true);
+    uint16_t *hv = random_tensor(c, c->hkv, c->kv, a.k_stride, nk, false);
+    const size_t nlse = (size_t)c->b * c->hq * c->q;
+    CUdeviceptr dq = upload(hq, nq * 2), dk = upload(hk, nk * 2), dv = upload(hv, nk * 2), dout, dlse;
+    assert_int_equal(fgi_cu()->cuMemAlloc(&dout, no * 2), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemAlloc(&dlse, nlse * 4), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemsetD8(dout, 0xff, no * 2), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemsetD8(dlse, 0xff, nlse * 4), CUDA_SUCCESS);
+
+    fg_block_mask *bm = NULL;
+    if (c->bm != BM_NONE) {
+        fg_block_mask_desc desc = {c->bm_b ? c->bm_b : c->b, c->bm_h ? c->bm_h : c->hq, c->q, c->kv,
+                                   c->q_block, c->kv_block};
+        /* A block mask is built from the mod's view of the indices, so it
+         * only applies without offsets; cases with offsets build none. */
+        fg_status st = c->bm == BM_CPU
+                           ? fg_block_mask_create(ctx, mod, &desc, bb.host, (size_t)bb.n, &bm)
+                           : fg_block_mask_create_gpu(ctx, mod, &desc, bb.dev, (size_t)bb.n, NULL, &bm);
+        if (st != FG_OK) print_error("%s: block mask: %s\n", name, fg_errmsg(ctx));
+        assert_int_equal(st, FG_OK);
+        if (c->bm == BM_GPU) assert_int_equal(fg_block_mask_download(ctx, bm), FG_OK);
+    }
+    a.block_mask = bm;
+
+    a.q = (const void *)(uintptr_t)dq, a.k = (const void *)(uintptr_t)dk, a.v = (const void *)(uintptr_t)dv;
+    a.out = (void *)(uintptr_t)dout, a.lse = (float *)(uintptr_t)dlse;
+    a.binds = bb.dev, a.nbinds = (size_t)bb.n;
+    const double t_gpu = fgi_now_ms();
+    fg_status st = fg_attention_forward(ctx, mod, &a);
+    if (st != FG_OK) print_error("%s: %s: %s\n%s", name, fg_status_string(st), fg_errmsg(ctx), fg_compile_log(ctx));
+    assert_int_equal(st, FG_OK);
+    assert_int_equal(fgi_cu()->cuCtxSynchronize(), CUDA_SUCCESS);
+    uint16_t *gout = malloc(no * 2);
+    float *glse = malloc(nlse * 4);
+    assert_int_equal(fgi_cu()->cuMemcpyDtoH(gout, dout, no * 2), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemcpyDtoH(glse, dlse, nlse * 4), CUDA_SUCCESS);
+
+    const double t_ref = fgi_now_ms();
+    /* The reference reads the same host arrays with the same strides. */
+    double *rout = malloc(sizeof(double) * nlse * (size_t)c->d), *rlse = malloc(sizeof(double) * nlse);
+    a.q = hq, a.k = hk, a.v = hv, a.binds = bb.host;
+    st = fg_attention_reference(ctx, mod, &a, rout, rlse);
+    if (st != FG_OK) print_error("%s: reference: %s\n", name, fg_errmsg(ctx));
+    assert_int_equal(st, FG_OK);
+
+    double num = 0, den = 0, lse_err = 0;
+    long nonfinite = 0, bad_masked = 0, pad_written = 0, lse_inf_mismatch = 0, masked_rows = 0;
+    for (int b = 0; b < c->b; b++)
+        for (int h = 0; h < c->hq; h++)
+            for (int i = 0; i < c->q; i++) {
+                const size_t r = ((size_t)b * c->hq + h) * c->q + i;
+                const uint16_t *orow = gout + b * a.out_stride[0] + h * a.out_stride[1] + i * a.out_stride[2];
+                const bool masked = isinf(rlse[r]);
+                masked_rows += masked && i < c->expect_masked_rows;
+                for (int d = 0; d < c->d; d++) {
+                    double g = from16(c->dtype, orow[d]), x = rout[r * c->d + d];
+                    if (!isfinite(g)) nonfinite++;
+                    if (masked && g != 0.0) bad_masked++;
+                    num += (g - x) * (g - x);
+                    den += x * x;
+                }
+                if (c->layout == BSHD)
+                    for (int d = c->d; d < c->d + c->pad; d++) pad_written += orow[d] != 0xffff;
+                if (isnan(glse[r])) nonfinite++;
+                else if (masked || isinf(glse[r])) lse_inf_mismatch += !(isinf(glse[r]) && glse[r] < 0 && masked);
+                else {
+                    double e = fabs(glse[r] - rlse[r]) / (1 + fabs(rlse[r]));
+                    if (e > lse_err) lse_err = e;
+                }
+            }
+    const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    const double tol = c->dtype == FG_BF16 ? 1e-2 : 2e-3;
+    const bool ok = rel <= tol && lse_err <= 1e-3 && nonfinite == 0 && bad_masked == 0 &&
+                    pad_written == 0 && lse_inf_mismatch == 0 &&
+                    masked_rows == (long)c->expect_masked_rows * c->b * c->hq;
+    const double t_end = fgi_now_ms();
+    printf("%-4s %s: rel %.2e lse %.2e (setup %.0f ms, gpu %.0f ms, reference %.0f ms)\n",
+           ok ? "ok" : "FAIL", name, rel, lse_err, t_gpu - t_start, t_ref - t_gpu, t_end - t_ref);
+    fflush(stdout);
+    if (!ok) {
+        printf("     nonfinite %ld, nonzero masked %ld, padding written %ld, lse -inf mismatch %ld, "
+               "masked rows %ld\n",
+               nonfinite, bad_masked, pad_written, lse_inf_mismatch, masked_rows);
+        failures++;
+    }
+    free(rout), free(rlse), free(gout), free(glse), free(hq), free(hk), free(hv);
+    fgi_cu()->cuMemFree(dq), fgi_cu()->cuMemFree(dk), fgi_cu()->cuMemFree(dv);
+    fgi_cu()->cuMemFree(dout), fgi_cu()->cuMemFree(dlse);
+    fg_block_mask_destroy(bm);
+    binds_free(&bb);
+    fg_mod_destroy(mod);
+}
+
+static bool quick(void) {
+    const char *q = getenv("FLEXGEN_TEST_QUICK");
+    return q && *q && strcmp(q, "0") != 0;
+}
+
+static fg_ctx *gpu_ctx(void) {
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    assert_int_equal(fgi_cuda_ready(ctx), FG_OK);
+    return ctx;
+}
+
+/* ---- the gallery sweep ------------------------------------------------------ */
+
+static const char *const gallery[] = {"noop",  "causal", "sliding_window", "prefix_lm",
+                                      "document", "jagged", "sasa", "natten",
+                                      "alibi", "softcap", "flamingo"};
+#define NGALLERY (int)(sizeof gallery / sizeof gallery[0])
+
+typedef struct shape {
+    int b, hq, hkv, q, kv;
+} shape;
+static const shape shapes[] = {
+    {1, 2, 2, 1, 1},     {2, 2, 1, 17, 129},  {1, 2, 2, 127, 127}, {1, 1, 1, 129, 1000},
+    {2, 2, 2, 257, 255}, {1, 1, 1, 1000, 17}, {1, 2, 1, 1000, 1000},
+};
+#define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
+
+static void test_gallery(void **state) {
+    (void)state;
+    fg_ctx *ctx = gpu_ctx();
+    const int dims[2] = {64, 128};
+    const fg_dtype dts[2] = {FG_BF16, FG_FP16};
+    int k = 0;
+    for (int m = 0; m < NGALLERY; m++)
+        for (int di = 0; di < 2; di++)
+            for (int ti = 0; ti < 2; ti++)
+                for (int rep = 0; rep < (quick() ? 1 : 2); rep++, k++) {
+                    if (quick() && (di + ti) % 2) continue;
+                    const shape *s = &shapes[quick() ? k % 3 : (k * 3 + m) % NSHAPES];
+                    acase c = {gallery[m], NULL, dims[di], dts[ti], s->b, s->hq, s->hkv, s->q, s->kv,
+                               0, 0, BHSD, 0, k % 3, 0, 0, rep ? 64 : 128, 128, 0.f, 0};
+                    run_case(ctx, &c);
+                }
+    fg_ctx_destroy(ctx);
+    assert_int_equal(failures, 0);
+}
+
+/* ---- the features one at a time --------------------------------------------- */
+
+#define CAUSAL_SRC "bool mask_mod(int b, int h, int q_idx, int kv_idx) { return q_idx >= kv_idx; }\n"
+/* Rows before 70 see nothing: fully masked rows, in and across tiles. */
+#define LATE_SRC                                                                   \
+    "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"                       \
+    "    return q_idx >= 70 && kv_idx <= q_idx;\n}\n"
+/* A mask and a score that depend on b and h (the block mask must not
+ * broadcast for this one). */
+#define BH_SRC                                                                     \
+    "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"                       \
+    "    return (q_idx + b + 2 * h) % 3 != 0 || kv_idx == 0;\n}\n"                 \
+    "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"        \
+    "    return score * (1.0 + 0.25 * (float)h) - 0.5 * (float)b;\n}\n"
+
+static const acase features[] = {
+    /* mod  src  D  dtype  B Hq Hkv Q KV  qoff kvoff  layout pad  bm bmB bmH qb kvb scale masked */
+    /* GQA and MQA */
+    {"causal", NULL, 128, FG_BF16, 2, 8, 2, 300, 300, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
+    {"alibi", NULL, 64, FG_FP16, 1, 4, 1, 200, 333, 0, 0, BHSD, 0, BM_GPU, 0, 0, 128, 64, 0, 0},
+    {"sliding_window", NULL, 128, FG_BF16, 1, 6, 1, 513, 513, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    /* block masks broadcast over B, over H, over both */
+    {"document", NULL, 64, FG_BF16, 3, 2, 2, 400, 400, 0, 0, BHSD, 0, BM_CPU, 1, 1, 128, 128, 0, 0},
+    {"causal", NULL, 128, FG_FP16, 2, 3, 3, 257, 257, 0, 0, BHSD, 0, BM_GPU, 1, 0, 64, 64, 0, 0},
+    {"prefix_lm", NULL, 64, FG_BF16, 2, 4, 2, 300, 260, 0, 0, BHSD, 0, BM_CPU, 0, 1, 128, 64, 0, 0},
+    {NULL, BH_SRC, 64, FG_BF16, 2, 3, 3, 200, 190, 0, 0, BHSD, 0, BM_CPU, 0, 0, 64, 64, 0, 0},
+    {NULL, BH_SRC, 128, FG_FP16, 2, 2, 1, 129, 300, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    /* offsets: a chunk of queries at the end of a longer KV cache */
+    {"causal", NULL, 128, FG_BF16, 1, 2, 2, 64, 700, 636, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {"document", NULL, 64, FG_FP16, 1, 2, 1, 100, 900, 800, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {"sliding_window", NULL, 64, FG_BF16, 1, 1, 1, 300, 300, 37, 5, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    /* fully masked rows, with and without a block mask */
+    {NULL, LATE_SRC, 64, FG_BF16, 1, 2, 2, 200, 200, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 70},
+    {NULL, LATE_SRC, 128, FG_FP16, 2, 1, 1, 200, 150, 0, 0, BHSD, 0, BM_GPU, 0, 0, 64, 64, 0, 70},
+    /* BSHD, padded rows (the padding must stay untouched) */
+    {"causal", NULL, 128, FG_BF16, 2, 4, 2, 190, 190, 0, 0, BSHD, 8, BM_CPU, 0, 0, 128, 128, 0, 0},
+    {"softcap", NULL, 64, FG_FP16, 1, 2, 2, 77, 300, 0, 0, BSHD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    /* a non-default scale */
+    {"noop", NULL, 128, FG_BF16, 1, 2, 2, 100, 100, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0.3f, 0},
+    /* odd head dims */
+    {"causal", NULL, 32, FG_BF16, 1, 2, 1, 129, 129, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
+    {"alibi", NULL, 48, FG_FP16, 1, 2, 2, 100, 177, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {"document", NULL, 80, FG_BF16, 1, 2, 2, 257, 257, 0, 0, BSHD, 8, BM_GPU, 0, 0, 128, 64, 0, 0},
+    {"noop", NULL, 96, FG_BF16, 2, 2, 2, 127, 127, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {"softcap", NULL, 112, FG_FP16, 1, 2, 1, 200, 200, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
+    {"sliding_window", NULL, 160, FG_BF16, 1, 2, 2, 300, 300, 0, 0, BHSD, 0, BM_GPU, 0, 0, 128, 128, 0, 0},
+    {"causal", NULL, 256, FG_BF16, 1, 2, 2, 257, 257, 0, 0, BHSD, 0, BM_CPU, 0, 0, 64, 64, 0, 0},
+    {"noop", NULL, 256, FG_FP16, 1, 1, 1, 100, 1000, 0, 0, BSHD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {"natten", NULL, 16, FG_BF16, 1, 1, 1, 300, 300, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    /* Q_LEN != KV_LEN: decode-like and the reverse */
+    {"noop", NULL, 128, FG_BF16, 2, 4, 1, 1, 1000, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {"flamingo", NULL, 128, FG_BF16, 1, 2, 2, 1000, 129, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
+    /* long: 8191 x 8191 with a GPU block mask */
+    {"sliding_window", NULL, 64, FG_BF16, 1, 1, 1, 8191, 8191, 0, 0, BHSD, 0, BM_GPU, 0, 0, 128, 128, 0, 0},
+};
+
+static void test_features(void **state) {
+    (void)state;
+    fg_ctx *ctx = gpu_ctx();
+    const int n = (int)(sizeof features / sizeof features[0]);
+    for (int i = 0; i < n; i++) {
+        if (quick() && (i % 3 != 0 || (double)features[i].q * features[i].kv > 300.0 * 300.0)) continue;
+        run_case(ctx, &features[i]);
+    }
+    fg_ctx_destroy(ctx);
+    assert_int_equal(failures, 0);
+}
+
+/* ---- errors only a device call meets; launches without recompiles -------- */
+
+static void test_device_errors(void **state) {
+    (void)state;
+    fg_ctx *ctx = gpu_ctx();
+    fg_mod *mod = tu_gallery_mod(ctx, "sliding_window");
+    CUdeviceptr buf;
+    const size_t elems = 2 * 256 * 64;
+    assert_int_equal(fgi_cu()->cuMemAlloc(&buf, elems * 2 * 4 + 64), CUDA_SUCCESS);
+    fg_attention_args a;
+    memset(&a, 0, sizeof a);
+    a.batch = 1, a.heads_q = 2, a.heads_kv = 2, a.q_len = 256, a.kv_len = 256, a.head_dim = 64;
+    a.dtype = FG_BF16;
+    a.q = (const void *)(uintptr_t)buf;
+    a.k = (const void *)(uintptr_t)(buf + elems * 2);
+    a.v = (const void *)(uintptr_t)(buf + elems * 4);
+    a.out = (void *)(uintptr_t)(buf + elems * 6);
+    assert_int_equal(fg_attention_forward(ctx, mod, &a), FG_OK);
+
+    fg_attention_args e = a;
+    e.q = (const void *)(uintptr_t)(buf + 2); /* not 16-byte aligned */
+    assert_int_equal(fg_attention_forward(ctx, mod, &e), FG_ERR_SHAPE);
+    e = a;
+    const int64_t odd_rows[4] = {2 * 256 * 68, 256 * 68, 68, 1}; /* rows 136 bytes apart */
+    memcpy(e.k_stride, odd_rows, sizeof odd_rows);
+    assert_int_equal(fg_attention_forward(ctx, mod, &e), FG_ERR_SHAPE);
+
+    /* Block masks: q blocks of 32 are too small for the kernel's 64-row
+     * tiles; a mask of another length does not fit. */
+    fg_block_mask_desc d32 = {1, 1, 256, 256, 32, 64}, dlen = {1, 1, 200, 256, 128, 128};
+    fg_block_mask *bm;
+    assert_int_equal(fg_block_mask_create(ctx, mod, &d32, NULL, 0, &bm), FG_OK);
+    e = a;
+    e.block_mask = bm;
+    assert_int_equal(fg_attention_forward(ctx, mod, &e), FG_ERR_NOT_SUPPORTED);
+    fg_block_mask_destroy(bm);
+    assert_int_equal(fg_block_mask_create(ctx, mod, &dlen, NULL, 0, &bm), FG_OK);
+    e.block_mask = bm;
+    assert_int_equal(fg_attention_forward(ctx, mod, &e), FG_ERR_SHAPE);
+    fg_block_mask_destroy(bm);
+
+    /* A kernel object: launched with other window values, no recompile;
+     * refuses a call of another head dim or dtype. */
+    fg_kernel_config cfg = {FG_KERNEL_ATTENTION_FWD, FG_BF16, 64, 0, 0, NULL};
+    fg_kernel *k;
+    assert_int_equal(fg_kernel_get(ctx, mod, &cfg, &k), FG_OK);
+    fg_cache_stats s0, s1;
+    fg_cache_get_stats(&s0);
+    for (int w = 1; w < 300; w += 37) {
+        fg_binding bw = fg_bind_int("WINDOW", w);
+        e = a;
+        e.binds = &bw, e.nbinds = 1;
+        assert_int_equal(fg_kernel_launch(ctx, k, &e), FG_OK);
+    }
+    fg_cache_get_stats(&s1);
+    assert_true(s1.misses == s0.misses);
+    e = a;
+    e.head_dim = 128;
+    assert_int_equal(fg_kernel_launch(ctx, k, &e), FG_ERR_INVALID_ARGUMENT);
+    e = a;
+    e.dtype = FG_FP16;
+    assert_int_equal(fg_kernel_launch(ctx, k, &e), FG_ERR_INVALID_ARGUMENT);
+    fg_binding wrong = fg_bind_float("WINDOW", 3.5f);
+    e = a;
+    e.binds = &wrong, e.nbinds = 1;
+    assert_int_equal(fg_kernel_launch(ctx, k, &e), FG_ERR_UNBOUND);
+    assert_int_equal(fg_kernel_launch(ctx, NULL, &a), FG_ERR_INVALID_ARGUMENT);
+    fg_kernel_release(k);
+    fg_kernel_release(NULL);
+    cfg.kind = FG_KERNEL_BLOCK_MASK;
+    assert_int_equal(fg_kernel_get(ctx, mod, &cfg, &k), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fgi_cu()->cuCtxSynchronize(), CUDA_SUCCESS);
+    fgi_cu()->cuMemFree(buf);
+    fg_mod_destroy(mod);
+    fg_ctx_destroy(ctx);
+}
+
+int main(void) {
+    tu_require_gpu();
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_device_errors),
+        cmocka_unit_test(test_features),
+        cmocka_unit_test(test_gallery),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    fg_cache_stats cs;
+    fg_cache_get_stats(&cs);
+    printf("kernel cache: %llu compiles (%.0f ms), %llu memory hits, %llu disk hits\n",
+           (unsigned long long)cs.misses, cs.compile_ms, (unsigned long long)cs.memory_hits,
+           (unsigned long long)cs.disk_hits);
+    return rc;
+}
