@@ -41,6 +41,7 @@ struct fg_kernel {
     fg_mod params;      /* parameter declarations only (own arena)        */
     fg_dtype dtype;
     int head_dim;
+    int q_block;        /* the configuration's: selects the tile height   */
     CUfunction fn;
     uint64_t cu_id;     /* the CUDA context fn was loaded in              */
     size_t smem;
@@ -142,12 +143,14 @@ static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_atten
                                  fgi_attn_abi *abi) {
     fg_block_mask *m = (fg_block_mask *)a->block_mask; /* uploading is a cache fill */
     const fg_block_mask_desc *d = &m->desc;
-    const int bn = fgi_attn_block_n(k->head_dim);
-    if (d->q_block % FGI_ATTN_BLOCK_M != 0 || d->kv_block % bn != 0)
+    const int bm = fgi_attn_block_m(k->head_dim, k->q_block);
+    const int bn = fgi_attn_block_n(k->head_dim, k->q_block);
+    if (d->q_block % bm != 0 || d->kv_block % bn != 0)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
-                         "block mask blocks %d x %d: the kernel for head dim %d needs q blocks "
-                         "that are multiples of %d and kv blocks multiples of %d",
-                         d->q_block, d->kv_block, k->head_dim, FGI_ATTN_BLOCK_M, bn);
+                         "block mask blocks %d x %d: this kernel (head dim %d, configured for q "
+                         "blocks of %d) needs q blocks that are multiples of %d and kv blocks "
+                         "multiples of %d; q blocks of 64 need a kernel configured with q_block 64",
+                         d->q_block, d->kv_block, k->head_dim, k->q_block, bm, bn);
     FGI_TRY(fgi_block_mask_check(ctx, m, a->batch, a->heads_q, a->q_len, a->kv_len, d->q_block,
                                  d->kv_block));
     FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_KV_NUM_BLOCKS, &abi->kv_num));
@@ -201,7 +204,7 @@ static fg_status prepare_function(fg_ctx *ctx, fg_kernel *k) {
                fgi_cu()->cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
                                               dev),
                "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)");
-    k->smem = fgi_attn_smem_bytes(k->head_dim);
+    k->smem = fgi_attn_smem_bytes(k->head_dim, k->q_block);
     if (k->smem > (size_t)optin)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
                          "head dim %d needs %zu bytes of shared memory per block; the device allows %d",
@@ -239,6 +242,7 @@ fg_status fg_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *
     if (st == FG_OK) {
         k->dtype = cg.config.dtype;
         k->head_dim = cg.config.head_dim;
+        k->q_block = cg.config.q_block;
         st = copy_params(ctx, mod, &k->params);
     }
     if (st == FG_OK) st = fgi_cache_get_function(ctx, &cg.spec, &k->fn);
@@ -264,7 +268,8 @@ void fg_kernel_release(fg_kernel *k) {
 
 /* ---- launch ----------------------------------------------------------- */
 
-static void fill_abi(const fg_attention_args *a, const fgi_attn_strides *st, fgi_attn_abi *abi) {
+static void fill_abi(const fg_kernel *k, const fg_attention_args *a, const fgi_attn_strides *st,
+                     fgi_attn_abi *abi) {
     abi->q = (uint64_t)(uintptr_t)a->q;
     abi->k = (uint64_t)(uintptr_t)a->k;
     abi->v = (uint64_t)(uintptr_t)a->v;
@@ -283,7 +288,8 @@ static void fill_abi(const fg_attention_args *a, const fgi_attn_strides *st, fgi
     abi->kv_offset = a->kv_offset;
     abi->scale = fgi_attn_scale(a);
     abi->scale_log2 = (float)((double)abi->scale * 1.4426950408889634);
-    abi->q_tiles = (a->q_len + FGI_ATTN_BLOCK_M - 1) / FGI_ATTN_BLOCK_M;
+    const int bm = fgi_attn_block_m(k->head_dim, k->q_block);
+    abi->q_tiles = (a->q_len + bm - 1) / bm;
 }
 
 fg_status fg_kernel_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
@@ -310,7 +316,7 @@ fg_status fg_kernel_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a
 
     fgi_attn_abi abi;
     memset(&abi, 0, sizeof abi);
-    fill_abi(a, &st, &abi);
+    fill_abi(k, a, &st, &abi);
     if (a->block_mask) FGI_TRY(block_mask_args(ctx, k, a, &abi));
 
     fgi_value values[FGI_MAX_PARAMS];
@@ -339,8 +345,11 @@ fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attentio
     cfg.kind = FG_KERNEL_ATTENTION_FWD;
     cfg.dtype = args->dtype;
     cfg.head_dim = args->head_dim;
-    /* The kernel reads the block mask's geometry at run time, so one kernel
-     * (the default block configuration) serves every block size. */
+    /* The kernel reads the block mask's geometry at run time; its tile
+     * height depends only on whether q blocks are under 128 rows, so two
+     * configurations serve every block size. */
+    cfg.q_block = args->block_mask && args->block_mask->desc.q_block < 128 ? 64 : 128;
+    cfg.kv_block = 128;
     fg_kernel *k;
     FGI_TRY(fg_kernel_get(ctx, mod, &cfg, &k));
     fg_status s = fg_kernel_launch(ctx, k, args);

@@ -27,17 +27,25 @@ typedef struct fgi_attn_abi {
 } fgi_attn_abi;
 _Static_assert(sizeof(fgi_attn_abi) == 240, "fgi_attn_abi must match fga_args");
 
-/* Tile sizes of the portable forward kernel (FGA_BLOCK_M / FGA_BLOCK_N /
- * FGA_THREADS): four warps of 16 query rows; K/V tiles of 64 rows (32 for
- * head dims over 128, to stay within 255 registers). */
+/* Tile sizes of the portable forward kernel, mirroring the template's
+ * FGA_MT / FGA_BLOCK_M / FGA_BLOCK_N / FGA_THREADS: four warps of FGA_MT
+ * 16-row slabs; two slabs for head dims up to 128 unless the kernel is
+ * configured for q blocks under 128 rows; K/V tiles of 32 rows when the
+ * accumulators are large, else 64. `q_block` is the kernel configuration's. */
 #define FGI_ATTN_THREADS 128
-#define FGI_ATTN_BLOCK_M 64
-static inline int fgi_attn_block_n(int head_dim) { return head_dim > 128 ? 32 : 64; }
+static inline int fgi_attn_mt(int head_dim, int q_block) {
+    return head_dim <= 128 && q_block >= 128 ? 2 : 1;
+}
+static inline int fgi_attn_block_m(int head_dim, int q_block) { return 64 * fgi_attn_mt(head_dim, q_block); }
+static inline int fgi_attn_block_n(int head_dim, int q_block) {
+    return head_dim > 128 || (fgi_attn_mt(head_dim, q_block) == 2 && head_dim > 64) ? 32 : 64;
+}
 /* Dynamic shared memory: the Q tile plus two stages of K and V, rows padded
  * by 8 elements. */
-static inline size_t fgi_attn_smem_bytes(int head_dim) {
+static inline size_t fgi_attn_smem_bytes(int head_dim, int q_block) {
     size_t row = (size_t)(head_dim + 8) * 2;
-    return (size_t)FGI_ATTN_BLOCK_M * row + 4 * (size_t)fgi_attn_block_n(head_dim) * row;
+    return (size_t)fgi_attn_block_m(head_dim, q_block) * row +
+           4 * (size_t)fgi_attn_block_n(head_dim, q_block) * row;
 }
 
 /* The effective scale: args->scale, or 1/sqrt(head_dim) when it is 0. */

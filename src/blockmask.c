@@ -31,6 +31,7 @@
  */
 #include "blockmask.h"
 
+#include "codegen.h"
 #include "cudrv.h"
 
 #include <limits.h>
@@ -117,6 +118,8 @@ void fgi_bm_free_device(fg_block_mask *m) {
 void fg_block_mask_destroy(fg_block_mask *mask) {
     if (!mask) return;
     fgi_bm_free_device(mask);
+    fgi_codegen_free(mask->cg);
+    free(mask->cg);
     free(mask->host_block);
     free(mask);
 }

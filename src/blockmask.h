@@ -58,9 +58,14 @@ struct fg_block_mask {
     uint64_t tiles;
     int cu_device;            /* the device ordinal the memory belongs to     */
 
-    /* For fg_block_mask_rebuild_gpu: the hash of the mod built with, so a
-     * rebuild with a different mod is refused (0 when not built by a mod). */
+    /* The hash of the mod the arrays were built from (0: from_kv_blocks). */
     uint64_t mod_hash;
+    /* The GPU builder's kernel spec for `cg_mod` (owned; NULL until the
+     * first GPU build). Making one hashes the templates, which costs more
+     * than a whole build, so a rebuild with the same mod reuses it. */
+    struct fgi_codegen *cg;
+    const fg_mod *cg_mod;
+    uint64_t cg_hash;
 };
 
 /* Array `which` (fg_block_mask_array) as a 0-based slot. */

@@ -18,6 +18,7 @@
 #include "blockmask.h"
 #include "codegen.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define BM_WARPS_PER_BLOCK 8 /* FG_BM_WARPS in the template */
@@ -26,23 +27,39 @@ typedef struct bm_kernels {
     CUfunction classify, compact;
 } bm_kernels;
 
-static fg_status get_kernels(fg_ctx *ctx, const fg_mod *mod, const fg_block_mask_desc *d,
-                             bm_kernels *k) {
+/* The spec for (mod, block sizes), kept in the mask. It is reused only for
+ * the very mod object it was made for: the spec's source generator refers
+ * to that object, and a caller passing the pointer vouches it is alive
+ * (the hash guards against another mod at a recycled address). */
+static fg_status mask_spec(fg_ctx *ctx, const fg_mod *mod, fg_block_mask *m, fgi_codegen **out) {
+    if (m->cg && m->cg_mod == mod && m->cg_hash == mod->hash) {
+        *out = m->cg;
+        return FG_OK;
+    }
+    if (!m->cg && !(m->cg = calloc(1, sizeof *m->cg)))
+        return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (block mask)");
+    fgi_codegen_free(m->cg);
+    m->cg_mod = NULL;
     fg_kernel_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.kind = FG_KERNEL_BLOCK_MASK;
-    cfg.q_block = d->q_block;
-    cfg.kv_block = d->kv_block;
-    fgi_codegen cg;
-    FGI_TRY(fgi_codegen_init(ctx, mod, &cfg, &cg));
-    cg.spec.entry = "fg_block_mask_classify";
-    fg_status st = fgi_cache_get_function(ctx, &cg.spec, &k->classify);
-    if (st == FG_OK) {
-        cg.spec.entry = "fg_block_mask_compact";
-        st = fgi_cache_get_function(ctx, &cg.spec, &k->compact);
-    }
-    fgi_codegen_free(&cg);
-    return st;
+    cfg.q_block = m->desc.q_block;
+    cfg.kv_block = m->desc.kv_block;
+    FGI_TRY(fgi_codegen_init(ctx, mod, &cfg, m->cg));
+    m->cg_mod = mod;
+    m->cg_hash = mod->hash;
+    *out = m->cg;
+    return FG_OK;
+}
+
+static fg_status get_kernels(fg_ctx *ctx, const fg_mod *mod, fg_block_mask *m, bm_kernels *k) {
+    fgi_codegen *cg = NULL;
+    FGI_TRY(mask_spec(ctx, mod, m, &cg));
+    fgi_kernel_spec spec = cg->spec;
+    spec.entry = "fg_block_mask_classify";
+    FGI_TRY(fgi_cache_get_function(ctx, &spec, &k->classify));
+    spec.entry = "fg_block_mask_compact";
+    return fgi_cache_get_function(ctx, &spec, &k->compact);
 }
 
 static unsigned grid_for(int64_t warps) {
@@ -104,10 +121,11 @@ static fg_status alloc_tiles(fg_ctx *ctx, fg_block_mask *m) {
 static fg_status create_gpu(fg_ctx *ctx, const fg_mod *mod, const fg_block_mask_desc *norm,
                             const fgi_value *values, CUstream stream, fg_block_mask **out) {
     bm_kernels k;
-    FGI_TRY(get_kernels(ctx, mod, norm, &k));
     fg_block_mask *m;
     FGI_TRY(fgi_bm_new(ctx, norm, &m));
-    fg_status st = fgi_bm_alloc_device(ctx, m);
+    /* kernels first: a compile error leaves no device memory behind */
+    fg_status st = get_kernels(ctx, mod, m, &k);
+    if (st == FG_OK) st = fgi_bm_alloc_device(ctx, m);
     if (st == FG_OK) st = alloc_tiles(ctx, m);
     if (st == FG_OK) st = launch(ctx, mod, &k, m, values, stream);
     if (st != FG_OK) {
@@ -147,7 +165,7 @@ fg_status fg_block_mask_rebuild_gpu(fg_ctx *ctx, fg_block_mask *mask, const fg_m
                          "block mask lives on device %d, the context uses device %d",
                          mask->cu_device, ctx->device);
     bm_kernels k;
-    FGI_TRY(get_kernels(ctx, mod, &mask->desc, &k));
+    FGI_TRY(get_kernels(ctx, mod, mask, &k));
     /* A mask made on the host gets its device memory once, here; a mask
      * made by fg_block_mask_create_gpu already has it. */
     FGI_TRY(fgi_bm_alloc_device(ctx, mask));

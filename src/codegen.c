@@ -139,8 +139,9 @@ static char *build_key(const gen_state *g, uint64_t thash) {
                    g->kernel->label, g->kernel->tmpl, (unsigned long long)thash);
     if (c->kind == FG_KERNEL_BLOCK_MASK)
         fgi_buf_printf(&b, "q_block %d\nkv_block %d\n", c->q_block, c->kv_block);
-    else
-        fgi_buf_printf(&b, "dtype %s\nhead_dim %d\n", dtype_name(c->dtype), c->head_dim);
+    else /* the attention template sizes its q tile from FG_Q_BLOCK */
+        fgi_buf_printf(&b, "dtype %s\nhead_dim %d\nq_block %d\nkv_block %d\n", dtype_name(c->dtype),
+                       c->head_dim, c->q_block, c->kv_block);
     fgi_buf_printf(&b, "mod %zu\n", strlen(canon));
     fgi_buf_puts(&b, canon);
     return fgi_buf_take(&b);
@@ -171,6 +172,8 @@ static void put_macros(fgi_buf *b, const gen_state *g) {
     } else {
         fgi_buf_printf(b, "#define %s 1\n", c->dtype == FG_FP16 ? "FG_DTYPE_FP16" : "FG_DTYPE_BF16");
         fgi_buf_printf(b, "#define FG_HEAD_DIM %d\n", c->head_dim);
+        fgi_buf_printf(b, "#define FG_Q_BLOCK %d\n#define FG_KV_BLOCK %d\n", c->q_block,
+                       c->kv_block);
     }
     fgi_buf_puts(b, "\n");
 }

@@ -5,10 +5,10 @@
  *
  * The idea. One thread block owns FGA_BLOCK_M query rows of one (batch, head)
  * and streams the keys and values past them FGA_BLOCK_N at a time. Each warp
- * owns 16 of the rows: it computes its 16 x BLOCK_N slice of S = Q K^T on the
- * tensor cores, turns it into probabilities with the running ("online")
- * softmax, and adds P V into a 16 x D accumulator that stays in registers for
- * the whole sweep. Nothing of size Q_LEN x KV_LEN ever exists; HBM sees Q,
+ * owns 16 or 32 of the rows: it computes its slice of S = Q K^T on the tensor
+ * cores, turns it into probabilities with the running ("online") softmax,
+ * and adds P V into an accumulator of its rows x D that stays in registers
+ * for the whole sweep. Nothing of size Q_LEN x KV_LEN ever exists; HBM sees Q,
  * K, V once per q tile and the output once.
  *
  * The online softmax keeps, per row, the largest score seen so far (m, in
@@ -39,9 +39,10 @@
  * past the end are zero-filled by cp.async's src-size operand (a zero V row
  * times a zero probability is 0, whereas stale shared memory could hold a
  * NaN). Each shared row is padded by 16 bytes so that the eight 16-byte rows
- * an ldmatrix phase reads fall into different banks. Q is loaded once and
- * kept in registers as mma A fragments (for D <= 128; larger heads re-read
- * it from shared memory to stay within 255 registers). All global offsets
+ * an ldmatrix phase reads fall into different banks. Q is loaded once;
+ * where registers allow it is kept there as mma A fragments, otherwise it is
+ * re-read from shared memory with ldmatrix (the kernel stays within 255
+ * registers without spilling more than a few bytes). All global offsets
  * are 64-bit.
  *
  * The host (src/attention.c) mirrors FGA_BLOCK_M / FGA_BLOCK_N / the shared
@@ -57,17 +58,30 @@
 #error "FG_HEAD_DIM must be a multiple of 16 in [16, 256]"
 #endif
 
-/* Four warps, 64 query rows: with ~210 registers a thread at D = 128, two
- * such blocks share an SM and drift out of phase, which hid latency better
- * on an H100 than one block of eight warps (bench/attention_notes.md). */
+/* Four warps. Each warp owns FGA_MT slabs of 16 query rows, so every K or
+ * V fragment it reads from shared memory feeds FGA_MT tensor-core ops: with
+ * two slabs (32 rows) a warp reads half the shared-memory bytes per FLOP
+ * that one slab needs, and a 128-row q tile halves the K/V traffic from L2.
+ * Two slabs need q blocks of 128 (FG_Q_BLOCK, part of the configuration) and
+ * a head dim up to 128; at D = 128 the K/V tile shrinks to 32 rows to keep
+ * the accumulators (32 x 128 of O per warp) within 255 registers, and Q is
+ * re-read from shared memory instead of being held in registers. */
 #define FGA_NWARPS 4
 #define FGA_THREADS (FGA_NWARPS * 32)
-#define FGA_BLOCK_M (16 * FGA_NWARPS)
-#if FG_HEAD_DIM > 128
+#if FG_HEAD_DIM <= 128 && !(defined(FG_Q_BLOCK) && FG_Q_BLOCK < 128)
+#define FGA_MT 2
+#else
+#define FGA_MT 1
+#endif
+#define FGA_BLOCK_M (16 * FGA_MT * FGA_NWARPS)
+#if FG_HEAD_DIM > 128 || (FGA_MT == 2 && FG_HEAD_DIM > 64)
 #define FGA_BLOCK_N 32
-#define FGA_Q_IN_REGS 0
 #else
 #define FGA_BLOCK_N 64
+#endif
+#if FG_HEAD_DIM > 128 || (FGA_MT == 2 && FG_HEAD_DIM > 64)
+#define FGA_Q_IN_REGS 0
+#else
 #define FGA_Q_IN_REGS 1
 #endif
 #define FGA_D FG_HEAD_DIM
@@ -283,22 +297,33 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
     const int k_row = (lane & 7) + (lane >> 4) * 8, k_col = ((lane >> 3) & 1) * 8;
     const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8, v_col = (lane >> 4) * 8;
-    const fga_u32 q_lane = sQ + (fga_u32)(((warp * 16 + a_row) * FGA_ROW + a_col) * 2);
+    const fga_u32 q_lane = sQ + (fga_u32)(((warp * 16 * FGA_MT + a_row) * FGA_ROW + a_col) * 2);
+    const fga_u32 q_slab = 16 * FGA_ROW * 2; /* bytes between a warp's 16-row slabs */
 
 #if FGA_Q_IN_REGS
-    fga_u32 qf[FGA_KSTEPS][4];
+    fga_u32 qf[FGA_MT][FGA_KSTEPS][4];
 #pragma unroll
-    for (int kk = 0; kk < FGA_KSTEPS; kk++)
-        fga_ldsm4(q_lane + kk * 32, qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
+    for (int mt = 0; mt < FGA_MT; mt++)
+#pragma unroll
+        for (int kk = 0; kk < FGA_KSTEPS; kk++)
+            fga_ldsm4(q_lane + mt * q_slab + kk * 32, qf[mt][kk][0], qf[mt][kk][1], qf[mt][kk][2],
+                      qf[mt][kk][3]);
 #endif
 
-    float o[FGA_DTILES][4];
+    float o[FGA_MT][FGA_DTILES][4];
 #pragma unroll
-    for (int i = 0; i < FGA_DTILES; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m_run[2] = {FGA_NEG_INF, FGA_NEG_INF};
-    float l_run[2] = {0.f, 0.f};
+    for (int mt = 0; mt < FGA_MT; mt++)
+#pragma unroll
+        for (int i = 0; i < FGA_DTILES; i++) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+    float m_run[FGA_MT][2], l_run[FGA_MT][2];
+#pragma unroll
+    for (int mt = 0; mt < FGA_MT; mt++) {
+        m_run[mt][0] = m_run[mt][1] = FGA_NEG_INF;
+        l_run[mt][0] = l_run[mt][1] = 0.f;
+    }
 
-    const int qrow0 = q0 + warp * 16 + g; /* this thread's two rows: +0, +8 */
+    /* This thread's rows: qrow0 + mt * 16 + {0, 8}. */
+    const int qrow0 = q0 + warp * 16 * FGA_MT + g;
 
     for (int j = 0; j < pl.n_items; j++) {
         const int buf = j & 1;
@@ -315,101 +340,139 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         }
         __syncthreads();
 
-        /* S = Q K^T for this warp's 16 rows. */
-        float s[FGA_NTILES][4];
+        /* S = Q K^T for this warp's rows; each K fragment serves every slab. */
+        float s[FGA_MT][FGA_NTILES][4];
 #pragma unroll
-        for (int i = 0; i < FGA_NTILES; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        for (int mt = 0; mt < FGA_MT; mt++)
+#pragma unroll
+            for (int i = 0; i < FGA_NTILES; i++) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
         const fga_u32 k_lane = sK + buf * kv_stage + (fga_u32)((k_row * FGA_ROW + k_col) * 2);
 #pragma unroll
         for (int kk = 0; kk < FGA_KSTEPS; kk++) {
 #if FGA_Q_IN_REGS
-            const fga_u32 *qa = qf[kk];
+#define FGA_QA(mt) qf[mt][kk]
 #else
-            fga_u32 qa[4];
-            fga_ldsm4(q_lane + kk * 32, qa[0], qa[1], qa[2], qa[3]);
+            fga_u32 qa[FGA_MT][4];
+#pragma unroll
+            for (int mt = 0; mt < FGA_MT; mt++)
+                fga_ldsm4(q_lane + mt * q_slab + kk * 32, qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
+#define FGA_QA(mt) qa[mt]
 #endif
 #pragma unroll
             for (int np = 0; np < FGA_NTILES / 2; np++) {
                 fga_u32 b0, b1, b2, b3;
                 fga_ldsm4(k_lane + (fga_u32)((np * 16 * FGA_ROW + kk * 16) * 2), b0, b1, b2, b3);
-                fga_mma(s[2 * np], qa, b0, b1);
-                fga_mma(s[2 * np + 1], qa, b2, b3);
+#pragma unroll
+                for (int mt = 0; mt < FGA_MT; mt++) {
+                    fga_mma(s[mt][2 * np], FGA_QA(mt), b0, b1);
+                    fga_mma(s[mt][2 * np + 1], FGA_QA(mt), b2, b3);
+                }
             }
+#undef FGA_QA
         }
 
-        /* Scale, mods and range, into log2 units. */
-#if (defined(FG_HAS_SCORE_MOD) && FG_HAS_SCORE_MOD)
-        const bool slow = true;
-#else
-        const bool slow = partial || kv0 + FGA_BLOCK_N > a.kv_len || q0 + FGA_BLOCK_M > a.q_len;
-#endif
-        if (slow) {
+        /* Scale, mods and range, into log2 units. Range checks and mask_mod
+         * only where a tile is partial or crosses Q_LEN / KV_LEN. */
+        const bool check = partial || kv0 + FGA_BLOCK_N > a.kv_len || q0 + FGA_BLOCK_M > a.q_len;
+#pragma unroll
+        for (int mt = 0; mt < FGA_MT; mt++) {
+#if defined(FG_HAS_SCORE_MOD) && FG_HAS_SCORE_MOD
 #pragma unroll
             for (int i = 0; i < FGA_NTILES; i++) {
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const int qi = qrow0 + (e >> 1) * 8;
+                    const int qi = qrow0 + mt * 16 + (e >> 1) * 8;
                     const int ki = kv0 + i * 8 + t4 * 2 + (e & 1);
-                    bool keep = qi < a.q_len && ki < a.kv_len;
+                    bool keep = true;
+                    if (check) {
+                        keep = qi < a.q_len && ki < a.kv_len;
 #if defined(FG_HAS_MASK_MOD) && FG_HAS_MASK_MOD
-                    if (keep && partial)
-                        keep = fg_mask_mod(p, b, h, qi + a.q_offset, ki + a.kv_offset);
+                        if (keep && partial)
+                            keep = fg_mask_mod(p, b, h, qi + a.q_offset, ki + a.kv_offset);
 #endif
-                    float v = s[i][e] * a.scale;
-#if defined(FG_HAS_SCORE_MOD) && FG_HAS_SCORE_MOD
+                    }
+                    float v = s[mt][i][e] * a.scale;
                     if (keep) v = fg_score_mod(p, v, b, h, qi + a.q_offset, ki + a.kv_offset);
-#endif
-                    s[i][e] = keep ? v * FGA_LOG2E : FGA_NEG_INF;
+                    s[mt][i][e] = keep ? v * FGA_LOG2E : FGA_NEG_INF;
                 }
             }
-        } else {
+#else
+            if (check) {
 #pragma unroll
-            for (int i = 0; i < FGA_NTILES; i++)
+                for (int i = 0; i < FGA_NTILES; i++) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) s[i][e] *= a.scale_log2;
+                    for (int e = 0; e < 4; e++) {
+                        const int qi = qrow0 + mt * 16 + (e >> 1) * 8;
+                        const int ki = kv0 + i * 8 + t4 * 2 + (e & 1);
+                        bool keep = qi < a.q_len && ki < a.kv_len;
+#if defined(FG_HAS_MASK_MOD) && FG_HAS_MASK_MOD
+                        if (keep && partial)
+                            keep = fg_mask_mod(p, b, h, qi + a.q_offset, ki + a.kv_offset);
+#endif
+                        s[mt][i][e] = keep ? s[mt][i][e] * a.scale_log2 : FGA_NEG_INF;
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < FGA_NTILES; i++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[mt][i][e] *= a.scale_log2;
+            }
+#endif
         }
 
         /* Online softmax: new maxima, rescale, exponentials. */
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = FGA_NEG_INF;
+        for (int mt = 0; mt < FGA_MT; mt++) {
 #pragma unroll
-            for (int i = 0; i < FGA_NTILES; i++) mx = fmaxf(mx, fmaxf(s[i][2 * r], s[i][2 * r + 1]));
-            mx = fga_quad_max(mx);
-            const float m_new = fmaxf(m_run[r], mx);
-            const float m_use = m_new == FGA_NEG_INF ? 0.f : m_new;
-            const float alpha = fga_exp2(m_run[r] - m_use);
-            m_run[r] = m_new;
-            float sum = 0.f;
+            for (int r = 0; r < 2; r++) {
+                float mx = FGA_NEG_INF;
 #pragma unroll
-            for (int i = 0; i < FGA_NTILES; i++) {
-                s[i][2 * r] = fga_exp2(s[i][2 * r] - m_use);
-                s[i][2 * r + 1] = fga_exp2(s[i][2 * r + 1] - m_use);
-                sum += s[i][2 * r] + s[i][2 * r + 1];
-            }
-            l_run[r] = l_run[r] * alpha + sum;
+                for (int i = 0; i < FGA_NTILES; i++)
+                    mx = fmaxf(mx, fmaxf(s[mt][i][2 * r], s[mt][i][2 * r + 1]));
+                mx = fga_quad_max(mx);
+                const float m_new = fmaxf(m_run[mt][r], mx);
+                const float m_use = m_new == FGA_NEG_INF ? 0.f : m_new;
+                const float alpha = fga_exp2(m_run[mt][r] - m_use);
+                m_run[mt][r] = m_new;
+                float sum = 0.f;
 #pragma unroll
-            for (int i = 0; i < FGA_DTILES; i++) {
-                o[i][2 * r] *= alpha;
-                o[i][2 * r + 1] *= alpha;
+                for (int i = 0; i < FGA_NTILES; i++) {
+                    s[mt][i][2 * r] = fga_exp2(s[mt][i][2 * r] - m_use);
+                    s[mt][i][2 * r + 1] = fga_exp2(s[mt][i][2 * r + 1] - m_use);
+                    sum += s[mt][i][2 * r] + s[mt][i][2 * r + 1];
+                }
+                l_run[mt][r] = l_run[mt][r] * alpha + sum;
+#pragma unroll
+                for (int i = 0; i < FGA_DTILES; i++) {
+                    o[mt][i][2 * r] *= alpha;
+                    o[mt][i][2 * r + 1] *= alpha;
+                }
             }
         }
 
-        /* O += P V: P goes from accumulator layout straight to A fragments. */
+        /* O += P V: P goes from accumulator layout straight to A fragments;
+         * each V fragment serves every slab. */
         const fga_u32 v_lane = sV + buf * kv_stage + (fga_u32)((v_row * FGA_ROW + v_col) * 2);
 #pragma unroll
         for (int kc = 0; kc < FGA_BLOCK_N / 16; kc++) {
-            fga_u32 pa[4];
-            pa[0] = fga_pack(s[2 * kc][0], s[2 * kc][1]);
-            pa[1] = fga_pack(s[2 * kc][2], s[2 * kc][3]);
-            pa[2] = fga_pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-            pa[3] = fga_pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+            fga_u32 pa[FGA_MT][4];
+#pragma unroll
+            for (int mt = 0; mt < FGA_MT; mt++) {
+                pa[mt][0] = fga_pack(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                pa[mt][1] = fga_pack(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                pa[mt][2] = fga_pack(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                pa[mt][3] = fga_pack(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+            }
 #pragma unroll
             for (int dp = 0; dp < FGA_DTILES / 2; dp++) {
                 fga_u32 b0, b1, b2, b3;
                 fga_ldsm4t(v_lane + (fga_u32)((kc * 16 * FGA_ROW + dp * 16) * 2), b0, b1, b2, b3);
-                fga_mma(o[2 * dp], pa, b0, b1);
-                fga_mma(o[2 * dp + 1], pa, b2, b3);
+#pragma unroll
+                for (int mt = 0; mt < FGA_MT; mt++) {
+                    fga_mma(o[mt][2 * dp], pa[mt], b0, b1);
+                    fga_mma(o[mt][2 * dp + 1], pa[mt], b2, b3);
+                }
             }
         }
         __syncthreads(); /* this buffer is refilled by iteration j + 1 */
@@ -417,19 +480,23 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
 
     /* Normalise and write: out rows and, from one thread per quad, LSE. */
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int qi = qrow0 + r * 8;
-        const float l = fga_quad_sum(l_run[r]);
-        if (qi >= a.q_len) continue;
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        fga_u16 *op = (fga_u16 *)a.out + (fga_i64)b * a.o_stride[0] + (fga_i64)h * a.o_stride[1] +
-                      (fga_i64)qi * a.o_stride[2];
+    for (int mt = 0; mt < FGA_MT; mt++) {
 #pragma unroll
-        for (int i = 0; i < FGA_DTILES; i++)
-            *(fga_u32 *)(op + i * 8 + t4 * 2) = fga_pack(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
-        if (a.lse && t4 == 0) {
-            float *lp = (float *)a.lse + ((fga_i64)b * a.heads_q + h) * a.q_len + qi;
-            *lp = l > 0.f ? (m_run[r] + fga_log2(l)) * FGA_LN2 : FGA_NEG_INF;
+        for (int r = 0; r < 2; r++) {
+            const int qi = qrow0 + mt * 16 + r * 8;
+            const float l = fga_quad_sum(l_run[mt][r]);
+            if (qi >= a.q_len) continue;
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            fga_u16 *op = (fga_u16 *)a.out + (fga_i64)b * a.o_stride[0] + (fga_i64)h * a.o_stride[1] +
+                          (fga_i64)qi * a.o_stride[2];
+#pragma unroll
+            for (int i = 0; i < FGA_DTILES; i++)
+                *(fga_u32 *)(op + i * 8 + t4 * 2) =
+                    fga_pack(o[mt][i][2 * r] * inv, o[mt][i][2 * r + 1] * inv);
+            if (a.lse && t4 == 0) {
+                float *lp = (float *)a.lse + ((fga_i64)b * a.heads_q + h) * a.q_len + qi;
+                *lp = l > 0.f ? (m_run[mt][r] + fga_log2(l)) * FGA_LN2 : FGA_NEG_INF;
+            }
         }
     }
 }

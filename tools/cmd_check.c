@@ -498,8 +498,11 @@ static int run_check(state *s) {
     else if (r.checked_batch != o->batch || r.checked_heads != o->heads)
         printf("checked against the reference: batch 0, query heads 0..%d (the whole problem is large)\n",
                r.checked_heads - 1);
-    printf("out: relative Frobenius error %.3e (tolerance %.0e)\n", r.rel, tol);
-    printf("lse: max error %.3e (tolerance 1e-3 (1 + |lse|)), -inf mismatches %ld\n", r.lse_err, r.lse_mismatch);
+    if (!o->no_reference) {
+        printf("out: relative Frobenius error %.3e (tolerance %.0e)\n", r.rel, tol);
+        printf("lse: max error %.3e (tolerance 1e-3 (1 + |lse|)), -inf mismatches %ld\n", r.lse_err,
+               r.lse_mismatch);
+    }
     printf("non-finite values: %ld\n", r.nonfinite);
 
     if (o->time_n > 0) {
