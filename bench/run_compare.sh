@@ -12,6 +12,7 @@
 #     compare64   the same at D=64
 #     cbench      flexgen bench (the C benchmark) at the default shape
 #     cquick      flexgen bench on the small shape
+# $LABEL, when set, is recorded in the comparison's JSON (the commit built).
 # Logs, JSON and charts go to $OUT (default ./bench-out); the last lines of
 # the log are the tables. BUILD_DIR/devlib, if present, is put on
 # LD_LIBRARY_PATH (for libraries the build machine has and this one lacks).
@@ -59,11 +60,11 @@ for s in $STEPS; do
             --warmup 10 --rep 30 --json "$OUT/quick.json"
         ;;
     compare128)
-        step compare128 python3 bench/compare_torch.py --head-dim 128 \
+        step compare128 python3 bench/compare_torch.py --head-dim 128 ${LABEL:+--label "$LABEL"} \
             --json "$OUT/compare_d128.json" --png "$OUT/compare_d128.png"
         ;;
     compare64)
-        step compare64 python3 bench/compare_torch.py --head-dim 64 \
+        step compare64 python3 bench/compare_torch.py --head-dim 64 ${LABEL:+--label "$LABEL"} \
             --json "$OUT/compare_d64.json" --png "$OUT/compare_d64.png"
         ;;
     cbench)

@@ -368,12 +368,12 @@ static inline fg_status ex_compare_rows(fg_ctx *ctx, const fg_mod *mod, const fg
     r.block_mask = NULL; /* dense: the reference evaluates mask_mod everywhere */
     r.binds = binds;
     r.nbinds = nbinds;
-    r.out = NULL;
     r.lse = NULL;
     r.stream = NULL;
 
     size_t n = (size_t)B * H * rows;
     double *ref = malloc(n * D * sizeof *ref), *ref_lse = malloc(n * sizeof *ref_lse);
+    r.out = ref; /* the reference writes to `ref`; it checks that out is set */
     fg_status st = FG_ERR_OUT_OF_MEMORY;
     if (ref && ref_lse) st = fg_attention_reference(ctx, mod, &r, ref, ref_lse);
     if (st == FG_OK) {
