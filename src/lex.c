@@ -211,7 +211,7 @@ static fg_status lex_directive(lexer *lx) {
 static fg_status lex_word(lexer *lx) {
     size_t start = lx->pos, p = start;
     while (p < lx->len && is_alnum(lx->src[p])) p++;
-    fgi_token *t;
+    fgi_token *t = NULL;
     FGI_TRY(push(lx, FGI_TK_IDENT, start, p, &t));
     size_t n = p - start;
     for (size_t i = 0; i < sizeof keywords / sizeof keywords[0]; i++)
@@ -244,7 +244,7 @@ static fg_status lex_float(lexer *lx, size_t start, size_t p) {
     if (isinf(v)) return lex_error(lx, FG_ERR_SYNTAX, start, "float literal out of range");
     if (p < lx->len && (lx->src[p] == 'f' || lx->src[p] == 'F')) p++;
     if (p < lx->len && is_alnum(lx->src[p])) return bad_suffix(lx, p);
-    fgi_token *t;
+    fgi_token *t = NULL;
     FGI_TRY(push(lx, FGI_TK_FLOAT, start, p, &t));
     t->fval = v;
     lx->pos = p;
@@ -261,7 +261,7 @@ static fg_status lex_int(lexer *lx, size_t start, size_t p, int base) {
             return lex_error(lx, FG_ERR_SYNTAX, start, "integer literal does not fit in a 32-bit int");
     }
     if (p < lx->len && is_alnum(lx->src[p])) return bad_suffix(lx, p);
-    fgi_token *t;
+    fgi_token *t = NULL;
     FGI_TRY(push(lx, FGI_TK_INT, start, p, &t));
     t->ival = v;
     lx->pos = p;
