@@ -57,6 +57,7 @@ FG_PARAM_SCALAR, FG_PARAM_BUFFER = 1, 2
 FG_TYPE_BOOL, FG_TYPE_INT, FG_TYPE_FLOAT = 1, 2, 3
 FG_MASK_MOD, FG_SCORE_MOD = 1, 2
 FG_BF16, FG_FP16 = 1, 2
+FG_KERNEL_ATTENTION_FWD = 1
 FG_OPT_DEVICE, FG_OPT_ARCH, FG_OPT_CACHE_DIR, FG_OPT_DISK_CACHE = 1, 2, 3, 4
 FG_BM_ARRAYS = {
     "kv_num_blocks": 1, "kv_indices": 2, "full_kv_num_blocks": 3, "full_kv_indices": 4,
@@ -91,6 +92,11 @@ class _CacheStats(ctypes.Structure):
     _fields_ = [("memory_hits", ctypes.c_uint64), ("disk_hits", ctypes.c_uint64),
                 ("misses", ctypes.c_uint64), ("disk_rejects", ctypes.c_uint64),
                 ("compile_ms", ctypes.c_double), ("load_ms", ctypes.c_double)]
+
+
+class _KernelConfig(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int), ("dtype", ctypes.c_int), ("head_dim", ctypes.c_int),
+                ("q_block", ctypes.c_int), ("kv_block", ctypes.c_int), ("arch", ctypes.c_char_p)]
 
 
 _Stride = ctypes.c_int64 * 4
@@ -164,6 +170,9 @@ _SIGNATURES = {
     "fg_block_mask_picture": (ctypes.c_int, [_P, ctypes.c_int, ctypes.c_int,
                                              ctypes.POINTER(ctypes.c_void_p)]),
     "fg_attention_forward": (ctypes.c_int, [_P, _P, ctypes.POINTER(_AttentionArgs)]),
+    "fg_kernel_get": (ctypes.c_int, [_P, _P, ctypes.POINTER(_KernelConfig), _PP]),
+    "fg_kernel_launch": (ctypes.c_int, [_P, _P, ctypes.POINTER(_AttentionArgs)]),
+    "fg_kernel_release": (None, [_P]),
     "fg_attention_reference": (ctypes.c_int, [_P, _P, ctypes.POINTER(_AttentionArgs),
                                               ctypes.c_void_p, ctypes.c_void_p]),
     "fg_cache_get_stats": (None, [ctypes.POINTER(_CacheStats)]),
@@ -912,24 +921,48 @@ def attention(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None,
 
 
 class Prepared:
-    """One attention call with every argument checked and converted once:
-    calling it launches the kernel again on torch's current stream, writing
-    the same `out` (and `lse`). For loops that call the same attention on
-    tensors updated in place, and for timing the kernel without the Python
-    argument handling."""
+    """One attention call with every argument checked and converted once,
+    and its kernel fetched once (fg_kernel_get): calling it only launches
+    (fg_kernel_launch) on torch's current stream, writing the same `out`
+    (and `lse`). For loops that call the same attention on tensors updated
+    in place, and for timing the kernel without the per-call host work."""
 
     def __init__(self, mod, args, out, lse, keep, index):
         self.mod, self.out, self.lse = mod, out, lse
         self._args, self._keep, self._index = args, keep, index
         self._ctx = _ctx(index)
-        self._fn = _load().fg_attention_forward
+        self._lib = _load()
+        self._kernel = ctypes.c_void_p()
+        self._fetch()
+
+    def _fetch(self):
+        """The kernel forward would use; again after forget_memory_cache(),
+        which may unload the module a held kernel points into."""
+        if self._kernel:
+            self._lib.fg_kernel_release(self._kernel)
+            self._kernel = ctypes.c_void_p()
+        cfg = _KernelConfig(FG_KERNEL_ATTENTION_FWD, self._args.dtype, self._args.head_dim,
+                            0, 0, None)
+        c = self._ctx
+        with c.lock:
+            c.check(self._lib.fg_kernel_get(c.handle, self.mod.handle, ctypes.byref(cfg),
+                                            ctypes.byref(self._kernel)))
+        self._generation = _memory_generation
 
     def __call__(self):
+        if self._generation != _memory_generation:
+            self._fetch()
         self._args.stream = torch.cuda.current_stream(self._index).cuda_stream
         c = self._ctx
         with c.lock:
-            c.check(self._fn(c.handle, self.mod.handle, ctypes.byref(self._args)))
+            c.check(self._lib.fg_kernel_launch(c.handle, self._kernel, ctypes.byref(self._args)))
         return (self.out, self.lse) if self.lse is not None else self.out
+
+    def __del__(self):
+        try:
+            self._lib.fg_kernel_release(self._kernel)
+        except Exception:
+            pass
 
 
 def prepare(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None, scale=None,
@@ -1025,9 +1058,14 @@ def reset_cache_stats():
     _load().fg_cache_reset_stats()
 
 
+_memory_generation = 0  # bumped by forget_memory_cache(): Prepared calls re-fetch
+
+
 def forget_memory_cache():
     """Drop every kernel from the in-memory cache (the next call loads from
     disk or compiles): for measuring cold and warm first calls."""
+    global _memory_generation
+    _memory_generation += 1
     _load().fg_cache_forget_memory()
     with _bm_lock:
         _bm_cache.clear()

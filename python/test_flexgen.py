@@ -450,6 +450,8 @@ class Gpu(unittest.TestCase):
         self.assertTrue(torch.equal(a, b))
         again = flexgen.prepare(q, k, v, spec.mask_file, block_mask=bm)
         self.assertTrue(torch.equal(again(), a))
+        flexgen.forget_memory_cache()  # the prepared call fetches its kernel again
+        self.assertTrue(torch.equal(again(), a))
         with self.assertRaises(ValueError):
             flexgen.attention(q[:, :, :500], k, v, spec.mask_file, block_mask=bm)
 

@@ -194,6 +194,11 @@ static int load_side(fg_ctx *ctx, const fg_cli_mod_args *a, fg_mod_kind kind, fg
     else if (expr) st = fg_mod_from_expr(ctx, kind, expr, a->decls, (size_t)a->ndecls, out);
     else return 0;
     if (st != FG_OK) return fg_cli_fail(ctx, st, NULL);
+    /* Alone, a file keeps whatever it defines; beside the other side it
+     * must supply the part its option names. */
+    bool other = kind == FG_MASK_MOD ? (a->score_file || a->score_expr)
+                                     : (a->mask_file || a->mask_expr);
+    if (!other) return 0;
     if (file && kind == FG_MASK_MOD && !fg_mod_has_mask(*out)) {
         fg_mod_destroy(*out);
         *out = NULL;
