@@ -9,10 +9,10 @@
  *   - the kernel template's file name and a 64-bit hash of every text that
  *     goes into the source besides the mod (common.cuh, the kernel template,
  *     and the emitter's version, bumped whenever emit.c prints differently);
- *   - the config values the source uses: dtype and head dim for attention,
- *     the block sizes for the block-mask builder. A value the kernel does not
- *     read is neither in the key nor in the source, so one attention kernel
- *     serves block masks of every block size.
+ *   - the config values the source uses: dtype, head dim and block sizes
+ *     for attention (the q tile follows FG_Q_BLOCK), the block sizes alone
+ *     for the block-mask builder. A value the kernel does not read is
+ *     neither in the key nor in the source.
  * The cache adds what it knows (arch, NVRTC version, options, its format).
  * The source is generated only on a miss (spec.gen_source), in the order
  * codegen.h documents: header comment, config macros, common.cuh, the

@@ -338,6 +338,10 @@ fg_status fgi_eval_score(fg_ctx *ctx, const fg_mod *mod, const fgi_value *values
  * `fg_score_mod` (identity / always-true when absent), FG_HAS_MASK_MOD and
  * FG_HAS_SCORE_MOD, with #line directives back to the mod's files. */
 fg_status fgi_emit_mod(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out);
+/* Append the mods split by dependency (emit_split.c): fg_mask_head / _row /
+ * _col with their _init functions and fg_mask_split, the same for score_mod,
+ * and FG_HAS_SPLIT_MODS; for the attention kernel, after fgi_emit_mod. */
+fg_status fgi_emit_split(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out);
 
 /* Embedded templates (generated at build time from templates/\*.cuh). */
 typedef struct fgi_template {

@@ -45,6 +45,14 @@
  * registers without spilling more than a few bytes). All global offsets
  * are 64-bit.
  *
+ * Mods. The kernel calls the mods split by what each part reads
+ * (src/emit_split.c): the parts that read only b, h and parameters once per
+ * thread, the parts that read q_idx but not kv_idx once per row the thread
+ * owns (before the sweep), the parts that read kv_idx but not q_idx once
+ * per column it owns in a tile, and only the rest per score -- what
+ * Triton's broadcasting gives FlexAttention. The split gives the same bits
+ * as the whole mod.
+ *
  * The host (src/attention.c) mirrors FGA_BLOCK_M / FGA_BLOCK_N / the shared
  * memory size and the fga_args layout; the static_assert below and the one in
  * src/attention.h keep the two in step. A Hopper variant (wgmma + TMA) is a
@@ -242,6 +250,49 @@ static __device__ __forceinline__ int fga_item_kv0(const fga_plan &pl, int j, bo
 
 /* ---- the kernel ------------------------------------------------------------- */
 
+#if !defined(FG_HAS_SPLIT_MODS)
+/* Source generated without the split mods (emit_split.c): the same entry
+ * points, with every part computed per element by the whole mod. */
+struct fg_mask_head {};
+struct fg_mask_row {};
+struct fg_mask_col {};
+struct fg_score_head {};
+struct fg_score_row {};
+struct fg_score_col {};
+static __device__ __forceinline__ fg_mask_head fg_mask_head_init(const fg_mod_params &, int, int) {
+    return fg_mask_head();
+}
+static __device__ __forceinline__ fg_mask_row fg_mask_row_init(const fg_mod_params &, const fg_mask_head &,
+                                                               int, int, int) {
+    return fg_mask_row();
+}
+static __device__ __forceinline__ fg_mask_col fg_mask_col_init(const fg_mod_params &, const fg_mask_head &,
+                                                               int, int, int) {
+    return fg_mask_col();
+}
+static __device__ __forceinline__ bool fg_mask_split(const fg_mod_params &p, const fg_mask_head &, int b,
+                                                     int h, int q_idx, int kv_idx, const fg_mask_row &,
+                                                     const fg_mask_col &) {
+    return fg_mask_mod(p, b, h, q_idx, kv_idx);
+}
+static __device__ __forceinline__ fg_score_head fg_score_head_init(const fg_mod_params &, int, int) {
+    return fg_score_head();
+}
+static __device__ __forceinline__ fg_score_row fg_score_row_init(const fg_mod_params &,
+                                                                 const fg_score_head &, int, int, int) {
+    return fg_score_row();
+}
+static __device__ __forceinline__ fg_score_col fg_score_col_init(const fg_mod_params &,
+                                                                 const fg_score_head &, int, int, int) {
+    return fg_score_col();
+}
+static __device__ __forceinline__ float fg_score_split(const fg_mod_params &p, const fg_score_head &,
+                                                       float score, int b, int h, int q_idx, int kv_idx,
+                                                       const fg_score_row &, const fg_score_col &) {
+    return fg_score_mod(p, score, b, h, q_idx, kv_idx);
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(FGA_THREADS)
 fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {
     extern __shared__ __align__(128) unsigned char fga_smem[];
@@ -325,6 +376,23 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     /* This thread's rows: qrow0 + mt * 16 + {0, 8}. */
     const int qrow0 = q0 + warp * 16 * FGA_MT + g;
 
+    /* The parts of the mods that do not depend on kv_idx, computed once for
+     * the whole sweep: per (b, h) and per row this thread owns. Rows past
+     * Q_LEN are masked by the kernel; their parts are computed at the last
+     * row so that a mod never sees an index out of range. */
+    const fg_mask_head mhd = fg_mask_head_init(p, b, h);
+    const fg_score_head shd = fg_score_head_init(p, b, h);
+    fg_mask_row mrow[FGA_MT][2];
+    fg_score_row srow[FGA_MT][2];
+#pragma unroll
+    for (int mt = 0; mt < FGA_MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int qi = min(qrow0 + mt * 16 + r * 8, a.q_len - 1) + a.q_offset;
+            mrow[mt][r] = fg_mask_row_init(p, mhd, b, h, qi);
+            srow[mt][r] = fg_score_row_init(p, shd, b, h, qi);
+        }
+
     for (int j = 0; j < pl.n_items; j++) {
         const int buf = j & 1;
         bool partial, next_partial;
@@ -374,11 +442,26 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         /* Scale, mods and range, into log2 units. Range checks and mask_mod
          * only where a tile is partial or crosses Q_LEN / KV_LEN. */
         const bool check = partial || kv0 + FGA_BLOCK_N > a.kv_len || q0 + FGA_BLOCK_M > a.q_len;
-#pragma unroll
-        for (int mt = 0; mt < FGA_MT; mt++) {
+
+        /* Fragment by fragment: the column parts of the mods once per column
+         * this thread owns (two per n8 fragment, shared by all its rows),
+         * then the elements. The mask's parts only in partial tiles, so full
+         * tiles do no mask work at all. */
 #if defined(FG_HAS_SCORE_MOD) && FG_HAS_SCORE_MOD
 #pragma unroll
-            for (int i = 0; i < FGA_NTILES; i++) {
+        for (int i = 0; i < FGA_NTILES; i++) {
+            fg_mask_col mcol[2];
+            fg_score_col scol[2];
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int kc = min(kv0 + i * 8 + t4 * 2 + c, a.kv_len - 1) + a.kv_offset;
+#if defined(FG_HAS_MASK_MOD) && FG_HAS_MASK_MOD
+                if (partial) mcol[c] = fg_mask_col_init(p, mhd, b, h, kc);
+#endif
+                scol[c] = fg_score_col_init(p, shd, b, h, kc);
+            }
+#pragma unroll
+            for (int mt = 0; mt < FGA_MT; mt++) {
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int qi = qrow0 + mt * 16 + (e >> 1) * 8;
@@ -388,18 +471,33 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
                         keep = qi < a.q_len && ki < a.kv_len;
 #if defined(FG_HAS_MASK_MOD) && FG_HAS_MASK_MOD
                         if (keep && partial)
-                            keep = fg_mask_mod(p, b, h, qi + a.q_offset, ki + a.kv_offset);
+                            keep = fg_mask_split(p, mhd, b, h, qi + a.q_offset, ki + a.kv_offset,
+                                                 mrow[mt][e >> 1], mcol[e & 1]);
 #endif
                     }
                     float v = s[mt][i][e] * a.scale;
-                    if (keep) v = fg_score_mod(p, v, b, h, qi + a.q_offset, ki + a.kv_offset);
+                    if (keep)
+                        v = fg_score_split(p, shd, v, b, h, qi + a.q_offset, ki + a.kv_offset,
+                                           srow[mt][e >> 1], scol[e & 1]);
                     s[mt][i][e] = keep ? v * FGA_LOG2E : FGA_NEG_INF;
                 }
             }
+        }
 #else
-            if (check) {
+        if (check) {
 #pragma unroll
-                for (int i = 0; i < FGA_NTILES; i++) {
+            for (int i = 0; i < FGA_NTILES; i++) {
+                fg_mask_col mcol[2];
+#if defined(FG_HAS_MASK_MOD) && FG_HAS_MASK_MOD
+                if (partial) {
+#pragma unroll
+                    for (int c = 0; c < 2; c++)
+                        mcol[c] = fg_mask_col_init(p, mhd, b, h,
+                                                   min(kv0 + i * 8 + t4 * 2 + c, a.kv_len - 1) + a.kv_offset);
+                }
+#endif
+#pragma unroll
+                for (int mt = 0; mt < FGA_MT; mt++) {
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int qi = qrow0 + mt * 16 + (e >> 1) * 8;
@@ -407,19 +505,22 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
                         bool keep = qi < a.q_len && ki < a.kv_len;
 #if defined(FG_HAS_MASK_MOD) && FG_HAS_MASK_MOD
                         if (keep && partial)
-                            keep = fg_mask_mod(p, b, h, qi + a.q_offset, ki + a.kv_offset);
+                            keep = fg_mask_split(p, mhd, b, h, qi + a.q_offset, ki + a.kv_offset,
+                                                 mrow[mt][e >> 1], mcol[e & 1]);
 #endif
                         s[mt][i][e] = keep ? s[mt][i][e] * a.scale_log2 : FGA_NEG_INF;
                     }
                 }
-            } else {
+            }
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < FGA_MT; mt++)
 #pragma unroll
                 for (int i = 0; i < FGA_NTILES; i++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) s[mt][i][e] *= a.scale_log2;
-            }
-#endif
         }
+#endif
 
         /* Online softmax: new maxima, rescale, exponentials. */
 #pragma unroll

@@ -52,7 +52,7 @@ static_assert(sizeof(void *) == 8, "flexgen kernels use 64-bit pointers");
 #define FG_INFINITY __int_as_float(0x7f800000)  /* +inf                    */
 #define FG_NAN __int_as_float(0x7fffffff)       /* a quiet NaN             */
 
-#define FG_DEV static __device__ __forceinline__
+#define FG_DEV __device__ __forceinline__
 
 /* offsetof without <cstddef>: NVRTC's front end (EDG) folds __INTADDR__ of
  * a member address to a constant, so it works in static_assert. */
@@ -65,17 +65,17 @@ FG_DEV int fg_iadd(int a, int b) { return (int)((fg_u32)a + (fg_u32)b); }
 FG_DEV int fg_isub(int a, int b) { return (int)((fg_u32)a - (fg_u32)b); }
 FG_DEV int fg_imul(int a, int b) { return (int)((fg_u32)a * (fg_u32)b); }
 FG_DEV int fg_ineg(int a) { return (int)(0u - (fg_u32)a); }
-/* a / b truncated toward zero; 0 when b == 0; INT_MIN / -1 == INT_MIN. */
+/* a / b truncated toward zero; 0 when b == 0; INT_MIN / -1 == INT_MIN.
+ * Selects, not branches: the division always runs on a safe divisor, so a
+ * mod inlined into an unrolled loop stays one straight-line block (with
+ * branches around each division NVVM's optimiser takes minutes). */
 FG_DEV int fg_idiv(int a, int b) {
-    if (b == 0) return 0;
-    if (b == -1) return fg_ineg(a);
-    return a / b;
+    const bool odd = b == 0 || b == -1;
+    const int q = a / (odd ? 1 : b);
+    return b == 0 ? 0 : b == -1 ? fg_ineg(a) : q;
 }
-/* a % b with the sign of a; 0 when b == 0 or b == -1. */
-FG_DEV int fg_imod(int a, int b) {
-    if (b == 0 || b == -1) return 0;
-    return a % b;
-}
+/* a % b with the sign of a; 0 when b == 0 or b == -1 (x % 1 is 0). */
+FG_DEV int fg_imod(int a, int b) { return a % ((b == 0 || b == -1) ? 1 : b); }
 /* a << (n & 31), bits shifted out are lost. */
 FG_DEV int fg_shl(int a, int n) { return (int)((fg_u32)a << (n & 31)); }
 /* a >> (n & 31), arithmetic (sign-filling), spelled so it is for any a. */

@@ -48,6 +48,8 @@ static void usage(FILE *f) {
             "                          sm_90a without one)\n\n"
             "Output:\n"
             "  --emit cuda|ptx|cubin   the CUDA source (default), or compile it with NVRTC\n"
+            "  --emit mod              only the emitted mod (params struct, fg_mask_mod,\n"
+            "                          fg_score_mod) without helpers and template\n"
             "  -o, --output FILE       write there instead of standard output\n"
             "  --canonical             print the mod's canonical text and hash instead\n"
             "  -h, --help              this text\n"
@@ -120,7 +122,7 @@ static int cmd_cache(int argc, char **argv) {
 
 /* ---- the default action: source, PTX, cubin, canonical ----------------------- */
 
-typedef enum emit_what { EMIT_CUDA, EMIT_PTX, EMIT_CUBIN, EMIT_CANONICAL } emit_what;
+typedef enum emit_what { EMIT_CUDA, EMIT_PTX, EMIT_CUBIN, EMIT_MOD, EMIT_CANONICAL } emit_what;
 
 typedef struct gen_opts {
     fg_cli_mod_args mod;
@@ -147,7 +149,7 @@ static int parse_choice(const char *arg, const char *opt, const char *const *nam
 static int gen_option(gen_opts *o, int c, const char *arg) {
     static const char *const kinds[] = {"attention", "blockmask"};
     static const char *const dtypes[] = {"bf16", "fp16"};
-    static const char *const emits[] = {"cuda", "ptx", "cubin"};
+    static const char *const emits[] = {"cuda", "ptx", "cubin", "mod"};
     int i, v;
     switch (c) {
     case OPT_KERNEL:
@@ -167,8 +169,8 @@ static int gen_option(gen_opts *o, int c, const char *arg) {
     case OPT_KV_BLOCK: return fg_cli_parse_int(arg, "--kv-block", 1, 100000, &o->cfg.kv_block);
     case OPT_ARCH: o->cfg.arch = arg; return 0;
     case OPT_EMIT:
-        if ((i = parse_choice(arg, "--emit", emits, 3)) < 0) return FG_EXIT_USAGE;
-        o->what = i == 0 ? EMIT_CUDA : i == 1 ? EMIT_PTX : EMIT_CUBIN;
+        if ((i = parse_choice(arg, "--emit", emits, 4)) < 0) return FG_EXIT_USAGE;
+        o->what = i == 0 ? EMIT_CUDA : i == 1 ? EMIT_PTX : i == 2 ? EMIT_CUBIN : EMIT_MOD;
         return 0;
     case OPT_CANONICAL: o->what = EMIT_CANONICAL; return 0;
     case 'o': o->output = arg; return 0;
@@ -209,6 +211,17 @@ static int run_generate(fg_ctx *ctx, const gen_opts *o, const fg_mod *mod) {
         memcpy(all + cl, text, tl + 1);
         int rc = write_out(o->output, all, cl + tl, false);
         free(all);
+        return rc;
+    }
+    if (o->what == EMIT_MOD) {
+        fgi_buf b = {0};
+        fg_status st = fgi_emit_mod(ctx, mod, &b);
+        if (st != FG_OK) {
+            fgi_buf_free(&b);
+            return fg_cli_fail(ctx, st, NULL);
+        }
+        int rc = write_out(o->output, b.data ? b.data : "", b.len, false);
+        fgi_buf_free(&b);
         return rc;
     }
     if (o->what == EMIT_CUDA) {

@@ -1,0 +1,581 @@
+/*
+ * emit_split.c -- the mods again, split by what each part depends on, so the
+ * attention kernel computes a part once per row, once per column or once per
+ * (batch, head) instead of once per score.
+ *
+ * FlexAttention gets this for free from Triton's broadcasting: in
+ * `q_idx // W == kv_idx // W`, q_idx is a column vector and kv_idx a row
+ * vector, so each division runs once per row or column of the tile. Here a
+ * thread of the mma.sync kernel owns a few rows for the whole sweep and two
+ * columns per n8 fragment of each tile, so the same saving comes from
+ * splitting every mod into
+ *   - a head part: the largest subexpressions that read only b, h and
+ *     parameters (`KERNEL / 2`, `slopes[h]`), computed once per thread;
+ *   - a row part: those that read q_idx (and maybe b, h) but not kv_idx,
+ *     computed once per q row the thread owns;
+ *   - a column part: those that read kv_idx but not q_idx, computed once per
+ *     kv column the thread owns in a tile;
+ *   - the rest, evaluated per element with the hoisted values read back
+ *     from the three structs.
+ * A local whose initialiser falls in one class is hoisted whole.
+ *
+ * Why this is exact. Only whole subexpressions move; each is printed with
+ * the same helpers as in emit.c (fg_iadd, __fmul_rn-based fg_fmul, the
+ * bounds-checked loads ...), in the same order, so every value is computed
+ * by the same operations with the same rounding. Moving a subexpression out
+ * of the side of && / || / ?: that would not have been taken evaluates it
+ * speculatively; that is safe because every operation of the emitted CUDA
+ * is total (x / 0 == 0, an out-of-range load gives 0; see internal.h), and
+ * the value is used only where the original would have used it.
+ *
+ * The printer here writes every operator fully parenthesised (the text is
+ * read by NVRTC, the readable rendering of the mod is fg_mask_mod's) and
+ * names each hoisted value hd.fK_N, r.fK_N or c.fK_N: leaf K of the mask (or
+ * the score_mod), value N. The init functions fill a struct named like the
+ * one the split function reads, so one printer serves all four functions.
+ */
+#include "codegen.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* What a node reads, as a set of the mod arguments. */
+enum { D_B = 1, D_H = 2, D_Q = 4, D_KV = 8, D_SCORE = 16 };
+
+/* Where a value can be computed. */
+typedef enum { C_HEAD = 0, C_ROW = 1, C_COL = 2, C_ELEM = 3 } split_class;
+
+static const char *const class_var[3] = {"hd", "r", "c"};
+
+#define MAX_FIELDS 256
+
+typedef struct field {
+    const fgi_expr *e; /* the hoisted expression, or NULL for a local    */
+    int local;         /* local index when e == NULL                      */
+    split_class cls;
+    int num;           /* N in fK_N                                       */
+} field;
+
+typedef struct splitter {
+    fg_ctx *ctx;
+    const fg_mod *mod;
+    fgi_buf *out;
+    fg_status st;
+    /* the function being split */
+    const fgi_func *fn;
+    int leaf;
+    unsigned local_deps[256];
+    field fields[MAX_FIELDS];
+    int nfields;
+    int next_num;
+    /* per local: the field holding it, or -1 */
+    int local_field[256];
+} splitter;
+
+static void fail(splitter *sp, const char *what) {
+    if (sp->st == FG_OK)
+        sp->st = fgi_error(sp->ctx, FG_ERR_INVALID_ARGUMENT, "cannot split the mod: %s", what);
+}
+
+/* ---- dependency analysis ------------------------------------------------------ */
+
+static unsigned deps_of(const splitter *sp, const fgi_expr *e) {
+    if (!e) return 0;
+    switch (e->kind) {
+    case FGI_E_ARG:
+        return e->op >= 0 && e->op < 5 ? 1u << e->op : 0;
+    case FGI_E_LOCAL:
+        return e->index >= 0 && e->index < 256 ? sp->local_deps[e->index] : 0;
+    default: break;
+    }
+    unsigned d = deps_of(sp, e->a) | deps_of(sp, e->b) | deps_of(sp, e->c);
+    for (int i = 0; i < e->nargs; i++) d |= deps_of(sp, e->args[i]);
+    return d;
+}
+
+static split_class class_of(unsigned d) {
+    if ((d & D_SCORE) || ((d & D_Q) && (d & D_KV))) return C_ELEM;
+    if (d & D_KV) return C_COL;
+    if (d & D_Q) return C_ROW;
+    return C_HEAD;
+}
+
+/* Nodes that cost nothing to recompute: hoisting them only spends registers. */
+static bool is_cheap(const fgi_expr *e) {
+    while (e && ((e->kind == FGI_E_UNARY && e->op == FGI_OP_PLUS) ||
+                 (e->kind == FGI_E_CAST && e->a && e->a->type == e->type)))
+        e = e->a;
+    return !e || e->kind == FGI_E_INT_LIT || e->kind == FGI_E_FLOAT_LIT ||
+           e->kind == FGI_E_BOOL_LIT || e->kind == FGI_E_ARG || e->kind == FGI_E_PARAM ||
+           e->kind == FGI_E_LOCAL;
+}
+
+/* ---- collecting the hoisted values -------------------------------------------- */
+
+static int add_field(splitter *sp, const fgi_expr *e, int local, split_class cls) {
+    if (sp->nfields >= MAX_FIELDS) {
+        if (sp->st == FG_OK)
+            sp->st = fgi_error(sp->ctx, FG_ERR_LIMIT,
+                               "the mod has more than %d hoistable subexpressions", MAX_FIELDS);
+        return -1;
+    }
+    field *f = &sp->fields[sp->nfields];
+    f->e = e;
+    f->local = local;
+    f->cls = cls;
+    f->num = sp->next_num++;
+    return sp->nfields++;
+}
+
+static const field *field_of_expr(const splitter *sp, const fgi_expr *e) {
+    for (int i = 0; i < sp->nfields; i++)
+        if (sp->fields[i].e == e) return &sp->fields[i];
+    return NULL;
+}
+
+static void collect(splitter *sp, const fgi_expr *e, split_class outer);
+
+static void collect_children(splitter *sp, const fgi_expr *e, split_class outer) {
+    collect(sp, e->a, outer);
+    collect(sp, e->b, outer);
+    collect(sp, e->c, outer);
+    for (int i = 0; i < e->nargs; i++) collect(sp, e->args[i], outer);
+}
+
+/* Hoist the maximal subexpressions of e whose class is cheaper than
+ * `outer` (the class of the place e is computed in). Children first, so a
+ * value is always defined before the one that reads it. */
+static void collect(splitter *sp, const fgi_expr *e, split_class outer) {
+    if (!e || sp->st != FG_OK) return;
+    split_class cls = class_of(deps_of(sp, e));
+    if (cls == outer || cls == C_ELEM || is_cheap(e)) {
+        collect_children(sp, e, outer);
+        return;
+    }
+    /* A head value inside a row / column value is hoisted further still. */
+    collect_children(sp, e, cls);
+    add_field(sp, e, -1, cls);
+}
+
+/* Classify the function's locals and collect every hoisted value. */
+static void analyse(splitter *sp, const fgi_func *fn, int leaf) {
+    sp->fn = fn;
+    sp->leaf = leaf;
+    sp->nfields = 0;
+    sp->next_num = 0;
+    if (fn->nlocals > 256) {
+        fail(sp, "more than 256 locals");
+        return;
+    }
+    for (int i = 0; i < fn->nlocals && sp->st == FG_OK; i++) {
+        const fgi_local *l = &fn->locals[i];
+        sp->local_deps[i] = deps_of(sp, l->init);
+        sp->local_field[i] = -1;
+        split_class cls = class_of(sp->local_deps[i]);
+        if (cls == C_ELEM) {
+            collect(sp, l->init, C_ELEM);
+        } else {
+            collect(sp, l->init, cls);
+            sp->local_field[i] = add_field(sp, NULL, i, cls);
+        }
+    }
+    collect(sp, fn->ret, C_ELEM);
+}
+
+/* ---- printing ------------------------------------------------------------------ */
+
+/* The same operation names as emit.c prints: the split must compute each
+ * value exactly as fg_mask_mod / fg_score_mod do. */
+static const char *arith_fn(int op, fgi_type t) {
+    bool f = t == FGI_T_FLOAT;
+    switch (op) {
+    case FGI_OP_ADD: return f ? "fg_fadd" : "fg_iadd";
+    case FGI_OP_SUB: return f ? "fg_fsub" : "fg_isub";
+    case FGI_OP_MUL: return f ? "fg_fmul" : "fg_imul";
+    case FGI_OP_DIV: return f ? "fg_fdiv" : "fg_idiv";
+    case FGI_OP_MOD: return f ? NULL : "fg_imod";
+    case FGI_OP_SHL: return f ? NULL : "fg_shl";
+    case FGI_OP_SHR: return f ? NULL : "fg_shr";
+    default: return NULL;
+    }
+}
+
+static const char *infix_str(int op) {
+    switch (op) {
+    case FGI_OP_LOR: return "||";
+    case FGI_OP_LAND: return "&&";
+    case FGI_OP_BOR: return "|";
+    case FGI_OP_BXOR: return "^";
+    case FGI_OP_BAND: return "&";
+    case FGI_OP_EQ: return "==";
+    case FGI_OP_NE: return "!=";
+    case FGI_OP_LT: return "<";
+    case FGI_OP_LE: return "<=";
+    case FGI_OP_GT: return ">";
+    case FGI_OP_GE: return ">=";
+    default: return NULL;
+    }
+}
+
+static const char *builtin_fn(int fn, fgi_type t) {
+    if (t == FGI_T_INT) {
+        switch (fn) {
+        case FGI_FN_ABS: return "fg_iabs";
+        case FGI_FN_MIN: return "fg_imin";
+        case FGI_FN_MAX: return "fg_imax";
+        case FGI_FN_CLAMP: return "fg_iclamp";
+        default: return NULL;
+        }
+    }
+    if (t != FGI_T_FLOAT) return NULL;
+    static const char *const names[FGI_FN_COUNT] = {
+        [FGI_FN_ABS] = "fabsf",      [FGI_FN_MIN] = "fminf",    [FGI_FN_MAX] = "fmaxf",
+        [FGI_FN_CLAMP] = "fg_fclamp", [FGI_FN_EXP] = "expf",    [FGI_FN_EXP2] = "exp2f",
+        [FGI_FN_LOG] = "logf",       [FGI_FN_LOG2] = "log2f",   [FGI_FN_SQRT] = "sqrtf",
+        [FGI_FN_RSQRT] = "fg_rsqrt", [FGI_FN_TANH] = "tanhf",   [FGI_FN_SIGMOID] = "fg_sigmoid",
+        [FGI_FN_FLOOR] = "floorf",   [FGI_FN_CEIL] = "ceilf",   [FGI_FN_POW] = "powf",
+        [FGI_FN_SIN] = "sinf",       [FGI_FN_COS] = "cosf",     [FGI_FN_ROUND] = "roundf",
+        [FGI_FN_TRUNC] = "truncf",   [FGI_FN_FMOD] = "fmodf",
+    };
+    return fn >= 0 && fn < FGI_FN_COUNT ? names[fn] : NULL;
+}
+
+static const char *ctype(fgi_type t) {
+    return t == FGI_T_BOOL ? "bool" : t == FGI_T_INT ? "int" : "float";
+}
+
+static void put_field_name(splitter *sp, const field *f) {
+    fgi_buf_printf(sp->out, "%s.f%d_%d", class_var[f->cls], sp->leaf, f->num);
+}
+
+/* Inf and NaN by their bits, finite values with enough digits to read back
+ * as the same float. */
+static void put_float(fgi_buf *out, float f) {
+    if (isnan(f) || isinf(f)) {
+        uint32_t bits;
+        memcpy(&bits, &f, sizeof bits);
+        fgi_buf_printf(out, "__int_as_float(0x%08x)", (unsigned)bits);
+        return;
+    }
+    char s[48];
+    snprintf(s, sizeof s, "%.9g", (double)f);
+    fgi_buf_printf(out, "(%s%sf)", s, strpbrk(s, ".en") ? "" : ".0");
+}
+
+static void print_expr(splitter *sp, const fgi_expr *e, split_class at);
+
+static void print_args(splitter *sp, const char *name, const fgi_expr *const *args, int n,
+                       split_class at) {
+    fgi_buf_printf(sp->out, "%s(", name);
+    for (int i = 0; i < n; i++) {
+        if (i) fgi_buf_puts(sp->out, ", ");
+        print_expr(sp, args[i], at);
+    }
+    fgi_buf_puts(sp->out, ")");
+}
+
+static void print_local(splitter *sp, const fgi_expr *e) {
+    int i = e->index;
+    if (i < 0 || i >= sp->fn->nlocals) {
+        fail(sp, "an unresolved local");
+        return;
+    }
+    if (sp->local_field[i] >= 0) put_field_name(sp, &sp->fields[sp->local_field[i]]);
+    else fgi_buf_printf(sp->out, "l%d", i);
+}
+
+static void print_cast(splitter *sp, const fgi_expr *e, split_class at) {
+    fgi_type to = e->type, from = e->a->type;
+    fgi_buf_puts(sp->out, "(");
+    if (to == from) {
+        print_expr(sp, e->a, at);
+    } else if (to == FGI_T_BOOL && (from == FGI_T_INT || from == FGI_T_FLOAT)) {
+        print_expr(sp, e->a, at);
+        fgi_buf_puts(sp->out, from == FGI_T_INT ? " != 0" : " != 0.0f");
+    } else if (to == FGI_T_INT && from == FGI_T_FLOAT) {
+        print_args(sp, "fg_f2i", (const fgi_expr *const *)&e->a, 1, at);
+    } else if ((to == FGI_T_INT && from == FGI_T_BOOL) ||
+               (to == FGI_T_FLOAT && (from == FGI_T_INT || from == FGI_T_BOOL))) {
+        fgi_buf_printf(sp->out, "(%s)", ctype(to));
+        print_expr(sp, e->a, at);
+    } else {
+        fail(sp, "a cast between unknown types");
+    }
+    fgi_buf_puts(sp->out, ")");
+}
+
+static void print_binary(splitter *sp, const fgi_expr *e, split_class at) {
+    const char *fn = arith_fn(e->op, e->a->type);
+    if (fn) {
+        const fgi_expr *args[2] = {e->a, e->b};
+        print_args(sp, fn, args, 2, at);
+        return;
+    }
+    const char *op = infix_str(e->op);
+    if (!op) {
+        fail(sp, "an unknown binary operator");
+        return;
+    }
+    fgi_buf_puts(sp->out, "(");
+    print_expr(sp, e->a, at);
+    fgi_buf_printf(sp->out, " %s ", op);
+    print_expr(sp, e->b, at);
+    fgi_buf_puts(sp->out, ")");
+}
+
+static void print_unary(splitter *sp, const fgi_expr *e, split_class at) {
+    switch (e->op) {
+    case FGI_OP_PLUS: print_expr(sp, e->a, at); return;
+    case FGI_OP_NEG:
+        if (e->type == FGI_T_INT) {
+            print_args(sp, "fg_ineg", (const fgi_expr *const *)&e->a, 1, at);
+            return;
+        }
+        fgi_buf_puts(sp->out, "(-");
+        break;
+    case FGI_OP_NOT: fgi_buf_puts(sp->out, "(!"); break;
+    case FGI_OP_BITNOT: fgi_buf_puts(sp->out, "(~"); break;
+    default: fail(sp, "an unknown unary operator"); return;
+    }
+    print_expr(sp, e->a, at);
+    fgi_buf_puts(sp->out, ")");
+}
+
+/* e as computed in a function of class `at`: a value hoisted to another
+ * class is read from its struct. */
+static void print_expr(splitter *sp, const fgi_expr *e, split_class at) {
+    if (!e || sp->st != FG_OK || e->type == FGI_T_NONE) {
+        fail(sp, "an untyped expression");
+        return;
+    }
+    const field *f = field_of_expr(sp, e);
+    if (f && f->cls != at) {
+        put_field_name(sp, f);
+        return;
+    }
+    fgi_buf *out = sp->out;
+    switch (e->kind) {
+    case FGI_E_INT_LIT:
+        if (e->lit.i == INT32_MIN) fgi_buf_puts(out, "FG_INT_MIN");
+        else fgi_buf_printf(out, "(%d)", (int)e->lit.i);
+        return;
+    case FGI_E_FLOAT_LIT: put_float(out, e->lit.f); return;
+    case FGI_E_BOOL_LIT: fgi_buf_puts(out, e->lit.b ? "true" : "false"); return;
+    case FGI_E_ARG: {
+        static const char *const names[5] = {"b", "h", "q_idx", "kv_idx", "score"};
+        if (e->op >= 0 && e->op < 5) fgi_buf_puts(out, names[e->op]);
+        else fail(sp, "an unknown argument");
+        return;
+    }
+    case FGI_E_PARAM:
+        if (e->index < 0 || e->index >= sp->mod->nparams) break;
+        fgi_buf_printf(out, "p.%s", sp->mod->params[e->index].name);
+        return;
+    case FGI_E_LOCAL: print_local(sp, e); return;
+    case FGI_E_INDEX: {
+        if (e->index < 0 || e->index >= sp->mod->nparams || !e->a) break;
+        const fgi_param *prm = &sp->mod->params[e->index];
+        fgi_buf_printf(out, "%s(p.%s, p.fg_len_%s, ",
+                       prm->type == FGI_T_FLOAT ? "fg_load_f32" : "fg_load_i32", prm->name,
+                       prm->name);
+        print_expr(sp, e->a, at);
+        fgi_buf_puts(out, ")");
+        return;
+    }
+    case FGI_E_UNARY: print_unary(sp, e, at); return;
+    case FGI_E_BINARY:
+        if (!e->a || !e->b) break;
+        print_binary(sp, e, at);
+        return;
+    case FGI_E_COND:
+        fgi_buf_puts(out, "(");
+        print_expr(sp, e->a, at);
+        fgi_buf_puts(out, " ? ");
+        print_expr(sp, e->b, at);
+        fgi_buf_puts(out, " : ");
+        print_expr(sp, e->c, at);
+        fgi_buf_puts(out, ")");
+        return;
+    case FGI_E_CAST:
+        if (!e->a) break;
+        print_cast(sp, e, at);
+        return;
+    case FGI_E_CALL: {
+        const char *name = builtin_fn(e->op, e->type);
+        if (!name) break;
+        print_args(sp, name, (const fgi_expr *const *)e->args, e->nargs, at);
+        return;
+    }
+    default: break;
+    }
+    fail(sp, "an expression the emitter does not know");
+}
+
+/* The struct members of one class. */
+static void print_members(splitter *sp, split_class cls) {
+    for (int i = 0; i < sp->nfields; i++) {
+        const field *f = &sp->fields[i];
+        if (f->cls != cls) continue;
+        fgi_type t = f->e ? f->e->type : sp->fn->locals[f->local].type;
+        fgi_buf_printf(sp->out, "    %s f%d_%d;", ctype(t), sp->leaf, f->num);
+        if (!f->e && sp->fn->locals[f->local].name)
+            fgi_buf_printf(sp->out, " /* %s */", sp->fn->locals[f->local].name);
+        fgi_buf_puts(sp->out, "\n");
+    }
+}
+
+/* The statements that fill the values of one class, in dependency order. */
+static void print_fills(splitter *sp, split_class cls) {
+    for (int i = 0; i < sp->nfields && sp->st == FG_OK; i++) {
+        const field *f = &sp->fields[i];
+        if (f->cls != cls) continue;
+        fgi_buf_puts(sp->out, "    ");
+        put_field_name(sp, f);
+        fgi_buf_puts(sp->out, " = ");
+        print_expr(sp, f->e ? f->e : sp->fn->locals[f->local].init, cls);
+        fgi_buf_puts(sp->out, ";\n");
+    }
+}
+
+/* The per-element rest: the locals left, then the result. */
+static void print_elem_body(splitter *sp) {
+    const fgi_func *fn = sp->fn;
+    for (int i = 0; i < fn->nlocals && sp->st == FG_OK; i++) {
+        if (sp->local_field[i] >= 0) continue;
+        fgi_buf_printf(sp->out, "    const %s l%d = ", ctype(fn->locals[i].type), i);
+        print_expr(sp, fn->locals[i].init, C_ELEM);
+        fgi_buf_puts(sp->out, ";\n");
+    }
+    fgi_buf_puts(sp->out, "    return ");
+    print_expr(sp, fn->ret, C_ELEM);
+    fgi_buf_puts(sp->out, ";\n");
+}
+
+/* ---- the functions of one mod ---------------------------------------------------- */
+
+/* The functions of one kind ("mask" / "score") are generated in four passes
+ * over the same leaves (struct members, then each init function, then the
+ * per-element functions); each pass re-runs the analysis of the leaf. */
+typedef enum { PASS_MEMBERS_HEAD, PASS_MEMBERS_ROW, PASS_MEMBERS_COL, PASS_FILL_HEAD,
+               PASS_FILL_ROW, PASS_FILL_COL, PASS_ELEM } pass;
+
+static void leaf_pass(splitter *sp, const fgi_func *fn, int leaf, pass ps, const char *kind) {
+    analyse(sp, fn, leaf);
+    if (sp->st != FG_OK) return;
+    switch (ps) {
+    case PASS_MEMBERS_HEAD: print_members(sp, C_HEAD); return;
+    case PASS_MEMBERS_ROW: print_members(sp, C_ROW); return;
+    case PASS_MEMBERS_COL: print_members(sp, C_COL); return;
+    case PASS_FILL_HEAD: print_fills(sp, C_HEAD); return;
+    case PASS_FILL_ROW: print_fills(sp, C_ROW); return;
+    case PASS_FILL_COL: print_fills(sp, C_COL); return;
+    case PASS_ELEM:
+        fgi_buf_printf(sp->out,
+                       "__device__ __forceinline__ %s fg_%s_split%d(const fg_mod_params &p, "
+                       "const fg_%s_head &hd, %sint b, int h, int q_idx, int kv_idx, "
+                       "const fg_%s_row &r, const fg_%s_col &c) {\n",
+                       fn->kind == FGI_FUNC_MASK ? "bool" : "float", kind, leaf, kind,
+                       fn->kind == FGI_FUNC_MASK ? "" : "float score, ", kind, kind);
+        print_elem_body(sp);
+        fgi_buf_puts(sp->out, "}\n\n");
+        return;
+    }
+}
+
+static void mask_leaves(splitter *sp, const fgi_mask_node *n, int *next, pass ps) {
+    if (!n || sp->st != FG_OK) return;
+    if (n->op == FGI_MASK_LEAF) {
+        if (!n->func) fail(sp, "a mask leaf without a function");
+        else leaf_pass(sp, n->func, (*next)++, ps, "mask");
+        return;
+    }
+    mask_leaves(sp, n->a, next, ps);
+    mask_leaves(sp, n->b, next, ps);
+}
+
+static void for_each_leaf(splitter *sp, bool mask, pass ps) {
+    int next = 0;
+    if (mask) mask_leaves(sp, sp->mod->mask, &next, ps);
+    else if (sp->mod->score) leaf_pass(sp, sp->mod->score, 0, ps, "score");
+}
+
+/* The && / || of the leaves' split functions, as fg_mask_mod combines them. */
+static void print_mask_tree(splitter *sp, const fgi_mask_node *n, int *next) {
+    if (n->op == FGI_MASK_LEAF) {
+        fgi_buf_printf(sp->out, "fg_mask_split%d(p, hd, b, h, q_idx, kv_idx, r, c)", (*next)++);
+        return;
+    }
+    fgi_buf_puts(sp->out, "(");
+    print_mask_tree(sp, n->a, next);
+    fgi_buf_puts(sp->out, n->op == FGI_MASK_AND ? " && " : " || ");
+    print_mask_tree(sp, n->b, next);
+    fgi_buf_puts(sp->out, ")");
+}
+
+static void emit_kind(splitter *sp, bool mask) {
+    const char *k = mask ? "mask" : "score";
+    fgi_buf *out = sp->out;
+    static const char *const cls_name[3] = {"head", "row", "col"};
+    static const char *const idx_arg[3] = {"", ", int q_idx", ", int kv_idx"};
+    for (int cls = 0; cls < 3; cls++) {
+        fgi_buf_printf(out, "struct fg_%s_%s {\n", k, cls_name[cls]);
+        for_each_leaf(sp, mask, (pass)(PASS_MEMBERS_HEAD + cls));
+        fgi_buf_puts(out, "};\n");
+    }
+    for (int cls = 0; cls < 3; cls++) {
+        fgi_buf_printf(out,
+                       "__device__ __forceinline__ fg_%s_%s fg_%s_%s_init(const fg_mod_params &p%s, "
+                       "int b, int h%s) {\n    fg_%s_%s %s;\n",
+                       k, cls_name[cls], k, cls_name[cls],
+                       cls == C_HEAD ? "" : mask ? ", const fg_mask_head &hd" : ", const fg_score_head &hd",
+                       idx_arg[cls], k, cls_name[cls], class_var[cls]);
+        for_each_leaf(sp, mask, (pass)(PASS_FILL_HEAD + cls));
+        fgi_buf_printf(out, "    return %s;\n}\n", class_var[cls]);
+    }
+    fgi_buf_puts(out, "\n");
+    for_each_leaf(sp, mask, PASS_ELEM);
+    if (mask) {
+        fgi_buf_puts(out, "__device__ __forceinline__ bool fg_mask_split(const fg_mod_params &p, "
+                          "const fg_mask_head &hd, int b, int h, int q_idx, int kv_idx, "
+                          "const fg_mask_row &r, const fg_mask_col &c) {\n    return ");
+        if (sp->mod->mask) {
+            int next = 0;
+            print_mask_tree(sp, sp->mod->mask, &next);
+        } else {
+            fgi_buf_puts(out, "true");
+        }
+    } else {
+        fgi_buf_puts(out, "__device__ __forceinline__ float fg_score_split(const fg_mod_params &p, "
+                          "const fg_score_head &hd, float score, int b, int h, int q_idx, "
+                          "int kv_idx, const fg_score_row &r, const fg_score_col &c) {\n    return ");
+        fgi_buf_puts(out, sp->mod->score
+                              ? "fg_score_split0(p, hd, score, b, h, q_idx, kv_idx, r, c)"
+                              : "score");
+    }
+    fgi_buf_puts(out, ";\n}\n\n");
+}
+
+fg_status fgi_emit_split(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    FGI_CHECK_ARG(ctx, mod && out, "NULL mod or output buffer");
+    splitter *sp = calloc(1, sizeof *sp);
+    if (!sp) return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory splitting the mod");
+    sp->ctx = ctx;
+    sp->mod = mod;
+    sp->out = out;
+    fgi_buf_puts(out,
+                 "/* ---- the mods split by dependency (emit_split.c): the kernel computes\n"
+                 " * the head part once per (b, h), the row part once per q row and the\n"
+                 " * column part once per kv column; fg_mask_split / fg_score_split give\n"
+                 " * bit for bit what fg_mask_mod / fg_score_mod give. */\n"
+                 "#define FG_HAS_SPLIT_MODS 1\n");
+    emit_kind(sp, true);
+    if (sp->st == FG_OK) emit_kind(sp, false);
+    fg_status st = sp->st;
+    free(sp);
+    if (st != FG_OK) return st;
+    if (out->oom) return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory splitting the mod");
+    return FG_OK;
+}

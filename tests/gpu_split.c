@@ -1,0 +1,150 @@
+/*
+ * gpu_split.c -- on the device, the split mods give what the whole mods
+ * give: every (q_idx, kv_idx) of a square, for every gallery mod and a
+ * composition, with buffers full of values that index in and out of range
+ * (out-of-range loads give 0 on the GPU, and the split reads them
+ * speculatively), mask results equal and score results equal bit for bit.
+ */
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "split_check.h"
+
+#define SIDE 300     /* q_idx, kv_idx in [0, SIDE)       */
+#define BUF_LEN 257  /* buffer elements: shorter than SIDE */
+
+static fg_status gen(fg_ctx *ctx, void *arg, char **out) {
+    return split_check_source(ctx, arg, out);
+}
+
+static void check_ok(fg_ctx *ctx, fg_status st) {
+    if (st != FG_OK) print_error("%s: %s\n%s\n", fg_status_string(st), fg_errmsg(ctx), fg_compile_log(ctx));
+    assert_int_equal(st, FG_OK);
+}
+
+/* Buffers: ints in [-2, 40) (ids, offsets, indices that are sometimes out
+ * of range), floats in [-1, 1). */
+static fg_status fill_values(fg_ctx *ctx, const fg_mod *m, fgi_value *vals, CUdeviceptr *bufs,
+                             uint64_t *rng) {
+    const fgi_cu_api *cu = fgi_cu();
+    for (int i = 0; i < m->nparams; i++) {
+        const fgi_param *prm = &m->params[i];
+        if (prm->kind == FG_PARAM_SCALAR) {
+            if (prm->type == FGI_T_INT) vals[i].scalar.i = prm->def.i;
+            else vals[i].scalar.f = prm->def.f;
+            continue;
+        }
+        int32_t host[BUF_LEN];
+        for (int k = 0; k < BUF_LEN; k++) {
+            if (prm->type == FGI_T_INT) {
+                host[k] = (int32_t)(tu_rand_u64(rng) % 42) - 2;
+            } else {
+                float f = (float)(tu_rand_uniform(rng) * 2.0 - 1.0);
+                memcpy(&host[k], &f, 4);
+            }
+        }
+        FGI_CU_TRY(ctx, cu->cuMemAlloc(&bufs[i], sizeof host), "cuMemAlloc");
+        FGI_CU_TRY(ctx, cu->cuMemcpyHtoD(bufs[i], host, sizeof host), "cuMemcpyHtoD");
+        vals[i].data = (const void *)(uintptr_t)bufs[i];
+        vals[i].length = BUF_LEN;
+    }
+    return FG_OK;
+}
+
+/* Mismatches of mask (bad[0]) and score (bad[1]) over the square at (b, h). */
+static fg_status run_check(fg_ctx *ctx, const fg_mod *m, int b, int h, int bad[2]) {
+    fgi_kernel_spec spec = {.name = "gpu_split", .entry = "fg_split_check",
+                            .gen_source = gen, .gen_arg = (void *)m};
+    char key[4096];
+    snprintf(key, sizeof key, "gpu_split check\n%s", m->canonical);
+    spec.key = key;
+    CUfunction fn;
+    FGI_TRY(fgi_cache_get_function(ctx, &spec, &fn));
+    const fgi_cu_api *cu = fgi_cu();
+    fgi_value *vals = calloc((size_t)m->nparams + 1, sizeof *vals);
+    CUdeviceptr *bufs = calloc((size_t)m->nparams + 1, sizeof *bufs);
+    fgi_param_layout *layout = malloc(sizeof *layout);
+    if (!vals || !bufs || !layout) return FG_ERR_OUT_OF_MEMORY;
+    uint64_t rng = 0x5eed + (uint64_t)h;
+    CUdeviceptr dbad = 0;
+    fg_status st = fill_values(ctx, m, vals, bufs, &rng);
+    if (st == FG_OK) {
+        fgi_param_layout_compute(m, layout);
+        unsigned char blob[4096];
+        assert_true(layout->size <= sizeof blob);
+        fgi_param_pack(m, layout, vals, blob);
+        int n = SIDE, zero[2] = {0, 0};
+        CUresult r = cu->cuMemAlloc(&dbad, sizeof zero);
+        if (r == CUDA_SUCCESS) r = cu->cuMemcpyHtoD(dbad, zero, sizeof zero);
+        void *args[] = {blob, &b, &h, &n, &dbad};
+        if (r == CUDA_SUCCESS) r = cu->cuLaunchKernel(fn, SIDE, 1, 1, 128, 1, 1, 0, NULL, args, NULL);
+        if (r == CUDA_SUCCESS) r = cu->cuCtxSynchronize();
+        if (r == CUDA_SUCCESS) r = cu->cuMemcpyDtoH(bad, dbad, 2 * sizeof(int));
+        st = fgi_cu_status(ctx, r, "split check");
+    }
+    if (dbad) cu->cuMemFree(dbad);
+    for (int i = 0; i < m->nparams; i++)
+        if (bufs[i]) cu->cuMemFree(bufs[i]);
+    free(layout);
+    free(bufs);
+    free(vals);
+    return st;
+}
+
+static const char *const gallery[] = {"natten", "sasa", "document", "jagged", "flamingo",
+                                      "prefix_lm", "sliding_window", "causal", "alibi",
+                                      "softcap", "noop"};
+
+static void split_equals_whole(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    fg_ctx_set_int(ctx, FG_OPT_DISK_CACHE, 0);
+    for (size_t i = 0; i < sizeof gallery / sizeof gallery[0]; i++) {
+        fg_mod *m = tu_gallery_mod(ctx, gallery[i]);
+        for (int h = 0; h < 3; h++) {
+            int bad[2] = {-1, -1};
+            check_ok(ctx, run_check(ctx, m, 1, h, bad));
+            if (bad[0] || bad[1])
+                print_error("%s h=%d: %d mask and %d score mismatches\n", gallery[i], h, bad[0],
+                            bad[1]);
+            assert_int_equal(bad[0], 0);
+            assert_int_equal(bad[1], 0);
+        }
+        fg_mod_destroy(m);
+    }
+    fg_ctx_destroy(ctx);
+}
+
+static void composition_equals_whole(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    fg_ctx_set_int(ctx, FG_OPT_DISK_CACHE, 0);
+    fg_mod *a = tu_gallery_mod(ctx, "sasa"), *b = tu_gallery_mod(ctx, "jagged");
+    fg_mod *c = tu_gallery_mod(ctx, "prefix_lm"), *ab = NULL, *abc = NULL;
+    assert_int_equal(fg_mod_or(ctx, a, b, &ab), FG_OK);
+    assert_int_equal(fg_mod_and(ctx, ab, c, &abc), FG_OK);
+    int bad[2] = {-1, -1};
+    check_ok(ctx, run_check(ctx, abc, 0, 0, bad));
+    assert_int_equal(bad[0], 0);
+    assert_int_equal(bad[1], 0);
+    fg_mod_destroy(abc);
+    fg_mod_destroy(ab);
+    fg_mod_destroy(c);
+    fg_mod_destroy(b);
+    fg_mod_destroy(a);
+    fg_ctx_destroy(ctx);
+}
+
+int main(void) {
+    tu_require_gpu();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(split_equals_whole),
+        cmocka_unit_test(composition_equals_whole),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,58 @@
+/*
+ * split_check.h -- the CUDA program test_split (compiles it) and gpu_split
+ * (runs it) use to hold the split mods to the whole ones: for every (q_idx,
+ * kv_idx) of a square, fg_mask_split must give what fg_mask_mod gives and
+ * fg_score_split the same bits as fg_score_mod, with the row, column and
+ * head parts computed once, as the attention kernel does.
+ */
+#ifndef FLEXGEN_SPLIT_CHECK_H
+#define FLEXGEN_SPLIT_CHECK_H
+
+#include <stdlib.h>
+
+#include "codegen.h"
+
+/* One block per q row, threads over kv. bad[0]: mask mismatches, bad[1]:
+ * score mismatches (two NaNs count as equal). */
+static const char split_check_kernel[] =
+    "extern \"C\" __global__ void fg_split_check(const __grid_constant__ fg_mod_params p,\n"
+    "                                            int b, int h, int n, int *bad) {\n"
+    "    const int q_idx = blockIdx.x;\n"
+    "    const fg_mask_head mhd = fg_mask_head_init(p, b, h);\n"
+    "    const fg_score_head shd = fg_score_head_init(p, b, h);\n"
+    "    const fg_mask_row mr = fg_mask_row_init(p, mhd, b, h, q_idx);\n"
+    "    const fg_score_row sr = fg_score_row_init(p, shd, b, h, q_idx);\n"
+    "    for (int kv_idx = threadIdx.x; kv_idx < n; kv_idx += blockDim.x) {\n"
+    "        const fg_mask_col mc = fg_mask_col_init(p, mhd, b, h, kv_idx);\n"
+    "        const fg_score_col sc = fg_score_col_init(p, shd, b, h, kv_idx);\n"
+    "        if (fg_mask_mod(p, b, h, q_idx, kv_idx) !=\n"
+    "            fg_mask_split(p, mhd, b, h, q_idx, kv_idx, mr, mc))\n"
+    "            atomicAdd(&bad[0], 1);\n"
+    "        const float s = (float)(q_idx * 31 + kv_idx * 17 - 4000) * 0.0137f;\n"
+    "        const float x = fg_score_mod(p, s, b, h, q_idx, kv_idx);\n"
+    "        const float y = fg_score_split(p, shd, s, b, h, q_idx, kv_idx, sr, sc);\n"
+    "        if (__float_as_int(x) != __float_as_int(y) && !(x != x && y != y))\n"
+    "            atomicAdd(&bad[1], 1);\n"
+    "    }\n"
+    "}\n";
+
+/* common.cuh, the mod, its split and the checking kernel (malloc'd). */
+static inline fg_status split_check_source(fg_ctx *ctx, const fg_mod *mod, char **out) {
+    const fgi_template *common = fgi_template_find("common.cuh");
+    if (!common) return fgi_error(ctx, FG_ERR_NOT_FOUND, "common.cuh is not built in");
+    fgi_buf b = {0};
+    fgi_buf_puts(&b, common->text);
+    fgi_buf_puts(&b, "\n");
+    fg_status st = fgi_emit_mod_named(ctx, mod, "split_check.cu", &b);
+    if (st == FG_OK) st = fgi_emit_split(ctx, mod, &b);
+    fgi_buf_puts(&b, split_check_kernel);
+    if (st == FG_OK && b.oom) st = FG_ERR_OUT_OF_MEMORY;
+    if (st != FG_OK) {
+        fgi_buf_free(&b);
+        return st;
+    }
+    *out = fgi_buf_take(&b);
+    return *out ? FG_OK : FG_ERR_OUT_OF_MEMORY;
+}
+
+#endif

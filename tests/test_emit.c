@@ -1,0 +1,583 @@
+/* test_emit.c -- the emitter, source assembly and the command-line tool.
+ *
+ *  - golden files: the emitted mod and the whole attention source of three
+ *    gallery mods, byte for byte (scripts/update_golden.sh regenerates);
+ *  - how each operator of the mod language is spelled in CUDA (a table);
+ *  - the parameter struct: the host's offsets appear as static_asserts, and
+ *    NVRTC accepts them -- and rejects a source where they are wrong;
+ *  - every gallery mod's kernels (attention forward and block mask) compile
+ *    with NVRTC for sm_80 and sm_90a: this is where a broken template fails;
+ *  - configs: validation, and what does and does not change the cache key;
+ *  - the CLI as a subprocess: exit codes and the caret diagnostic.
+ * The test runs in the source root, so mod paths (and the file names in the
+ * golden files) are relative: mods/causal.c. */
+#include "testutil.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "codegen.h"
+#include "internal.h"
+
+static fg_ctx *new_ctx(void) {
+    fg_ctx *ctx = NULL;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    return ctx;
+}
+
+static fg_mod *load(fg_ctx *ctx, const char *path) {
+    fg_mod *m = NULL;
+    fg_status st = fg_mod_from_file(ctx, path, &m);
+    if (st != FG_OK) {
+        print_error("%s: %s\n", path, fg_error_diagnostic(ctx));
+        fail();
+    }
+    return m;
+}
+
+static char *read_all(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
+        free(s);
+        s = NULL;
+    }
+    fclose(f);
+    if (s) s[n] = 0;
+    return s;
+}
+
+static char *emit_mod(fg_ctx *ctx, const fg_mod *m) {
+    fgi_buf b = {0};
+    fg_status st = fgi_emit_mod(ctx, m, &b);
+    if (st != FG_OK) print_error("emit: %s\n", fg_errmsg(ctx));
+    assert_int_equal(st, FG_OK);
+    return fgi_buf_take(&b);
+}
+
+/* The first differing line, for a readable failure. */
+static void assert_same_text(const char *got, const char *want, const char *what) {
+    if (strcmp(got, want) == 0) return;
+    int line = 1;
+    size_t i = 0;
+    while (got[i] && got[i] == want[i]) line += got[i++] == '\n';
+    print_error("%s differs from its golden file at line %d (scripts/update_golden.sh "
+                "regenerates after an intended change)\n",
+                what, line);
+    fail();
+}
+
+/* ---- golden files -------------------------------------------------------- */
+
+static const char *const golden_mods[] = {"causal", "sliding_window", "alibi"};
+
+static void test_golden(void **state) {
+    (void)state;
+    fg_ctx *ctx = new_ctx();
+    for (size_t i = 0; i < sizeof golden_mods / sizeof golden_mods[0]; i++) {
+        char path[256], gpath[256];
+        snprintf(path, sizeof path, "mods/%s.c", golden_mods[i]);
+        fg_mod *m = load(ctx, path);
+
+        snprintf(gpath, sizeof gpath, "tests/golden/%s.mod.cu", golden_mods[i]);
+        char *want = read_all(gpath);
+        assert_non_null(want);
+        char *got = emit_mod(ctx, m);
+        assert_same_text(got, want, gpath);
+        free(got);
+        free(want);
+
+        snprintf(gpath, sizeof gpath, "tests/golden/%s.attention_fwd.cu", golden_mods[i]);
+        want = read_all(gpath);
+        assert_non_null(want);
+        char *src = NULL;
+        assert_int_equal(fg_generate_source(ctx, m, NULL, &src), FG_OK);
+        assert_same_text(src, want, gpath);
+        fg_free(src);
+        free(want);
+        fg_mod_destroy(m);
+    }
+    fg_ctx_destroy(ctx);
+}
+
+/* ---- operators ------------------------------------------------------------- */
+
+typedef struct spelling {
+    fg_mod_kind kind;
+    const char *expr;
+    const char *emitted; /* must appear in the emitted return statement */
+} spelling;
+
+static const spelling spellings[] = {
+    /* int arithmetic wraps; / and % are total; shifts mask their count */
+    {FG_MASK_MOD, "q_idx + 1 > q_idx", "return fg_iadd(q_idx, 1) > q_idx;"},
+    {FG_MASK_MOD, "q_idx - kv_idx <= N", "return fg_isub(q_idx, kv_idx) <= p.N;"},
+    {FG_MASK_MOD, "q_idx * 3 == kv_idx", "return fg_imul(q_idx, 3) == kv_idx;"},
+    {FG_MASK_MOD, "q_idx / N == kv_idx / N", "return fg_idiv(q_idx, p.N) == fg_idiv(kv_idx, p.N);"},
+    {FG_MASK_MOD, "q_idx % 2 == 0", "return fg_imod(q_idx, 2) == 0;"},
+    {FG_MASK_MOD, "(q_idx << 2) > (kv_idx >> 1)", "return fg_shl(q_idx, 2) > fg_shr(kv_idx, 1);"},
+    {FG_MASK_MOD, "-q_idx < kv_idx", "return fg_ineg(q_idx) < kv_idx;"},
+    {FG_MASK_MOD, "abs(q_idx - kv_idx) <= N", "return fg_iabs(fg_isub(q_idx, kv_idx)) <= p.N;"},
+    {FG_MASK_MOD, "min(q_idx, kv_idx) == max(b, h)", "return fg_imin(q_idx, kv_idx) == fg_imax(b, h);"},
+    /* C spells these the same, with parentheses where operators mix */
+    {FG_MASK_MOD, "q_idx >= kv_idx && kv_idx >= 0 || b == h",
+     "return (q_idx >= kv_idx && kv_idx >= 0) || b == h;"},
+    {FG_MASK_MOD, "(q_idx & 1) == (kv_idx ^ 3)", "return (q_idx & 1) == (kv_idx ^ 3);"},
+    {FG_MASK_MOD, "!(q_idx < kv_idx)", "return !(q_idx < kv_idx);"},
+    {FG_MASK_MOD, "q_idx > 0 ? kv_idx < q_idx : true", "return q_idx > 0 ? kv_idx < q_idx : true;"},
+    /* implicit conversions are explicit; float -> int saturates */
+    {FG_MASK_MOD, "q_idx", "return q_idx != 0;"},
+    {FG_MASK_MOD, "(int)(F * (float)q_idx) > kv_idx", "return fg_f2i(fg_fmul(p.F, (float)q_idx)) > kv_idx;"},
+    {FG_MASK_MOD, "ids[q_idx] == ids[kv_idx]",
+     "return fg_load_i32(p.ids, p.fg_len_ids, q_idx) == fg_load_i32(p.ids, p.fg_len_ids, kv_idx);"},
+    /* float arithmetic is one rounding per operator, never an FMA */
+    {FG_SCORE_MOD, "score * F + 1.5", "return fg_fadd(fg_fmul(score, p.F), 1.5f);"},
+    {FG_SCORE_MOD, "score / F - 0.25", "return fg_fsub(fg_fdiv(score, p.F), 0.25f);"},
+    {FG_SCORE_MOD, "F * tanh(score / F)", "return fg_fmul(p.F, tanhf(fg_fdiv(score, p.F)));"},
+    {FG_SCORE_MOD, "score + slopes[h] * (float)(kv_idx - q_idx)",
+     "return fg_fadd(score, fg_fmul(fg_load_f32(p.slopes, p.fg_len_slopes, h), (float)fg_isub(kv_idx, q_idx)));"},
+    {FG_SCORE_MOD, "sigmoid(score) + rsqrt(F)", "return fg_fadd(fg_sigmoid(score), fg_rsqrt(p.F));"},
+    {FG_SCORE_MOD, "-score", "return -score;"},
+    {FG_SCORE_MOD, "q_idx >= kv_idx ? score : -INFINITY", "return q_idx >= kv_idx ? score : __int_as_float(0xff800000);"},
+    {FG_SCORE_MOD, "clamp(score, -F, F)", "return fg_fclamp(score, -p.F, p.F);"},
+    {FG_SCORE_MOD, "exp2(score) * 0.1", "return fg_fmul(exp2f(score), 0.1f);"},
+};
+
+static const fg_param_decl spelling_params[] = {
+    {"N", FG_PARAM_SCALAR, FG_TYPE_INT, 4},
+    {"F", FG_PARAM_SCALAR, FG_TYPE_FLOAT, 2},
+    {"ids", FG_PARAM_BUFFER, FG_TYPE_INT, 0},
+    {"slopes", FG_PARAM_BUFFER, FG_TYPE_FLOAT, 0},
+};
+
+static void test_spellings(void **state) {
+    (void)state;
+    fg_ctx *ctx = new_ctx();
+    for (size_t i = 0; i < sizeof spellings / sizeof spellings[0]; i++) {
+        const spelling *s = &spellings[i];
+        fg_mod *m = NULL;
+        fg_status st = fg_mod_from_expr(ctx, s->kind, s->expr, spelling_params, 4, &m);
+        if (st != FG_OK) print_error("'%s': %s\n", s->expr, fg_error_diagnostic(ctx));
+        assert_int_equal(st, FG_OK);
+        char *out = emit_mod(ctx, m);
+        if (!strstr(out, s->emitted)) {
+            print_error("'%s'\n  expected: %s\n  emitted:\n%s\n", s->expr, s->emitted, out);
+            fail();
+        }
+        /* the other function is the neutral one */
+        if (s->kind == FG_MASK_MOD) {
+            assert_non_null(strstr(out, "#define FG_HAS_SCORE_MOD 0"));
+            assert_non_null(strstr(out, "    return score;\n"));
+        } else {
+            assert_non_null(strstr(out, "#define FG_HAS_MASK_MOD 0"));
+            assert_non_null(strstr(out, "    return true;\n"));
+        }
+        free(out);
+        fg_mod_destroy(m);
+    }
+    fg_ctx_destroy(ctx);
+}
+
+/* ---- #line and composition ------------------------------------------------- */
+
+static void test_line_directives(void **state) {
+    (void)state;
+    fg_ctx *ctx = new_ctx();
+    fg_mod *m = load(ctx, "mods/natten.c");
+    char *out = emit_mod(ctx, m);
+    /* mods/natten.c: `int r = KERNEL / 2;` is line 18, the return line 25 */
+    assert_non_null(strstr(out, "#line 18 \"mods/natten.c\"\n    const int l0 = fg_idiv(p.KERNEL, 2); /* r */\n"));
+    assert_non_null(strstr(out, "#line 25 \"mods/natten.c\"\n    return "));
+    /* after the body, the generated file's own numbering: the directive
+     * names the line that follows it */
+    const char *back = strstr(out, "#line ");
+    while (back && strstr(back, "\"mods/natten.c\"") == strchr(back, '"')) back = strstr(back + 1, "#line ");
+    assert_non_null(back);
+    int n = 0;
+    assert_int_equal(sscanf(back, "#line %d \"flexgen.cu\"", &n), 1);
+    int actual = 1;
+    for (const char *c = out; c < back; c++) actual += *c == '\n';
+    assert_int_equal(n, actual + 1);
+    free(out);
+    fg_mod_destroy(m);
+    fg_ctx_destroy(ctx);
+}
+
+static void test_composition(void **state) {
+    (void)state;
+    fg_ctx *ctx = new_ctx();
+    fg_mod *causal = load(ctx, "mods/causal.c");
+    fg_mod *prefix = load(ctx, "mods/prefix_lm.c");
+    fg_mod *sw = load(ctx, "mods/sliding_window.c");
+    fg_mod *or_ = NULL, *and_ = NULL;
+    assert_int_equal(fg_mod_or(ctx, prefix, sw, &or_), FG_OK);
+    assert_int_equal(fg_mod_and(ctx, causal, or_, &and_), FG_OK);
+    char *out = emit_mod(ctx, and_);
+    assert_non_null(strstr(out, "bool fg_mask_part0("));
+    assert_non_null(strstr(out, "bool fg_mask_part2("));
+    assert_null(strstr(out, "bool fg_mask_part3("));
+    assert_non_null(strstr(out, "return fg_mask_part0(p, b, h, q_idx, kv_idx) && "
+                                "(fg_mask_part1(p, b, h, q_idx, kv_idx) || "
+                                "fg_mask_part2(p, b, h, q_idx, kv_idx));"));
+    /* each part keeps its own file for #line */
+    assert_non_null(strstr(out, "\"mods/causal.c\""));
+    assert_non_null(strstr(out, "\"mods/prefix_lm.c\""));
+    assert_non_null(strstr(out, "\"mods/sliding_window.c\""));
+    free(out);
+    void *img = NULL;
+    size_t size = 0;
+    fg_kernel_config cfg = {FG_KERNEL_BLOCK_MASK, 0, 0, 64, 64, "sm_80"};
+    fg_status st = fg_compile(ctx, and_, &cfg, FG_EMIT_PTX, &img, &size);
+    if (st != FG_OK) print_error("%s\n%s\n", fg_errmsg(ctx), fg_compile_log(ctx));
+    assert_int_equal(st, FG_OK);
+    fg_free(img);
+    fg_mod_destroy(and_);
+    fg_mod_destroy(or_);
+    fg_mod_destroy(sw);
+    fg_mod_destroy(prefix);
+    fg_mod_destroy(causal);
+    fg_ctx_destroy(ctx);
+}
+
+/* ---- the parameter struct ----------------------------------------------------- */
+
+static const char layout_mod[] =
+    "int A = 1;\n"
+    "const float *B;\n"
+    "float C = 2.0;\n"
+    "const int *D;\n"
+    "int E = 3;\n"
+    "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+    "    return D[q_idx] > A + E && (float)kv_idx < C * B[kv_idx];\n"
+    "}\n";
+
+static void test_param_layout(void **state) {
+    (void)state;
+    fg_ctx *ctx = new_ctx();
+    fg_mod *m = NULL;
+    assert_int_equal(fg_mod_from_source(ctx, "layout.c", layout_mod, (size_t)-1, &m), FG_OK);
+    fgi_param_layout layout;
+    fgi_param_layout_compute(m, &layout);
+    char *out = emit_mod(ctx, m);
+    char line[160];
+    for (int i = 0; i < m->nparams; i++) {
+        snprintf(line, sizeof line, "static_assert(fg_offsetof(fg_mod_params, %s) == %zu,",
+                 m->params[i].name, layout.offsets[i]);
+        assert_non_null(strstr(out, line));
+    }
+    snprintf(line, sizeof line, "static_assert(sizeof(fg_mod_params) == %zu,", layout.size);
+    assert_non_null(strstr(out, line));
+    free(out);
+
+    /* NVRTC agrees with the host ... */
+    char *src = NULL;
+    fg_kernel_config cfg = {FG_KERNEL_BLOCK_MASK, 0, 0, 0, 0, "sm_80"};
+    assert_int_equal(fg_generate_source(ctx, m, &cfg, &src), FG_OK);
+    void *img = NULL;
+    size_t size = 0;
+    fg_status st = fgi_nvrtc_compile(ctx, src, "layout", "sm_80", FG_EMIT_PTX, &img, &size, NULL);
+    if (st != FG_OK) print_error("%s\n", fg_compile_log(ctx));
+    assert_int_equal(st, FG_OK);
+    free(img);
+    /* ... and the asserts are live: a wrong offset does not compile */
+    snprintf(line, sizeof line, "fg_offsetof(fg_mod_params, D) == %zu", layout.offsets[3]);
+    char *hit = strstr(src, line);
+    assert_non_null(hit);
+    char *num = strstr(hit, "== ") + 3;
+    num[0] = num[0] == '9' ? '1' : (char)(num[0] + 1);
+    assert_int_equal(fgi_nvrtc_compile(ctx, src, "layout", "sm_80", FG_EMIT_PTX, &img, &size, NULL),
+                     FG_ERR_COMPILE);
+    assert_non_null(strstr(fg_compile_log(ctx), "static assertion failed"));
+    fg_free(src);
+    fg_mod_destroy(m);
+    fg_ctx_destroy(ctx);
+}
+
+/* ---- every gallery mod compiles ------------------------------------------------ */
+
+static int name_cmp(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void test_gallery_compiles(void **state) {
+    (void)state;
+    DIR *d = opendir("mods");
+    assert_non_null(d);
+    char *names[128];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 128) {
+        size_t l = strlen(e->d_name);
+        if (l > 2 && strcmp(e->d_name + l - 2, ".c") == 0) names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    assert_true(n >= 3);
+    qsort(names, (size_t)n, sizeof names[0], name_cmp);
+
+    static const char *const archs[] = {"sm_80", "sm_90a"};
+    static const fg_kernel_kind kinds[] = {FG_KERNEL_ATTENTION_FWD, FG_KERNEL_BLOCK_MASK};
+    fg_ctx *ctx = new_ctx();
+    int failures = 0;
+    for (int i = 0; i < n; i++) {
+        char path[300];
+        snprintf(path, sizeof path, "mods/%s", names[i]);
+        fg_mod *m = load(ctx, path);
+        for (int k = 0; k < 2; k++)
+            for (int a = 0; a < 2; a++) {
+                fg_kernel_config cfg = {kinds[k], 0, 0, 0, 0, archs[a]};
+                void *img = NULL;
+                size_t size = 0;
+                double t0 = fgi_now_ms();
+                fg_status st = fg_compile(ctx, m, &cfg, FG_EMIT_CUBIN, &img, &size);
+                double ms = fgi_now_ms() - t0;
+                if (st != FG_OK) {
+                    print_error("%s %s %s: %s\n%s\n", path, k ? "blockmask" : "attention", archs[a],
+                                fg_errmsg(ctx), fg_compile_log(ctx));
+                    failures++;
+                } else if (size < 1000) {
+                    print_error("%s: a %zu-byte cubin\n", path, size);
+                    failures++;
+                }
+                /* a mod must not make NVRTC crawl (a branchy helper once
+                 * took minutes inside the unrolled block-mask loop) */
+                if (ms > 30000) {
+                    print_error("%s %s %s: compiling took %.0f ms\n", path,
+                                k ? "blockmask" : "attention", archs[a], ms);
+                    failures++;
+                }
+                fg_free(img);
+            }
+        fg_mod_destroy(m);
+        free(names[i]);
+    }
+    fg_ctx_destroy(ctx);
+    assert_int_equal(failures, 0);
+}
+
+/* ---- configs and keys -------------------------------------------------------- */
+
+typedef struct config_case {
+    fg_kernel_config cfg;
+    fg_status want;
+} config_case;
+
+static const config_case config_cases[] = {
+    {{0, 0, 0, 0, 0, NULL}, FG_OK}, /* all defaults */
+    {{FG_KERNEL_ATTENTION_FWD, FG_FP16, 64, 0, 0, NULL}, FG_OK},
+    {{FG_KERNEL_ATTENTION_FWD, FG_BF16, 256, 0, 0, NULL}, FG_OK},
+    {{FG_KERNEL_ATTENTION_FWD, FG_BF16, 16, 0, 0, NULL}, FG_OK},
+    {{FG_KERNEL_ATTENTION_FWD, FG_BF16, 24, 0, 0, NULL}, FG_ERR_NOT_SUPPORTED},
+    {{FG_KERNEL_ATTENTION_FWD, FG_BF16, 272, 0, 0, NULL}, FG_ERR_NOT_SUPPORTED},
+    {{FG_KERNEL_ATTENTION_FWD, FG_BF16, -16, 0, 0, NULL}, FG_ERR_NOT_SUPPORTED},
+    {{FG_KERNEL_ATTENTION_FWD, (fg_dtype)7, 0, 0, 0, NULL}, FG_ERR_INVALID_ARGUMENT},
+    {{(fg_kernel_kind)9, 0, 0, 0, 0, NULL}, FG_ERR_INVALID_ARGUMENT},
+    {{FG_KERNEL_BLOCK_MASK, 0, 0, 16, 256, NULL}, FG_OK},
+    {{FG_KERNEL_BLOCK_MASK, 0, 0, 100, 128, NULL}, FG_ERR_NOT_SUPPORTED},
+    {{FG_KERNEL_BLOCK_MASK, 0, 0, 128, 512, NULL}, FG_ERR_NOT_SUPPORTED},
+    {{FG_KERNEL_BLOCK_MASK, 0, 0, 8, 128, NULL}, FG_ERR_NOT_SUPPORTED},
+};
+
+static void test_configs(void **state) {
+    (void)state;
+    fg_ctx *ctx = new_ctx();
+    fg_mod *m = load(ctx, "mods/sliding_window.c");
+    for (size_t i = 0; i < sizeof config_cases / sizeof config_cases[0]; i++) {
+        fgi_codegen cg;
+        fg_status st = fgi_codegen_init(ctx, m, &config_cases[i].cfg, &cg);
+        if (st != config_cases[i].want) print_error("config case %zu: %s\n", i, fg_errmsg(ctx));
+        assert_int_equal(st, config_cases[i].want);
+        if (st == FG_OK) fgi_codegen_free(&cg);
+    }
+    fgi_codegen cg;
+    assert_int_equal(fgi_codegen_init(ctx, m, NULL, &cg), FG_OK);
+    assert_string_equal(cg.name, "attention_fwd-sliding_window-bf16-d128");
+    assert_string_equal(cg.spec.entry, "fg_attention_fwd");
+    assert_int_equal(cg.config.head_dim, 128);
+    assert_int_equal(cg.config.dtype, FG_BF16);
+    assert_non_null(strstr(cg.key, fg_mod_canonical(m)));
+    fgi_codegen_free(&cg);
+    fg_mod_destroy(m);
+    fg_ctx_destroy(ctx);
+}
+
+static char *key_of(fg_ctx *ctx, const fg_mod *m, fg_kernel_config cfg) {
+    fgi_codegen cg;
+    assert_int_equal(fgi_codegen_init(ctx, m, &cfg, &cg), FG_OK);
+    char *k = strdup(cg.key);
+    fgi_codegen_free(&cg);
+    return k;
+}
+
+static void test_keys(void **state) {
+    (void)state;
+    fg_ctx *ctx = new_ctx();
+    fg_mod *a = load(ctx, "mods/sliding_window.c");
+    fg_mod *b = NULL;
+    /* another default value and other names: the same kernel */
+    assert_int_equal(fg_mod_from_source(ctx, "other.c",
+                                        "int WINDOW = 7; bool mask_mod(int B, int H, int q, int k)"
+                                        " { return q >= k && q - k <= WINDOW; }",
+                                        (size_t)-1, &b),
+                     FG_OK);
+    fg_kernel_config att = {FG_KERNEL_ATTENTION_FWD, FG_BF16, 128, 0, 0, NULL};
+    fg_kernel_config bm = {FG_KERNEL_BLOCK_MASK, 0, 0, 128, 128, NULL};
+    char *k1 = key_of(ctx, a, att), *k2 = key_of(ctx, b, att);
+    assert_string_equal(k1, k2);
+    free(k2);
+    struct {
+        fg_kernel_config cfg;
+        bool same_as_att;
+    } rows[] = {
+        {{FG_KERNEL_ATTENTION_FWD, FG_BF16, 128, 128, 128, NULL}, true}, /* the defaults */
+        {{FG_KERNEL_ATTENTION_FWD, FG_BF16, 128, 64, 64, NULL}, false}, /* q tile size */
+        {{FG_KERNEL_ATTENTION_FWD, FG_FP16, 128, 0, 0, NULL}, false},
+        {{FG_KERNEL_ATTENTION_FWD, FG_BF16, 64, 0, 0, NULL}, false},
+        {{FG_KERNEL_BLOCK_MASK, 0, 0, 128, 128, NULL}, false},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        char *k = key_of(ctx, a, rows[i].cfg);
+        assert_int_equal(strcmp(k, k1) == 0, rows[i].same_as_att);
+        free(k);
+    }
+    char *b1 = key_of(ctx, a, bm);
+    fg_kernel_config bm2 = {FG_KERNEL_BLOCK_MASK, FG_FP16, 64, 128, 64, NULL};
+    char *b2 = key_of(ctx, a, bm2);
+    assert_string_not_equal(b1, b2); /* block sizes are compiled in */
+    bm2.kv_block = 128;
+    free(b2);
+    b2 = key_of(ctx, a, bm2);
+    assert_string_equal(b1, b2); /* dtype and head dim are not used */
+    free(b1);
+    free(b2);
+    free(k1);
+    fg_mod_destroy(b);
+    fg_mod_destroy(a);
+    fg_ctx_destroy(ctx);
+}
+
+/* ---- the CLI ------------------------------------------------------------------ */
+
+typedef struct cli_result {
+    int code;
+    char err[4096];
+    char out[8192];
+} cli_result;
+
+static char tmpdir[64]; /* scratch files of the CLI tests */
+
+static const char *tmp(const char *name) {
+    static char path[4][128];
+    static int next;
+    char *p = path[next++ % 4];
+    snprintf(p, sizeof path[0], "%s/%s", tmpdir, name);
+    return p;
+}
+
+/* Run the tool with a shell command line tail; stdout and stderr captured. */
+static void run_cli(const char *args, cli_result *r) {
+    const char *cli = getenv("FLEXGEN_CLI");
+    if (!cli) {
+        print_error("FLEXGEN_CLI is not set (meson sets it)\n");
+        fail();
+    }
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>'%s' >'%s'", cli, args, tmp("stderr.txt"), tmp("stdout.txt"));
+    int st = system(cmd);
+    assert_true(st != -1 && WIFEXITED(st));
+    r->code = WEXITSTATUS(st);
+    char *e = read_all(tmp("stderr.txt")), *o = read_all(tmp("stdout.txt"));
+    snprintf(r->err, sizeof r->err, "%s", e ? e : "");
+    snprintf(r->out, sizeof r->out, "%s", o ? o : "");
+    free(e);
+    free(o);
+    remove(tmp("stderr.txt"));
+    remove(tmp("stdout.txt"));
+}
+
+static void test_cli(void **state) {
+    (void)state;
+    cli_result r;
+    char bad[128], args[256];
+    snprintf(bad, sizeof bad, "%s", tmp("bad.c"));
+    FILE *f = fopen(bad, "w");
+    assert_non_null(f);
+    fputs("bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n    return q_idx >= kv_ix;\n}\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "--mask '%s'", bad);
+    run_cli(args, &r);
+    remove(bad);
+    assert_int_equal(r.code, 2);
+    assert_non_null(strstr(r.err, "bad.c:2:21"));
+    assert_non_null(strstr(r.err, "kv_ix"));
+    assert_non_null(strstr(r.err, "return q_idx >= kv_ix;\n"));
+    assert_non_null(strstr(r.err, " ^~~~~\n"));
+    assert_string_equal(r.out, "");
+
+    static const struct {
+        const char *args;
+        int code;
+        const char *in_stderr; /* or in stdout for code 0 */
+    } rows[] = {
+        {"--expr-mask 'q_idx >= '", 2, "^"},
+        {"--expr-mask 'q_idx >= kv_idx' --dtype fp32", 1, "fp32"},
+        {"--bogus", 1, "--bogus"},
+        {"", 1, "usage"},
+        {"--mask mods/causal.c --head-dim 24", 6, "head dim 24"},
+        {"nonsense", 1, "nonsense"},
+        {"--help", 0, "Exit codes"},
+        {"--version", 0, FLEXGEN_VERSION_STRING},
+        {"--expr-mask 'q_idx >= kv_idx' --canonical",
+         0, "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n    return q_idx >= kv_idx;\n}\n"},
+        {"--expr-mask 'q_idx - kv_idx <= W' --param int:W=4 --emit mod", 0,
+         "return fg_isub(q_idx, kv_idx) <= p.W;"},
+        {"--mask mods/causal.c --kernel blockmask --block 64", 0, "#define FG_Q_BLOCK 64\n"},
+        {"--mask mods/causal.c --score mods/softcap.c --emit mod", 0, "tanhf(fg_fdiv(score, p.SOFTCAP))"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        run_cli(rows[i].args, &r);
+        const char *text = rows[i].code == 0 ? r.out : r.err;
+        if (r.code != rows[i].code || !strstr(text, rows[i].in_stderr)) {
+            print_error("flexgen %s: exit %d (want %d)\nstdout:\n%.2000s\nstderr:\n%s\n", rows[i].args,
+                        r.code, rows[i].code, r.out, r.err);
+            fail();
+        }
+    }
+    /* the canonical text of the expression is the file's */
+    fg_ctx *ctx = new_ctx();
+    fg_mod *m = load(ctx, "mods/causal.c");
+    run_cli("--mask mods/causal.c --canonical", &r);
+    assert_int_equal(r.code, 0);
+    assert_memory_equal(r.out, fg_mod_canonical(m), strlen(fg_mod_canonical(m)));
+    fg_mod_destroy(m);
+    fg_ctx_destroy(ctx);
+}
+
+int main(void) {
+    if (chdir(tu_source_root()) != 0) {
+        fprintf(stderr, "test_emit: cannot enter the source root %s\n", tu_source_root());
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_golden),          cmocka_unit_test(test_spellings),
+        cmocka_unit_test(test_line_directives), cmocka_unit_test(test_composition),
+        cmocka_unit_test(test_param_layout),    cmocka_unit_test(test_configs),
+        cmocka_unit_test(test_keys),            cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_gallery_compiles),
+    };
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/flexgen_test_emit_XXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        fprintf(stderr, "test_emit: cannot make a scratch folder\n");
+        return 1;
+    }
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    rmdir(tmpdir);
+    return failed;
+}

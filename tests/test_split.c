@@ -1,0 +1,240 @@
+/*
+ * test_split.c -- the mods split by dependency (src/emit_split.c).
+ *
+ * The table says, per gallery mod, how many values each part holds (head:
+ * b, h and parameters only; row: q_idx without kv_idx; column: kv_idx
+ * without q_idx) and which operations must have left the per-element
+ * function: natten's divisions and clamps, document's loads, ALiBi's
+ * slopes[h]. Then every gallery mod, and a composition, must compile with
+ * NVRTC next to a kernel that compares split and whole mods (gpu_split runs
+ * it).
+ */
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "split_check.h"
+
+typedef struct split_row {
+    const char *mod;
+    int mask[3], score[3];     /* members of head, row, col             */
+    const char *mask_gone[3];  /* must not appear in fg_mask_split0     */
+    const char *score_gone[2]; /* must not appear in fg_score_split0    */
+} split_row;
+
+static const split_row rows[] = {
+    {"natten", {3, 4, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", "fg_iclamp"}, {NULL}},
+    {"sasa", {0, 2, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", NULL}, {NULL}},
+    {"document", {0, 1, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}},
+    {"jagged", {0, 3, 0}, {0, 0, 0}, {"fg_load", NULL}, {NULL}},
+    {"flamingo", {0, 2, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}},
+    {"prefix_lm", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}},
+    {"sliding_window", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}},
+    {"causal", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}},
+    {"alibi", {0, 0, 0}, {1, 0, 0}, {NULL}, {"fg_load", NULL}},
+    {"softcap", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}},
+    {"noop", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}},
+};
+
+static char *emit_split(fg_ctx *ctx, const fg_mod *m) {
+    fgi_buf b = {0};
+    fg_status st = fgi_emit_split(ctx, m, &b);
+    if (st != FG_OK) print_error("%s: %s\n", fg_status_string(st), fg_errmsg(ctx));
+    assert_int_equal(st, FG_OK);
+    char *s = fgi_buf_take(&b);
+    assert_non_null(s);
+    return s;
+}
+
+/* Members of `struct NAME { ... };` in the text: one ';' each. */
+static int count_members(const char *text, const char *name) {
+    char open[64];
+    snprintf(open, sizeof open, "struct %s {\n", name);
+    const char *s = strstr(text, open);
+    assert_non_null(s);
+    s += strlen(open);
+    const char *end = strstr(s, "};");
+    assert_non_null(end);
+    int n = 0;
+    for (; s < end; s++) n += *s == ';';
+    return n;
+}
+
+/* The body of function `name` (up to its closing "\n}"), malloc'd; NULL
+ * when there is no such function. */
+static char *function_body(const char *text, const char *name) {
+    char sig[64];
+    snprintf(sig, sizeof sig, " %s(", name);
+    const char *s = strstr(text, sig);
+    if (!s) return NULL;
+    const char *end = strstr(s, "\n}");
+    assert_non_null(end);
+    size_t n = (size_t)(end - s);
+    char *body = malloc(n + 1);
+    assert_non_null(body);
+    memcpy(body, s, n);
+    body[n] = 0;
+    return body;
+}
+
+static void check_gone(const char *text, const char *fn, const char *const *gone, int n,
+                       const char *mod) {
+    char *body = function_body(text, fn);
+    for (int i = 0; i < n && gone[i]; i++) {
+        assert_non_null(body);
+        if (strstr(body, gone[i])) {
+            print_error("%s: %s still computes %s per element:\n%s\n", mod, fn, gone[i], body);
+            fail();
+        }
+    }
+    free(body);
+}
+
+static void gallery_table(void **state) {
+    (void)state;
+    static const char *const kinds[3] = {"head", "row", "col"};
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        const split_row *r = &rows[i];
+        fg_mod *m = tu_gallery_mod(ctx, r->mod);
+        char *text = emit_split(ctx, m);
+        for (int k = 0; k < 3; k++) {
+            char name[32];
+            snprintf(name, sizeof name, "fg_mask_%s", kinds[k]);
+            int got = count_members(text, name);
+            if (got != r->mask[k]) print_error("%s: %s has %d members\n%s\n", r->mod, name, got, text);
+            assert_int_equal(got, r->mask[k]);
+            snprintf(name, sizeof name, "fg_score_%s", kinds[k]);
+            got = count_members(text, name);
+            if (got != r->score[k]) print_error("%s: %s has %d members\n%s\n", r->mod, name, got, text);
+            assert_int_equal(got, r->score[k]);
+        }
+        check_gone(text, "fg_mask_split0", r->mask_gone, 3, r->mod);
+        check_gone(text, "fg_score_split0", r->score_gone, 2, r->mod);
+        free(text);
+        fg_mod_destroy(m);
+    }
+    fg_ctx_destroy(ctx);
+}
+
+/* A composed mask is split leaf by leaf and combined as fg_mask_mod is. */
+static void composition_splits_per_leaf(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    fg_mod *a = tu_gallery_mod(ctx, "natten"), *b = tu_gallery_mod(ctx, "document");
+    fg_mod *c = tu_gallery_mod(ctx, "prefix_lm");
+    fg_mod *ab = NULL, *abc = NULL;
+    assert_int_equal(fg_mod_and(ctx, a, b, &ab), FG_OK);
+    assert_int_equal(fg_mod_or(ctx, ab, c, &abc), FG_OK);
+    char *text = emit_split(ctx, abc);
+    assert_int_equal(count_members(text, "fg_mask_row"), 4 + 1);
+    assert_int_equal(count_members(text, "fg_mask_col"), 2 + 1 + 1);
+    assert_non_null(strstr(text, "((fg_mask_split0(p, hd, b, h, q_idx, kv_idx, r, c) && "
+                                 "fg_mask_split1(p, hd, b, h, q_idx, kv_idx, r, c)) || "
+                                 "fg_mask_split2(p, hd, b, h, q_idx, kv_idx, r, c))"));
+    /* Each leaf's values carry its number. */
+    assert_non_null(strstr(text, "r.f1_"));
+    assert_non_null(strstr(text, "c.f2_"));
+    free(text);
+    fg_mod_destroy(abc);
+    fg_mod_destroy(ab);
+    fg_mod_destroy(c);
+    fg_mod_destroy(b);
+    fg_mod_destroy(a);
+    fg_ctx_destroy(ctx);
+}
+
+/* Mods written to defeat the analysis: a local read in both halves, a
+ * head value inside a row value, nesting through ?: and casts, a score_mod
+ * whose only hoistable part is a row. */
+static void tricky_mods_split(void **state) {
+    (void)state;
+    static const struct {
+        const char *text;
+        int row, col, score_row;
+    } cases[] = {
+        {"int W = 7;\n"
+         "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+         "    int t = q_idx / W;\n"
+         "    int u = t + kv_idx;\n"
+         "    return (q_idx % 3 == 0 ? u : kv_idx / (W + h)) > (int)((float)t * 0.5);\n"
+         "}\n",
+         3, 1, 0},
+        {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+         "    return score * exp2(-(float)(q_idx / 64)) + (float)kv_idx;\n"
+         "}\n",
+         0, 0, 1},
+    };
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fg_mod *m = NULL;
+        fg_status st = fg_mod_from_source(ctx, "tricky", cases[i].text, strlen(cases[i].text), &m);
+        if (st != FG_OK) print_error("%s\n", fg_error_diagnostic(ctx));
+        assert_int_equal(st, FG_OK);
+        char *text = emit_split(ctx, m);
+        assert_int_equal(count_members(text, "fg_mask_row"), cases[i].row);
+        assert_int_equal(count_members(text, "fg_mask_col"), cases[i].col);
+        assert_int_equal(count_members(text, "fg_score_row"), cases[i].score_row);
+        free(text);
+        /* And it compiles next to the whole mod. */
+        char *src = NULL;
+        assert_int_equal(split_check_source(ctx, m, &src), FG_OK);
+        void *img = NULL;
+        size_t size = 0;
+        st = fgi_nvrtc_compile(ctx, src, "split_check.cu", "sm_90a", FG_EMIT_PTX, &img, &size, NULL);
+        if (st != FG_OK) print_error("%s\n%s\n", fg_compile_log(ctx), src);
+        assert_int_equal(st, FG_OK);
+        free(img);
+        free(src);
+        fg_mod_destroy(m);
+    }
+    fg_ctx_destroy(ctx);
+}
+
+static void gallery_compiles(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        fg_mod *m = tu_gallery_mod(ctx, rows[i].mod);
+        char *src = NULL;
+        assert_int_equal(split_check_source(ctx, m, &src), FG_OK);
+        void *img = NULL;
+        size_t size = 0;
+        fg_status st =
+            fgi_nvrtc_compile(ctx, src, "split_check.cu", "sm_90a", FG_EMIT_PTX, &img, &size, NULL);
+        if (st != FG_OK) print_error("%s: %s\n", rows[i].mod, fg_compile_log(ctx));
+        assert_int_equal(st, FG_OK);
+        free(img);
+        free(src);
+        fg_mod_destroy(m);
+    }
+    fg_ctx_destroy(ctx);
+}
+
+static void bad_arguments(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    fgi_buf b = {0};
+    assert_int_equal(fgi_emit_split(NULL, NULL, &b), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fgi_emit_split(ctx, NULL, &b), FG_ERR_INVALID_ARGUMENT);
+    fgi_buf_free(&b);
+    fg_ctx_destroy(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(gallery_table),
+        cmocka_unit_test(composition_splits_per_leaf),
+        cmocka_unit_test(tricky_mods_split),
+        cmocka_unit_test(gallery_compiles),
+        cmocka_unit_test(bad_arguments),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
