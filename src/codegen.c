@@ -24,6 +24,8 @@
  */
 #include "codegen.h"
 
+#include <stdatomic.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,16 +119,29 @@ static void config_suffix(const fg_kernel_config *c, char *out, size_t cap) {
         snprintf(out, cap, "%s-d%d", dtype_name(c->dtype), c->head_dim);
 }
 
-/* Hash of every fixed text the source is made of. */
+/* Hash of every fixed text the source is made of. The texts are compiled
+ * into the library, so the hash is computed once per kernel kind and kept:
+ * it is on the path of every fg_attention_forward call, where hashing the
+ * ~100 KB of template text each time would cost tens of microseconds. A
+ * race between two first callers only computes the same value twice. */
 static fg_status template_hash(fg_ctx *ctx, const kernel_info *k, uint64_t *out) {
+    static _Atomic uint64_t memo[sizeof kernels / sizeof kernels[0]];
+    size_t slot = (size_t)(k - kernels);
+    uint64_t h = atomic_load_explicit(&memo[slot], memory_order_acquire);
+    if (h) {
+        *out = h;
+        return FG_OK;
+    }
     const fgi_template *common = fgi_template_find("common.cuh");
     const fgi_template *kernel = fgi_template_find(k->tmpl);
     if (!common || !kernel)
         return fgi_error(ctx, FG_ERR_NOT_FOUND, "template %s is not built into this library",
                          !common ? "common.cuh" : k->tmpl);
-    uint64_t h = fgi_fnv1a(FGI_FNV_SEED, FGI_CODEGEN_VERSION, strlen(FGI_CODEGEN_VERSION));
+    h = fgi_fnv1a(FGI_FNV_SEED, FGI_CODEGEN_VERSION, strlen(FGI_CODEGEN_VERSION));
     h = fgi_fnv1a(h, common->text, strlen(common->text) + 1);
     h = fgi_fnv1a(h, kernel->text, strlen(kernel->text) + 1);
+    if (!h) h = 1; /* 0 means "not computed yet" */
+    atomic_store_explicit(&memo[slot], h, memory_order_release);
     *out = h;
     return FG_OK;
 }
