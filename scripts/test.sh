@@ -33,7 +33,7 @@ echo "== meson test (suites cpu and gpu)"
 meson test -C build --print-errorlogs --num-processes "$jobs"
 
 echo "== cpu suite under address,undefined sanitizers"
-[ -d build-asan/meson-private ] || meson setup build-asan -Dtests=enabled -Db_sanitize=address,undefined -Db_lundef=false --buildtype=debug
+[ -d build-asan/meson-private ] || meson setup build-asan -Dtests=enabled -Dpython_tests=false -Db_sanitize=address,undefined -Db_lundef=false --buildtype=debug
 meson compile -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     meson test -C build-asan --suite cpu --print-errorlogs --num-processes "$jobs"
