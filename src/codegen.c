@@ -31,7 +31,7 @@
 #include <string.h>
 
 /* Bump when emit.c or this file changes what the source looks like. */
-#define FGI_CODEGEN_VERSION "flexgen-codegen 1"
+#define FGI_CODEGEN_VERSION "flexgen-codegen 2"
 
 typedef struct kernel_info {
     fg_kernel_kind kind;
@@ -214,6 +214,11 @@ static fg_status gen_source(fg_ctx *ctx, void *arg, char **source) {
     put_macros(&b, g);
     put_template(&b, "common.cuh", common->text);
     fg_status st = fgi_emit_mod_named(ctx, g->mod, file, &b);
+    /* The attention kernel evaluates the mods split by dependency. */
+    if (st == FG_OK && g->kernel->kind == FG_KERNEL_ATTENTION_FWD) {
+        fgi_buf_puts(&b, "\n");
+        st = fgi_emit_split(ctx, g->mod, &b);
+    }
     if (st == FG_OK) {
         fgi_buf_puts(&b, "\n");
         put_template(&b, g->kernel->tmpl, kernel->text);

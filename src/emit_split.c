@@ -33,6 +33,8 @@
  * names each hoisted value hd.fK_N, r.fK_N or c.fK_N: leaf K of the mask (or
  * the score_mod), value N. The init functions fill a struct named like the
  * one the split function reads, so one printer serves all four functions.
+ * The output is part of every attention kernel's source: bump
+ * FGI_CODEGEN_VERSION (codegen.c) when it changes.
  */
 #include "codegen.h"
 

@@ -134,7 +134,7 @@ static int parse_decl(fg_cli_mod_args *a, const char *arg) {
         if (forms[i].kind == FG_PARAM_SCALAR) {
             if (!eq) return fg_cli_error(-1, "--param %s: give a default, e.g. %sNAME=0", arg,
                                          forms[i].prefix);
-            double v;
+            double v = 0;
             if (fg_cli_parse_double(eq + 1, "--param", &v)) return -1;
             d->default_value = v;
         }
@@ -383,15 +383,15 @@ static int bind_set(const fg_mod *mod, const char *arg, fg_cli_bindings *b) {
     if (info.kind != FG_PARAM_SCALAR)
         return fg_cli_error(FG_EXIT_USAGE, "--set %s: '%s' is a buffer (use --buffer NAME=FILE)",
                             arg, info.name);
-    fg_binding *slot;
+    fg_binding *slot = NULL;
     int rc = bind_slot(b, arg, n, &slot);
     if (rc) return rc;
     if (info.type == FG_TYPE_INT) {
-        int v;
+        int v = 0;
         if (fg_cli_parse_int(eq + 1, "--set", INT32_MIN, INT32_MAX, &v)) return FG_EXIT_USAGE;
         *slot = fg_bind_int(slot->name, v);
     } else {
-        double v;
+        double v = 0;
         if (fg_cli_parse_double(eq + 1, "--set", &v)) return FG_EXIT_USAGE;
         *slot = fg_bind_float(slot->name, (float)v);
     }
@@ -408,7 +408,7 @@ static int bind_buffer(const fg_mod *mod, const char *arg, fg_cli_bindings *b) {
     if (info.kind != FG_PARAM_BUFFER)
         return fg_cli_error(FG_EXIT_USAGE, "--buffer %s: '%s' is a scalar (use --set NAME=VALUE)",
                             arg, info.name);
-    fg_binding *slot;
+    fg_binding *slot = NULL;
     int rc = bind_slot(b, arg, n, &slot);
     if (rc) return rc;
     void *data;
