@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Run the GPU test executables and the examples straight from a build folder
+# (for a GPU machine where `meson test` cannot run on the build folder, e.g.
+# one copied from another machine). Usage: scripts/gpu_suite.sh BUILD [OUTDIR]
+# Prints one line per program and exits non-zero when any of them failed.
+set -u
+build=${1:?usage: scripts/gpu_suite.sh BUILD [OUTDIR]}
+out=${2:-/tmp/flexgen-gpu-suite}
+mkdir -p "$out"
+export FLEXGEN_SOURCE_ROOT=${FLEXGEN_SOURCE_ROOT:-$PWD}
+export FLEXGEN_CACHE_DIR=${FLEXGEN_CACHE_DIR:-$out/cache}
+[ -d "$build/devlib" ] && export LD_LIBRARY_PATH="$build/devlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fail=0
+run() { # name, command...
+    local name=$1; shift
+    local t0=$(date +%s.%N)
+    "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    local t=$(echo "$(date +%s.%N) - $t0" | bc)
+    printf '%-28s rc=%-3d %6.1fs\n' "$name" "$rc" "$t"
+    [ $rc -eq 0 ] || fail=1
+}
+for t in gpu_jit gpu_blockmask gpu_split gpu_attention; do
+    [ -x "$build/tests/$t" ] && run "$t" "$build/tests/$t"
+done
+for e in causal sliding_window document_packing alibi serving_loop; do
+    [ -x "$build/examples/$e" ] && run "example_$e" "$build/examples/$e"
+done
+[ -x "$build/examples/custom_mod" ] && run example_custom_mod "$build/examples/custom_mod" mods/softcap.c
+exit $fail
