@@ -13,11 +13,11 @@ export FLEXGEN_CACHE_DIR=${FLEXGEN_CACHE_DIR:-$out/cache}
 fail=0
 run() { # name, command...
     local name=$1; shift
-    local t0=$(date +%s.%N)
+    local t0=$(date +%s%N)
     "$@" >"$out/$name.log" 2>&1
     local rc=$?
-    local t=$(echo "$(date +%s.%N) - $t0" | bc)
-    printf '%-28s rc=%-3d %6.1fs\n' "$name" "$rc" "$t"
+    local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    printf '%-28s rc=%-3d %6d ms\n' "$name" "$rc" "$ms"
     [ $rc -eq 0 ] || fail=1
 }
 for t in gpu_jit gpu_blockmask gpu_split gpu_attention; do

@@ -10,7 +10,9 @@
  *   3. templates/common.cuh (integer types, safe int division helpers, bf16 /
  *      fp16 conversions in inline PTX: no CUDA headers needed);
  *   4. the emitted mod (fgi_emit_mod): struct fg_mod_params, fg_mask_mod,
- *      fg_score_mod, FG_HAS_MASK_MOD, FG_HAS_SCORE_MOD;
+ *      fg_score_mod, FG_HAS_MASK_MOD, FG_HAS_SCORE_MOD; for the attention
+ *      kernel also the mods split by dependency (fgi_emit_split:
+ *      fg_mask_head/_row/_col, fg_mask_split, the same for score_mod);
  *   5. the kernel template: templates/attention_fwd.cuh (entry
  *      "fg_attention_fwd") or templates/blockmask.cuh (entries named by that
  *      template).

@@ -237,6 +237,62 @@ __device__ __forceinline__ float fg_score_mod(const fg_mod_params &p, float scor
 }
 
 
+/* ---- the mods split by dependency (emit_split.c): the kernel computes
+ * the head part once per (b, h), the row part once per q row and the
+ * column part once per kv column; fg_mask_split / fg_score_split give
+ * bit for bit what fg_mask_mod / fg_score_mod give. */
+#define FG_HAS_SPLIT_MODS 1
+struct fg_mask_head {
+};
+struct fg_mask_row {
+};
+struct fg_mask_col {
+};
+__device__ __forceinline__ fg_mask_head fg_mask_head_init(const fg_mod_params &p, int b, int h) {
+    fg_mask_head hd;
+    return hd;
+}
+__device__ __forceinline__ fg_mask_row fg_mask_row_init(const fg_mod_params &p, const fg_mask_head &hd, int b, int h, int q_idx) {
+    fg_mask_row r;
+    return r;
+}
+__device__ __forceinline__ fg_mask_col fg_mask_col_init(const fg_mod_params &p, const fg_mask_head &hd, int b, int h, int kv_idx) {
+    fg_mask_col c;
+    return c;
+}
+
+__device__ __forceinline__ bool fg_mask_split0(const fg_mod_params &p, const fg_mask_head &hd, int b, int h, int q_idx, int kv_idx, const fg_mask_row &r, const fg_mask_col &c) {
+    return ((q_idx >= kv_idx) && (fg_isub(q_idx, kv_idx) <= p.WINDOW));
+}
+
+__device__ __forceinline__ bool fg_mask_split(const fg_mod_params &p, const fg_mask_head &hd, int b, int h, int q_idx, int kv_idx, const fg_mask_row &r, const fg_mask_col &c) {
+    return fg_mask_split0(p, hd, b, h, q_idx, kv_idx, r, c);
+}
+
+struct fg_score_head {
+};
+struct fg_score_row {
+};
+struct fg_score_col {
+};
+__device__ __forceinline__ fg_score_head fg_score_head_init(const fg_mod_params &p, int b, int h) {
+    fg_score_head hd;
+    return hd;
+}
+__device__ __forceinline__ fg_score_row fg_score_row_init(const fg_mod_params &p, const fg_score_head &hd, int b, int h, int q_idx) {
+    fg_score_row r;
+    return r;
+}
+__device__ __forceinline__ fg_score_col fg_score_col_init(const fg_mod_params &p, const fg_score_head &hd, int b, int h, int kv_idx) {
+    fg_score_col c;
+    return c;
+}
+
+__device__ __forceinline__ float fg_score_split(const fg_mod_params &p, const fg_score_head &hd, float score, int b, int h, int q_idx, int kv_idx, const fg_score_row &r, const fg_score_col &c) {
+    return score;
+}
+
+
 /* ==== templates/attention_fwd.cuh ==== */
 /*
  * attention_fwd.cuh -- the portable forward attention kernel (sm_80 and
