@@ -68,12 +68,12 @@ typedef struct splitter {
     /* the function being split */
     const fgi_func *fn;
     int leaf;
-    unsigned local_deps[256];
+    unsigned *local_deps; /* per local: what its initialiser reads       */
+    int *local_field;     /* per local: the field holding it, or -1      */
+    int cap_locals;
     field fields[MAX_FIELDS];
     int nfields;
     int next_num;
-    /* per local: the field holding it, or -1 */
-    int local_field[256];
 } splitter;
 
 static void fail(splitter *sp, const char *what) {
@@ -89,7 +89,8 @@ static unsigned deps_of(const splitter *sp, const fgi_expr *e) {
     case FGI_E_ARG:
         return e->op >= 0 && e->op < 5 ? 1u << e->op : 0;
     case FGI_E_LOCAL:
-        return e->index >= 0 && e->index < 256 ? sp->local_deps[e->index] : 0;
+        /* Locals are classified in order, so a later one is never read. */
+        return e->index >= 0 && e->index < sp->fn->nlocals ? sp->local_deps[e->index] : 0;
     default: break;
     }
     unsigned d = deps_of(sp, e->a) | deps_of(sp, e->b) | deps_of(sp, e->c);
@@ -116,13 +117,10 @@ static bool is_cheap(const fgi_expr *e) {
 
 /* ---- collecting the hoisted values -------------------------------------------- */
 
+/* The new field's index, or -1 when the table is full: that value then
+ * stays where it is, computed per element, which is slower but the same. */
 static int add_field(splitter *sp, const fgi_expr *e, int local, split_class cls) {
-    if (sp->nfields >= MAX_FIELDS) {
-        if (sp->st == FG_OK)
-            sp->st = fgi_error(sp->ctx, FG_ERR_LIMIT,
-                               "the mod has more than %d hoistable subexpressions", MAX_FIELDS);
-        return -1;
-    }
+    if (sp->nfields >= MAX_FIELDS) return -1;
     field *f = &sp->fields[sp->nfields];
     f->e = e;
     f->local = local;
@@ -167,9 +165,17 @@ static void analyse(splitter *sp, const fgi_func *fn, int leaf) {
     sp->leaf = leaf;
     sp->nfields = 0;
     sp->next_num = 0;
-    if (fn->nlocals > 256) {
-        fail(sp, "more than 256 locals");
-        return;
+    if (fn->nlocals > sp->cap_locals) {
+        free(sp->local_deps);
+        free(sp->local_field);
+        sp->local_deps = calloc((size_t)fn->nlocals, sizeof *sp->local_deps);
+        sp->local_field = calloc((size_t)fn->nlocals, sizeof *sp->local_field);
+        sp->cap_locals = sp->local_deps && sp->local_field ? fn->nlocals : 0;
+        if (!sp->cap_locals) {
+            if (sp->st == FG_OK)
+                sp->st = fgi_error(sp->ctx, FG_ERR_OUT_OF_MEMORY, "out of memory splitting the mod");
+            return;
+        }
     }
     for (int i = 0; i < fn->nlocals && sp->st == FG_OK; i++) {
         const fgi_local *l = &fn->locals[i];
@@ -181,6 +187,9 @@ static void analyse(splitter *sp, const fgi_func *fn, int leaf) {
         } else {
             collect(sp, l->init, cls);
             sp->local_field[i] = add_field(sp, NULL, i, cls);
+            /* Not hoisted after all: it exists only in the per-element
+             * function, so nothing that reads it may be hoisted either. */
+            if (sp->local_field[i] < 0) sp->local_deps[i] |= D_Q | D_KV;
         }
     }
     collect(sp, fn->ret, C_ELEM);
@@ -576,6 +585,8 @@ fg_status fgi_emit_split(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out) {
     emit_kind(sp, true);
     if (sp->st == FG_OK) emit_kind(sp, false);
     fg_status st = sp->st;
+    free(sp->local_deps);
+    free(sp->local_field);
     free(sp);
     if (st != FG_OK) return st;
     if (out->oom) return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory splitting the mod");

@@ -140,11 +140,30 @@ static void composition_equals_whole(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+static void table_limit_equals_whole(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    fg_ctx_set_int(ctx, FG_OPT_DISK_CACHE, 0);
+    char *text = split_check_big_mod();
+    assert_non_null(text);
+    fg_mod *m = NULL;
+    assert_int_equal(fg_mod_from_source(ctx, "big", text, strlen(text), &m), FG_OK);
+    int bad[2] = {-1, -1};
+    check_ok(ctx, run_check(ctx, m, 0, 0, bad));
+    assert_int_equal(bad[0], 0);
+    assert_int_equal(bad[1], 0);
+    fg_mod_destroy(m);
+    free(text);
+    fg_ctx_destroy(ctx);
+}
+
 int main(void) {
     tu_require_gpu();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(split_equals_whole),
         cmocka_unit_test(composition_equals_whole),
+        cmocka_unit_test(table_limit_equals_whole),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

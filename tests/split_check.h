@@ -36,6 +36,27 @@ static const char split_check_kernel[] =
     "    }\n"
     "}\n";
 
+/* A mask with more hoistable values than the splitter's table holds (55
+ * locals of five row and column divisions each, then a row local and a
+ * column division): past the limit values stay per element, and a row
+ * local that found no room must not be read by any hoisted value.
+ * malloc'd. */
+static inline char *split_check_big_mod(void) {
+    size_t cap = 16 * 1024, n = 0;
+    char *s = malloc(cap);
+    if (!s) return NULL;
+    n += (size_t)snprintf(s + n, cap - n, "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n");
+    for (int k = 0; k < 55; k++)
+        n += (size_t)snprintf(s + n, cap - n,
+                              "    int a%d = q_idx / %d + kv_idx %% %d + q_idx / %d + kv_idx / %d"
+                              " + q_idx %% %d;\n",
+                              k, k + 1, k + 2, k + 3, k + 4, k + 5);
+    n += (size_t)snprintf(s + n, cap - n, "    int t = q_idx / 7;\n    return (a0");
+    for (int k = 1; k < 55; k++) n += (size_t)snprintf(s + n, cap - n, " + a%d", k);
+    snprintf(s + n, cap - n, " + t + kv_idx / 5) %% 3 == 0;\n}\n");
+    return s;
+}
+
 /* common.cuh, the mod, its split and the checking kernel (malloc'd). */
 static inline fg_status split_check_source(fg_ctx *ctx, const fg_mod *mod, char **out) {
     const fgi_template *common = fgi_template_find("common.cuh");

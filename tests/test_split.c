@@ -217,6 +217,43 @@ static void gallery_compiles(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* Past the table's limit the split still compiles (and gpu_split checks
+ * that it still gives the whole mod's results). */
+static void table_limit_degrades(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    char *text = split_check_big_mod();
+    assert_non_null(text);
+    fg_mod *m = NULL;
+    fg_status st = fg_mod_from_source(ctx, "big", text, strlen(text), &m);
+    if (st != FG_OK) print_error("%s\n", fg_error_diagnostic(ctx));
+    assert_int_equal(st, FG_OK);
+    char *split = emit_split(ctx, m);
+    int row = count_members(split, "fg_mask_row"), col = count_members(split, "fg_mask_col");
+    assert_true(row + col + count_members(split, "fg_mask_head") <= 256);
+    assert_true(row > 100 && col > 100);
+    /* t found no room: it is computed per element, as is kv_idx / 5. */
+    char *body = function_body(split, "fg_mask_split0");
+    assert_non_null(body);
+    assert_non_null(strstr(body, "fg_idiv(q_idx, (7))"));
+    assert_non_null(strstr(body, "fg_idiv(kv_idx, (5))"));
+    free(body);
+    free(split);
+    char *src = NULL;
+    assert_int_equal(split_check_source(ctx, m, &src), FG_OK);
+    void *img = NULL;
+    size_t size = 0;
+    st = fgi_nvrtc_compile(ctx, src, "split_check.cu", "sm_90a", FG_EMIT_PTX, &img, &size, NULL);
+    if (st != FG_OK) print_error("%s\n", fg_compile_log(ctx));
+    assert_int_equal(st, FG_OK);
+    free(img);
+    free(src);
+    fg_mod_destroy(m);
+    free(text);
+    fg_ctx_destroy(ctx);
+}
+
 static void bad_arguments(void **state) {
     (void)state;
     fg_ctx *ctx;
@@ -234,6 +271,7 @@ int main(void) {
         cmocka_unit_test(composition_splits_per_leaf),
         cmocka_unit_test(tricky_mods_split),
         cmocka_unit_test(gallery_compiles),
+        cmocka_unit_test(table_limit_degrades),
         cmocka_unit_test(bad_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
