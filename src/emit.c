@@ -124,7 +124,7 @@ static void line_generated(emitter *em) {
 
 /* The shortest decimal that reads back as the same float, with an f; inf
  * and NaN by their bits (no <cmath> macros in NVRTC without headers). */
-static void put_float(fgi_buf *out, float f) {
+void fgi_emit_float(fgi_buf *out, float f) {
     if (isnan(f) || isinf(f)) {
         uint32_t bits;
         memcpy(&bits, &f, sizeof bits);
@@ -161,7 +161,7 @@ static int infix_prec(int op) {
     }
 }
 
-static const char *infix_str(int op) {
+const char *fgi_emit_infix(int op) {
     switch (op) {
     case FGI_OP_LOR: return "||";
     case FGI_OP_LAND: return "&&";
@@ -179,7 +179,7 @@ static const char *infix_str(int op) {
 }
 
 /* The helper an arithmetic operator prints as, by operand type. */
-static const char *arith_fn(int op, fgi_type t) {
+const char *fgi_emit_arith_fn(int op, fgi_type t) {
     bool f = t == FGI_T_FLOAT;
     switch (op) {
     case FGI_OP_ADD: return f ? "fg_fadd" : "fg_iadd";
@@ -193,7 +193,7 @@ static const char *arith_fn(int op, fgi_type t) {
     }
 }
 
-static const char *builtin_fn(int fn, fgi_type t) {
+const char *fgi_emit_builtin_fn(int fn, fgi_type t) {
     if (t == FGI_T_INT) {
         switch (fn) {
         case FGI_FN_ABS: return "fg_iabs";
@@ -283,7 +283,7 @@ static void emit_call(emitter *em, const fgi_func *fn, const char *name, const f
 
 static void emit_binary(emitter *em, const fgi_func *fn, const fgi_expr *e) {
     if (is_arith(e->op)) {
-        const char *name = arith_fn(e->op, e->a ? e->a->type : FGI_T_NONE);
+        const char *name = fgi_emit_arith_fn(e->op, e->a ? e->a->type : FGI_T_NONE);
         if (!name || !e->a || !e->b || e->a->type != e->b->type) {
             fail(em, "an arithmetic operator on mismatched or non-number operands", e);
             return;
@@ -292,7 +292,7 @@ static void emit_binary(emitter *em, const fgi_func *fn, const fgi_expr *e) {
         emit_call(em, fn, name, args, 2);
         return;
     }
-    const char *s = infix_str(e->op);
+    const char *s = fgi_emit_infix(e->op);
     if (!s || !e->a || !e->b) {
         fail(em, "an unknown binary operator", e);
         return;
@@ -386,7 +386,7 @@ static void emit_expr(emitter *em, const fgi_func *fn, const fgi_expr *e) {
         if (e->lit.i == INT32_MIN) fgi_buf_puts(em->out, "FG_INT_MIN");
         else fgi_buf_printf(em->out, "%d", (int)e->lit.i);
         return;
-    case FGI_E_FLOAT_LIT: put_float(em->out, e->lit.f); return;
+    case FGI_E_FLOAT_LIT: fgi_emit_float(em->out, e->lit.f); return;
     case FGI_E_BOOL_LIT: fgi_buf_puts(em->out, e->lit.b ? "true" : "false"); return;
     case FGI_E_ARG:
     case FGI_E_PARAM:
@@ -406,7 +406,7 @@ static void emit_expr(emitter *em, const fgi_func *fn, const fgi_expr *e) {
         emit_cast(em, fn, e);
         return;
     case FGI_E_CALL: {
-        const char *name = builtin_fn(e->op, e->type);
+        const char *name = fgi_emit_builtin_fn(e->op, e->type);
         if (!name) break;
         for (int i = 0; i < e->nargs; i++)
             if (!e->args[i] || e->args[i]->type != e->type) {
@@ -423,7 +423,7 @@ static void emit_expr(emitter *em, const fgi_func *fn, const fgi_expr *e) {
 
 /* ---- functions --------------------------------------------------------------- */
 
-static const char *ctype(fgi_type t) {
+const char *fgi_emit_ctype(fgi_type t) {
     return t == FGI_T_BOOL ? "bool" : t == FGI_T_INT ? "int" : "float";
 }
 
@@ -432,7 +432,7 @@ static void emit_body(emitter *em, const fgi_func *fn) {
     for (int i = 0; i < fn->nlocals && em->st == FG_OK; i++) {
         const fgi_local *l = &fn->locals[i];
         line_user(em, fn, l->offset);
-        fgi_buf_printf(em->out, "    const %s l%d = ", ctype(l->type), i);
+        fgi_buf_printf(em->out, "    const %s l%d = ", fgi_emit_ctype(l->type), i);
         emit_expr(em, fn, l->init);
         fgi_buf_puts(em->out, ";");
         if (l->name) fgi_buf_printf(em->out, " /* %s */", l->name);
@@ -555,9 +555,9 @@ static void emit_params(emitter *em) {
         const fgi_param *prm = &mod->params[i];
         if (prm->kind == FG_PARAM_BUFFER)
             fgi_buf_printf(out, "    const %s *__restrict__ %s;\n    long long fg_len_%s;\n",
-                           ctype(prm->type), prm->name, prm->name);
+                           fgi_emit_ctype(prm->type), prm->name, prm->name);
         else
-            fgi_buf_printf(out, "    %s %s;\n", ctype(prm->type), prm->name);
+            fgi_buf_printf(out, "    %s %s;\n", fgi_emit_ctype(prm->type), prm->name);
     }
     fgi_buf_puts(out, "    int fg_pad; /* never empty */\n};\n");
     for (int i = 0; i < mod->nparams; i++) {

@@ -197,82 +197,16 @@ static void analyse(splitter *sp, const fgi_func *fn, int leaf) {
 
 /* ---- printing ------------------------------------------------------------------ */
 
-/* The same operation names as emit.c prints: the split must compute each
- * value exactly as fg_mask_mod / fg_score_mod do. */
-static const char *arith_fn(int op, fgi_type t) {
-    bool f = t == FGI_T_FLOAT;
-    switch (op) {
-    case FGI_OP_ADD: return f ? "fg_fadd" : "fg_iadd";
-    case FGI_OP_SUB: return f ? "fg_fsub" : "fg_isub";
-    case FGI_OP_MUL: return f ? "fg_fmul" : "fg_imul";
-    case FGI_OP_DIV: return f ? "fg_fdiv" : "fg_idiv";
-    case FGI_OP_MOD: return f ? NULL : "fg_imod";
-    case FGI_OP_SHL: return f ? NULL : "fg_shl";
-    case FGI_OP_SHR: return f ? NULL : "fg_shr";
-    default: return NULL;
-    }
-}
-
-static const char *infix_str(int op) {
-    switch (op) {
-    case FGI_OP_LOR: return "||";
-    case FGI_OP_LAND: return "&&";
-    case FGI_OP_BOR: return "|";
-    case FGI_OP_BXOR: return "^";
-    case FGI_OP_BAND: return "&";
-    case FGI_OP_EQ: return "==";
-    case FGI_OP_NE: return "!=";
-    case FGI_OP_LT: return "<";
-    case FGI_OP_LE: return "<=";
-    case FGI_OP_GT: return ">";
-    case FGI_OP_GE: return ">=";
-    default: return NULL;
-    }
-}
-
-static const char *builtin_fn(int fn, fgi_type t) {
-    if (t == FGI_T_INT) {
-        switch (fn) {
-        case FGI_FN_ABS: return "fg_iabs";
-        case FGI_FN_MIN: return "fg_imin";
-        case FGI_FN_MAX: return "fg_imax";
-        case FGI_FN_CLAMP: return "fg_iclamp";
-        default: return NULL;
-        }
-    }
-    if (t != FGI_T_FLOAT) return NULL;
-    static const char *const names[FGI_FN_COUNT] = {
-        [FGI_FN_ABS] = "fabsf",      [FGI_FN_MIN] = "fminf",    [FGI_FN_MAX] = "fmaxf",
-        [FGI_FN_CLAMP] = "fg_fclamp", [FGI_FN_EXP] = "expf",    [FGI_FN_EXP2] = "exp2f",
-        [FGI_FN_LOG] = "logf",       [FGI_FN_LOG2] = "log2f",   [FGI_FN_SQRT] = "sqrtf",
-        [FGI_FN_RSQRT] = "fg_rsqrt", [FGI_FN_TANH] = "tanhf",   [FGI_FN_SIGMOID] = "fg_sigmoid",
-        [FGI_FN_FLOOR] = "floorf",   [FGI_FN_CEIL] = "ceilf",   [FGI_FN_POW] = "powf",
-        [FGI_FN_SIN] = "sinf",       [FGI_FN_COS] = "cosf",     [FGI_FN_ROUND] = "roundf",
-        [FGI_FN_TRUNC] = "truncf",   [FGI_FN_FMOD] = "fmodf",
-    };
-    return fn >= 0 && fn < FGI_FN_COUNT ? names[fn] : NULL;
-}
-
-static const char *ctype(fgi_type t) {
-    return t == FGI_T_BOOL ? "bool" : t == FGI_T_INT ? "int" : "float";
-}
-
 static void put_field_name(splitter *sp, const field *f) {
     fgi_buf_printf(sp->out, "%s.f%d_%d", class_var[f->cls], sp->leaf, f->num);
 }
 
-/* Inf and NaN by their bits, finite values with enough digits to read back
- * as the same float. */
-static void put_float(fgi_buf *out, float f) {
-    if (isnan(f) || isinf(f)) {
-        uint32_t bits;
-        memcpy(&bits, &f, sizeof bits);
-        fgi_buf_printf(out, "__int_as_float(0x%08x)", (unsigned)bits);
-        return;
-    }
-    char s[48];
-    snprintf(s, sizeof s, "%.9g", (double)f);
-    fgi_buf_printf(out, "(%s%sf)", s, strpbrk(s, ".en") ? "" : ".0");
+/* A float literal as an operand: emit.c's spelling, parenthesised so a
+ * negative value never merges with a preceding operator. */
+static void put_float_operand(fgi_buf *out, float f) {
+    fgi_buf_puts(out, "(");
+    fgi_emit_float(out, f);
+    fgi_buf_puts(out, ")");
 }
 
 static void print_expr(splitter *sp, const fgi_expr *e, split_class at);
@@ -309,7 +243,7 @@ static void print_cast(splitter *sp, const fgi_expr *e, split_class at) {
         print_args(sp, "fg_f2i", (const fgi_expr *const *)&e->a, 1, at);
     } else if ((to == FGI_T_INT && from == FGI_T_BOOL) ||
                (to == FGI_T_FLOAT && (from == FGI_T_INT || from == FGI_T_BOOL))) {
-        fgi_buf_printf(sp->out, "(%s)", ctype(to));
+        fgi_buf_printf(sp->out, "(%s)", fgi_emit_ctype(to));
         print_expr(sp, e->a, at);
     } else {
         fail(sp, "a cast between unknown types");
@@ -318,13 +252,13 @@ static void print_cast(splitter *sp, const fgi_expr *e, split_class at) {
 }
 
 static void print_binary(splitter *sp, const fgi_expr *e, split_class at) {
-    const char *fn = arith_fn(e->op, e->a->type);
+    const char *fn = fgi_emit_arith_fn(e->op, e->a->type);
     if (fn) {
         const fgi_expr *args[2] = {e->a, e->b};
         print_args(sp, fn, args, 2, at);
         return;
     }
-    const char *op = infix_str(e->op);
+    const char *op = fgi_emit_infix(e->op);
     if (!op) {
         fail(sp, "an unknown binary operator");
         return;
@@ -372,7 +306,7 @@ static void print_expr(splitter *sp, const fgi_expr *e, split_class at) {
         if (e->lit.i == INT32_MIN) fgi_buf_puts(out, "FG_INT_MIN");
         else fgi_buf_printf(out, "(%d)", (int)e->lit.i);
         return;
-    case FGI_E_FLOAT_LIT: put_float(out, e->lit.f); return;
+    case FGI_E_FLOAT_LIT: put_float_operand(out, e->lit.f); return;
     case FGI_E_BOOL_LIT: fgi_buf_puts(out, e->lit.b ? "true" : "false"); return;
     case FGI_E_ARG: {
         static const char *const names[5] = {"b", "h", "q_idx", "kv_idx", "score"};
@@ -414,7 +348,7 @@ static void print_expr(splitter *sp, const fgi_expr *e, split_class at) {
         print_cast(sp, e, at);
         return;
     case FGI_E_CALL: {
-        const char *name = builtin_fn(e->op, e->type);
+        const char *name = fgi_emit_builtin_fn(e->op, e->type);
         if (!name) break;
         print_args(sp, name, (const fgi_expr *const *)e->args, e->nargs, at);
         return;
@@ -430,7 +364,7 @@ static void print_members(splitter *sp, split_class cls) {
         const field *f = &sp->fields[i];
         if (f->cls != cls) continue;
         fgi_type t = f->e ? f->e->type : sp->fn->locals[f->local].type;
-        fgi_buf_printf(sp->out, "    %s f%d_%d;", ctype(t), sp->leaf, f->num);
+        fgi_buf_printf(sp->out, "    %s f%d_%d;", fgi_emit_ctype(t), sp->leaf, f->num);
         if (!f->e && sp->fn->locals[f->local].name)
             fgi_buf_printf(sp->out, " /* %s */", sp->fn->locals[f->local].name);
         fgi_buf_puts(sp->out, "\n");
@@ -455,7 +389,7 @@ static void print_elem_body(splitter *sp) {
     const fgi_func *fn = sp->fn;
     for (int i = 0; i < fn->nlocals && sp->st == FG_OK; i++) {
         if (sp->local_field[i] >= 0) continue;
-        fgi_buf_printf(sp->out, "    const %s l%d = ", ctype(fn->locals[i].type), i);
+        fgi_buf_printf(sp->out, "    const %s l%d = ", fgi_emit_ctype(fn->locals[i].type), i);
         print_expr(sp, fn->locals[i].init, C_ELEM);
         fgi_buf_puts(sp->out, ";\n");
     }

@@ -338,6 +338,17 @@ fg_status fgi_eval_score(fg_ctx *ctx, const fg_mod *mod, const fgi_value *values
  * `fg_score_mod` (identity / always-true when absent), FG_HAS_MASK_MOD and
  * FG_HAS_SCORE_MOD, with #line directives back to the mod's files. */
 fg_status fgi_emit_mod(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out);
+/* The spellings emit.c prints, shared with emit_split.c so that the split
+ * functions compute each value with exactly the same operations:
+ * the helper of an arithmetic operator by operand type (NULL: none), the
+ * infix text of a comparison / logical / bitwise operator (NULL: none), the
+ * CUDA function of a builtin by result type, a C type name, and a float
+ * literal (shortest round-trip digits with an f; inf/NaN by their bits). */
+const char *fgi_emit_arith_fn(int op, fgi_type t);
+const char *fgi_emit_infix(int op);
+const char *fgi_emit_builtin_fn(int fn, fgi_type t);
+const char *fgi_emit_ctype(fgi_type t);
+void fgi_emit_float(fgi_buf *out, float f);
 /* Append the mods split by dependency (emit_split.c): fg_mask_head / _row /
  * _col with their _init functions and fg_mask_split, the same for score_mod,
  * and FG_HAS_SPLIT_MODS; for the attention kernel, after fgi_emit_mod. */
