@@ -234,15 +234,23 @@ static fg_status classify_all(fg_ctx *ctx, const fg_mod *mod, const fgi_value *v
     return FG_OK;
 }
 
+/* What both builders check and resolve before building: the pointers, the
+ * normalised shape and the bound parameter values. */
+fg_status fgi_bm_create_args(fg_ctx *ctx, const fg_mod *mod, const fg_block_mask_desc *desc,
+                             const fg_binding *binds, size_t nbinds, fg_block_mask **out,
+                             fg_block_mask_desc *norm, fgi_value *values) {
+    FGI_CHECK_ARG(ctx, mod && out, "NULL mod or output pointer");
+    *out = NULL;
+    FGI_TRY(fgi_bm_normalise(ctx, desc, norm));
+    return fgi_bind(ctx, mod, binds, nbinds, values);
+}
+
 fg_status fg_block_mask_create(fg_ctx *ctx, const fg_mod *mod, const fg_block_mask_desc *desc,
                                const fg_binding *binds, size_t nbinds, fg_block_mask **out) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
-    FGI_CHECK_ARG(ctx, mod && out, "NULL mod or output pointer");
-    *out = NULL;
     fg_block_mask_desc norm;
-    FGI_TRY(fgi_bm_normalise(ctx, desc, &norm));
     fgi_value values[FGI_MAX_PARAMS];
-    FGI_TRY(fgi_bind(ctx, mod, binds, nbinds, values));
+    FGI_TRY(fgi_bm_create_args(ctx, mod, desc, binds, nbinds, out, &norm, values));
 
     fg_block_mask *m;
     FGI_TRY(fgi_bm_new(ctx, &norm, &m));

@@ -88,6 +88,11 @@ fg_status fgi_block_mask_device_array(fg_ctx *ctx, fg_block_mask *mask, fg_block
 
 /* Validate desc, fill defaults into *norm and compute the geometry. */
 fg_status fgi_bm_normalise(fg_ctx *ctx, const fg_block_mask_desc *desc, fg_block_mask_desc *norm);
+/* The common start of fg_block_mask_create and fg_block_mask_create_gpu:
+ * NULL checks (clearing *out), the normalised shape, the bound values. */
+fg_status fgi_bm_create_args(fg_ctx *ctx, const fg_mod *mod, const fg_block_mask_desc *desc,
+                             const fg_binding *binds, size_t nbinds, fg_block_mask **out,
+                             fg_block_mask_desc *norm, fgi_value *values);
 /* A new block mask with the geometry of a normalised desc and no storage. */
 fg_status fgi_bm_new(fg_ctx *ctx, const fg_block_mask_desc *norm, fg_block_mask **out);
 /* Allocate the host block (zeroed) if not there yet. */

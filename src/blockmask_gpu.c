@@ -141,12 +141,9 @@ fg_status fg_block_mask_create_gpu(fg_ctx *ctx, const fg_mod *mod, const fg_bloc
                                    const fg_binding *binds, size_t nbinds, void *stream,
                                    fg_block_mask **out) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
-    FGI_CHECK_ARG(ctx, mod && out, "NULL mod or output pointer");
-    *out = NULL;
     fg_block_mask_desc norm;
-    FGI_TRY(fgi_bm_normalise(ctx, desc, &norm));
     fgi_value values[FGI_MAX_PARAMS];
-    FGI_TRY(fgi_bind(ctx, mod, binds, nbinds, values));
+    FGI_TRY(fgi_bm_create_args(ctx, mod, desc, binds, nbinds, out, &norm, values));
     FGI_TRY(fgi_cuda_ready(ctx));
     FGI_TRY(create_gpu(ctx, mod, &norm, values, (CUstream)stream, out));
     fgi_clear_error(ctx);
