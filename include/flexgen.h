@@ -146,7 +146,12 @@ typedef enum fg_option {
                                    (default 1 GiB; FLEXGEN_CACHE_MAX_BYTES)    */
     FG_OPT_MAX_SOURCE = 6,      /* int: max mod source length in bytes (64 KiB)*/
     FG_OPT_MAX_DEPTH = 7,       /* int: max expression nesting depth (200)     */
-    FG_OPT_MAX_LOCALS = 8       /* int: max locals per function (64)           */
+    FG_OPT_MAX_LOCALS = 8,      /* int: max locals per function (64)           */
+    FG_OPT_HOPPER_KERNEL = 9    /* int: 1 lets fg_kernel_get / forward pick the
+                                   Hopper kernel on a compute capability 9.0
+                                   GPU where it applies, 0 keeps the portable
+                                   one (default 1 unless the environment has
+                                   FLEXGEN_HOPPER_KERNEL=0)                    */
 } fg_option;
 
 FG_API fg_status fg_ctx_set_int(fg_ctx *ctx, fg_option opt, int64_t value);
@@ -280,8 +285,14 @@ FG_API fg_status fg_mod_eval_score(fg_ctx *ctx, const fg_mod *mod, const fg_bind
 typedef enum fg_dtype { FG_BF16 = 1, FG_FP16 = 2 } fg_dtype;
 
 typedef enum fg_kernel_kind {
-    FG_KERNEL_ATTENTION_FWD = 1, /* the forward attention kernel         */
-    FG_KERNEL_BLOCK_MASK = 2     /* the GPU block-mask builder           */
+    FG_KERNEL_ATTENTION_FWD = 1,     /* the forward attention kernel: the
+                                        portable one (mma.sync, sm_80+);
+                                        fg_kernel_get picks the Hopper one
+                                        for it where that one applies     */
+    FG_KERNEL_BLOCK_MASK = 2,        /* the GPU block-mask builder       */
+    FG_KERNEL_ATTENTION_FWD_SM90 = 3 /* the Hopper forward kernel (wgmma,
+                                        sm_90a only; head dim 64 or 128,
+                                        q and kv blocks of 128 or more)   */
 } fg_kernel_kind;
 
 /* Everything that selects a compiled kernel besides the mods. */

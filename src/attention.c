@@ -20,11 +20,11 @@
  * CUDA context that was current at fg_kernel_get; the kernel cache keeps the
  * module loaded for the life of the process.
  *
- * Variants: the portable kernel (templates/attention_fwd.cuh, mma.sync) is
- * the only one today. A Hopper kernel will be a second template with the same
- * entry signature and argument block; choosing between them belongs in
- * fg_kernel_get (by arch and head dim), and the tile sizes the launcher uses
- * then come from the chosen variant instead of attention.h's constants.
+ * Variants: the portable kernel (templates/attention_fwd.cuh, mma.sync,
+ * sm_80 and newer) and the Hopper kernel (templates/attention_fwd_sm90.cuh,
+ * wgmma, sm_90a) share the entry signature and the argument block;
+ * fg_kernel_get chooses between them (choose_kind) and the launch geometry
+ * comes from the chosen one (fgi_attn_geometry).
  */
 #include "attention.h"
 
@@ -39,12 +39,13 @@
 
 struct fg_kernel {
     fg_mod params;      /* parameter declarations only (own arena)        */
+    fg_kernel_kind kind; /* FG_KERNEL_ATTENTION_FWD or _SM90             */
     fg_dtype dtype;
     int head_dim;
     int q_block;        /* the configuration's: selects the tile height   */
+    fgi_attn_geom geom; /* tile sizes, threads and shared memory          */
     CUfunction fn;
     uint64_t cu_id;     /* the CUDA context fn was loaded in              */
-    size_t smem;
 };
 
 /* ---- argument checks shared with the reference ------------------------- */
@@ -143,14 +144,15 @@ static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_atten
                                  fgi_attn_abi *abi) {
     fg_block_mask *m = (fg_block_mask *)a->block_mask; /* uploading is a cache fill */
     const fg_block_mask_desc *d = &m->desc;
-    const int bm = fgi_attn_block_m(k->head_dim, k->q_block);
-    const int bn = fgi_attn_block_n(k->head_dim, k->q_block);
+    const int bm = k->geom.block_m, bn = k->geom.block_n;
     if (d->q_block % bm != 0 || d->kv_block % bn != 0)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
-                         "block mask blocks %d x %d: this kernel (head dim %d, configured for q "
+                         "block mask blocks %d x %d: this %s kernel (head dim %d, configured for q "
                          "blocks of %d) needs q blocks that are multiples of %d and kv blocks "
-                         "multiples of %d; q blocks of 64 need a kernel configured with q_block 64",
-                         d->q_block, d->kv_block, k->head_dim, k->q_block, bm, bn);
+                         "multiples of %d; smaller blocks need a kernel configured with them",
+                         d->q_block, d->kv_block,
+                         k->kind == FG_KERNEL_ATTENTION_FWD_SM90 ? "Hopper" : "portable",
+                         k->head_dim, k->q_block, bm, bn);
     FGI_TRY(fgi_block_mask_check(ctx, m, a->batch, a->heads_q, a->q_len, a->kv_len, d->q_block,
                                  d->kv_block));
     FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_KV_NUM_BLOCKS, &abi->kv_num));
@@ -204,16 +206,40 @@ static fg_status prepare_function(fg_ctx *ctx, fg_kernel *k) {
                fgi_cu()->cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
                                               dev),
                "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)");
-    k->smem = fgi_attn_smem_bytes(k->head_dim, k->q_block);
-    if (k->smem > (size_t)optin)
+    const size_t smem = k->geom.smem;
+    if (smem > (size_t)optin)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
                          "head dim %d needs %zu bytes of shared memory per block; the device allows %d",
-                         k->head_dim, k->smem, optin);
-    if (k->smem > 48 * 1024)
+                         k->head_dim, smem, optin);
+    if (smem > 48 * 1024)
         FGI_CU_TRY(ctx,
                    fgi_cu()->cuFuncSetAttribute(k->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                (int)k->smem),
+                                                (int)smem),
                    "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+    return FG_OK;
+}
+
+/* Which forward kernel serves `cfg` on the current device. Asked for the
+ * forward kernel, the Hopper one is taken on compute capability 9.0 where it
+ * applies (head dim 64 or 128, q and kv blocks of 128 or more, no arch other
+ * than sm_90a forced) unless FG_OPT_HOPPER_KERNEL is 0; asked for the Hopper
+ * kernel by name, the device must be a 9.0 one. */
+static fg_status choose_kind(fg_ctx *ctx, fg_kernel_config *cfg) {
+    int major = 0, minor = 0;
+    FGI_TRY(fgi_cuda_arch(ctx, &major, &minor));
+    const bool hopper = major == 9 && minor == 0;
+    if (cfg->kind == FG_KERNEL_ATTENTION_FWD_SM90) {
+        if (!hopper)
+            return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                             "the Hopper kernel needs compute capability 9.0 (device: %d.%d)", major,
+                             minor);
+        return FG_OK;
+    }
+    const int hd = cfg->head_dim ? cfg->head_dim : 128;
+    const int qb = cfg->q_block ? cfg->q_block : 128, kb = cfg->kv_block ? cfg->kv_block : 128;
+    const bool arch_ok = !cfg->arch || !*cfg->arch || strcmp(cfg->arch, "sm_90a") == 0;
+    if (ctx->hopper_kernel && hopper && arch_ok && (hd == 64 || hd == 128) && qb >= 128 && kb >= 128)
+        cfg->kind = FG_KERNEL_ATTENTION_FWD_SM90;
     return FG_OK;
 }
 
@@ -225,14 +251,16 @@ fg_status fg_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *
     fg_kernel_config cfg;
     if (config) {
         cfg = *config;
-        FGI_CHECK_ARG(ctx, cfg.kind == FG_KERNEL_ATTENTION_FWD,
-                      "fg_kernel_get makes attention kernels (kind FG_KERNEL_ATTENTION_FWD), got kind %d",
+        FGI_CHECK_ARG(ctx, cfg.kind == FG_KERNEL_ATTENTION_FWD || cfg.kind == FG_KERNEL_ATTENTION_FWD_SM90,
+                      "fg_kernel_get makes attention kernels (kind FG_KERNEL_ATTENTION_FWD or "
+                      "FG_KERNEL_ATTENTION_FWD_SM90), got kind %d",
                       (int)cfg.kind);
     } else {
         memset(&cfg, 0, sizeof cfg);
         cfg.kind = FG_KERNEL_ATTENTION_FWD;
     }
     FGI_TRY(fgi_cuda_ready(ctx));
+    FGI_TRY(choose_kind(ctx, &cfg));
 
     fgi_codegen cg;
     FGI_TRY(fgi_codegen_init(ctx, mod, &cfg, &cg));
@@ -240,9 +268,11 @@ fg_status fg_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *
     fg_kernel *k = calloc(1, sizeof *k);
     fg_status st = k ? FG_OK : fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (kernel)");
     if (st == FG_OK) {
+        k->kind = cg.config.kind;
         k->dtype = cg.config.dtype;
         k->head_dim = cg.config.head_dim;
         k->q_block = cg.config.q_block;
+        k->geom = fgi_attn_geometry(k->kind, k->head_dim, k->q_block);
         st = copy_params(ctx, mod, &k->params);
     }
     if (st == FG_OK) st = fgi_cache_get_function(ctx, &cg.spec, &k->fn);
@@ -288,8 +318,7 @@ static void fill_abi(const fg_kernel *k, const fg_attention_args *a, const fgi_a
     abi->kv_offset = a->kv_offset;
     abi->scale = fgi_attn_scale(a);
     abi->scale_log2 = (float)((double)abi->scale * 1.4426950408889634);
-    const int bm = fgi_attn_block_m(k->head_dim, k->q_block);
-    abi->q_tiles = (a->q_len + bm - 1) / bm;
+    abi->q_tiles = (a->q_len + k->geom.block_m - 1) / k->geom.block_m;
 }
 
 fg_status fg_kernel_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
@@ -329,8 +358,8 @@ fg_status fg_kernel_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a
     void *params[2] = {&abi, blob};
     FGI_CU_TRY(ctx,
                fgi_cu()->cuLaunchKernel(k->fn, (unsigned)abi.q_tiles, (unsigned)a->heads_q,
-                                        (unsigned)a->batch, FGI_ATTN_THREADS, 1, 1,
-                                        (unsigned)k->smem, (CUstream)a->stream, params, NULL),
+                                        (unsigned)a->batch, (unsigned)k->geom.threads, 1, 1,
+                                        (unsigned)k->geom.smem, (CUstream)a->stream, params, NULL),
                "cuLaunchKernel(fg_attention_fwd)");
     return FG_OK;
 }
@@ -345,11 +374,13 @@ fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attentio
     cfg.kind = FG_KERNEL_ATTENTION_FWD;
     cfg.dtype = args->dtype;
     cfg.head_dim = args->head_dim;
-    /* The kernel reads the block mask's geometry at run time; its tile
-     * height depends only on whether q blocks are under 128 rows, so two
-     * configurations serve every block size. */
-    cfg.q_block = args->block_mask && args->block_mask->desc.q_block < 128 ? 64 : 128;
-    cfg.kv_block = 128;
+    /* The kernels read the block mask's geometry at run time; the tile
+     * height depends only on whether q blocks are under 128 rows, and
+     * blocks under 128 in either direction keep the portable kernel, so
+     * a few configurations serve every block size. */
+    const fg_block_mask_desc *bm = args->block_mask ? &args->block_mask->desc : NULL;
+    cfg.q_block = bm && bm->q_block < 128 ? 64 : 128;
+    cfg.kv_block = bm && bm->kv_block < 128 ? 64 : 128;
     fg_kernel *k;
     FGI_TRY(fg_kernel_get(ctx, mod, &cfg, &k));
     fg_status s = fg_kernel_launch(ctx, k, args);

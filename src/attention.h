@@ -27,25 +27,40 @@ typedef struct fgi_attn_abi {
 } fgi_attn_abi;
 _Static_assert(sizeof(fgi_attn_abi) == 240, "fgi_attn_abi must match fga_args");
 
-/* Tile sizes of the portable forward kernel, mirroring the template's
- * FGA_MT / FGA_BLOCK_M / FGA_BLOCK_N / FGA_THREADS: four warps of FGA_MT
- * 16-row slabs; two slabs for head dims up to 128 unless the kernel is
- * configured for q blocks under 128 rows; K/V tiles of 32 rows when the
- * accumulators are large, else 64. `q_block` is the kernel configuration's. */
-#define FGI_ATTN_THREADS 128
-static inline int fgi_attn_mt(int head_dim, int q_block) {
-    return head_dim <= 128 && q_block >= 128 ? 2 : 1;
-}
-static inline int fgi_attn_block_m(int head_dim, int q_block) { return 64 * fgi_attn_mt(head_dim, q_block); }
-static inline int fgi_attn_block_n(int head_dim, int q_block) {
-    return head_dim > 128 || (fgi_attn_mt(head_dim, q_block) == 2 && head_dim > 64) ? 32 : 64;
-}
-/* Dynamic shared memory: the Q tile plus two stages of K and V, rows padded
- * by 8 elements. */
-static inline size_t fgi_attn_smem_bytes(int head_dim, int q_block) {
+/* The launch geometry of a forward kernel, mirroring its template.
+ *
+ * Portable (templates/attention_fwd.cuh): four warps of `mt` 16-row slabs;
+ * two slabs for head dims up to 128 unless the kernel is configured for q
+ * blocks under 128 rows; K/V tiles of 32 rows when the accumulators are
+ * large, else 64; shared memory is the Q tile plus two stages of K and V,
+ * rows padded by 8 elements.
+ *
+ * Hopper (templates/attention_fwd_sm90.cuh): two warp groups of 64 rows
+ * (a 128-row q tile), 128-row K/V tiles, head dim 64 or 128; shared memory
+ * holds Q, two stages of K and three of V in 128-byte-swizzled rows, plus
+ * 1 KB so the kernel can align the base to the swizzle pattern. */
+typedef struct fgi_attn_geom {
+    int block_m, block_n, threads;
+    size_t smem;
+} fgi_attn_geom;
+
+static inline fgi_attn_geom fgi_attn_geometry(fg_kernel_kind kind, int head_dim, int q_block) {
+    fgi_attn_geom g;
+    if (kind == FG_KERNEL_ATTENTION_FWD_SM90) {
+        g.block_m = 128;
+        g.block_n = 128;
+        g.threads = 256;
+        size_t tile = (size_t)128 * (size_t)head_dim * 2;
+        g.smem = tile * (1 + 2 + 3) + 1024;
+        return g;
+    }
+    int mt = head_dim <= 128 && q_block >= 128 ? 2 : 1;
+    g.block_m = 64 * mt;
+    g.block_n = head_dim > 128 || (mt == 2 && head_dim > 64) ? 32 : 64;
+    g.threads = 128;
     size_t row = (size_t)(head_dim + 8) * 2;
-    return (size_t)fgi_attn_block_m(head_dim, q_block) * row +
-           4 * (size_t)fgi_attn_block_n(head_dim, q_block) * row;
+    g.smem = (size_t)g.block_m * row + 4 * (size_t)g.block_n * row;
+    return g;
 }
 
 /* The effective scale: args->scale, or 1/sqrt(head_dim) when it is 0. */

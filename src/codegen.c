@@ -36,17 +36,23 @@
 typedef struct kernel_info {
     fg_kernel_kind kind;
     const char *label;    /* in names and keys                        */
+    const char *prelude;  /* templates/ file before tmpl, or NULL       */
     const char *tmpl;     /* templates/ file                          */
     const char *entry;    /* default entry point                      */
     const char *macro;    /* FG_KERNEL_...                            */
     const char *what;     /* for the header comment                   */
+    const char *arch;     /* the only arch it compiles for, or NULL   */
 } kernel_info;
 
 static const kernel_info kernels[] = {
-    {FG_KERNEL_ATTENTION_FWD, "attention_fwd", "attention_fwd.cuh", "fg_attention_fwd",
-     "FG_KERNEL_ATTENTION_FWD", "forward attention"},
-    {FG_KERNEL_BLOCK_MASK, "blockmask", "blockmask.cuh", "fg_block_mask_classify",
-     "FG_KERNEL_BLOCK_MASK", "block-mask builder (fg_block_mask_classify, fg_block_mask_compact)"},
+    {FG_KERNEL_ATTENTION_FWD, "attention_fwd", "attention_common.cuh", "attention_fwd.cuh",
+     "fg_attention_fwd", "FG_KERNEL_ATTENTION_FWD", "forward attention (portable, mma.sync)", NULL},
+    {FG_KERNEL_BLOCK_MASK, "blockmask", NULL, "blockmask.cuh", "fg_block_mask_classify",
+     "FG_KERNEL_BLOCK_MASK", "block-mask builder (fg_block_mask_classify, fg_block_mask_compact)",
+     NULL},
+    {FG_KERNEL_ATTENTION_FWD_SM90, "attention_fwd_sm90", "attention_common.cuh",
+     "attention_fwd_sm90.cuh", "fg_attention_fwd", "FG_KERNEL_ATTENTION_FWD_SM90",
+     "forward attention (Hopper, wgmma)", "sm_90a"},
 };
 
 static const kernel_info *kernel_find(fg_kernel_kind kind) {
@@ -75,7 +81,8 @@ static fg_status fill_config(fg_ctx *ctx, const fg_kernel_config *in, fg_kernel_
     if (c->kind == 0) c->kind = FG_KERNEL_ATTENTION_FWD;
     if (!kernel_find(c->kind))
         return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
-                         "kernel kind %d is not FG_KERNEL_ATTENTION_FWD or FG_KERNEL_BLOCK_MASK",
+                         "kernel kind %d is not FG_KERNEL_ATTENTION_FWD, FG_KERNEL_BLOCK_MASK or "
+                         "FG_KERNEL_ATTENTION_FWD_SM90",
                          (int)c->kind);
     if (c->dtype == 0) c->dtype = FG_BF16;
     if (c->dtype != FG_BF16 && c->dtype != FG_FP16)
@@ -92,6 +99,22 @@ static fg_status fill_config(fg_ctx *ctx, const fg_kernel_config *in, fg_kernel_
                          "block %d x %d: block sizes must be powers of two in [16, 256]",
                          c->q_block, c->kv_block);
     if (c->arch && !*c->arch) c->arch = NULL;
+    if (c->kind == FG_KERNEL_ATTENTION_FWD_SM90) {
+        /* wgmma tiles: 64 rows per warp group, 128-column K/V tiles, the
+         * head dim one or two 128-byte swizzle rows. */
+        if (c->head_dim != 64 && c->head_dim != 128)
+            return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                             "head dim %d: the Hopper kernel supports 64 and 128 (the portable "
+                             "kernel, FG_KERNEL_ATTENTION_FWD, takes every multiple of 16 to 256)",
+                             c->head_dim);
+        if (c->q_block < 128 || c->kv_block < 128)
+            return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                             "blocks %d x %d: the Hopper kernel needs q and kv blocks of at least 128",
+                             c->q_block, c->kv_block);
+        if (c->arch && strcmp(c->arch, "sm_90a") != 0)
+            return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                             "arch %s: the Hopper kernel compiles only for sm_90a", c->arch);
+    }
     return FG_OK;
 }
 
@@ -133,12 +156,14 @@ static fg_status template_hash(fg_ctx *ctx, const kernel_info *k, uint64_t *out)
         return FG_OK;
     }
     const fgi_template *common = fgi_template_find("common.cuh");
+    const fgi_template *prelude = k->prelude ? fgi_template_find(k->prelude) : NULL;
     const fgi_template *kernel = fgi_template_find(k->tmpl);
-    if (!common || !kernel)
+    if (!common || !kernel || (k->prelude && !prelude))
         return fgi_error(ctx, FG_ERR_NOT_FOUND, "template %s is not built into this library",
-                         !common ? "common.cuh" : k->tmpl);
+                         !common ? "common.cuh" : !kernel ? k->tmpl : k->prelude);
     h = fgi_fnv1a(FGI_FNV_SEED, FGI_CODEGEN_VERSION, strlen(FGI_CODEGEN_VERSION));
     h = fgi_fnv1a(h, common->text, strlen(common->text) + 1);
+    if (prelude) h = fgi_fnv1a(h, prelude->text, strlen(prelude->text) + 1);
     h = fgi_fnv1a(h, kernel->text, strlen(kernel->text) + 1);
     if (!h) h = 1; /* 0 means "not computed yet" */
     atomic_store_explicit(&memo[slot], h, memory_order_release);
@@ -204,9 +229,10 @@ static fg_status gen_source(fg_ctx *ctx, void *arg, char **source) {
     const gen_state *g = arg;
     const fgi_template *common = fgi_template_find("common.cuh");
     const fgi_template *kernel = fgi_template_find(g->kernel->tmpl);
-    if (!common || !kernel)
+    const fgi_template *prelude = g->kernel->prelude ? fgi_template_find(g->kernel->prelude) : NULL;
+    if (!common || !kernel || (g->kernel->prelude && !prelude))
         return fgi_error(ctx, FG_ERR_NOT_FOUND, "template %s is not built into this library",
-                         !common ? "common.cuh" : g->kernel->tmpl);
+                         !common ? "common.cuh" : !kernel ? g->kernel->tmpl : g->kernel->prelude);
     char file[160];
     snprintf(file, sizeof file, "%s.cu", g->name);
     fgi_buf b = {0};
@@ -215,12 +241,13 @@ static fg_status gen_source(fg_ctx *ctx, void *arg, char **source) {
     put_template(&b, "common.cuh", common->text);
     fg_status st = fgi_emit_mod_named(ctx, g->mod, file, &b);
     /* The attention kernel evaluates the mods split by dependency. */
-    if (st == FG_OK && g->kernel->kind == FG_KERNEL_ATTENTION_FWD) {
+    if (st == FG_OK && g->kernel->kind != FG_KERNEL_BLOCK_MASK) {
         fgi_buf_puts(&b, "\n");
         st = fgi_emit_split(ctx, g->mod, &b);
     }
     if (st == FG_OK) {
         fgi_buf_puts(&b, "\n");
+        if (prelude) put_template(&b, g->kernel->prelude, prelude->text);
         put_template(&b, g->kernel->tmpl, kernel->text);
     }
     if (st == FG_OK && b.oom) st = fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory generating source");
@@ -264,6 +291,7 @@ fg_status fgi_codegen_init(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_confi
     config_suffix(&cfg, suffix, sizeof suffix);
     snprintf(name, sizeof name, "%s-%s-%s", k->label, modname, suffix);
     g->name = strdup(name);
+    if (!cfg.arch) cfg.arch = k->arch; /* a kernel made for one arch compiles for it */
     g->arch = cfg.arch ? strdup(cfg.arch) : NULL;
     g->config.arch = g->arch;
     char *key = g->name && (!cfg.arch || g->arch) ? build_key(g, thash) : NULL;

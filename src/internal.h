@@ -102,6 +102,7 @@ struct fg_ctx {
     char arch[32];            /* "" = current device's                     */
     char *cache_dir;          /* NULL = default                            */
     int disk_cache;           /* 0/1                                       */
+    int hopper_kernel;        /* 0/1: FG_OPT_HOPPER_KERNEL                 */
     int64_t cache_max_bytes;
     int max_source, max_depth, max_locals;
     /* lazily initialised CUDA state (cuda.c) */

@@ -12,6 +12,10 @@
  * GPU-built), then GQA / MQA, B / H broadcast, offsets, fully masked rows,
  * BSHD strides, odd head dims, Q_LEN != KV_LEN, and the argument errors only
  * a device call can meet (alignment, block sizes, kernel mismatch).
+ * The features and the gallery run twice: with the Hopper kernel allowed
+ * (on a compute capability 9.0 GPU it serves head dims 64 and 128 with
+ * blocks of 128) and with FG_OPT_HOPPER_KERNEL 0, so the portable kernel is
+ * checked on every case too.
  * FLEXGEN_TEST_QUICK=1 runs a reduced table (for compute-sanitizer). */
 #include "testutil.h"
 
@@ -236,6 +240,7 @@ static fg_mod *case_mod(fg_ctx *ctx, const acase *c) {
 }
 
 static int failures = 0;
+static int hopper_allowed = 1; /* the FG_OPT_HOPPER_KERNEL of the running test */
 
 static void run_case(fg_ctx *ctx, const acase *c) {
     char name[256];
@@ -332,8 +337,9 @@ static void run_case(fg_ctx *ctx, const acase *c) {
                     pad_written == 0 && lse_inf_mismatch == 0 &&
                     masked_rows == (long)c->expect_masked_rows * c->b * c->hq;
     const double t_end = fgi_now_ms();
-    printf("%-4s %s: rel %.2e lse %.2e (setup %.0f ms, gpu %.0f ms, reference %.0f ms)\n",
-           ok ? "ok" : "FAIL", name, rel, lse_err, t_gpu - t_start, t_ref - t_gpu, t_end - t_ref);
+    printf("%-4s %s%s: rel %.2e lse %.2e (setup %.0f ms, gpu %.0f ms, reference %.0f ms)\n",
+           ok ? "ok" : "FAIL", hopper_allowed ? "" : "[portable] ", name, rel, lse_err,
+           t_gpu - t_start, t_ref - t_gpu, t_end - t_ref);
     fflush(stdout);
     if (!ok) {
         printf("     nonfinite %ld, nonzero masked %ld, padding written %ld, lse -inf mismatch %ld, "
@@ -358,7 +364,19 @@ static fg_ctx *gpu_ctx(void) {
     fg_ctx *ctx;
     assert_int_equal(fg_ctx_create(&ctx), FG_OK);
     assert_int_equal(fgi_cuda_ready(ctx), FG_OK);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_HOPPER_KERNEL, hopper_allowed), FG_OK);
     return ctx;
+}
+
+static int allow_hopper(void **state) {
+    (void)state;
+    hopper_allowed = 1;
+    return 0;
+}
+static int portable_only(void **state) {
+    (void)state;
+    hopper_allowed = 0;
+    return 0;
 }
 
 /* ---- the gallery sweep ------------------------------------------------------ */
@@ -536,6 +554,29 @@ static void test_device_errors(void **state) {
     fg_kernel_release(NULL);
     cfg.kind = FG_KERNEL_BLOCK_MASK;
     assert_int_equal(fg_kernel_get(ctx, mod, &cfg, &k), FG_ERR_INVALID_ARGUMENT);
+
+    /* The Hopper kernel by name: only on compute capability 9.0, only for
+     * head dims 64 / 128 and blocks of 128 or more. */
+    int major = 0, minor = 0;
+    assert_int_equal(fgi_cuda_arch(ctx, &major, &minor), FG_OK);
+    fg_kernel_config h = {FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 64, 0, 0, NULL};
+    if (major == 9 && minor == 0) {
+        assert_int_equal(fg_kernel_get(ctx, mod, &h, &k), FG_OK);
+        assert_int_equal(fg_kernel_launch(ctx, k, &a), FG_OK);
+        fg_block_mask_desc d64 = {1, 1, 256, 256, 128, 64};
+        assert_int_equal(fg_block_mask_create(ctx, mod, &d64, NULL, 0, &bm), FG_OK);
+        e = a;
+        e.block_mask = bm; /* kv blocks of 64 are under the Hopper kernel's tile */
+        assert_int_equal(fg_kernel_launch(ctx, k, &e), FG_ERR_NOT_SUPPORTED);
+        fg_block_mask_destroy(bm);
+        fg_kernel_release(k);
+        h.head_dim = 96;
+        assert_int_equal(fg_kernel_get(ctx, mod, &h, &k), FG_ERR_NOT_SUPPORTED);
+        h.head_dim = 64, h.q_block = 64;
+        assert_int_equal(fg_kernel_get(ctx, mod, &h, &k), FG_ERR_NOT_SUPPORTED);
+    } else {
+        assert_int_equal(fg_kernel_get(ctx, mod, &h, &k), FG_ERR_NOT_SUPPORTED);
+    }
     assert_int_equal(fgi_cu()->cuCtxSynchronize(), CUDA_SUCCESS);
     fgi_cu()->cuMemFree(buf);
     fg_mod_destroy(mod);
@@ -546,9 +587,11 @@ int main(void) {
     tu_require_gpu();
     setvbuf(stdout, NULL, _IOLBF, 0);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_device_errors),
-        cmocka_unit_test(test_features),
-        cmocka_unit_test(test_gallery),
+        cmocka_unit_test_setup(test_device_errors, allow_hopper),
+        cmocka_unit_test_setup(test_features, allow_hopper),
+        cmocka_unit_test_setup(test_gallery, allow_hopper),
+        cmocka_unit_test_setup(test_features, portable_only),
+        cmocka_unit_test_setup(test_gallery, portable_only),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fg_cache_stats cs;

@@ -1,0 +1,410 @@
+/*
+ * attention_common.cuh -- what the forward attention kernels share: the
+ * argument block, the PTX wrappers both use, the walk over the block mask,
+ * and the per-tile steps that do not depend on how S and O were computed
+ * (scale and mods, the online softmax, the epilogue).
+ *
+ * Both kernels hold S and O as the tensor cores leave them: per warp, slabs
+ * of 16 rows; per slab, n8 fragments of 4 values where value e sits at row
+ * g + 8 * (e >> 1) and column 8 * i + 2 * t4 + (e & 1) (g = lane / 4,
+ * t4 = lane % 4). mma.sync m16n8 and wgmma m64nN (per warp of the warp
+ * group) both use that layout, so one set of tile steps serves the portable
+ * kernel (attention_fwd.cuh: FGA_MT slabs per warp) and the Hopper kernel
+ * (attention_fwd_sm90.cuh: one slab per warp, 128-column tiles).
+ *
+ * The online softmax keeps, per row, the largest score seen so far (m, in
+ * log2 units: the scale and log2(e) are folded into one multiply so the
+ * exponential is a single ex2.approx) and the sum of exp2(s - m) (l). A new
+ * tile that raises m rescales l and the accumulator by exp2(m_old - m_new).
+ * A row that has seen only masked scores keeps m = -inf; exponentials are
+ * then taken against 0 instead of m, so -inf - -inf never happens and such a
+ * row ends with l = 0: output 0 and LSE -inf, as FlexAttention defines a
+ * fully masked row. l is summed per thread and reduced across the quad of
+ * threads that share a row only at the end (the rescale factor is the same
+ * for all four, so the partial sums stay consistent).
+ *
+ * The host (src/attention.c) mirrors the fga_args layout; the static_assert
+ * below and the one in src/attention.h keep the two in step.
+ */
+
+#ifndef FG_HEAD_DIM
+#error "FG_HEAD_DIM must be defined by the code generator"
+#endif
+#if (FG_HEAD_DIM % 16) != 0 || FG_HEAD_DIM < 16 || FG_HEAD_DIM > 256
+#error "FG_HEAD_DIM must be a multiple of 16 in [16, 256]"
+#endif
+
+typedef unsigned int fga_u32;
+typedef unsigned short fga_u16;
+typedef long long fga_i64;
+typedef unsigned long long fga_u64;
+
+/* The kernel's first argument; src/attention.h declares the same layout
+ * (fgi_attn_abi). Strides are in elements for (b, h, s). */
+struct fga_args {
+    fga_u64 q, k, v, out, lse;
+    fga_i64 q_stride[3], k_stride[3], v_stride[3], o_stride[3];
+    fga_u64 kv_num, kv_idx, full_num, full_idx;
+    int batch, heads_q, heads_kv, q_len, kv_len;
+    int q_offset, kv_offset;
+    float scale, scale_log2;
+    int has_block_mask, bm_batch, bm_heads, bm_q_blocks, bm_kv_blocks, bm_q_block, bm_kv_block;
+    int q_tiles, pad_;
+};
+static_assert(sizeof(fga_args) == 240, "fga_args must match fgi_attn_abi");
+
+#define FGA_NEG_INF __int_as_float(0xff800000)
+#define FGA_LOG2E 1.4426950408889634f
+#define FGA_LN2 0.6931471805599453f
+#if defined(FG_HAS_MASK_MOD) && FG_HAS_MASK_MOD
+#define FGA_MASK_MOD 1
+#else
+#define FGA_MASK_MOD 0
+#endif
+#if defined(FG_HAS_SCORE_MOD) && FG_HAS_SCORE_MOD
+#define FGA_SCORE_MOD 1
+#else
+#define FGA_SCORE_MOD 0
+#endif
+
+/* ---- PTX wrappers --------------------------------------------------------- */
+
+static __device__ __forceinline__ fga_u32 fga_smem_addr(const void *p) {
+    fga_u32 r;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+/* 16 bytes global -> shared; `valid` false zero-fills without reading. */
+static __device__ __forceinline__ void fga_cp16(fga_u32 dst, const void *src, bool valid) {
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n)
+                 : "memory");
+}
+static __device__ __forceinline__ void fga_cp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void fga_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Two floats to one register of two 16-bit values, `lo` in the low half. */
+static __device__ __forceinline__ fga_u32 fga_pack(float lo, float hi) {
+    fga_u32 r;
+#if defined(FG_DTYPE_FP16)
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+
+static __device__ __forceinline__ float fga_exp2(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+    return r;
+}
+
+static __device__ __forceinline__ float fga_log2(float x) {
+    float r;
+    asm("lg2.approx.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+    return r;
+}
+
+static __device__ __forceinline__ float fga_quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+static __device__ __forceinline__ float fga_quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+/* ---- the walk over the block mask ------------------------------------------- */
+
+/* The kv tiles one q tile visits: items [0, n_partial * per_block) are
+ * sub-tiles of partial blocks, the rest sub-tiles of full blocks. A mask
+ * block of kv_block columns is kv_block / BLOCK_N kernel tiles; the host
+ * checks that the kernel's q tile divides the mask's q block, so a q tile
+ * never straddles two mask rows. Without a block mask every tile is
+ * visited, as partial when the mod has a mask_mod and as full otherwise. */
+struct fga_plan {
+    const int *part, *full; /* index rows of the block mask (NULL: dense) */
+    int n_partial, n_items, per_block, kv_block;
+};
+
+template <int BLOCK_N>
+static __device__ __forceinline__ fga_plan fga_plan_make(const fga_args &a, int b, int h, int q0) {
+    fga_plan pl;
+    if (a.has_block_mask) {
+        const int mb = a.bm_batch == 1 ? 0 : b, mh = a.bm_heads == 1 ? 0 : h;
+        const fga_i64 row = ((fga_i64)mb * a.bm_heads + mh) * a.bm_q_blocks + q0 / a.bm_q_block;
+        pl.part = (const int *)a.kv_idx + row * a.bm_kv_blocks;
+        pl.full = (const int *)a.full_idx + row * a.bm_kv_blocks;
+        pl.n_partial = ((const int *)a.kv_num)[row];
+        pl.per_block = a.bm_kv_block / BLOCK_N;
+        pl.kv_block = a.bm_kv_block;
+        pl.n_items = (pl.n_partial + ((const int *)a.full_num)[row]) * pl.per_block;
+    } else {
+        pl.part = pl.full = 0;
+        pl.n_partial = 0;
+        pl.per_block = 1;
+        pl.kv_block = BLOCK_N;
+        pl.n_items = (a.kv_len + BLOCK_N - 1) / BLOCK_N;
+    }
+    return pl;
+}
+
+/* First kv index of item j, and whether its tile is partial. */
+template <int BLOCK_N>
+static __device__ __forceinline__ int fga_item_kv0(const fga_plan &pl, int j, bool &partial) {
+    if (!pl.part) {
+        partial = FGA_MASK_MOD;
+        return j * BLOCK_N;
+    }
+    const int blk = j / pl.per_block, sub = j - blk * pl.per_block;
+    int kb;
+    if (blk < pl.n_partial) {
+        partial = true;
+        kb = pl.part[blk];
+    } else {
+        partial = false;
+        kb = pl.full[blk - pl.n_partial];
+    }
+    return kb * pl.kv_block + sub * BLOCK_N;
+}
+
+/* ---- mods split by dependency ------------------------------------------------ */
+
+#if !defined(FG_HAS_SPLIT_MODS)
+/* Source generated without the split mods (emit_split.c): the same entry
+ * points, with every part computed per element by the whole mod. */
+struct fg_mask_head {};
+struct fg_mask_row {};
+struct fg_mask_col {};
+struct fg_score_head {};
+struct fg_score_row {};
+struct fg_score_col {};
+static __device__ __forceinline__ fg_mask_head fg_mask_head_init(const fg_mod_params &, int, int) {
+    return fg_mask_head();
+}
+static __device__ __forceinline__ fg_mask_row fg_mask_row_init(const fg_mod_params &, const fg_mask_head &,
+                                                               int, int, int) {
+    return fg_mask_row();
+}
+static __device__ __forceinline__ fg_mask_col fg_mask_col_init(const fg_mod_params &, const fg_mask_head &,
+                                                               int, int, int) {
+    return fg_mask_col();
+}
+static __device__ __forceinline__ bool fg_mask_split(const fg_mod_params &p, const fg_mask_head &, int b,
+                                                     int h, int q_idx, int kv_idx, const fg_mask_row &,
+                                                     const fg_mask_col &) {
+    return fg_mask_mod(p, b, h, q_idx, kv_idx);
+}
+static __device__ __forceinline__ fg_score_head fg_score_head_init(const fg_mod_params &, int, int) {
+    return fg_score_head();
+}
+static __device__ __forceinline__ fg_score_row fg_score_row_init(const fg_mod_params &,
+                                                                 const fg_score_head &, int, int, int) {
+    return fg_score_row();
+}
+static __device__ __forceinline__ fg_score_col fg_score_col_init(const fg_mod_params &,
+                                                                 const fg_score_head &, int, int, int) {
+    return fg_score_col();
+}
+static __device__ __forceinline__ float fg_score_split(const fg_mod_params &p, const fg_score_head &,
+                                                       float score, int b, int h, int q_idx, int kv_idx,
+                                                       const fg_score_row &, const fg_score_col &) {
+    return fg_score_mod(p, score, b, h, q_idx, kv_idx);
+}
+#endif
+
+/* What one thread knows of its rows for the whole sweep: the parts of the
+ * mods that do not depend on kv_idx, computed once per (b, h) and once per
+ * row it owns (rows qrow0 + 16 * mt + {0, 8}). Rows past Q_LEN are masked by
+ * the kernel; their parts are computed at the last row so that a mod never
+ * sees an index out of range. */
+template <int MT> struct fga_rows {
+    fg_mask_head mhd;
+    fg_score_head shd;
+    fg_mask_row mrow[MT][2];
+    fg_score_row srow[MT][2];
+    int b, h, qrow0;
+};
+
+template <int MT>
+static __device__ __forceinline__ void fga_rows_init(fga_rows<MT> &r, const fga_args &a,
+                                                     const fg_mod_params &p, int b, int h, int qrow0) {
+    r.b = b;
+    r.h = h;
+    r.qrow0 = qrow0;
+    r.mhd = fg_mask_head_init(p, b, h);
+    r.shd = fg_score_head_init(p, b, h);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int qi = min(qrow0 + mt * 16 + e * 8, a.q_len - 1) + a.q_offset;
+            r.mrow[mt][e] = fg_mask_row_init(p, r.mhd, b, h, qi);
+            r.srow[mt][e] = fg_score_row_init(p, r.shd, b, h, qi);
+        }
+}
+
+/* ---- the per-tile steps ------------------------------------------------------ */
+
+/* Scale, mods and range, into log2 units, for a tile of NT n8 fragments
+ * starting at column kv0. Range checks and mask_mod only where `check`
+ * (a partial tile, or one that crosses Q_LEN / KV_LEN). Fragment by
+ * fragment: the column parts of the mods once per column this thread owns
+ * (two per n8 fragment, shared by all its rows), then the elements. The
+ * mask's parts only in partial tiles, so full tiles do no mask work. */
+template <int MT, int NT>
+static __device__ __forceinline__ void fga_tile_mods(float (&s)[MT][NT][4], const fga_rows<MT> &r,
+                                                     const fga_args &a, const fg_mod_params &p,
+                                                     int kv0, bool partial, bool check) {
+    const int t4 = threadIdx.x & 3, b = r.b, h = r.h;
+#if FGA_SCORE_MOD
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+        fg_mask_col mcol[2];
+        fg_score_col scol[2];
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int kc = min(kv0 + i * 8 + t4 * 2 + c, a.kv_len - 1) + a.kv_offset;
+#if FGA_MASK_MOD
+            if (partial) mcol[c] = fg_mask_col_init(p, r.mhd, b, h, kc);
+#endif
+            scol[c] = fg_score_col_init(p, r.shd, b, h, kc);
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int qi = r.qrow0 + mt * 16 + (e >> 1) * 8;
+                const int ki = kv0 + i * 8 + t4 * 2 + (e & 1);
+                bool keep = true;
+                if (check) {
+                    keep = qi < a.q_len && ki < a.kv_len;
+#if FGA_MASK_MOD
+                    if (keep && partial)
+                        keep = fg_mask_split(p, r.mhd, b, h, qi + a.q_offset, ki + a.kv_offset,
+                                             r.mrow[mt][e >> 1], mcol[e & 1]);
+#endif
+                }
+                float v = s[mt][i][e] * a.scale;
+                if (keep)
+                    v = fg_score_split(p, r.shd, v, b, h, qi + a.q_offset, ki + a.kv_offset,
+                                       r.srow[mt][e >> 1], scol[e & 1]);
+                s[mt][i][e] = keep ? v * FGA_LOG2E : FGA_NEG_INF;
+            }
+        }
+    }
+#else
+    if (check) {
+#pragma unroll
+        for (int i = 0; i < NT; i++) {
+            fg_mask_col mcol[2];
+#if FGA_MASK_MOD
+            if (partial) {
+#pragma unroll
+                for (int c = 0; c < 2; c++)
+                    mcol[c] = fg_mask_col_init(p, r.mhd, b, h,
+                                               min(kv0 + i * 8 + t4 * 2 + c, a.kv_len - 1) + a.kv_offset);
+            }
+#endif
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int qi = r.qrow0 + mt * 16 + (e >> 1) * 8;
+                    const int ki = kv0 + i * 8 + t4 * 2 + (e & 1);
+                    bool keep = qi < a.q_len && ki < a.kv_len;
+#if FGA_MASK_MOD
+                    if (keep && partial)
+                        keep = fg_mask_split(p, r.mhd, b, h, qi + a.q_offset, ki + a.kv_offset,
+                                             r.mrow[mt][e >> 1], mcol[e & 1]);
+#endif
+                    s[mt][i][e] = keep ? s[mt][i][e] * a.scale_log2 : FGA_NEG_INF;
+                }
+            }
+        }
+    } else {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int i = 0; i < NT; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[mt][i][e] *= a.scale_log2;
+    }
+#endif
+}
+
+/* Online softmax over one tile: new row maxima, the exponentials (in place,
+ * S becomes P), the running sums, and the factor alpha by which the caller
+ * must rescale its accumulator rows before adding this tile's P V. */
+template <int MT, int NT>
+static __device__ __forceinline__ void fga_tile_softmax(float (&s)[MT][NT][4], float (&m_run)[MT][2],
+                                                        float (&l_run)[MT][2], float (&alpha)[MT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = FGA_NEG_INF;
+#pragma unroll
+            for (int i = 0; i < NT; i++) mx = fmaxf(mx, fmaxf(s[mt][i][2 * r], s[mt][i][2 * r + 1]));
+            mx = fga_quad_max(mx);
+            const float m_new = fmaxf(m_run[mt][r], mx);
+            const float m_use = m_new == FGA_NEG_INF ? 0.f : m_new;
+            alpha[mt][r] = fga_exp2(m_run[mt][r] - m_use);
+            m_run[mt][r] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int i = 0; i < NT; i++) {
+                s[mt][i][2 * r] = fga_exp2(s[mt][i][2 * r] - m_use);
+                s[mt][i][2 * r + 1] = fga_exp2(s[mt][i][2 * r + 1] - m_use);
+                sum += s[mt][i][2 * r] + s[mt][i][2 * r + 1];
+            }
+            l_run[mt][r] = l_run[mt][r] * alpha[mt][r] + sum;
+        }
+    }
+}
+
+template <int MT, int DT>
+static __device__ __forceinline__ void fga_rescale(float (&o)[MT][DT][4], const float (&alpha)[MT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < DT; i++) {
+            o[mt][i][0] *= alpha[mt][0];
+            o[mt][i][1] *= alpha[mt][0];
+            o[mt][i][2] *= alpha[mt][1];
+            o[mt][i][3] *= alpha[mt][1];
+        }
+}
+
+/* Normalise and write: out rows and, from one thread per quad, LSE. */
+template <int MT, int DT>
+static __device__ __forceinline__ void fga_store(const float (&o)[MT][DT][4], const float (&m_run)[MT][2],
+                                                 const float (&l_run)[MT][2], const fga_args &a, int b,
+                                                 int h, int qrow0) {
+    const int t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int qi = qrow0 + mt * 16 + r * 8;
+            const float l = fga_quad_sum(l_run[mt][r]);
+            if (qi >= a.q_len) continue;
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            fga_u16 *op = (fga_u16 *)a.out + (fga_i64)b * a.o_stride[0] + (fga_i64)h * a.o_stride[1] +
+                          (fga_i64)qi * a.o_stride[2];
+#pragma unroll
+            for (int i = 0; i < DT; i++)
+                *(fga_u32 *)(op + i * 8 + t4 * 2) = fga_pack(o[mt][i][2 * r] * inv, o[mt][i][2 * r + 1] * inv);
+            if (a.lse && t4 == 0) {
+                float *lp = (float *)a.lse + ((fga_i64)b * a.heads_q + h) * a.q_len + qi;
+                *lp = l > 0.f ? (m_run[mt][r] + fga_log2(l)) * FGA_LN2 : FGA_NEG_INF;
+            }
+        }
+    }
+}

@@ -1,0 +1,306 @@
+/*
+ * attention_fwd_sm90.cuh -- the Hopper forward attention kernel (sm_90a):
+ * the portable kernel's algorithm with the matrix products on wgmma, the
+ * warp-group-wide asynchronous tensor-core instruction that reads its B
+ * operand (and here also A for Q K^T) straight from shared memory.
+ *
+ * Shape. A thread block is two warp groups (256 threads) and owns a q tile
+ * of 128 rows of one (batch, head): each warp group 64 rows, each warp 16.
+ * K and V stream past in tiles of 128 rows. Per warp group and tile:
+ *     S (64 x 128) = Q (64 x D) K^T         wgmma, A and B in shared memory
+ *     P = online softmax of mods(S)         registers (attention_common.cuh)
+ *     O (64 x D) += P (64 x 128) V          wgmma, A (P) in registers
+ * The accumulator layouts are the mma.sync ones per warp, so the mods, the
+ * softmax and the epilogue are attention_common.cuh's, with one 16-row slab
+ * per warp and 16 n8 fragments per tile.
+ *
+ * Overlap. wgmma runs asynchronously to the issuing threads. In iteration j
+ * a warp group issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1} (the product
+ * of the previous tile, deferred by one iteration), waits for S_j only, and
+ * computes the mods and softmax of tile j while the tensor cores still work
+ * on P_{j-1} V_{j-1}; it then waits for that product and rescales O by the
+ * new row maxima. The last tile's P V is issued after the loop. The two
+ * warp groups share the K/V tiles and meet at one barrier per tile.
+ *
+ * Shared memory. Every tile is stored as the wgmma canonical layout with
+ * the 128-byte swizzle: the head dim is cut into 64-element column blocks
+ * ("regions", one for D = 64, two for D = 128), each region holds the
+ * tile's rows as 128-byte lines, and the 16-byte chunk c of row r sits at
+ * chunk c ^ (r % 8) of its line. cp.async writes that layout directly. Q K^T
+ * reads Q and K K-major (descriptor stride between 8-row groups: 1024
+ * bytes; a k step of 16 elements moves the start by 32 bytes inside the
+ * line); P V reads V N-major ("transposed"), which is the same bytes: the
+ * leading offset steps from one 64-column region to the next, the stride
+ * steps 8 kv rows. Q takes one tile, K two stages and V three: tile j + 1
+ * is loaded while tile j is computed, and V_{j-1} is still being read by the
+ * deferred product while K_{j+1} and V_{j+1} arrive. cp.async writes are
+ * generic-proxy writes, so each thread fences them to the async proxy
+ * (fence.proxy.async) before the barrier that hands them to wgmma.
+ *
+ * Registers. wgmma's accumulators are plain registers to the compiler,
+ * which would happily read them before the instruction has finished; every
+ * wait is followed by an empty asm that "redefines" the accumulators it
+ * waited for (fgh_fence_regs), so no read of S or O moves above its wait.
+ *
+ * Everything else -- the block-mask walk, partial and full tiles, the
+ * Q_LEN / KV_LEN edges (rows past the end are zero-filled by cp.async and
+ * masked), offsets, GQA, 64-bit addressing, fully masked rows -- is the
+ * portable kernel's, through attention_common.cuh. The host
+ * (fgi_attn_geometry in src/attention.h) mirrors the tile sizes and the
+ * shared-memory size.
+ */
+
+#if FG_HEAD_DIM != 64 && FG_HEAD_DIM != 128
+#error "the Hopper kernel supports head dims 64 and 128"
+#endif
+#if defined(FG_DTYPE_FP16)
+#define FGH_AB "f16"
+#else
+#define FGH_AB "bf16"
+#endif
+
+#define FGH_THREADS 256
+#define FGH_BLOCK_M 128                    /* q rows per block, 64 per warp group   */
+#define FGH_BLOCK_N 128                    /* kv rows per tile                      */
+#define FGH_D FG_HEAD_DIM
+#define FGH_TILE_BYTES (128 * FGH_D * 2)   /* one 128-row tile of Q, K or V         */
+#define FGH_REGION_BYTES (128 * 128)       /* 128 rows of one 64-column region      */
+#define FGH_NT (FGH_BLOCK_N / 8)           /* n8 fragments of S per warp            */
+#define FGH_DT (FGH_D / 8)                 /* n8 fragments of O per warp            */
+#define FGH_QK_STEPS (FGH_D / 16)          /* k steps of Q K^T                      */
+#define FGH_PV_STEPS (FGH_BLOCK_N / 16)    /* k steps of P V                        */
+#define FGH_K_STAGES 2
+#define FGH_V_STAGES 3
+/* Q, the K stages, the V stages, and 1 KB to align the base to 1024 bytes
+ * (the swizzle pattern's period); fgi_attn_geometry computes the same. */
+#define FGH_SMEM_BYTES (FGH_TILE_BYTES * (1 + FGH_K_STAGES + FGH_V_STAGES) + 1024)
+
+/* ---- wgmma ------------------------------------------------------------------ */
+
+/* A shared-memory matrix descriptor with the 128-byte swizzle: start
+ * address, leading and stride byte offsets, each stored >> 4. */
+static __device__ __forceinline__ fga_u64 fgh_desc(fga_u32 addr, fga_u32 lead, fga_u32 stride) {
+    return (fga_u64)((addr & 0x3FFFFu) >> 4) | ((fga_u64)((lead & 0x3FFFFu) >> 4) << 16) |
+           ((fga_u64)((stride & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
+}
+/* K-major operand (Q or K rows): the leading offset is unused with this
+ * swizzle (1 by convention); 8-row groups are 1024 bytes apart. */
+static __device__ __forceinline__ fga_u64 fgh_desc_k(fga_u32 addr) { return fgh_desc(addr, 16, 1024); }
+/* N-major operand (V rows, read transposed): the next 64 columns are one
+ * region further; the next 8 kv rows 1024 bytes further. */
+static __device__ __forceinline__ fga_u64 fgh_desc_v(fga_u32 addr) {
+    return fgh_desc(addr, FGH_REGION_BYTES, 1024);
+}
+
+static __device__ __forceinline__ void fgh_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void fgh_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void fgh_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* After a wait: the accumulators are defined here, not at the issue. */
+template <int N> static __device__ __forceinline__ void fgh_fence_regs(float *d) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* S (64 x 128, fp32, per warp group) = or += A (64 x 16, shared) * B (16 x 128,
+ * shared, K-major): one k step of Q K^T. */
+static __device__ __forceinline__ void fgh_mma_ss_n128(float *d, fga_u64 da, fga_u64 db, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." FGH_AB "." FGH_AB " {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+
+/* O (64 x 128, fp32, per warp group) += A (64 x 16, registers) * B (16 x 128,
+ * shared, N-major: V as stored): one k step of P V. */
+static __device__ __forceinline__ void fgh_mma_rs_n128(float *d, const fga_u32 *a, fga_u64 db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." FGH_AB "." FGH_AB " {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/* O (64 x 64, fp32, per warp group) += A (64 x 16, registers) * B (16 x 64,
+ * shared, N-major: V as stored): one k step of P V. */
+static __device__ __forceinline__ void fgh_mma_rs_n64(float *d, const fga_u32 *a, fga_u64 db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." FGH_AB "." FGH_AB " {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/* ---- tiles ------------------------------------------------------------------ */
+
+/* Copy 128 rows of a [len, D] slab starting at row r0 into the swizzled
+ * layout; rows at or past `len` are zero-filled. */
+static __device__ __forceinline__ void fgh_load_tile(fga_u32 smem, const fga_u16 *base, fga_i64 row_stride,
+                                                     int r0, int len) {
+    constexpr int CHUNKS = FGH_D / 8; /* 16-byte chunks per row */
+#pragma unroll
+    for (int c = threadIdx.x; c < 128 * CHUNKS; c += FGH_THREADS) {
+        const int r = c / CHUNKS, ch = c % CHUNKS;
+        const bool ok = r0 + r < len;
+        const fga_u16 *src = ok ? base + (fga_i64)(r0 + r) * row_stride + ch * 8 : base;
+        const fga_u32 dst =
+            smem + (fga_u32)((ch >> 3) * FGH_REGION_BYTES + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
+        fga_cp16(dst, src, ok);
+    }
+}
+
+static __device__ __forceinline__ void fgh_mma_pv(float *o, const fga_u32 *pa, fga_u64 db) {
+#if FGH_D == 128
+    fgh_mma_rs_n128(o, pa, db);
+#else
+    fgh_mma_rs_n64(o, pa, db);
+#endif
+}
+
+/* O += P V for one tile: P as A fragments (16 kv columns per k step), V
+ * from the stage at v_s. */
+static __device__ __forceinline__ void fgh_issue_pv(float (&o)[1][FGH_DT][4],
+                                                    const fga_u32 (&pa)[FGH_PV_STEPS][4], fga_u32 v_s) {
+#pragma unroll
+    for (int kk = 0; kk < FGH_PV_STEPS; kk++) fgh_mma_pv(&o[0][0][0], pa[kk], fgh_desc_v(v_s + kk * 16 * 128));
+    fgh_commit();
+}
+
+/* ---- the kernel ------------------------------------------------------------- */
+
+extern "C" __global__ void __launch_bounds__(FGH_THREADS, 1)
+fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {
+    extern __shared__ __align__(1024) unsigned char fgh_smem[];
+    const fga_u32 sQ = (fga_smem_addr(fgh_smem) + 1023u) & ~1023u;
+    const fga_u32 sK = sQ + FGH_TILE_BYTES;
+    const fga_u32 sV = sK + FGH_K_STAGES * FGH_TILE_BYTES;
+
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    /* Heavier q tiles (late rows of a causal mask) are scheduled first. */
+    const int qt = a.q_tiles - 1 - (int)blockIdx.x;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int hk = h / (a.heads_q / a.heads_kv);
+    const int q0 = qt * FGH_BLOCK_M;
+
+    const fga_u16 *qp = (const fga_u16 *)a.q + (fga_i64)b * a.q_stride[0] + (fga_i64)h * a.q_stride[1];
+    const fga_u16 *kp = (const fga_u16 *)a.k + (fga_i64)b * a.k_stride[0] + (fga_i64)hk * a.k_stride[1];
+    const fga_u16 *vp = (const fga_u16 *)a.v + (fga_i64)b * a.v_stride[0] + (fga_i64)hk * a.v_stride[1];
+
+    const fga_plan pl = fga_plan_make<FGH_BLOCK_N>(a, b, h, q0);
+
+    /* Q and the first K/V tile in one commit group. */
+    fgh_load_tile(sQ, qp, a.q_stride[2], q0, a.q_len);
+    if (pl.n_items > 0) {
+        bool first_partial;
+        const int kv0 = fga_item_kv0<FGH_BLOCK_N>(pl, 0, first_partial);
+        fgh_load_tile(sK, kp, a.k_stride[2], kv0, a.kv_len);
+        fgh_load_tile(sV, vp, a.v_stride[2], kv0, a.kv_len);
+    }
+    fga_cp_commit();
+
+    /* This thread's rows: qrow0 + {0, 8}. */
+    const int qrow0 = q0 + wg * 64 + warp * 16 + (lane >> 2);
+    fga_rows<1> rows;
+    fga_rows_init(rows, a, p, b, h, qrow0);
+
+    float o[1][FGH_DT][4];
+#pragma unroll
+    for (int i = 0; i < FGH_DT; i++) o[0][i][0] = o[0][i][1] = o[0][i][2] = o[0][i][3] = 0.f;
+    float m_run[1][2] = {{FGA_NEG_INF, FGA_NEG_INF}}, l_run[1][2] = {{0.f, 0.f}};
+    float s[1][FGH_NT][4];
+    fga_u32 pa[FGH_PV_STEPS][4]; /* P of the previous tile as wgmma A fragments */
+
+    /* This warp group's 64 rows of Q start 64 lines into each region. */
+    const fga_u32 q_wg = sQ + (fga_u32)(wg * 64 * 128);
+
+    for (int j = 0; j < pl.n_items; j++) {
+        bool partial;
+        const int kv0 = fga_item_kv0<FGH_BLOCK_N>(pl, j, partial);
+        /* Tile j has landed (every thread's part), is visible to wgmma, and
+         * every warp group is done with the stages the next load refills. */
+        fga_cp_wait<0>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        if (j + 1 < pl.n_items) {
+            bool next_partial;
+            const int nkv0 = fga_item_kv0<FGH_BLOCK_N>(pl, j + 1, next_partial);
+            fgh_load_tile(sK + ((j + 1) % FGH_K_STAGES) * FGH_TILE_BYTES, kp, a.k_stride[2], nkv0, a.kv_len);
+            fgh_load_tile(sV + ((j + 1) % FGH_V_STAGES) * FGH_TILE_BYTES, vp, a.v_stride[2], nkv0, a.kv_len);
+            fga_cp_commit();
+        }
+
+        /* S_j = Q K_j^T, then the deferred P_{j-1} V_{j-1}. */
+        const fga_u32 k_s = sK + (j % FGH_K_STAGES) * FGH_TILE_BYTES;
+        fgh_fence();
+#pragma unroll
+        for (int kk = 0; kk < FGH_QK_STEPS; kk++) {
+            const fga_u32 off = (fga_u32)((kk >> 2) * FGH_REGION_BYTES + (kk & 3) * 32);
+            fgh_mma_ss_n128(&s[0][0][0], fgh_desc_k(q_wg + off), fgh_desc_k(k_s + off), kk > 0);
+        }
+        fgh_commit();
+        if (j > 0) {
+            fgh_issue_pv(o, pa, sV + ((j - 1) % FGH_V_STAGES) * FGH_TILE_BYTES);
+            fgh_wait<1>();
+        } else {
+            fgh_wait<0>();
+        }
+        fgh_fence_regs<FGH_NT * 4>(&s[0][0][0]);
+
+        /* Mods and softmax of tile j while P_{j-1} V_{j-1} runs. */
+        const bool check = partial || kv0 + FGH_BLOCK_N > a.kv_len || q0 + FGH_BLOCK_M > a.q_len;
+        fga_tile_mods(s, rows, a, p, kv0, partial, check);
+        float alpha[1][2];
+        fga_tile_softmax(s, m_run, l_run, alpha);
+
+        fgh_wait<0>();
+        fgh_fence_regs<FGH_DT * 4>(&o[0][0][0]);
+        fga_rescale(o, alpha);
+#pragma unroll
+        for (int kk = 0; kk < FGH_PV_STEPS; kk++) {
+            pa[kk][0] = fga_pack(s[0][2 * kk][0], s[0][2 * kk][1]);
+            pa[kk][1] = fga_pack(s[0][2 * kk][2], s[0][2 * kk][3]);
+            pa[kk][2] = fga_pack(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+            pa[kk][3] = fga_pack(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+        }
+    }
+    if (pl.n_items > 0) {
+        fgh_fence();
+        fgh_issue_pv(o, pa, sV + ((pl.n_items - 1) % FGH_V_STAGES) * FGH_TILE_BYTES);
+        fgh_wait<0>();
+        fgh_fence_regs<FGH_DT * 4>(&o[0][0][0]);
+    }
+    fga_store(o, m_run, l_run, a, b, h, qrow0);
+}
