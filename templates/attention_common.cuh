@@ -252,18 +252,41 @@ static __device__ __forceinline__ void fga_rows_init(fga_rows<MT> &r, const fga_
 
 /* ---- the per-tile steps ------------------------------------------------------ */
 
-/* Scale, mods and range, into log2 units, for a tile of NT n8 fragments
- * starting at column kv0. Range checks and mask_mod only where `check`
- * (a partial tile, or one that crosses Q_LEN / KV_LEN). Fragment by
- * fragment: the column parts of the mods once per column this thread owns
- * (two per n8 fragment, shared by all its rows), then the elements. The
- * mask's parts only in partial tiles, so full tiles do no mask work. */
+/* Scale, mods and range for a tile of NT n8 fragments starting at column
+ * kv0. The result stays in the units the softmax multiplies by
+ * fga_log2_mult() on the way into exp2: with a score_mod, score_mod(q.k *
+ * scale); without one, the raw q.k (the scale is folded into that
+ * multiplier, so a full tile without score_mod costs nothing here). Masked
+ * positions become -inf. Range checks and mask_mod only where `check` (a
+ * partial tile, or one that crosses Q_LEN / KV_LEN). Fragment by fragment:
+ * the column parts of the mods once per column this thread owns (two per n8
+ * fragment, shared by all its rows), then the elements. The mask's parts
+ * only in partial tiles, so full tiles do no mask work. */
 template <int MT, int NT>
 static __device__ __forceinline__ void fga_tile_mods(float (&s)[MT][NT][4], const fga_rows<MT> &r,
                                                      const fga_args &a, const fg_mod_params &p,
                                                      int kv0, bool partial, bool check) {
     const int t4 = threadIdx.x & 3, b = r.b, h = r.h;
 #if FGA_SCORE_MOD
+    if (!check) {
+        /* The common case, kept free of per-element selects. */
+#pragma unroll
+        for (int i = 0; i < NT; i++) {
+            fg_score_col scol[2];
+#pragma unroll
+            for (int c = 0; c < 2; c++)
+                scol[c] = fg_score_col_init(p, r.shd, b, h, kv0 + i * 8 + t4 * 2 + c + a.kv_offset);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[mt][i][e] = fg_score_split(p, r.shd, s[mt][i][e] * a.scale, b, h,
+                                                 r.qrow0 + mt * 16 + (e >> 1) * 8 + a.q_offset,
+                                                 kv0 + i * 8 + t4 * 2 + (e & 1) + a.kv_offset,
+                                                 r.srow[mt][e >> 1], scol[e & 1]);
+        }
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < NT; i++) {
         fg_mask_col mcol[2];
@@ -282,20 +305,17 @@ static __device__ __forceinline__ void fga_tile_mods(float (&s)[MT][NT][4], cons
             for (int e = 0; e < 4; e++) {
                 const int qi = r.qrow0 + mt * 16 + (e >> 1) * 8;
                 const int ki = kv0 + i * 8 + t4 * 2 + (e & 1);
-                bool keep = true;
-                if (check) {
-                    keep = qi < a.q_len && ki < a.kv_len;
+                bool keep = qi < a.q_len && ki < a.kv_len;
 #if FGA_MASK_MOD
-                    if (keep && partial)
-                        keep = fg_mask_split(p, r.mhd, b, h, qi + a.q_offset, ki + a.kv_offset,
-                                             r.mrow[mt][e >> 1], mcol[e & 1]);
+                if (keep && partial)
+                    keep = fg_mask_split(p, r.mhd, b, h, qi + a.q_offset, ki + a.kv_offset,
+                                         r.mrow[mt][e >> 1], mcol[e & 1]);
 #endif
-                }
                 float v = s[mt][i][e] * a.scale;
                 if (keep)
                     v = fg_score_split(p, r.shd, v, b, h, qi + a.q_offset, ki + a.kv_offset,
                                        r.srow[mt][e >> 1], scol[e & 1]);
-                s[mt][i][e] = keep ? v * FGA_LOG2E : FGA_NEG_INF;
+                s[mt][i][e] = keep ? v : FGA_NEG_INF;
             }
         }
     }
@@ -324,27 +344,41 @@ static __device__ __forceinline__ void fga_tile_mods(float (&s)[MT][NT][4], cons
                         keep = fg_mask_split(p, r.mhd, b, h, qi + a.q_offset, ki + a.kv_offset,
                                              r.mrow[mt][e >> 1], mcol[e & 1]);
 #endif
-                    s[mt][i][e] = keep ? s[mt][i][e] * a.scale_log2 : FGA_NEG_INF;
+                    if (!keep) s[mt][i][e] = FGA_NEG_INF;
                 }
             }
         }
-    } else {
+    }
+#endif
+}
+
+/* What turns fga_tile_mods' values into log2 units. */
+static __device__ __forceinline__ float fga_log2_mult(const fga_args &a) {
+    return FGA_SCORE_MOD ? FGA_LOG2E : a.scale_log2;
+}
+
+/* Online softmax over one tile of fga_tile_mods' values: new row maxima,
+ * the exponentials (in place, S becomes P), the running sums, and the
+ * factor alpha by which the caller must rescale its accumulator rows before
+ * adding this tile's P V. `mult` (fga_log2_mult) takes the values to log2
+ * units; for a positive one the maximum is taken on the values as they are
+ * and each exponent is a single fused multiply-add, exp2(s * mult - m). A
+ * negative scale without score_mod reverses the order, so then the values
+ * are multiplied first (masked ones stay -inf). */
+template <int MT, int NT>
+static __device__ __forceinline__ void fga_tile_softmax(float (&s)[MT][NT][4], float (&m_run)[MT][2],
+                                                        float (&l_run)[MT][2], float (&alpha)[MT][2],
+                                                        float mult) {
+    if (!(mult > 0.f)) {
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int i = 0; i < NT; i++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) s[mt][i][e] *= a.scale_log2;
+                for (int e = 0; e < 4; e++)
+                    s[mt][i][e] = s[mt][i][e] == FGA_NEG_INF ? FGA_NEG_INF : s[mt][i][e] * mult;
+        mult = 1.f;
     }
-#endif
-}
-
-/* Online softmax over one tile: new row maxima, the exponentials (in place,
- * S becomes P), the running sums, and the factor alpha by which the caller
- * must rescale its accumulator rows before adding this tile's P V. */
-template <int MT, int NT>
-static __device__ __forceinline__ void fga_tile_softmax(float (&s)[MT][NT][4], float (&m_run)[MT][2],
-                                                        float (&l_run)[MT][2], float (&alpha)[MT][2]) {
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
@@ -352,7 +386,7 @@ static __device__ __forceinline__ void fga_tile_softmax(float (&s)[MT][NT][4], f
             float mx = FGA_NEG_INF;
 #pragma unroll
             for (int i = 0; i < NT; i++) mx = fmaxf(mx, fmaxf(s[mt][i][2 * r], s[mt][i][2 * r + 1]));
-            mx = fga_quad_max(mx);
+            mx = fga_quad_max(mx) * mult;
             const float m_new = fmaxf(m_run[mt][r], mx);
             const float m_use = m_new == FGA_NEG_INF ? 0.f : m_new;
             alpha[mt][r] = fga_exp2(m_run[mt][r] - m_use);
@@ -360,8 +394,8 @@ static __device__ __forceinline__ void fga_tile_softmax(float (&s)[MT][NT][4], f
             float sum = 0.f;
 #pragma unroll
             for (int i = 0; i < NT; i++) {
-                s[mt][i][2 * r] = fga_exp2(s[mt][i][2 * r] - m_use);
-                s[mt][i][2 * r + 1] = fga_exp2(s[mt][i][2 * r + 1] - m_use);
+                s[mt][i][2 * r] = fga_exp2(fmaf(s[mt][i][2 * r], mult, -m_use));
+                s[mt][i][2 * r + 1] = fga_exp2(fmaf(s[mt][i][2 * r + 1], mult, -m_use));
                 sum += s[mt][i][2 * r] + s[mt][i][2 * r + 1];
             }
             l_run[mt][r] = l_run[mt][r] * alpha[mt][r] + sum;

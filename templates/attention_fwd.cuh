@@ -122,6 +122,21 @@ template <int ROWS>
 static __device__ __forceinline__ void fga_load_tile(fga_u32 smem, const fga_u16 *base,
                                                      fga_i64 row_stride, int r0, int len) {
     const int tid = threadIdx.x;
+    if (FGA_THREADS % FGA_CHUNKS == 0 && (ROWS * FGA_CHUNKS) % FGA_THREADS == 0) {
+        /* Each thread keeps one chunk column and steps down the rows: the
+         * addresses are computed once and advanced by constants. */
+        constexpr int STEP = FGA_THREADS / FGA_CHUNKS > 0 ? FGA_THREADS / FGA_CHUNKS : 1;
+        const int r = tid / FGA_CHUNKS, ch = tid % FGA_CHUNKS;
+        const fga_u32 dst = smem + (fga_u32)((r * FGA_ROW + ch * 8) * 2);
+        const fga_u16 *src = base + (fga_i64)(r0 + r) * row_stride + ch * 8;
+#pragma unroll
+        for (int i = 0; i < ROWS / STEP; i++) {
+            const bool ok = r0 + r + i * STEP < len;
+            fga_cp16(dst + (fga_u32)(i * STEP * FGA_ROW * 2), ok ? src + (fga_i64)i * STEP * row_stride : base,
+                     ok);
+        }
+        return;
+    }
 #pragma unroll
     for (int c = tid; c < ROWS * FGA_CHUNKS; c += FGA_THREADS) {
         const int r = c / FGA_CHUNKS, ch = c % FGA_CHUNKS;
@@ -252,7 +267,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         const bool check = partial || kv0 + FGA_BLOCK_N > a.kv_len || q0 + FGA_BLOCK_M > a.q_len;
         fga_tile_mods(s, rows, a, p, kv0, partial, check);
         float alpha[FGA_MT][2];
-        fga_tile_softmax(s, m_run, l_run, alpha);
+        fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
         fga_rescale(o, alpha);
 
         /* O += P V: P goes from accumulator layout straight to A fragments;

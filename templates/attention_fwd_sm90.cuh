@@ -170,15 +170,20 @@ static __device__ __forceinline__ void fgh_mma_rs_n64(float *d, const fga_u32 *a
  * layout; rows at or past `len` are zero-filled. */
 static __device__ __forceinline__ void fgh_load_tile(fga_u32 smem, const fga_u16 *base, fga_i64 row_stride,
                                                      int r0, int len) {
+    /* Each thread keeps one chunk column and steps down STEP rows at a
+     * time; STEP is a multiple of 8, so the swizzled position within the
+     * line is the same for all its rows and every address is a constant
+     * step from the first. */
     constexpr int CHUNKS = FGH_D / 8; /* 16-byte chunks per row */
+    constexpr int STEP = FGH_THREADS / CHUNKS;
+    static_assert(STEP % 8 == 0 && 128 % STEP == 0, "tile rows per pass");
+    const int r = threadIdx.x / CHUNKS, ch = threadIdx.x % CHUNKS;
+    const fga_u32 dst = smem + (fga_u32)((ch >> 3) * FGH_REGION_BYTES + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
+    const fga_u16 *src = base + (fga_i64)(r0 + r) * row_stride + ch * 8;
 #pragma unroll
-    for (int c = threadIdx.x; c < 128 * CHUNKS; c += FGH_THREADS) {
-        const int r = c / CHUNKS, ch = c % CHUNKS;
-        const bool ok = r0 + r < len;
-        const fga_u16 *src = ok ? base + (fga_i64)(r0 + r) * row_stride + ch * 8 : base;
-        const fga_u32 dst =
-            smem + (fga_u32)((ch >> 3) * FGH_REGION_BYTES + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
-        fga_cp16(dst, src, ok);
+    for (int i = 0; i < 128 / STEP; i++) {
+        const bool ok = r0 + r + i * STEP < len;
+        fga_cp16(dst + (fga_u32)(i * STEP * 128), ok ? src + (fga_i64)i * STEP * row_stride : base, ok);
     }
 }
 
@@ -192,10 +197,14 @@ static __device__ __forceinline__ void fgh_mma_pv(float *o, const fga_u32 *pa, f
 
 /* O += P V for one tile: P as A fragments (16 kv columns per k step), V
  * from the stage at v_s. */
+/* O += P V for one tile: P as A fragments (16 kv columns per k step), V
+ * from the stage whose descriptor is dv. A descriptor plus (bytes >> 4)
+ * addresses `bytes` further: the start-address field cannot carry over,
+ * shared memory being under 256 KB. */
 static __device__ __forceinline__ void fgh_issue_pv(float (&o)[1][FGH_DT][4],
-                                                    const fga_u32 (&pa)[FGH_PV_STEPS][4], fga_u32 v_s) {
+                                                    const fga_u32 (&pa)[FGH_PV_STEPS][4], fga_u64 dv) {
 #pragma unroll
-    for (int kk = 0; kk < FGH_PV_STEPS; kk++) fgh_mma_pv(&o[0][0][0], pa[kk], fgh_desc_v(v_s + kk * 16 * 128));
+    for (int kk = 0; kk < FGH_PV_STEPS; kk++) fgh_mma_pv(&o[0][0][0], pa[kk], dv + ((kk * 16 * 128) >> 4));
     fgh_commit();
 }
 
@@ -243,8 +252,10 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     float s[1][FGH_NT][4];
     fga_u32 pa[FGH_PV_STEPS][4]; /* P of the previous tile as wgmma A fragments */
 
-    /* This warp group's 64 rows of Q start 64 lines into each region. */
-    const fga_u32 q_wg = sQ + (fga_u32)(wg * 64 * 128);
+    /* Descriptors of this warp group's 64 rows of Q (64 lines into each
+     * region) and of the first K and V stages. */
+    const fga_u64 dq = fgh_desc_k(sQ + (fga_u32)(wg * 64 * 128));
+    const fga_u64 dk = fgh_desc_k(sK), dv = fgh_desc_v(sV);
 
     for (int j = 0; j < pl.n_items; j++) {
         bool partial;
@@ -263,16 +274,16 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         }
 
         /* S_j = Q K_j^T, then the deferred P_{j-1} V_{j-1}. */
-        const fga_u32 k_s = sK + (j % FGH_K_STAGES) * FGH_TILE_BYTES;
+        const fga_u64 dk_j = dk + (((j % FGH_K_STAGES) * FGH_TILE_BYTES) >> 4);
         fgh_fence();
 #pragma unroll
         for (int kk = 0; kk < FGH_QK_STEPS; kk++) {
-            const fga_u32 off = (fga_u32)((kk >> 2) * FGH_REGION_BYTES + (kk & 3) * 32);
-            fgh_mma_ss_n128(&s[0][0][0], fgh_desc_k(q_wg + off), fgh_desc_k(k_s + off), kk > 0);
+            const int off = ((kk >> 2) * FGH_REGION_BYTES + (kk & 3) * 32) >> 4;
+            fgh_mma_ss_n128(&s[0][0][0], dq + off, dk_j + off, kk > 0);
         }
         fgh_commit();
         if (j > 0) {
-            fgh_issue_pv(o, pa, sV + ((j - 1) % FGH_V_STAGES) * FGH_TILE_BYTES);
+            fgh_issue_pv(o, pa, dv + ((((j - 1) % FGH_V_STAGES) * FGH_TILE_BYTES) >> 4));
             fgh_wait<1>();
         } else {
             fgh_wait<0>();
@@ -283,7 +294,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         const bool check = partial || kv0 + FGH_BLOCK_N > a.kv_len || q0 + FGH_BLOCK_M > a.q_len;
         fga_tile_mods(s, rows, a, p, kv0, partial, check);
         float alpha[1][2];
-        fga_tile_softmax(s, m_run, l_run, alpha);
+        fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
 
         fgh_wait<0>();
         fgh_fence_regs<FGH_DT * 4>(&o[0][0][0]);
@@ -298,7 +309,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     }
     if (pl.n_items > 0) {
         fgh_fence();
-        fgh_issue_pv(o, pa, sV + ((pl.n_items - 1) % FGH_V_STAGES) * FGH_TILE_BYTES);
+        fgh_issue_pv(o, pa, dv + ((((pl.n_items - 1) % FGH_V_STAGES) * FGH_TILE_BYTES) >> 4));
         fgh_wait<0>();
         fgh_fence_regs<FGH_DT * 4>(&o[0][0][0]);
     }
