@@ -227,12 +227,13 @@ static fg_status prepare_function(fg_ctx *ctx, fg_kernel *k) {
 static fg_status choose_kind(fg_ctx *ctx, fg_kernel_config *cfg) {
     int major = 0, minor = 0;
     FGI_TRY(fgi_cuda_arch(ctx, &major, &minor));
-    const bool hopper = major == 9 && minor == 0;
+    const bool hopper = major == 9 && minor == 0 && fgi_cu()->cuTensorMapEncodeTiled;
     if (cfg->kind == FG_KERNEL_ATTENTION_FWD_SM90) {
         if (!hopper)
             return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
-                             "the Hopper kernel needs compute capability 9.0 (device: %d.%d)", major,
-                             minor);
+                             "the Hopper kernel needs compute capability 9.0 and a driver with "
+                             "cuTensorMapEncodeTiled (device: %d.%d)",
+                             major, minor);
         return FG_OK;
     }
     const int hd = cfg->head_dim ? cfg->head_dim : 128;
@@ -321,6 +322,49 @@ static void fill_abi(const fg_kernel *k, const fg_attention_args *a, const fgi_a
     abi->q_tiles = (a->q_len + k->geom.block_m - 1) / k->geom.block_m;
 }
 
+/* The Hopper kernel's third argument: q, k and v as [batch, heads, len, D]
+ * tensor maps with the caller's strides, boxes of 128 rows x 64 columns
+ * (one 128-byte swizzle line per row) that TMA copies into shared memory in
+ * the swizzled layout wgmma reads. Rows past len are zero-filled. */
+typedef struct hopper_maps {
+    CUtensorMap q, k, v;
+} hopper_maps;
+
+static fg_status encode_map(fg_ctx *ctx, CUtensorMap *map, fg_dtype dtype, const void *ptr, int head_dim,
+                            int len, int heads, int batch, const int64_t st[3], const char *name) {
+    cuuint64_t dims[4] = {(cuuint64_t)head_dim, (cuuint64_t)len, (cuuint64_t)heads, (cuuint64_t)batch};
+    cuuint64_t strides[3] = {(cuuint64_t)st[2] * 2, (cuuint64_t)st[1] * 2, (cuuint64_t)st[0] * 2};
+    /* A dimension of extent 1 is never stepped over; give it a stride the
+     * encoder accepts whatever the caller passed (0, say). */
+    cuuint64_t natural = (cuuint64_t)head_dim * 2;
+    for (int i = 0; i < 3; i++) {
+        if (dims[i + 1] == 1) strides[i] = natural;
+        natural = strides[i] * dims[i + 1];
+    }
+    cuuint32_t box[4] = {64, 128, 1, 1}, elem[4] = {1, 1, 1, 1};
+    CUresult r = fgi_cu()->cuTensorMapEncodeTiled(
+        map, dtype == FG_FP16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+        (void *)ptr, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        const char *msg = NULL;
+        fgi_cu()->cuGetErrorString(r, &msg);
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "%s: the Hopper kernel cannot describe this tensor to TMA (strides %lld, %lld, "
+                         "%lld elements): %s; the portable kernel (FG_OPT_HOPPER_KERNEL 0) takes it",
+                         name, (long long)st[0], (long long)st[1], (long long)st[2], msg ? msg : "error");
+    }
+    return FG_OK;
+}
+
+static fg_status encode_maps(fg_ctx *ctx, const fg_attention_args *a, const fgi_attn_strides *st,
+                             hopper_maps *m) {
+    FGI_TRY(encode_map(ctx, &m->q, a->dtype, a->q, a->head_dim, a->q_len, a->heads_q, a->batch, st->q, "q"));
+    FGI_TRY(encode_map(ctx, &m->k, a->dtype, a->k, a->head_dim, a->kv_len, a->heads_kv, a->batch, st->k, "k"));
+    FGI_TRY(encode_map(ctx, &m->v, a->dtype, a->v, a->head_dim, a->kv_len, a->heads_kv, a->batch, st->v, "v"));
+    return FG_OK;
+}
+
 fg_status fg_kernel_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, k, "NULL kernel");
@@ -355,7 +399,9 @@ fg_status fg_kernel_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a
     _Alignas(16) unsigned char blob[FGI_MAX_PARAMS * 16 + 16];
     fgi_param_pack(&k->params, &layout, values, blob);
 
-    void *params[2] = {&abi, blob};
+    hopper_maps maps; /* 64-byte aligned, as CUtensorMap is */
+    if (k->kind == FG_KERNEL_ATTENTION_FWD_SM90) FGI_TRY(encode_maps(ctx, a, &st, &maps));
+    void *params[3] = {&abi, blob, &maps};
     FGI_CU_TRY(ctx,
                fgi_cu()->cuLaunchKernel(k->fn, (unsigned)abi.q_tiles, (unsigned)a->heads_q,
                                         (unsigned)a->batch, (unsigned)k->geom.threads, 1, 1,
@@ -384,6 +430,18 @@ fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attentio
     fg_kernel *k;
     FGI_TRY(fg_kernel_get(ctx, mod, &cfg, &k));
     fg_status s = fg_kernel_launch(ctx, k, args);
+    const bool retry = s == FG_ERR_NOT_SUPPORTED && k->kind == FG_KERNEL_ATTENTION_FWD_SM90;
     fg_kernel_release(k);
+    if (retry) {
+        /* A layout TMA cannot describe: the portable kernel takes any
+         * layout the argument checks accept. */
+        int keep = ctx->hopper_kernel;
+        ctx->hopper_kernel = 0;
+        s = fg_kernel_get(ctx, mod, &cfg, &k);
+        ctx->hopper_kernel = keep;
+        if (s != FG_OK) return s;
+        s = fg_kernel_launch(ctx, k, args);
+        fg_kernel_release(k);
+    }
     return s;
 }

@@ -60,6 +60,7 @@ typedef struct fgi_cu_api {
     FGI_CU_FN(cuPointerGetAttribute);
     /* Optional (NULL when the driver predates CUDA 12.0). */
     FGI_CU_FN(cuCtxGetId);
+    FGI_CU_FN(cuTensorMapEncodeTiled);
 } fgi_cu_api;
 #undef FGI_CU_FN
 

@@ -4,9 +4,13 @@
  * warp-group-wide asynchronous tensor-core instruction that reads its B
  * operand (and here also A for Q K^T) straight from shared memory.
  *
- * Shape. A thread block is two warp groups (256 threads) and owns a q tile
- * of 128 rows of one (batch, head): each warp group 64 rows, each warp 16.
- * K and V stream past in tiles of 128 rows. Per warp group and tile:
+ * Shape. A thread block is three warp groups (384 threads) and owns a q tile
+ * of 128 rows of one (batch, head). Warp group 0 is the producer: one of
+ * its threads moves every tile with the Tensor Memory Accelerator (TMA,
+ * cp.async.bulk.tensor) and the group gives most of its registers to the
+ * others (setmaxnreg). Warp groups 1 and 2 are the consumers, 64 q rows
+ * each (16 per warp); K and V stream past in tiles of 128 rows. Per
+ * consumer and tile:
  *     S (64 x 128) = Q (64 x D) K^T         wgmma, A and B in shared memory
  *     P = online softmax of mods(S)         registers (attention_common.cuh)
  *     O (64 x D) += P (64 x 128) V          wgmma, A (P) in registers
@@ -14,39 +18,47 @@
  * softmax and the epilogue are attention_common.cuh's, with one 16-row slab
  * per warp and 16 n8 fragments per tile.
  *
- * Overlap. wgmma runs asynchronously to the issuing threads. In iteration j
- * a warp group issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1} (the product
- * of the previous tile, deferred by one iteration), waits for S_j only, and
- * computes the mods and softmax of tile j while the tensor cores still work
- * on P_{j-1} V_{j-1}; it then waits for that product and rescales O by the
- * new row maxima. The last tile's P V is issued after the loop. The two
- * warp groups share the K/V tiles and meet at one barrier per tile.
+ * Pipeline. Q takes one tile of shared memory, K two stages and V three.
+ * Each stage has a "full" mbarrier (the producer arms it with the bytes it
+ * expects; the TMA unit completes it when they have landed) and an "empty"
+ * one (each consumer warp arrives when its matrix products no longer read
+ * the stage). The producer refills a K stage as soon as both consumers'
+ * S of the tile before the previous one has finished, a V stage once the
+ * P V of two tiles back has, so loads run up to two tiles ahead and the
+ * consumers never meet at a block-wide barrier: each runs at its own pace.
+ *
+ * Overlap inside a consumer. wgmma runs asynchronously to the issuing
+ * threads. In iteration j a consumer issues S_j = Q K_j^T, then
+ * O += P_{j-1} V_{j-1} (the product of the previous tile, deferred by one
+ * iteration), waits for S_j only, and computes the mods and softmax of tile
+ * j while the tensor cores still work on P_{j-1} V_{j-1}; it then waits for
+ * that product and rescales O by the new row maxima. The last tile's P V
+ * is issued after the loop.
  *
  * Shared memory. Every tile is stored as the wgmma canonical layout with
- * the 128-byte swizzle: the head dim is cut into 64-element column blocks
- * ("regions", one for D = 64, two for D = 128), each region holds the
- * tile's rows as 128-byte lines, and the 16-byte chunk c of row r sits at
- * chunk c ^ (r % 8) of its line. cp.async writes that layout directly. Q K^T
- * reads Q and K K-major (descriptor stride between 8-row groups: 1024
- * bytes; a k step of 16 elements moves the start by 32 bytes inside the
- * line); P V reads V N-major ("transposed"), which is the same bytes: the
- * leading offset steps from one 64-column region to the next, the stride
- * steps 8 kv rows. Q takes one tile, K two stages and V three: tile j + 1
- * is loaded while tile j is computed, and V_{j-1} is still being read by the
- * deferred product while K_{j+1} and V_{j+1} arrive. cp.async writes are
- * generic-proxy writes, so each thread fences them to the async proxy
- * (fence.proxy.async) before the barrier that hands them to wgmma.
+ * the 128-byte swizzle, which is also what TMA writes with
+ * CU_TENSOR_MAP_SWIZZLE_128B: the head dim is cut into 64-element column
+ * blocks ("regions", one for D = 64, two for D = 128), each region holds
+ * the tile's rows as 128-byte lines, and the 16-byte chunk c of row r sits
+ * at chunk c ^ (r % 8) of its line (regions start on 1024-byte
+ * boundaries). Q K^T reads Q and K K-major (descriptor stride between 8-row
+ * groups: 1024 bytes; a k step of 16 elements moves the start by 32 bytes
+ * inside the line); P V reads V N-major ("transposed"), which is the same
+ * bytes: the leading offset steps from one 64-column region to the next,
+ * the stride steps 8 kv rows. Rows past Q_LEN or KV_LEN are zero-filled by
+ * TMA (the tensor maps end there) and masked by the kernel.
  *
  * Registers. wgmma's accumulators are plain registers to the compiler,
  * which would happily read them before the instruction has finished; every
  * wait is followed by an empty asm that "redefines" the accumulators it
  * waited for (fgh_fence_regs), so no read of S or O moves above its wait.
  *
- * Everything else -- the block-mask walk, partial and full tiles, the
- * Q_LEN / KV_LEN edges (rows past the end are zero-filled by cp.async and
- * masked), offsets, GQA, 64-bit addressing, fully masked rows -- is the
- * portable kernel's, through attention_common.cuh. The host
- * (fgi_attn_geometry in src/attention.h) mirrors the tile sizes and the
+ * Everything else -- the block-mask walk, partial and full tiles, offsets,
+ * GQA, fully masked rows -- is the portable kernel's, through
+ * attention_common.cuh. The host (src/attention.c) encodes the three tensor
+ * maps (q, k, v as [batch, heads, len, D] with the caller's strides, boxes
+ * of 128 rows x 64 columns) and passes them as the third kernel argument;
+ * fgi_attn_geometry in src/attention.h mirrors the tile sizes and the
  * shared-memory size.
  */
 
@@ -59,8 +71,8 @@
 #define FGH_AB "bf16"
 #endif
 
-#define FGH_THREADS 256
-#define FGH_BLOCK_M 128                    /* q rows per block, 64 per warp group   */
+#define FGH_THREADS 384                    /* producer + two consumer warp groups   */
+#define FGH_BLOCK_M 128                    /* q rows per block, 64 per consumer     */
 #define FGH_BLOCK_N 128                    /* kv rows per tile                      */
 #define FGH_D FG_HEAD_DIM
 #define FGH_TILE_BYTES (128 * FGH_D * 2)   /* one 128-row tile of Q, K or V         */
@@ -71,9 +83,22 @@
 #define FGH_PV_STEPS (FGH_BLOCK_N / 16)    /* k steps of P V                        */
 #define FGH_K_STAGES 2
 #define FGH_V_STAGES 3
-/* Q, the K stages, the V stages, and 1 KB to align the base to 1024 bytes
- * (the swizzle pattern's period); fgi_attn_geometry computes the same. */
-#define FGH_SMEM_BYTES (FGH_TILE_BYTES * (1 + FGH_K_STAGES + FGH_V_STAGES) + 1024)
+#define FGH_PRODUCER_REGS 24               /* setmaxnreg: 24 + 2 x 240 per thread   */
+#define FGH_CONSUMER_REGS 240              /* of the 3 x 128 threads fit 64K        */
+/* Q, the K stages, the V stages, the mbarriers (128 bytes), and 1 KB to
+ * align the base to 1024 bytes (the swizzle pattern's period);
+ * fgi_attn_geometry computes the same. */
+#define FGH_SMEM_BYTES (FGH_TILE_BYTES * (1 + FGH_K_STAGES + FGH_V_STAGES) + 128 + 1024)
+
+/* A CUtensorMap (cuda.h): 128 opaque bytes, 64-byte aligned. */
+struct __align__(64) fgh_tmap {
+    fga_u64 w[16];
+};
+/* The kernel's third argument: q, k and v as [batch, heads, len, D]. */
+struct fgh_maps {
+    fgh_tmap q, k, v;
+};
+static_assert(sizeof(fgh_maps) == 384, "fgh_maps must match the host's three CUtensorMaps");
 
 /* ---- wgmma ------------------------------------------------------------------ */
 
@@ -164,28 +189,44 @@ static __device__ __forceinline__ void fgh_mma_rs_n64(float *d, const fga_u32 *a
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-/* ---- tiles ------------------------------------------------------------------ */
+/* ---- mbarriers and TMA ------------------------------------------------------- */
 
-/* Copy 128 rows of a [len, D] slab starting at row r0 into the swizzled
- * layout; rows at or past `len` are zero-filled. */
-static __device__ __forceinline__ void fgh_load_tile(fga_u32 smem, const fga_u16 *base, fga_i64 row_stride,
-                                                     int r0, int len) {
-    /* Each thread keeps one chunk column and steps down STEP rows at a
-     * time; STEP is a multiple of 8, so the swizzled position within the
-     * line is the same for all its rows and every address is a constant
-     * step from the first. */
-    constexpr int CHUNKS = FGH_D / 8; /* 16-byte chunks per row */
-    constexpr int STEP = FGH_THREADS / CHUNKS;
-    static_assert(STEP % 8 == 0 && 128 % STEP == 0, "tile rows per pass");
-    const int r = threadIdx.x / CHUNKS, ch = threadIdx.x % CHUNKS;
-    const fga_u32 dst = smem + (fga_u32)((ch >> 3) * FGH_REGION_BYTES + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
-    const fga_u16 *src = base + (fga_i64)(r0 + r) * row_stride + ch * 8;
-#pragma unroll
-    for (int i = 0; i < 128 / STEP; i++) {
-        const bool ok = r0 + r + i * STEP < len;
-        fga_cp16(dst + (fga_u32)(i * STEP * 128), ok ? src + (fga_i64)i * STEP * row_stride : base, ok);
-    }
+static __device__ __forceinline__ void fgh_bar_init(fga_u32 bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
+/* Wait until the barrier's phase with this parity has completed. */
+static __device__ __forceinline__ void fgh_bar_wait(fga_u32 bar, int parity) {
+    asm volatile("{\n.reg .pred done;\nFGH_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra FGH_WAIT;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+static __device__ __forceinline__ void fgh_bar_arrive(fga_u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* The producer's arrival, announcing the bytes the TMA unit will deliver. */
+static __device__ __forceinline__ void fgh_bar_expect(fga_u32 bar, int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* One box (128 rows x 64 columns) of a [batch, heads, len, D] tensor into
+ * shared memory, completing `bar` with its bytes. */
+static __device__ __forceinline__ void fgh_tma_load(fga_u32 dst, const fgh_tmap *map, int col, int row, int head,
+                                                    int batch, fga_u32 bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"(map), "r"(col), "r"(row), "r"(head), "r"(batch), "r"(bar)
+                 : "memory");
+}
+/* A whole 128-row tile: one box per 64-column region. */
+static __device__ __forceinline__ void fgh_tma_tile(fga_u32 dst, const fgh_tmap *map, int row, int head, int batch,
+                                                    fga_u32 bar) {
+    fgh_bar_expect(bar, FGH_TILE_BYTES);
+#pragma unroll
+    for (int r = 0; r < FGH_D / 64; r++) fgh_tma_load(dst + r * FGH_REGION_BYTES, map, r * 64, row, head, batch, bar);
+}
+
+/* ---- tiles ------------------------------------------------------------------ */
 
 static __device__ __forceinline__ void fgh_mma_pv(float *o, const fga_u32 *pa, fga_u64 db) {
 #if FGH_D == 128
@@ -211,11 +252,16 @@ static __device__ __forceinline__ void fgh_issue_pv(float (&o)[1][FGH_DT][4],
 /* ---- the kernel ------------------------------------------------------------- */
 
 extern "C" __global__ void __launch_bounds__(FGH_THREADS, 1)
-fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {
+fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p,
+                 const __grid_constant__ fgh_maps maps) {
     extern __shared__ __align__(1024) unsigned char fgh_smem[];
     const fga_u32 sQ = (fga_smem_addr(fgh_smem) + 1023u) & ~1023u;
     const fga_u32 sK = sQ + FGH_TILE_BYTES;
     const fga_u32 sV = sK + FGH_K_STAGES * FGH_TILE_BYTES;
+    /* mbarriers, 8 bytes each: Q full, K full / empty, V full / empty. */
+    const fga_u32 bar_q = sV + FGH_V_STAGES * FGH_TILE_BYTES;
+    const fga_u32 bar_kf = bar_q + 8, bar_ke = bar_kf + 8 * FGH_K_STAGES;
+    const fga_u32 bar_vf = bar_ke + 8 * FGH_K_STAGES, bar_ve = bar_vf + 8 * FGH_V_STAGES;
 
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     /* Heavier q tiles (late rows of a causal mask) are scheduled first. */
@@ -223,25 +269,49 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     const int h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (a.heads_q / a.heads_kv);
     const int q0 = qt * FGH_BLOCK_M;
-
-    const fga_u16 *qp = (const fga_u16 *)a.q + (fga_i64)b * a.q_stride[0] + (fga_i64)h * a.q_stride[1];
-    const fga_u16 *kp = (const fga_u16 *)a.k + (fga_i64)b * a.k_stride[0] + (fga_i64)hk * a.k_stride[1];
-    const fga_u16 *vp = (const fga_u16 *)a.v + (fga_i64)b * a.v_stride[0] + (fga_i64)hk * a.v_stride[1];
-
     const fga_plan pl = fga_plan_make<FGH_BLOCK_N>(a, b, h, q0);
 
-    /* Q and the first K/V tile in one commit group. */
-    fgh_load_tile(sQ, qp, a.q_stride[2], q0, a.q_len);
-    if (pl.n_items > 0) {
-        bool first_partial;
-        const int kv0 = fga_item_kv0<FGH_BLOCK_N>(pl, 0, first_partial);
-        fgh_load_tile(sK, kp, a.k_stride[2], kv0, a.kv_len);
-        fgh_load_tile(sV, vp, a.v_stride[2], kv0, a.kv_len);
+    if (tid == 0) {
+        fgh_bar_init(bar_q, 1);
+#pragma unroll
+        for (int i = 0; i < FGH_K_STAGES; i++) {
+            fgh_bar_init(bar_kf + 8 * i, 1);
+            fgh_bar_init(bar_ke + 8 * i, 8); /* one arrival per consumer warp */
+        }
+#pragma unroll
+        for (int i = 0; i < FGH_V_STAGES; i++) {
+            fgh_bar_init(bar_vf + 8 * i, 1);
+            fgh_bar_init(bar_ve + 8 * i, 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    fga_cp_commit();
+    __syncthreads();
 
-    /* This thread's rows: qrow0 + {0, 8}. */
-    const int qrow0 = q0 + wg * 64 + warp * 16 + (lane >> 2);
+    if (wg == 0) {
+        /* The producer. A use u of a stage (item j = u * stages + stage)
+         * waits for the release of use u - 1: the phase of parity
+         * (u - 1) & 1 of the stage's empty barrier. */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FGH_PRODUCER_REGS));
+        if (tid == 0) {
+            fgh_tma_tile(sQ, &maps.q, q0, h, b, bar_q);
+            for (int j = 0; j < pl.n_items; j++) {
+                bool partial;
+                const int kv0 = fga_item_kv0<FGH_BLOCK_N>(pl, j, partial);
+                const int ks = j % FGH_K_STAGES, ku = j / FGH_K_STAGES;
+                if (ku > 0) fgh_bar_wait(bar_ke + 8 * ks, (ku - 1) & 1);
+                fgh_tma_tile(sK + ks * FGH_TILE_BYTES, &maps.k, kv0, hk, b, bar_kf + 8 * ks);
+                const int vs = j % FGH_V_STAGES, vu = j / FGH_V_STAGES;
+                if (vu > 0) fgh_bar_wait(bar_ve + 8 * vs, (vu - 1) & 1);
+                fgh_tma_tile(sV + vs * FGH_TILE_BYTES, &maps.v, kv0, hk, b, bar_vf + 8 * vs);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FGH_CONSUMER_REGS));
+
+    /* A consumer: this thread's rows are qrow0 + {0, 8}. */
+    const int cw = wg - 1;
+    const int qrow0 = q0 + cw * 64 + warp * 16 + (lane >> 2);
     fga_rows<1> rows;
     fga_rows_init(rows, a, p, b, h, qrow0);
 
@@ -252,29 +322,20 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     float s[1][FGH_NT][4];
     fga_u32 pa[FGH_PV_STEPS][4]; /* P of the previous tile as wgmma A fragments */
 
-    /* Descriptors of this warp group's 64 rows of Q (64 lines into each
+    /* Descriptors of this consumer's 64 rows of Q (64 lines into each
      * region) and of the first K and V stages. */
-    const fga_u64 dq = fgh_desc_k(sQ + (fga_u32)(wg * 64 * 128));
+    const fga_u64 dq = fgh_desc_k(sQ + (fga_u32)(cw * 64 * 128));
     const fga_u64 dk = fgh_desc_k(sK), dv = fgh_desc_v(sV);
+    fgh_bar_wait(bar_q, 0);
 
     for (int j = 0; j < pl.n_items; j++) {
         bool partial;
         const int kv0 = fga_item_kv0<FGH_BLOCK_N>(pl, j, partial);
-        /* Tile j has landed (every thread's part), is visible to wgmma, and
-         * every warp group is done with the stages the next load refills. */
-        fga_cp_wait<0>();
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-        if (j + 1 < pl.n_items) {
-            bool next_partial;
-            const int nkv0 = fga_item_kv0<FGH_BLOCK_N>(pl, j + 1, next_partial);
-            fgh_load_tile(sK + ((j + 1) % FGH_K_STAGES) * FGH_TILE_BYTES, kp, a.k_stride[2], nkv0, a.kv_len);
-            fgh_load_tile(sV + ((j + 1) % FGH_V_STAGES) * FGH_TILE_BYTES, vp, a.v_stride[2], nkv0, a.kv_len);
-            fga_cp_commit();
-        }
+        const int ks = j % FGH_K_STAGES;
+        fgh_bar_wait(bar_kf + 8 * ks, (j / FGH_K_STAGES) & 1);
 
         /* S_j = Q K_j^T, then the deferred P_{j-1} V_{j-1}. */
-        const fga_u64 dk_j = dk + (((j % FGH_K_STAGES) * FGH_TILE_BYTES) >> 4);
+        const fga_u64 dk_j = dk + ((ks * FGH_TILE_BYTES) >> 4);
         fgh_fence();
 #pragma unroll
         for (int kk = 0; kk < FGH_QK_STEPS; kk++) {
@@ -282,13 +343,16 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
             fgh_mma_ss_n128(&s[0][0][0], dq + off, dk_j + off, kk > 0);
         }
         fgh_commit();
+        const int vs = (j + FGH_V_STAGES - 1) % FGH_V_STAGES; /* V_{j-1}'s stage */
         if (j > 0) {
-            fgh_issue_pv(o, pa, dv + ((((j - 1) % FGH_V_STAGES) * FGH_TILE_BYTES) >> 4));
+            fgh_bar_wait(bar_vf + 8 * vs, ((j - 1) / FGH_V_STAGES) & 1);
+            fgh_issue_pv(o, pa, dv + ((vs * FGH_TILE_BYTES) >> 4));
             fgh_wait<1>();
         } else {
             fgh_wait<0>();
         }
         fgh_fence_regs<FGH_NT * 4>(&s[0][0][0]);
+        if (lane == 0) fgh_bar_arrive(bar_ke + 8 * ks); /* K_j is no longer read */
 
         /* Mods and softmax of tile j while P_{j-1} V_{j-1} runs. */
         const bool check = partial || kv0 + FGH_BLOCK_N > a.kv_len || q0 + FGH_BLOCK_M > a.q_len;
@@ -298,6 +362,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
 
         fgh_wait<0>();
         fgh_fence_regs<FGH_DT * 4>(&o[0][0][0]);
+        if (j > 0 && lane == 0) fgh_bar_arrive(bar_ve + 8 * vs); /* V_{j-1} is no longer read */
         fga_rescale(o, alpha);
 #pragma unroll
         for (int kk = 0; kk < FGH_PV_STEPS; kk++) {
@@ -308,8 +373,10 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         }
     }
     if (pl.n_items > 0) {
+        const int last = pl.n_items - 1, vs = last % FGH_V_STAGES;
+        fgh_bar_wait(bar_vf + 8 * vs, (last / FGH_V_STAGES) & 1);
         fgh_fence();
-        fgh_issue_pv(o, pa, dv + ((((pl.n_items - 1) % FGH_V_STAGES) * FGH_TILE_BYTES) >> 4));
+        fgh_issue_pv(o, pa, dv + ((vs * FGH_TILE_BYTES) >> 4));
         fgh_wait<0>();
         fgh_fence_regs<FGH_DT * 4>(&o[0][0][0]);
     }
