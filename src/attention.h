@@ -38,8 +38,8 @@ _Static_assert(sizeof(fgi_attn_abi) == 240, "fgi_attn_abi must match fga_args");
  * Hopper (templates/attention_fwd_sm90.cuh): a producer warp group and two
  * consumer warp groups of 64 rows (a 128-row q tile), 128-row K/V tiles,
  * head dim 64 or 128; shared memory holds Q, two stages of K and three of V
- * in 128-byte-swizzled rows, 128 bytes of mbarriers, and 1 KB so the kernel
- * can align the base to the swizzle pattern. */
+ * in 128-byte-swizzled rows, 128 bytes of mbarriers, 8 KB of mask column
+ * parts, and 1 KB so the kernel can align the base to the swizzle pattern. */
 typedef struct fgi_attn_geom {
     int block_m, block_n, threads;
     size_t smem;
@@ -52,7 +52,7 @@ static inline fgi_attn_geom fgi_attn_geometry(fg_kernel_kind kind, int head_dim,
         g.block_n = 128;
         g.threads = 384;
         size_t tile = (size_t)128 * (size_t)head_dim * 2;
-        g.smem = tile * (1 + 2 + 3) + 128 + 1024;
+        g.smem = tile * (1 + 2 + 3) + 128 + 4 * 128 * 16 + 1024;
         return g;
     }
     int mt = head_dim <= 128 && q_block >= 128 ? 2 : 1;

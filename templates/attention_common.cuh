@@ -261,11 +261,22 @@ static __device__ __forceinline__ void fga_rows_init(fga_rows<MT> &r, const fga_
  * partial tile, or one that crosses Q_LEN / KV_LEN). Fragment by fragment:
  * the column parts of the mods once per column this thread owns (two per n8
  * fragment, shared by all its rows), then the elements. The mask's parts
- * only in partial tiles, so full tiles do no mask work. */
+ * only in partial tiles, so full tiles do no mask work. With `cols`, the
+ * mask's column parts of this tile were computed once per column by the
+ * caller (fga_mask_col_at) and are read from there instead. */
+template <int MT, int NT>
+static __device__ __forceinline__ fg_mask_col fga_mask_col_at(const fga_rows<MT> &r, const fga_args &a,
+                                                              const fg_mod_params &p, const fg_mask_col *cols,
+                                                              int kv0, int col) {
+    if (cols) return cols[col];
+    return fg_mask_col_init(p, r.mhd, r.b, r.h, min(kv0 + col, a.kv_len - 1) + a.kv_offset);
+}
+
 template <int MT, int NT>
 static __device__ __forceinline__ void fga_tile_mods(float (&s)[MT][NT][4], const fga_rows<MT> &r,
                                                      const fga_args &a, const fg_mod_params &p,
-                                                     int kv0, bool partial, bool check) {
+                                                     int kv0, bool partial, bool check,
+                                                     const fg_mask_col *cols = 0) {
     const int t4 = threadIdx.x & 3, b = r.b, h = r.h;
 #if FGA_SCORE_MOD
     if (!check) {
@@ -295,7 +306,7 @@ static __device__ __forceinline__ void fga_tile_mods(float (&s)[MT][NT][4], cons
         for (int c = 0; c < 2; c++) {
             const int kc = min(kv0 + i * 8 + t4 * 2 + c, a.kv_len - 1) + a.kv_offset;
 #if FGA_MASK_MOD
-            if (partial) mcol[c] = fg_mask_col_init(p, r.mhd, b, h, kc);
+            if (partial) mcol[c] = fga_mask_col_at<MT, NT>(r, a, p, cols, kv0, i * 8 + t4 * 2 + c);
 #endif
             scol[c] = fg_score_col_init(p, r.shd, b, h, kc);
         }
@@ -327,9 +338,7 @@ static __device__ __forceinline__ void fga_tile_mods(float (&s)[MT][NT][4], cons
 #if FGA_MASK_MOD
             if (partial) {
 #pragma unroll
-                for (int c = 0; c < 2; c++)
-                    mcol[c] = fg_mask_col_init(p, r.mhd, b, h,
-                                               min(kv0 + i * 8 + t4 * 2 + c, a.kv_len - 1) + a.kv_offset);
+                for (int c = 0; c < 2; c++) mcol[c] = fga_mask_col_at<MT, NT>(r, a, p, cols, kv0, i * 8 + t4 * 2 + c);
             }
 #endif
 #pragma unroll

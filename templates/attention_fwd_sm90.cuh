@@ -85,10 +85,16 @@
 #define FGH_V_STAGES 3
 #define FGH_PRODUCER_REGS 24               /* setmaxnreg: 24 + 2 x 240 per thread   */
 #define FGH_CONSUMER_REGS 240              /* of the 3 x 128 threads fit 64K        */
-/* Q, the K stages, the V stages, the mbarriers (128 bytes), and 1 KB to
- * align the base to 1024 bytes (the swizzle pattern's period);
- * fgi_attn_geometry computes the same. */
-#define FGH_SMEM_BYTES (FGH_TILE_BYTES * (1 + FGH_K_STAGES + FGH_V_STAGES) + 128 + 1024)
+/* The mask's column parts of a partial tile, computed once per column: two
+ * buffers per consumer, FGH_COL_BYTES per column. A mod whose column part
+ * is larger computes it per thread instead; one without any has nothing
+ * to share. */
+#define FGH_COL_BYTES 16
+#define FGH_SHARED_COLS (FGA_MASK_MOD && !__is_empty(fg_mask_col) && sizeof(fg_mask_col) <= FGH_COL_BYTES)
+/* Q, the K stages, the V stages, the mbarriers (128 bytes), the column
+ * parts (8 KB), and 1 KB to align the base to 1024 bytes (the swizzle
+ * pattern's period); fgi_attn_geometry computes the same. */
+#define FGH_SMEM_BYTES (FGH_TILE_BYTES * (1 + FGH_K_STAGES + FGH_V_STAGES) + 128 + 4 * 128 * FGH_COL_BYTES + 1024)
 
 /* A CUtensorMap (cuda.h): 128 opaque bytes, 64-byte aligned. */
 struct __align__(64) fgh_tmap {
@@ -262,6 +268,9 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     const fga_u32 bar_q = sV + FGH_V_STAGES * FGH_TILE_BYTES;
     const fga_u32 bar_kf = bar_q + 8, bar_ke = bar_kf + 8 * FGH_K_STAGES;
     const fga_u32 bar_vf = bar_ke + 8 * FGH_K_STAGES, bar_ve = bar_vf + 8 * FGH_V_STAGES;
+    /* Column parts: [consumer][buffer][128 columns], FGH_COL_BYTES each. */
+    fg_mask_col *const col_parts =
+        (fg_mask_col *)(fgh_smem + (bar_q + 128 - fga_smem_addr(fgh_smem)));
 
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     /* Heavier q tiles (late rows of a causal mask) are scheduled first. */
@@ -343,6 +352,25 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
             fgh_mma_ss_n128(&s[0][0][0], dq + off, dk_j + off, kk > 0);
         }
         fgh_commit();
+
+        /* A partial tile's mask column parts, one column per thread of the
+         * warp group, while the products run; a barrier of the warp group
+         * (named barrier 1 + cw) publishes them. Two buffers: a buffer is
+         * rewritten two tiles later, after every thread has passed the
+         * barrier of the tile in between, so after its last read. */
+        const fg_mask_col *cols = 0;
+        if (FGH_SHARED_COLS && partial) {
+            fg_mask_col *buf = (fg_mask_col *)((unsigned char *)col_parts +
+                                               (cw * 2 + (j & 1)) * 128 * FGH_COL_BYTES);
+            const int c = tid & 127;
+            buf[c] = fg_mask_col_init(p, rows.mhd, b, h, min(kv0 + c, a.kv_len - 1) + a.kv_offset);
+            if (cw == 0)
+                asm volatile("bar.sync 1, 128;\n" ::: "memory");
+            else
+                asm volatile("bar.sync 2, 128;\n" ::: "memory");
+            cols = buf;
+        }
+
         const int vs = (j + FGH_V_STAGES - 1) % FGH_V_STAGES; /* V_{j-1}'s stage */
         if (j > 0) {
             fgh_bar_wait(bar_vf + 8 * vs, ((j - 1) / FGH_V_STAGES) & 1);
@@ -356,7 +384,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
 
         /* Mods and softmax of tile j while P_{j-1} V_{j-1} runs. */
         const bool check = partial || kv0 + FGH_BLOCK_N > a.kv_len || q0 + FGH_BLOCK_M > a.q_len;
-        fga_tile_mods(s, rows, a, p, kv0, partial, check);
+        fga_tile_mods(s, rows, a, p, kv0, partial, check, cols);
         float alpha[1][2];
         fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
 
