@@ -337,11 +337,27 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     const fga_u64 dk = fgh_desc_k(sK), dv = fgh_desc_v(sV);
     fgh_bar_wait(bar_q, 0);
 
+    /* Ping-pong: the two consumers take turns issuing their matrix products
+     * (named barriers 3 and 4: "consumer 0's turn", "consumer 1's turn";
+     * each turn is 128 threads syncing plus 128 arriving), so one consumer's
+     * softmax runs while the other's products keep the tensor cores busy.
+     * Consumer 0 goes first; consumer 1 grants it that first turn. */
+    if (cw == 1 && pl.n_items > 0) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
+
+    /* The block mask's index of the next item is read one tile ahead, so
+     * its global-memory latency stays off the loop's critical path. */
+    bool next_partial = false;
+    int next_kv0 = pl.n_items > 0 ? fga_item_kv0<FGH_BLOCK_N>(pl, 0, next_partial) : 0;
     for (int j = 0; j < pl.n_items; j++) {
-        bool partial;
-        const int kv0 = fga_item_kv0<FGH_BLOCK_N>(pl, j, partial);
+        const bool partial = next_partial;
+        const int kv0 = next_kv0;
+        if (j + 1 < pl.n_items) next_kv0 = fga_item_kv0<FGH_BLOCK_N>(pl, j + 1, next_partial);
         const int ks = j % FGH_K_STAGES;
         fgh_bar_wait(bar_kf + 8 * ks, (j / FGH_K_STAGES) & 1);
+        if (cw == 0)
+            asm volatile("bar.sync 3, 256;\n" ::: "memory");
+        else
+            asm volatile("bar.sync 4, 256;\n" ::: "memory");
 
         /* S_j = Q K_j^T, then the deferred P_{j-1} V_{j-1}. */
         const fga_u64 dk_j = dk + ((ks * FGH_TILE_BYTES) >> 4);
@@ -352,6 +368,17 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
             fgh_mma_ss_n128(&s[0][0][0], dq + off, dk_j + off, kk > 0);
         }
         fgh_commit();
+
+        const int vs = (j + FGH_V_STAGES - 1) % FGH_V_STAGES; /* V_{j-1}'s stage */
+        if (j > 0) {
+            fgh_bar_wait(bar_vf + 8 * vs, ((j - 1) / FGH_V_STAGES) & 1);
+            fgh_issue_pv(o, pa, dv + ((vs * FGH_TILE_BYTES) >> 4));
+        }
+        /* The other consumer's turn (consumer 1 owes none after its last). */
+        if (cw == 0)
+            asm volatile("bar.arrive 4, 256;\n" ::: "memory");
+        else if (j + 1 < pl.n_items)
+            asm volatile("bar.arrive 3, 256;\n" ::: "memory");
 
         /* A partial tile's mask column parts, one column per thread of the
          * warp group, while the products run; a barrier of the warp group
@@ -371,14 +398,10 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
             cols = buf;
         }
 
-        const int vs = (j + FGH_V_STAGES - 1) % FGH_V_STAGES; /* V_{j-1}'s stage */
-        if (j > 0) {
-            fgh_bar_wait(bar_vf + 8 * vs, ((j - 1) / FGH_V_STAGES) & 1);
-            fgh_issue_pv(o, pa, dv + ((vs * FGH_TILE_BYTES) >> 4));
+        if (j > 0)
             fgh_wait<1>();
-        } else {
+        else
             fgh_wait<0>();
-        }
         fgh_fence_regs<FGH_NT * 4>(&s[0][0][0]);
         if (lane == 0) fgh_bar_arrive(bar_ke + 8 * ks); /* K_j is no longer read */
 
