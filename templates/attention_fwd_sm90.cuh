@@ -368,17 +368,19 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
             fgh_mma_ss_n128(&s[0][0][0], dq + off, dk_j + off, kk > 0);
         }
         fgh_commit();
+        /* The other consumer's turn (consumer 1 owes none after its last).
+         * Handed over between the two products: placed after the second,
+         * it makes ptxas serialise the wgmma pipeline (warning C7514). */
+        if (cw == 0)
+            asm volatile("bar.arrive 4, 256;\n" ::: "memory");
+        else if (j + 1 < pl.n_items)
+            asm volatile("bar.arrive 3, 256;\n" ::: "memory");
 
         const int vs = (j + FGH_V_STAGES - 1) % FGH_V_STAGES; /* V_{j-1}'s stage */
         if (j > 0) {
             fgh_bar_wait(bar_vf + 8 * vs, ((j - 1) / FGH_V_STAGES) & 1);
             fgh_issue_pv(o, pa, dv + ((vs * FGH_TILE_BYTES) >> 4));
         }
-        /* The other consumer's turn (consumer 1 owes none after its last). */
-        if (cw == 0)
-            asm volatile("bar.arrive 4, 256;\n" ::: "memory");
-        else if (j + 1 < pl.n_items)
-            asm volatile("bar.arrive 3, 256;\n" ::: "memory");
 
         /* A partial tile's mask column parts, one column per thread of the
          * warp group, while the products run; a barrier of the warp group
