@@ -337,13 +337,6 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     const fga_u64 dk = fgh_desc_k(sK), dv = fgh_desc_v(sV);
     fgh_bar_wait(bar_q, 0);
 
-    /* Ping-pong: the two consumers take turns issuing their matrix products
-     * (named barriers 3 and 4: "consumer 0's turn", "consumer 1's turn";
-     * each turn is 128 threads syncing plus 128 arriving), so one consumer's
-     * softmax runs while the other's products keep the tensor cores busy.
-     * Consumer 0 goes first; consumer 1 grants it that first turn. */
-    if (cw == 1 && pl.n_items > 0) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
-
     /* The block mask's index of the next item is read one tile ahead, so
      * its global-memory latency stays off the loop's critical path. */
     bool next_partial = false;
@@ -354,10 +347,6 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         if (j + 1 < pl.n_items) next_kv0 = fga_item_kv0<FGH_BLOCK_N>(pl, j + 1, next_partial);
         const int ks = j % FGH_K_STAGES;
         fgh_bar_wait(bar_kf + 8 * ks, (j / FGH_K_STAGES) & 1);
-        if (cw == 0)
-            asm volatile("bar.sync 3, 256;\n" ::: "memory");
-        else
-            asm volatile("bar.sync 4, 256;\n" ::: "memory");
 
         /* S_j = Q K_j^T, then the deferred P_{j-1} V_{j-1}. */
         const fga_u64 dk_j = dk + ((ks * FGH_TILE_BYTES) >> 4);
@@ -368,13 +357,6 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
             fgh_mma_ss_n128(&s[0][0][0], dq + off, dk_j + off, kk > 0);
         }
         fgh_commit();
-        /* The other consumer's turn (consumer 1 owes none after its last).
-         * Handed over between the two products: placed after the second,
-         * it makes ptxas serialise the wgmma pipeline (warning C7514). */
-        if (cw == 0)
-            asm volatile("bar.arrive 4, 256;\n" ::: "memory");
-        else if (j + 1 < pl.n_items)
-            asm volatile("bar.arrive 3, 256;\n" ::: "memory");
 
         const int vs = (j + FGH_V_STAGES - 1) % FGH_V_STAGES; /* V_{j-1}'s stage */
         if (j > 0) {
