@@ -322,25 +322,38 @@ static void test_gallery_compiles(void **state) {
     assert_true(n >= 3);
     qsort(names, (size_t)n, sizeof names[0], name_cmp);
 
-    static const char *const archs[] = {"sm_80", "sm_90a"};
-    static const fg_kernel_kind kinds[] = {FG_KERNEL_ATTENTION_FWD, FG_KERNEL_BLOCK_MASK};
+    /* The portable kernel and the block-mask builder for both archs, the
+     * Hopper kernel for its only one, at both of its head dims. */
+    static const struct {
+        fg_kernel_kind kind;
+        int head_dim;
+        const char *arch, *label;
+    } builds[] = {
+        {FG_KERNEL_ATTENTION_FWD, 0, "sm_80", "attention"},
+        {FG_KERNEL_ATTENTION_FWD, 0, "sm_90a", "attention"},
+        {FG_KERNEL_BLOCK_MASK, 0, "sm_80", "blockmask"},
+        {FG_KERNEL_BLOCK_MASK, 0, "sm_90a", "blockmask"},
+        {FG_KERNEL_ATTENTION_FWD_SM90, 128, "sm_90a", "attention-sm90 d128"},
+        {FG_KERNEL_ATTENTION_FWD_SM90, 64, "sm_90a", "attention-sm90 d64"},
+    };
     fg_ctx *ctx = new_ctx();
     int failures = 0;
     for (int i = 0; i < n; i++) {
         char path[300];
         snprintf(path, sizeof path, "mods/%s", names[i]);
         fg_mod *m = load(ctx, path);
-        for (int k = 0; k < 2; k++)
-            for (int a = 0; a < 2; a++) {
-                fg_kernel_config cfg = {kinds[k], 0, 0, 0, 0, archs[a]};
+        for (size_t k = 0; k < sizeof builds / sizeof builds[0]; k++) {
+            {
+                const char *const arch = builds[k].arch;
+                fg_kernel_config cfg = {builds[k].kind, 0, builds[k].head_dim, 0, 0, arch};
                 void *img = NULL;
                 size_t size = 0;
                 double t0 = fgi_now_ms();
                 fg_status st = fg_compile(ctx, m, &cfg, FG_EMIT_CUBIN, &img, &size);
                 double ms = fgi_now_ms() - t0;
                 if (st != FG_OK) {
-                    print_error("%s %s %s: %s\n%s\n", path, k ? "blockmask" : "attention", archs[a],
-                                fg_errmsg(ctx), fg_compile_log(ctx));
+                    print_error("%s %s %s: %s\n%s\n", path, builds[k].label, arch, fg_errmsg(ctx),
+                                fg_compile_log(ctx));
                     failures++;
                 } else if (size < 1000) {
                     print_error("%s: a %zu-byte cubin\n", path, size);
@@ -349,12 +362,12 @@ static void test_gallery_compiles(void **state) {
                 /* a mod must not make NVRTC crawl (a branchy helper once
                  * took minutes inside the unrolled block-mask loop) */
                 if (ms > 30000) {
-                    print_error("%s %s %s: compiling took %.0f ms\n", path,
-                                k ? "blockmask" : "attention", archs[a], ms);
+                    print_error("%s %s %s: compiling took %.0f ms\n", path, builds[k].label, arch, ms);
                     failures++;
                 }
                 fg_free(img);
             }
+        }
         fg_mod_destroy(m);
         free(names[i]);
     }
@@ -383,6 +396,14 @@ static const config_case config_cases[] = {
     {{FG_KERNEL_BLOCK_MASK, 0, 0, 100, 128, NULL}, FG_ERR_NOT_SUPPORTED},
     {{FG_KERNEL_BLOCK_MASK, 0, 0, 128, 512, NULL}, FG_ERR_NOT_SUPPORTED},
     {{FG_KERNEL_BLOCK_MASK, 0, 0, 8, 128, NULL}, FG_ERR_NOT_SUPPORTED},
+    /* the Hopper kernel: head dims 64 and 128, blocks of 128 and more, sm_90a */
+    {{FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 0, 0, 0, NULL}, FG_OK},
+    {{FG_KERNEL_ATTENTION_FWD_SM90, FG_FP16, 64, 256, 128, "sm_90a"}, FG_OK},
+    {{FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 96, 0, 0, NULL}, FG_ERR_NOT_SUPPORTED},
+    {{FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 256, 0, 0, NULL}, FG_ERR_NOT_SUPPORTED},
+    {{FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 128, 64, 128, NULL}, FG_ERR_NOT_SUPPORTED},
+    {{FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 128, 128, 64, NULL}, FG_ERR_NOT_SUPPORTED},
+    {{FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 128, 0, 0, "sm_80"}, FG_ERR_NOT_SUPPORTED},
 };
 
 static void test_configs(void **state) {
@@ -404,6 +425,20 @@ static void test_configs(void **state) {
     assert_int_equal(cg.config.dtype, FG_BF16);
     assert_non_null(strstr(cg.key, fg_mod_canonical(m)));
     fgi_codegen_free(&cg);
+    /* The Hopper kernel has its own name, template and arch. */
+    const fg_kernel_config hopper = {FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 64, 0, 0, NULL};
+    assert_int_equal(fgi_codegen_init(ctx, m, &hopper, &cg), FG_OK);
+    assert_string_equal(cg.name, "attention_fwd_sm90-sliding_window-bf16-d64");
+    assert_string_equal(cg.spec.entry, "fg_attention_fwd");
+    assert_string_equal(cg.spec.arch, "sm_90a");
+    fgi_codegen_free(&cg);
+    char *src = NULL;
+    assert_int_equal(fg_generate_source(ctx, m, &hopper, &src), FG_OK);
+    assert_non_null(strstr(src, "templates/attention_common.cuh"));
+    assert_non_null(strstr(src, "templates/attention_fwd_sm90.cuh"));
+    assert_non_null(strstr(src, "wgmma.mma_async"));
+    assert_non_null(strstr(src, "cp.async.bulk.tensor"));
+    fg_free(src);
     fg_mod_destroy(m);
     fg_ctx_destroy(ctx);
 }
@@ -441,6 +476,7 @@ static void test_keys(void **state) {
         {{FG_KERNEL_ATTENTION_FWD, FG_FP16, 128, 0, 0, NULL}, false},
         {{FG_KERNEL_ATTENTION_FWD, FG_BF16, 64, 0, 0, NULL}, false},
         {{FG_KERNEL_BLOCK_MASK, 0, 0, 128, 128, NULL}, false},
+        {{FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 128, 0, 0, NULL}, false},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         char *k = key_of(ctx, a, rows[i].cfg);
