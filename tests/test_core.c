@@ -2,6 +2,7 @@
  * bindings and the parameter-struct layout. */
 #include "testutil.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -63,6 +64,14 @@ static void test_options(void **state) {
     assert_int_equal(fg_ctx_get_int(ctx, FG_OPT_MAX_DEPTH, &v), FG_OK);
     assert_int_equal(v, 50);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_ARCH, 1), FG_ERR_INVALID_ARGUMENT);
+    /* The Hopper-kernel switch: on unless the environment says 0; 0 or 1. */
+    const char *env = getenv("FLEXGEN_HOPPER_KERNEL");
+    assert_int_equal(fg_ctx_get_int(ctx, FG_OPT_HOPPER_KERNEL, &v), FG_OK);
+    assert_int_equal(v, env && strcmp(env, "0") == 0 ? 0 : 1);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_HOPPER_KERNEL, 0), FG_OK);
+    assert_int_equal(fg_ctx_get_int(ctx, FG_OPT_HOPPER_KERNEL, &v), FG_OK);
+    assert_int_equal(v, 0);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_HOPPER_KERNEL, 2), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_ctx_set_int(NULL, FG_OPT_MAX_DEPTH, 50), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_ctx_create(NULL), FG_ERR_INVALID_ARGUMENT);
     fg_ctx_destroy(ctx);
