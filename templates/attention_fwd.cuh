@@ -122,21 +122,20 @@ template <int ROWS>
 static __device__ __forceinline__ void fga_load_tile(fga_u32 smem, const fga_u16 *base,
                                                      fga_i64 row_stride, int r0, int len) {
     const int tid = threadIdx.x;
-    if (FGA_THREADS % FGA_CHUNKS == 0 && (ROWS * FGA_CHUNKS) % FGA_THREADS == 0) {
-        /* Each thread keeps one chunk column and steps down the rows: the
-         * addresses are computed once and advanced by constants. */
-        constexpr int STEP = FGA_THREADS / FGA_CHUNKS > 0 ? FGA_THREADS / FGA_CHUNKS : 1;
-        const int r = tid / FGA_CHUNKS, ch = tid % FGA_CHUNKS;
-        const fga_u32 dst = smem + (fga_u32)((r * FGA_ROW + ch * 8) * 2);
-        const fga_u16 *src = base + (fga_i64)(r0 + r) * row_stride + ch * 8;
+#if FGA_THREADS % FGA_CHUNKS == 0
+    /* Each thread keeps one chunk column and steps down the rows: the
+     * addresses are computed once and advanced by constants. */
+    constexpr int STEP = FGA_THREADS / FGA_CHUNKS;
+    static_assert(ROWS % STEP == 0, "tile rows per pass");
+    const int r = tid / FGA_CHUNKS, ch = tid % FGA_CHUNKS;
+    const fga_u32 dst = smem + (fga_u32)((r * FGA_ROW + ch * 8) * 2);
+    const fga_u16 *src = base + (fga_i64)(r0 + r) * row_stride + ch * 8;
 #pragma unroll
-        for (int i = 0; i < ROWS / STEP; i++) {
-            const bool ok = r0 + r + i * STEP < len;
-            fga_cp16(dst + (fga_u32)(i * STEP * FGA_ROW * 2), ok ? src + (fga_i64)i * STEP * row_stride : base,
-                     ok);
-        }
-        return;
+    for (int i = 0; i < ROWS / STEP; i++) {
+        const bool ok = r0 + r + i * STEP < len;
+        fga_cp16(dst + (fga_u32)(i * STEP * FGA_ROW * 2), ok ? src + (fga_i64)i * STEP * row_stride : base, ok);
     }
+#else
 #pragma unroll
     for (int c = tid; c < ROWS * FGA_CHUNKS; c += FGA_THREADS) {
         const int r = c / FGA_CHUNKS, ch = c % FGA_CHUNKS;
@@ -144,6 +143,7 @@ static __device__ __forceinline__ void fga_load_tile(fga_u32 smem, const fga_u16
         const fga_u16 *src = ok ? base + (fga_i64)(r0 + r) * row_stride + ch * 8 : base;
         fga_cp16(smem + (fga_u32)((r * FGA_ROW + ch * 8) * 2), src, ok);
     }
+#endif
 }
 
 /* ---- the kernel ------------------------------------------------------------- */
