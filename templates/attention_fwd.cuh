@@ -267,7 +267,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         const bool edge = kv0 + FGA_BLOCK_N > a.kv_len || q0 + FGA_BLOCK_M > a.q_len;
         fga_tile_mods(s, rows, a, p, kv0, partial, edge);
         float alpha[FGA_MT][2];
-        fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
+        fga_tile_softmax<0>(s, m_run, l_run, alpha, fga_log2_mult(a));
         fga_rescale(o, alpha);
 
         /* O += P V: P goes from accumulator layout straight to A fragments;
