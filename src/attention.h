@@ -31,8 +31,7 @@ _Static_assert(sizeof(fgi_attn_abi) == 240, "fgi_attn_abi must match fga_args");
  *
  * Portable (templates/attention_fwd.cuh): four warps of `mt` 16-row slabs;
  * two slabs for head dims up to 128 unless the kernel is configured for q
- * blocks under 128 rows; K/V tiles of 32 rows when the accumulators are
- * large, else 64; shared memory is the Q tile plus two stages of K and V,
+ * blocks under 128 rows; K/V tiles of 32 rows over head dim 128, else 64; shared memory is the Q tile plus two stages of K and V,
  * rows padded by 8 elements.
  *
  * Hopper (templates/attention_fwd_sm90.cuh): a producer warp group and two
@@ -57,7 +56,7 @@ static inline fgi_attn_geom fgi_attn_geometry(fg_kernel_kind kind, int head_dim,
     }
     int mt = head_dim <= 128 && q_block >= 128 ? 2 : 1;
     g.block_m = 64 * mt;
-    g.block_n = head_dim > 128 || (mt == 2 && head_dim > 64) ? 32 : 64;
+    g.block_n = head_dim > 128 ? 32 : 64;
     g.threads = 128;
     size_t row = (size_t)(head_dim + 8) * 2;
     g.smem = (size_t)g.block_m * row + 4 * (size_t)g.block_n * row;

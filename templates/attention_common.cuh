@@ -106,27 +106,6 @@ static __device__ __forceinline__ float fga_exp2(float x) {
     return r;
 }
 
-/* 2^x for x <= 0 on the FMA pipe instead of the MUFU unit, which computes
- * 16 exponentials per clock per SM: a kernel whose softmax is bound by that
- * unit computes a share of them here. x = j + f with j = round(x) (the
- * 1.5 * 2^23 trick leaves j in the low mantissa bits), 2^f on [-0.5, 0.5]
- * by its degree-5 Taylor polynomial (relative error under 3e-6, against
- * ex2.approx's 2^-22), and j added to the exponent field. Below -126 the
- * result is 0, as exp2 of a masked (-inf) score must be. */
-static __device__ __forceinline__ float fga_exp2_fma(float x) {
-    const float xc = fmaxf(x, -127.f);
-    const float t = xc + 12582912.f;
-    const float f = xc - (t - 12582912.f);
-    float p = fmaf(f, 1.3333558e-3f, 9.6181291e-3f);
-    p = fmaf(p, f, 5.5504109e-2f);
-    p = fmaf(p, f, 2.4022651e-1f);
-    p = fmaf(p, f, 6.9314718e-1f);
-    p = fmaf(p, f, 1.f);
-    const int j = __float_as_int(t) - 0x4B400000;
-    const float r = __int_as_float(__float_as_int(p) + (j << 23));
-    return x < -126.f ? 0.f : r;
-}
-
 static __device__ __forceinline__ float fga_log2(float x) {
     float r;
     asm("lg2.approx.f32 %0, %1;\n" : "=f"(r) : "f"(x));
@@ -367,9 +346,8 @@ static __device__ __forceinline__ float fga_log2_mult(const fga_args &a) {
  * units; for a positive one the maximum is taken on the values as they are
  * and each exponent is a single fused multiply-add, exp2(s * mult - m). A
  * negative scale without score_mod reverses the order, so then the values
- * are multiplied first (masked ones stay -inf). FMA_EVERY > 0 computes the
- * exponentials of every FMA_EVERY-th n8 fragment with fga_exp2_fma. */
-template <int FMA_EVERY, int MT, int NT>
+ * are multiplied first (masked ones stay -inf). */
+template <int MT, int NT>
 static __device__ __forceinline__ void fga_tile_softmax(float (&s)[MT][NT][4], float (&m_run)[MT][2],
                                                         float (&l_run)[MT][2], float (&alpha)[MT][2],
                                                         float mult) {
@@ -398,12 +376,8 @@ static __device__ __forceinline__ void fga_tile_softmax(float (&s)[MT][NT][4], f
             float sum = 0.f;
 #pragma unroll
             for (int i = 0; i < NT; i++) {
-                /* FMA_EVERY = n > 0: every n-th fragment's exponentials on
-                 * the FMA pipe (fga_exp2_fma). */
-                const bool fma_pipe = FMA_EVERY > 0 && i % (FMA_EVERY > 0 ? FMA_EVERY : 1) == FMA_EVERY - 1;
-                const float x0 = fmaf(s[mt][i][2 * r], mult, -m_use), x1 = fmaf(s[mt][i][2 * r + 1], mult, -m_use);
-                s[mt][i][2 * r] = fma_pipe ? fga_exp2_fma(x0) : fga_exp2(x0);
-                s[mt][i][2 * r + 1] = fma_pipe ? fga_exp2_fma(x1) : fga_exp2(x1);
+                s[mt][i][2 * r] = fga_exp2(fmaf(s[mt][i][2 * r], mult, -m_use));
+                s[mt][i][2 * r + 1] = fga_exp2(fmaf(s[mt][i][2 * r + 1], mult, -m_use));
                 sum += s[mt][i][2 * r] + s[mt][i][2 * r + 1];
             }
             l_run[mt][r] = l_run[mt][r] * alpha[mt][r] + sum;

@@ -56,9 +56,11 @@
  * two slabs (32 rows) a warp reads half the shared-memory bytes per FLOP
  * that one slab needs, and a 128-row q tile halves the K/V traffic from L2.
  * Two slabs need q blocks of 128 (FG_Q_BLOCK, part of the configuration) and
- * a head dim up to 128; at D = 128 the K/V tile shrinks to 32 rows to keep
- * the accumulators (32 x 128 of O per warp) within 255 registers, and Q is
- * re-read from shared memory instead of being held in registers. */
+ * a head dim up to 128. At D = 128 Q is re-read from shared memory instead
+ * of being held in registers, and K/V tiles of 64 rows cost a few dozen
+ * bytes of spill per thread but measured 3-6% faster than 32-row tiles
+ * without spills (bench/attention_notes.md v10); over D = 128 they are 32
+ * rows. */
 #define FGA_NWARPS 4
 #define FGA_THREADS (FGA_NWARPS * 32)
 #if FG_HEAD_DIM <= 128 && !(defined(FG_Q_BLOCK) && FG_Q_BLOCK < 128)
@@ -67,7 +69,7 @@
 #define FGA_MT 1
 #endif
 #define FGA_BLOCK_M (16 * FGA_MT * FGA_NWARPS)
-#if FG_HEAD_DIM > 128 || (FGA_MT == 2 && FG_HEAD_DIM > 64)
+#if FG_HEAD_DIM > 128
 #define FGA_BLOCK_N 32
 #else
 #define FGA_BLOCK_N 64
@@ -267,7 +269,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         const bool edge = kv0 + FGA_BLOCK_N > a.kv_len || q0 + FGA_BLOCK_M > a.q_len;
         fga_tile_mods(s, rows, a, p, kv0, partial, edge);
         float alpha[FGA_MT][2];
-        fga_tile_softmax<0>(s, m_run, l_run, alpha, fga_log2_mult(a));
+        fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
         fga_rescale(o, alpha);
 
         /* O += P V: P goes from accumulator layout straight to A fragments;

@@ -83,17 +83,6 @@
 #define FGH_PV_STEPS (FGH_BLOCK_N / 16)    /* k steps of P V                        */
 #define FGH_K_STAGES 2
 #define FGH_V_STAGES 3
-/* Every n-th n8 fragment of S takes its exponentials on the FMA pipe
- * (fga_exp2_fma) to unload the MUFU unit, which otherwise bounds the
- * softmax: n = 4 at D = 64, where a tile's products are shortest; 0 (off)
- * at D = 128. */
-#ifndef FGH_EXP2_FMA_EVERY
-#if FGH_D == 64
-#define FGH_EXP2_FMA_EVERY 4
-#else
-#define FGH_EXP2_FMA_EVERY 0
-#endif
-#endif
 #define FGH_PRODUCER_REGS 24               /* setmaxnreg: 24 + 2 x 240 per thread   */
 #define FGH_CONSUMER_REGS 240              /* of the 3 x 128 threads fit 64K        */
 /* The mask's column parts of a partial tile, computed once per column: two
@@ -404,7 +393,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         const bool edge = kv0 + FGH_BLOCK_N > a.kv_len || q0 + FGH_BLOCK_M > a.q_len;
         fga_tile_mods(s, rows, a, p, kv0, partial, edge, cols);
         float alpha[1][2];
-        fga_tile_softmax<FGH_EXP2_FMA_EVERY>(s, m_run, l_run, alpha, fga_log2_mult(a));
+        fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
 
         fgh_wait<0>();
         fgh_fence_regs<FGH_DT * 4>(&o[0][0][0]);

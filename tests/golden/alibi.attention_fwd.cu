@@ -362,6 +362,7 @@ struct fga_args {
 static_assert(sizeof(fga_args) == 240, "fga_args must match fgi_attn_abi");
 
 #define FGA_NEG_INF __int_as_float(0xff800000)
+
 #define FGA_LOG2E 1.4426950408889634f
 #define FGA_LN2 0.6931471805599453f
 #if defined(FG_HAS_MASK_MOD) && FG_HAS_MASK_MOD
@@ -791,9 +792,11 @@ static __device__ __forceinline__ void fga_store(const float (&o)[MT][DT][4], co
  * two slabs (32 rows) a warp reads half the shared-memory bytes per FLOP
  * that one slab needs, and a 128-row q tile halves the K/V traffic from L2.
  * Two slabs need q blocks of 128 (FG_Q_BLOCK, part of the configuration) and
- * a head dim up to 128; at D = 128 the K/V tile shrinks to 32 rows to keep
- * the accumulators (32 x 128 of O per warp) within 255 registers, and Q is
- * re-read from shared memory instead of being held in registers. */
+ * a head dim up to 128. At D = 128 Q is re-read from shared memory instead
+ * of being held in registers, and K/V tiles of 64 rows cost a few dozen
+ * bytes of spill per thread but measured 3-6% faster than 32-row tiles
+ * without spills (bench/attention_notes.md v10); over D = 128 they are 32
+ * rows. */
 #define FGA_NWARPS 4
 #define FGA_THREADS (FGA_NWARPS * 32)
 #if FG_HEAD_DIM <= 128 && !(defined(FG_Q_BLOCK) && FG_Q_BLOCK < 128)
@@ -802,7 +805,7 @@ static __device__ __forceinline__ void fga_store(const float (&o)[MT][DT][4], co
 #define FGA_MT 1
 #endif
 #define FGA_BLOCK_M (16 * FGA_MT * FGA_NWARPS)
-#if FG_HEAD_DIM > 128 || (FGA_MT == 2 && FG_HEAD_DIM > 64)
+#if FG_HEAD_DIM > 128
 #define FGA_BLOCK_N 32
 #else
 #define FGA_BLOCK_N 64
@@ -857,21 +860,20 @@ template <int ROWS>
 static __device__ __forceinline__ void fga_load_tile(fga_u32 smem, const fga_u16 *base,
                                                      fga_i64 row_stride, int r0, int len) {
     const int tid = threadIdx.x;
-    if (FGA_THREADS % FGA_CHUNKS == 0 && (ROWS * FGA_CHUNKS) % FGA_THREADS == 0) {
-        /* Each thread keeps one chunk column and steps down the rows: the
-         * addresses are computed once and advanced by constants. */
-        constexpr int STEP = FGA_THREADS / FGA_CHUNKS > 0 ? FGA_THREADS / FGA_CHUNKS : 1;
-        const int r = tid / FGA_CHUNKS, ch = tid % FGA_CHUNKS;
-        const fga_u32 dst = smem + (fga_u32)((r * FGA_ROW + ch * 8) * 2);
-        const fga_u16 *src = base + (fga_i64)(r0 + r) * row_stride + ch * 8;
+#if FGA_THREADS % FGA_CHUNKS == 0
+    /* Each thread keeps one chunk column and steps down the rows: the
+     * addresses are computed once and advanced by constants. */
+    constexpr int STEP = FGA_THREADS / FGA_CHUNKS;
+    static_assert(ROWS % STEP == 0, "tile rows per pass");
+    const int r = tid / FGA_CHUNKS, ch = tid % FGA_CHUNKS;
+    const fga_u32 dst = smem + (fga_u32)((r * FGA_ROW + ch * 8) * 2);
+    const fga_u16 *src = base + (fga_i64)(r0 + r) * row_stride + ch * 8;
 #pragma unroll
-        for (int i = 0; i < ROWS / STEP; i++) {
-            const bool ok = r0 + r + i * STEP < len;
-            fga_cp16(dst + (fga_u32)(i * STEP * FGA_ROW * 2), ok ? src + (fga_i64)i * STEP * row_stride : base,
-                     ok);
-        }
-        return;
+    for (int i = 0; i < ROWS / STEP; i++) {
+        const bool ok = r0 + r + i * STEP < len;
+        fga_cp16(dst + (fga_u32)(i * STEP * FGA_ROW * 2), ok ? src + (fga_i64)i * STEP * row_stride : base, ok);
     }
+#else
 #pragma unroll
     for (int c = tid; c < ROWS * FGA_CHUNKS; c += FGA_THREADS) {
         const int r = c / FGA_CHUNKS, ch = c % FGA_CHUNKS;
@@ -879,6 +881,7 @@ static __device__ __forceinline__ void fga_load_tile(fga_u32 smem, const fga_u16
         const fga_u16 *src = ok ? base + (fga_i64)(r0 + r) * row_stride + ch * 8 : base;
         fga_cp16(smem + (fga_u32)((r * FGA_ROW + ch * 8) * 2), src, ok);
     }
+#endif
 }
 
 /* ---- the kernel ------------------------------------------------------------- */
