@@ -31,8 +31,9 @@ _Static_assert(sizeof(fgi_attn_abi) == 240, "fgi_attn_abi must match fga_args");
  *
  * Portable (templates/attention_fwd.cuh): four warps of `mt` 16-row slabs;
  * two slabs for head dims up to 128 unless the kernel is configured for q
- * blocks under 128 rows; K/V tiles of 32 rows over head dim 128, else 64; shared memory is the Q tile plus two stages of K and V,
- * rows padded by 8 elements.
+ * blocks under 128 rows; K/V tiles of 32 rows over head dim 128, else 64;
+ * shared memory is the Q tile plus two stages of K and V, rows padded by 8
+ * elements.
  *
  * Hopper (templates/attention_fwd_sm90.cuh): a producer warp group and two
  * consumer warp groups of 64 rows (a 128-row q tile), 128-row K/V tiles,
