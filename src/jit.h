@@ -33,6 +33,11 @@ typedef struct fgi_kernel_spec {
  * is malloc'd. `log` (may be NULL) receives the malloc'd log. */
 fg_status fgi_nvrtc_compile(fg_ctx *ctx, const char *source, const char *name, const char *arch,
                             fg_emit_kind kind, void **image, size_t *size, char **log);
+/* The same with ptxas's report in the log ("--ptxas-options=-v": registers,
+ * spills, and its performance notes such as C7514, a serialised wgmma
+ * pipeline). For tests and tuning: cached kernels never use it. */
+fg_status fgi_nvrtc_compile_verbose(fg_ctx *ctx, const char *source, const char *name, const char *arch,
+                                    fg_emit_kind kind, void **image, size_t *size, char **log);
 /* "13.0" style version string of the NVRTC linked in. */
 const char *fgi_nvrtc_version(void);
 /* The compile options as one canonical string (part of every cache key). */

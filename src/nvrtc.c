@@ -121,10 +121,11 @@ static fg_status fetch_image(fg_ctx *ctx, nvrtcProgram prog, fg_emit_kind kind, 
 
 /* Runs with `prog` created; the caller destroys it whatever happens. */
 static fg_status compile_program(fg_ctx *ctx, nvrtcProgram prog, const char *name,
-                                 const char *target, fg_emit_kind kind, void **image,
+                                 const char *target, bool verbose, fg_emit_kind kind, void **image,
                                  size_t *size, char **log_out) {
-    const char *opts[] = {FGI_NVRTC_STD, FGI_NVRTC_DEVICE, target};
-    nvrtcResult r = nvrtcCompileProgram(prog, (int)(sizeof opts / sizeof opts[0]), opts);
+    const char *opts[] = {FGI_NVRTC_STD, FGI_NVRTC_DEVICE, target, "--ptxas-options=-v"};
+    const int nopts = (int)(sizeof opts / sizeof opts[0]) - (verbose ? 0 : 1);
+    nvrtcResult r = nvrtcCompileProgram(prog, nopts, opts);
     char *log = fetch_log(prog);
     fg_status st = FG_OK;
     if (r != NVRTC_SUCCESS) {
@@ -143,8 +144,8 @@ static fg_status compile_program(fg_ctx *ctx, nvrtcProgram prog, const char *nam
     return st;
 }
 
-fg_status fgi_nvrtc_compile(fg_ctx *ctx, const char *source, const char *name, const char *arch,
-                            fg_emit_kind kind, void **image, size_t *size, char **log) {
+static fg_status nvrtc_compile(fg_ctx *ctx, const char *source, const char *name, const char *arch,
+                               bool verbose, fg_emit_kind kind, void **image, size_t *size, char **log) {
     FGI_CHECK_ARG(ctx, source && image && size, "NULL source or output");
     FGI_CHECK_ARG(ctx, kind == FG_EMIT_PTX || kind == FG_EMIT_CUBIN, "unknown output kind %d",
                   (int)kind);
@@ -162,7 +163,17 @@ fg_status fgi_nvrtc_compile(fg_ctx *ctx, const char *source, const char *name, c
     if (r != NVRTC_SUCCESS)
         return fgi_error(ctx, r == NVRTC_ERROR_OUT_OF_MEMORY ? FG_ERR_OUT_OF_MEMORY : FG_ERR_COMPILE,
                          "nvrtcCreateProgram: %s", nvrtcGetErrorString(r));
-    fg_status st = compile_program(ctx, prog, file, target, kind, image, size, log);
+    fg_status st = compile_program(ctx, prog, file, target, verbose, kind, image, size, log);
     nvrtcDestroyProgram(&prog);
     return st;
+}
+
+fg_status fgi_nvrtc_compile(fg_ctx *ctx, const char *source, const char *name, const char *arch,
+                            fg_emit_kind kind, void **image, size_t *size, char **log) {
+    return nvrtc_compile(ctx, source, name, arch, false, kind, image, size, log);
+}
+
+fg_status fgi_nvrtc_compile_verbose(fg_ctx *ctx, const char *source, const char *name, const char *arch,
+                                    fg_emit_kind kind, void **image, size_t *size, char **log) {
+    return nvrtc_compile(ctx, source, name, arch, true, kind, image, size, log);
 }

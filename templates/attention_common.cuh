@@ -263,45 +263,44 @@ static __device__ __forceinline__ fg_mask_col fga_mask_col_at(const fga_rows<MT>
     return fg_mask_col_init(p, r.mhd, r.b, r.h, min(kv0 + col, a.kv_len - 1) + a.kv_offset);
 }
 
-/* The element loop of fga_tile_mods, specialised by what the tile needs:
- * RANGE, the Q_LEN / KV_LEN checks (a tile crossing an edge); MASK, 0 no
- * mask_mod, 1 mask_mod everywhere, 2 mask_mod where `partial`. Fragment by
+/* The element loop of fga_tile_mods: the mods at every position of the
+ * tile, mask_mod too when MASK. Indices past Q_LEN / KV_LEN are clamped to
+ * the last row / column, so a mod only ever sees in-range indices; the
+ * caller masks those positions afterwards (fga_tile_range). Fragment by
  * fragment: the column parts of the mods once per column this thread owns
- * (two per n8 fragment, shared by all its rows), then the elements. A mod
- * is called only at in-range positions. */
-template <int MT, int NT, bool RANGE, int MASK>
+ * (two per n8 fragment, shared by all its rows), then the elements. */
+template <int MT, int NT, bool MASK>
 static __device__ __forceinline__ void fga_tile_mods_as(float (&s)[MT][NT][4], const fga_rows<MT> &r,
                                                         const fga_args &a, const fg_mod_params &p, int kv0,
-                                                        bool partial, const fg_mask_col *cols) {
+                                                        const fg_mask_col *cols) {
     const int t4 = threadIdx.x & 3, b = r.b, h = r.h;
-    const bool use_mask = FGA_MASK_MOD && (MASK == 1 || (MASK == 2 && partial));
+    int qc[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) qc[mt][e] = min(r.qrow0 + mt * 16 + e * 8, a.q_len - 1) + a.q_offset;
 #pragma unroll
     for (int i = 0; i < NT; i++) {
         fg_mask_col mcol[2];
         fg_score_col scol[2];
+        int kc[2];
 #pragma unroll
         for (int c = 0; c < 2; c++) {
             const int col = i * 8 + t4 * 2 + c;
-            if (use_mask) mcol[c] = fga_mask_col_at<MT>(r, a, p, cols, kv0, col);
-            if (FGA_SCORE_MOD)
-                scol[c] = fg_score_col_init(p, r.shd, b, h,
-                                            (RANGE ? min(kv0 + col, a.kv_len - 1) : kv0 + col) + a.kv_offset);
+            kc[c] = min(kv0 + col, a.kv_len - 1) + a.kv_offset;
+            if (MASK) mcol[c] = fga_mask_col_at<MT>(r, a, p, cols, kv0, col);
+            if (FGA_SCORE_MOD) scol[c] = fg_score_col_init(p, r.shd, b, h, kc[c]);
         }
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int qi = r.qrow0 + mt * 16 + (e >> 1) * 8;
-                const int ki = kv0 + i * 8 + t4 * 2 + (e & 1);
-                bool keep = !RANGE || (qi < a.q_len && ki < a.kv_len);
-                if (use_mask && keep)
-                    keep = fg_mask_split(p, r.mhd, b, h, qi + a.q_offset, ki + a.kv_offset, r.mrow[mt][e >> 1],
-                                         mcol[e & 1]);
+                const int qi = qc[mt][e >> 1], ki = kc[e & 1];
+                bool keep = true;
+                if (MASK) keep = fg_mask_split(p, r.mhd, b, h, qi, ki, r.mrow[mt][e >> 1], mcol[e & 1]);
 #if FGA_SCORE_MOD
                 float v = s[mt][i][e] * a.scale;
-                if (keep)
-                    v = fg_score_split(p, r.shd, v, b, h, qi + a.q_offset, ki + a.kv_offset, r.srow[mt][e >> 1],
-                                       scol[e & 1]);
+                if (keep) v = fg_score_split(p, r.shd, v, b, h, qi, ki, r.srow[mt][e >> 1], scol[e & 1]);
                 s[mt][i][e] = keep ? v : FGA_NEG_INF;
 #else
                 if (!keep) s[mt][i][e] = FGA_NEG_INF;
@@ -311,27 +310,42 @@ static __device__ __forceinline__ void fga_tile_mods_as(float (&s)[MT][NT][4], c
     }
 }
 
+/* Positions past Q_LEN or KV_LEN become -inf (a tile crossing an edge). */
+template <int MT, int NT>
+static __device__ __forceinline__ void fga_tile_range(float (&s)[MT][NT][4], const fga_rows<MT> &r,
+                                                      const fga_args &a, int kv0) {
+    const int t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (r.qrow0 + mt * 16 + (e >> 1) * 8 >= a.q_len || kv0 + i * 8 + t4 * 2 + (e & 1) >= a.kv_len)
+                    s[mt][i][e] = FGA_NEG_INF;
+}
+
 /* Scale, mods and range for a tile of NT n8 fragments starting at column
  * kv0. The result stays in the units the softmax multiplies by
  * fga_log2_mult() on the way into exp2: with a score_mod, score_mod(q.k *
  * scale); without one, the raw q.k (the scale is folded into that
  * multiplier, so a full tile without score_mod costs nothing here). Masked
- * positions become -inf. mask_mod only in `partial` tiles, range checks only
- * in `edge` ones (crossing Q_LEN or KV_LEN), so full tiles do no mask work
- * and partial ones inside the edges no range work. With `cols`, the mask's
- * column parts of this tile were computed once per column by the caller and
- * are read from there. */
+ * positions become -inf. mask_mod only in `partial` tiles, the range pass
+ * only in `edge` ones (crossing Q_LEN or KV_LEN), so full tiles do no mask
+ * work and partial ones inside the edges no range work; two element loops
+ * in all (with and without mask_mod) keep the unrolled code small. With
+ * `cols`, the mask's column parts of this tile were computed once per
+ * column by the caller and are read from there. */
 template <int MT, int NT>
 static __device__ __forceinline__ void fga_tile_mods(float (&s)[MT][NT][4], const fga_rows<MT> &r,
                                                      const fga_args &a, const fg_mod_params &p,
                                                      int kv0, bool partial, bool edge,
                                                      const fg_mask_col *cols = 0) {
-    if (edge)
-        fga_tile_mods_as<MT, NT, true, 2>(s, r, a, p, kv0, partial, cols);
-    else if (partial)
-        fga_tile_mods_as<MT, NT, false, 1>(s, r, a, p, kv0, partial, cols);
+    if (FGA_MASK_MOD && partial)
+        fga_tile_mods_as<MT, NT, true>(s, r, a, p, kv0, cols);
     else if (FGA_SCORE_MOD)
-        fga_tile_mods_as<MT, NT, false, 0>(s, r, a, p, kv0, partial, cols);
+        fga_tile_mods_as<MT, NT, false>(s, r, a, p, kv0, cols);
+    if (edge) fga_tile_range(s, r, a, kv0);
 }
 
 /* What turns fga_tile_mods' values into log2 units. */

@@ -358,15 +358,11 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         }
         fgh_commit();
 
-        const int vs = (j + FGH_V_STAGES - 1) % FGH_V_STAGES; /* V_{j-1}'s stage */
-        if (j > 0) {
-            fgh_bar_wait(bar_vf + 8 * vs, ((j - 1) / FGH_V_STAGES) & 1);
-            fgh_issue_pv(o, pa, dv + ((vs * FGH_TILE_BYTES) >> 4));
-        }
-
         /* A partial tile's mask column parts, one column per thread of the
-         * warp group, while the products run; a barrier of the warp group
-         * (named barrier 1 + cw) publishes them. Two buffers: a buffer is
+         * warp group, while S runs; a barrier of the warp group (named
+         * barrier 1 + cw) publishes them. It sits between the two products:
+         * between the second one and its wait, ptxas serialises the wgmma
+         * pipeline (warning C7514). Two buffers: a buffer is
          * rewritten two tiles later, after every thread has passed the
          * barrier of the tile in between, so after its last read. */
         const fg_mask_col *cols = 0;
@@ -380,6 +376,12 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
             else
                 asm volatile("bar.sync 2, 128;\n" ::: "memory");
             cols = buf;
+        }
+
+        const int vs = (j + FGH_V_STAGES - 1) % FGH_V_STAGES; /* V_{j-1}'s stage */
+        if (j > 0) {
+            fgh_bar_wait(bar_vf + 8 * vs, ((j - 1) / FGH_V_STAGES) & 1);
+            fgh_issue_pv(o, pa, dv + ((vs * FGH_TILE_BYTES) >> 4));
         }
 
         if (j > 0)

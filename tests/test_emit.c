@@ -349,7 +349,27 @@ static void test_gallery_compiles(void **state) {
                 void *img = NULL;
                 size_t size = 0;
                 double t0 = fgi_now_ms();
-                fg_status st = fg_compile(ctx, m, &cfg, FG_EMIT_CUBIN, &img, &size);
+                fg_status st;
+                char *log = NULL;
+                if (builds[k].kind == FG_KERNEL_ATTENTION_FWD_SM90) {
+                    /* With ptxas's report: the Hopper kernel's wgmma pipeline
+                     * must not be serialised (C7514: a non-wgmma instruction
+                     * between a product and its wait), setmaxnreg must take
+                     * effect (C7508), and nothing may spill. */
+                    char *src = NULL;
+                    st = fg_generate_source(ctx, m, &cfg, &src);
+                    if (st == FG_OK)
+                        st = fgi_nvrtc_compile_verbose(ctx, src, names[i], arch, FG_EMIT_CUBIN, &img, &size, &log);
+                    fg_free(src);
+                    if (st == FG_OK && (!log || strstr(log, "C7514") || strstr(log, "C7508") ||
+                                        !strstr(log, " 0 bytes spill stores"))) {
+                        print_error("%s %s: ptxas report:\n%s\n", path, builds[k].label, log ? log : "(none)");
+                        failures++;
+                    }
+                } else {
+                    st = fg_compile(ctx, m, &cfg, FG_EMIT_CUBIN, &img, &size);
+                }
+                free(log);
                 double ms = fgi_now_ms() - t0;
                 if (st != FG_OK) {
                     print_error("%s %s %s: %s\n%s\n", path, builds[k].label, arch, fg_errmsg(ctx),
