@@ -272,27 +272,31 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
         fga_rescale(o, alpha);
 
-        /* O += P V: P goes from accumulator layout straight to A fragments;
+        /* O += P V: P goes from accumulator layout straight to A fragments,
+         * all of it before the products so that S's fp32 registers are free
+         * during them (32 registers of P instead of 64 of S next to O's);
          * each V fragment serves every slab. */
+        fga_u32 pa[FGA_BLOCK_N / 16][FGA_MT][4];
+#pragma unroll
+        for (int kc = 0; kc < FGA_BLOCK_N / 16; kc++)
+#pragma unroll
+            for (int mt = 0; mt < FGA_MT; mt++) {
+                pa[kc][mt][0] = fga_pack(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                pa[kc][mt][1] = fga_pack(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                pa[kc][mt][2] = fga_pack(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                pa[kc][mt][3] = fga_pack(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+            }
         const fga_u32 v_lane = sV + buf * kv_stage + (fga_u32)((v_row * FGA_ROW + v_col) * 2);
 #pragma unroll
         for (int kc = 0; kc < FGA_BLOCK_N / 16; kc++) {
-            fga_u32 pa[FGA_MT][4];
-#pragma unroll
-            for (int mt = 0; mt < FGA_MT; mt++) {
-                pa[mt][0] = fga_pack(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-                pa[mt][1] = fga_pack(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-                pa[mt][2] = fga_pack(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-                pa[mt][3] = fga_pack(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
-            }
 #pragma unroll
             for (int dp = 0; dp < FGA_DTILES / 2; dp++) {
                 fga_u32 b0, b1, b2, b3;
                 fga_ldsm4t(v_lane + (fga_u32)((kc * 16 * FGA_ROW + dp * 16) * 2), b0, b1, b2, b3);
 #pragma unroll
                 for (int mt = 0; mt < FGA_MT; mt++) {
-                    fga_mma(o[mt][2 * dp], pa[mt], b0, b1);
-                    fga_mma(o[mt][2 * dp + 1], pa[mt], b2, b3);
+                    fga_mma(o[mt][2 * dp], pa[kc][mt], b0, b1);
+                    fga_mma(o[mt][2 * dp + 1], pa[kc][mt], b2, b3);
                 }
             }
         }
