@@ -88,6 +88,19 @@
 
 /* ---- PTX wrappers (besides attention_common.cuh's) ------------------------- */
 
+/* 16 bytes global -> shared; `valid` false zero-fills without reading. */
+static __device__ __forceinline__ void fga_cp16(fga_u32 dst, const void *src, bool valid) {
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n)
+                 : "memory");
+}
+static __device__ __forceinline__ void fga_cp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void fga_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 static __device__ __forceinline__ void fga_ldsm4(fga_u32 addr, fga_u32 &r0, fga_u32 &r1,
                                                  fga_u32 &r2, fga_u32 &r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

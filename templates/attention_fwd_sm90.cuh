@@ -159,6 +159,7 @@ static __device__ __forceinline__ void fgh_mma_ss_n128(float *d, fga_u64 da, fga
                  : "l"(da), "l"(db), "r"(accumulate));
 }
 
+#if FGH_D == 128
 /* O (64 x 128, fp32, per warp group) += A (64 x 16, registers) * B (16 x 128,
  * shared, N-major: V as stored): one k step of P V. */
 static __device__ __forceinline__ void fgh_mma_rs_n128(float *d, const fga_u32 *a, fga_u64 db) {
@@ -180,6 +181,7 @@ static __device__ __forceinline__ void fgh_mma_rs_n128(float *d, const fga_u32 *
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
+#else
 /* O (64 x 64, fp32, per warp group) += A (64 x 16, registers) * B (16 x 64,
  * shared, N-major: V as stored): one k step of P V. */
 static __device__ __forceinline__ void fgh_mma_rs_n64(float *d, const fga_u32 *a, fga_u64 db) {
@@ -194,6 +196,7 @@ static __device__ __forceinline__ void fgh_mma_rs_n64(float *d, const fga_u32 *a
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
+#endif
 
 /* ---- mbarriers and TMA ------------------------------------------------------- */
 

@@ -63,18 +63,18 @@ __device__ __forceinline__ void fg_bm_rows(const fg_mod_params &p, int b, int h,
                 all &= m;
             }
         }
-        return;
-    }
+    } else {
 #pragma unroll 2
-    for (int di = 0; di < FG_BM_ROWS_PER_VOTE; di++) {
-        int i = i0 + di;
+        for (int di = 0; di < FG_BM_ROWS_PER_VOTE; di++) {
+            int i = i0 + di;
 #pragma unroll
-        for (int c = 0; c < FG_BM_COLS; c++) {
-            int j = lane + 32 * c;
-            if (FG_KV_BLOCK >= 32 || j < FG_KV_BLOCK) {
-                bool m = fg_mask_mod(p, b, h, q0 + i, k0 + j);
-                any |= m;
-                all &= m;
+            for (int c = 0; c < FG_BM_COLS; c++) {
+                int j = lane + 32 * c;
+                if (FG_KV_BLOCK >= 32 || j < FG_KV_BLOCK) {
+                    bool m = fg_mask_mod(p, b, h, q0 + i, k0 + j);
+                    any |= m;
+                    all &= m;
+                }
             }
         }
     }

@@ -369,6 +369,13 @@ static void test_gallery_compiles(void **state) {
                 } else {
                     st = fg_compile(ctx, m, &cfg, FG_EMIT_CUBIN, &img, &size);
                 }
+                /* The templates and the emitted mods compile without a
+                 * warning (an unused helper, an unreachable loop...). */
+                const char *full_log = log ? log : fg_compile_log(ctx);
+                if (st == FG_OK && full_log && strstr(full_log, "warning")) {
+                    print_error("%s %s %s: NVRTC warnings:\n%s\n", path, builds[k].label, arch, full_log);
+                    failures++;
+                }
                 free(log);
                 double ms = fgi_now_ms() - t0;
                 if (st != FG_OK) {

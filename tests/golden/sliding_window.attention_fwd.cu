@@ -372,19 +372,6 @@ static __device__ __forceinline__ fga_u32 fga_smem_addr(const void *p) {
     return r;
 }
 
-/* 16 bytes global -> shared; `valid` false zero-fills without reading. */
-static __device__ __forceinline__ void fga_cp16(fga_u32 dst, const void *src, bool valid) {
-    int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n)
-                 : "memory");
-}
-static __device__ __forceinline__ void fga_cp_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N> static __device__ __forceinline__ void fga_cp_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 /* Two floats to one register of two 16-bit values, `lo` in the low half. */
 static __device__ __forceinline__ fga_u32 fga_pack(float lo, float hi) {
     fga_u32 r;
@@ -825,6 +812,19 @@ static __device__ __forceinline__ void fga_store(const float (&o)[MT][DT][4], co
 #define FGA_CHUNKS (FGA_D / 8)       /* 16-byte chunks per row             */
 
 /* ---- PTX wrappers (besides attention_common.cuh's) ------------------------- */
+
+/* 16 bytes global -> shared; `valid` false zero-fills without reading. */
+static __device__ __forceinline__ void fga_cp16(fga_u32 dst, const void *src, bool valid) {
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n)
+                 : "memory");
+}
+static __device__ __forceinline__ void fga_cp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void fga_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 static __device__ __forceinline__ void fga_ldsm4(fga_u32 addr, fga_u32 &r0, fga_u32 &r1,
                                                  fga_u32 &r2, fga_u32 &r3) {
