@@ -448,6 +448,9 @@ typedef struct fg_kernel fg_kernel;
 FG_API fg_status fg_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *config,
                                fg_kernel **out);
 FG_API void fg_kernel_release(fg_kernel *kernel);
+/* Which kernel fg_kernel_get chose: FG_KERNEL_ATTENTION_FWD (the portable
+ * one) or FG_KERNEL_ATTENTION_FWD_SM90; 0 for NULL. */
+FG_API fg_kernel_kind fg_kernel_kind_of(const fg_kernel *kernel);
 
 /* Run the forward pass on the GPU (device pointers). Asynchronous on the
  * stream. Uses fg_kernel_get internally (a memory-cache hit after the first). */

@@ -291,6 +291,8 @@ fg_status fg_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *
     return FG_OK;
 }
 
+fg_kernel_kind fg_kernel_kind_of(const fg_kernel *k) { return k ? k->kind : (fg_kernel_kind)0; }
+
 void fg_kernel_release(fg_kernel *k) {
     if (!k) return;
     fgi_arena_free(&k->params.arena);

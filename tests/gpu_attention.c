@@ -560,8 +560,20 @@ static void test_device_errors(void **state) {
     int major = 0, minor = 0;
     assert_int_equal(fgi_cuda_arch(ctx, &major, &minor), FG_OK);
     fg_kernel_config h = {FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 64, 0, 0, NULL};
+    fg_kernel_config any = {FG_KERNEL_ATTENTION_FWD, FG_BF16, 64, 0, 0, NULL};
+    assert_int_equal(fg_kernel_get(ctx, mod, &any, &k), FG_OK);
+    assert_int_equal(fg_kernel_kind_of(k), major == 9 && minor == 0 && hopper_allowed
+                                               ? FG_KERNEL_ATTENTION_FWD_SM90
+                                               : FG_KERNEL_ATTENTION_FWD);
+    fg_kernel_release(k);
+    any.head_dim = 96; /* the Hopper kernel does not take it: the portable one */
+    assert_int_equal(fg_kernel_get(ctx, mod, &any, &k), FG_OK);
+    assert_int_equal(fg_kernel_kind_of(k), FG_KERNEL_ATTENTION_FWD);
+    fg_kernel_release(k);
+    assert_int_equal(fg_kernel_kind_of(NULL), 0);
     if (major == 9 && minor == 0) {
         assert_int_equal(fg_kernel_get(ctx, mod, &h, &k), FG_OK);
+        assert_int_equal(fg_kernel_kind_of(k), FG_KERNEL_ATTENTION_FWD_SM90);
         assert_int_equal(fg_kernel_launch(ctx, k, &a), FG_OK);
         fg_block_mask_desc d64 = {1, 1, 256, 256, 128, 64};
         assert_int_equal(fg_block_mask_create(ctx, mod, &d64, NULL, 0, &bm), FG_OK);

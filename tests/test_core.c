@@ -72,6 +72,7 @@ static void test_options(void **state) {
     assert_int_equal(fg_ctx_get_int(ctx, FG_OPT_HOPPER_KERNEL, &v), FG_OK);
     assert_int_equal(v, 0);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_HOPPER_KERNEL, 2), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_kernel_kind_of(NULL), 0);
     assert_int_equal(fg_ctx_set_int(NULL, FG_OPT_MAX_DEPTH, 50), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_ctx_create(NULL), FG_ERR_INVALID_ARGUMENT);
     fg_ctx_destroy(ctx);

@@ -679,6 +679,7 @@ typedef struct result {
     double err_out, err_lse;
     long nonfinite;
     bool checked;
+    const char *kernel; /* the forward kernel that ran: "sm90" or "portable" */
     char failure[512];
 } result;
 
@@ -990,6 +991,7 @@ static fg_status run_case(fg_ctx *ctx, const bench_opts *o, const bench_case *c,
         fg_kernel_config cfg = {FG_KERNEL_ATTENTION_FWD, o->dtype, D, 0, 0, NULL}; /* as forward asks */
         fg_kernel *k = NULL;
         st = fg_kernel_get(ctx, mod, &cfg, &k);
+        r->kernel = fg_kernel_kind_of(k) == FG_KERNEL_ATTENTION_FWD_SM90 ? "sm90" : "portable";
         fg_kernel_release(k);
         const int n = 1000;
         double t0 = wall_ms();
@@ -1024,11 +1026,11 @@ static fg_status run_case(fg_ctx *ctx, const bench_opts *o, const bench_case *c,
 /* ------------------------------------------------------------------------- */
 
 static void print_table(FILE *f, const result *r, int n) {
-    fprintf(f, "%-16s %7s %9s %8s %10s %10s %9s %8s %9s %8s %9s %9s %5s\n", "mod", "density", "fwd ms",
+    fprintf(f, "%-16s %7s %9s %8s %10s %10s %9s %8s %9s %8s %9s %9s %5s %8s\n", "mod", "density", "fwd ms",
             "TFLOP/s", "bm rebuild", "bm first", "1st cold", "nvrtc", "1st disk", "mem hit", "err out",
-            "err lse", "nan");
-    fprintf(f, "%-16s %7s %9s %8s %10s %10s %9s %8s %9s %8s %9s %9s %5s\n", "", "", "", "", "ms", "ms", "ms",
-            "ms", "ms", "us", "", "", "");
+            "err lse", "nan", "kernel");
+    fprintf(f, "%-16s %7s %9s %8s %10s %10s %9s %8s %9s %8s %9s %9s %5s %8s\n", "", "", "", "", "ms", "ms", "ms",
+            "ms", "ms", "us", "", "", "", "");
     for (int i = 0; i < n; i++) {
         if (r[i].failure[0]) {
             fprintf(f, "%-16s FAILED: %s\n", r[i].name, r[i].failure);
@@ -1040,8 +1042,9 @@ static void print_table(FILE *f, const result *r, int n) {
         fprintf(f, "%-16s %7.3f %9.3f %8.1f %10s %10s %9.1f %8.1f %9.2f %8.2f", r[i].name, r[i].density,
                 r[i].fwd_ms, r[i].tflops, rebuild, first, r[i].cold_ms, r[i].nvrtc_ms, r[i].disk_ms,
                 r[i].mem_hit_us);
-        if (r[i].checked) fprintf(f, " %9.2e %9.2e %5ld\n", r[i].err_out, r[i].err_lse, r[i].nonfinite);
-        else fprintf(f, " %9s %9s %5s\n", "-", "-", "-");
+        if (r[i].checked) fprintf(f, " %9.2e %9.2e %5ld", r[i].err_out, r[i].err_lse, r[i].nonfinite);
+        else fprintf(f, " %9s %9s %5s", "-", "-", "-");
+        fprintf(f, " %8s\n", r[i].kernel ? r[i].kernel : "-");
     }
 }
 
@@ -1106,6 +1109,7 @@ static void write_json(FILE *f, const bench_opts *o, int argc, char **argv, cons
             fprintf(f, ", \"%s\": ", nums[k].k);
             json_num(f, nums[k].v);
         }
+        if (x->kernel) fprintf(f, ", \"kernel\": \"%s\"", x->kernel);
         if (x->checked) {
             fputs(", \"error_out\": ", f);
             json_num(f, x->err_out);
