@@ -33,7 +33,14 @@
  * iteration), waits for S_j only, and computes the mods and softmax of tile
  * j while the tensor cores still work on P_{j-1} V_{j-1}; it then waits for
  * that product and rescales O by the new row maxima. The last tile's P V
- * is issued after the loop.
+ * is issued after the loop. A partial tile's mask column parts are
+ * computed between the two issues, one column per consumer thread, and
+ * shared through shared memory. Nothing else may sit between the second
+ * issue and its wait: a barrier or that column-part block there makes ptxas
+ * serialise the wgmma pipeline (its warning C7514), which tests/test_emit.c
+ * checks for every gallery mod. Forcing the two consumers to alternate
+ * their products (ping-pong, as FlashAttention-3 does) measured slower
+ * (bench/attention_notes.md v9a).
  *
  * Shared memory. Every tile is stored as the wgmma canonical layout with
  * the 128-byte swizzle, which is also what TMA writes with
