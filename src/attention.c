@@ -221,10 +221,9 @@ static fg_status prepare_function(fg_ctx *ctx, fg_kernel *k) {
 
 /* Which forward kernel serves `cfg` on the current device. Asked for the
  * forward kernel, the Hopper one is taken on compute capability 9.0 where it
- * applies (head dim 64 or 128, q and kv blocks of 128 or more, no arch other
- * than sm_90a forced) unless FG_OPT_HOPPER_KERNEL is 0; asked for the Hopper
- * kernel by name, the device must be a 9.0 one. */
-static fg_status choose_kind(fg_ctx *ctx, fg_kernel_config *cfg) {
+ * applies (fgi_codegen_sm90_applies) when `allow_hopper`; asked for the
+ * Hopper kernel by name, the device must be a 9.0 one. */
+static fg_status choose_kind(fg_ctx *ctx, fg_kernel_config *cfg, bool allow_hopper) {
     int major = 0, minor = 0;
     FGI_TRY(fgi_cuda_arch(ctx, &major, &minor));
     const bool hopper = major == 9 && minor == 0 && fgi_cu()->cuTensorMapEncodeTiled;
@@ -236,16 +235,12 @@ static fg_status choose_kind(fg_ctx *ctx, fg_kernel_config *cfg) {
                              major, minor);
         return FG_OK;
     }
-    const int hd = cfg->head_dim ? cfg->head_dim : 128;
-    const int qb = cfg->q_block ? cfg->q_block : 128, kb = cfg->kv_block ? cfg->kv_block : 128;
-    const bool arch_ok = !cfg->arch || !*cfg->arch || strcmp(cfg->arch, "sm_90a") == 0;
-    if (ctx->hopper_kernel && hopper && arch_ok && (hd == 64 || hd == 128) && qb >= 128 && kb >= 128)
-        cfg->kind = FG_KERNEL_ATTENTION_FWD_SM90;
+    if (allow_hopper && hopper && fgi_codegen_sm90_applies(cfg)) cfg->kind = FG_KERNEL_ATTENTION_FWD_SM90;
     return FG_OK;
 }
 
-fg_status fg_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *config,
-                        fg_kernel **out) {
+static fg_status kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *config,
+                            bool allow_hopper, fg_kernel **out) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, mod && out, "NULL mod or output pointer");
     *out = NULL;
@@ -261,7 +256,7 @@ fg_status fg_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *
         cfg.kind = FG_KERNEL_ATTENTION_FWD;
     }
     FGI_TRY(fgi_cuda_ready(ctx));
-    FGI_TRY(choose_kind(ctx, &cfg));
+    FGI_TRY(choose_kind(ctx, &cfg, allow_hopper));
 
     fgi_codegen cg;
     FGI_TRY(fgi_codegen_init(ctx, mod, &cfg, &cg));
@@ -289,6 +284,12 @@ fg_status fg_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *
     }
     *out = k;
     return FG_OK;
+}
+
+fg_status fg_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *config,
+                        fg_kernel **out) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    return kernel_get(ctx, mod, config, ctx->hopper_kernel != 0, out);
 }
 
 fg_kernel_kind fg_kernel_kind_of(const fg_kernel *k) { return k ? k->kind : (fg_kernel_kind)0; }
@@ -437,10 +438,7 @@ fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attentio
     if (retry) {
         /* A layout TMA cannot describe: the portable kernel takes any
          * layout the argument checks accept. */
-        int keep = ctx->hopper_kernel;
-        ctx->hopper_kernel = 0;
-        s = fg_kernel_get(ctx, mod, &cfg, &k);
-        ctx->hopper_kernel = keep;
+        s = kernel_get(ctx, mod, &cfg, false, &k);
         if (s != FG_OK) return s;
         s = fg_kernel_launch(ctx, k, args);
         fg_kernel_release(k);

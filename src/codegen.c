@@ -75,6 +75,26 @@ typedef struct gen_state {
 
 static bool pow2_in(int v, int lo, int hi) { return v >= lo && v <= hi && (v & (v - 1)) == 0; }
 
+/* What the Hopper kernel takes, on a config with its defaults filled in:
+ * wgmma tiles of 64 rows per warp group and 128-column K/V tiles, the head
+ * dim one or two 128-byte swizzle rows, code for sm_90a only. A NULL ctx
+ * records nothing. */
+static fg_status sm90_check(fg_ctx *ctx, const fg_kernel_config *c) {
+    if (c->head_dim != 64 && c->head_dim != 128)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "head dim %d: the Hopper kernel supports 64 and 128 (the portable "
+                         "kernel, FG_KERNEL_ATTENTION_FWD, takes every multiple of 16 to 256)",
+                         c->head_dim);
+    if (c->q_block < 128 || c->kv_block < 128)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "blocks %d x %d: the Hopper kernel needs q and kv blocks of at least 128",
+                         c->q_block, c->kv_block);
+    if (c->arch && strcmp(c->arch, "sm_90a") != 0)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "arch %s: the Hopper kernel compiles only for sm_90a",
+                         c->arch);
+    return FG_OK;
+}
+
 static fg_status fill_config(fg_ctx *ctx, const fg_kernel_config *in, fg_kernel_config *c) {
     if (in) *c = *in;
     else memset(c, 0, sizeof *c);
@@ -99,23 +119,17 @@ static fg_status fill_config(fg_ctx *ctx, const fg_kernel_config *in, fg_kernel_
                          "block %d x %d: block sizes must be powers of two in [16, 256]",
                          c->q_block, c->kv_block);
     if (c->arch && !*c->arch) c->arch = NULL;
-    if (c->kind == FG_KERNEL_ATTENTION_FWD_SM90) {
-        /* wgmma tiles: 64 rows per warp group, 128-column K/V tiles, the
-         * head dim one or two 128-byte swizzle rows. */
-        if (c->head_dim != 64 && c->head_dim != 128)
-            return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
-                             "head dim %d: the Hopper kernel supports 64 and 128 (the portable "
-                             "kernel, FG_KERNEL_ATTENTION_FWD, takes every multiple of 16 to 256)",
-                             c->head_dim);
-        if (c->q_block < 128 || c->kv_block < 128)
-            return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
-                             "blocks %d x %d: the Hopper kernel needs q and kv blocks of at least 128",
-                             c->q_block, c->kv_block);
-        if (c->arch && strcmp(c->arch, "sm_90a") != 0)
-            return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
-                             "arch %s: the Hopper kernel compiles only for sm_90a", c->arch);
-    }
+    if (c->kind == FG_KERNEL_ATTENTION_FWD_SM90) return sm90_check(ctx, c);
     return FG_OK;
+}
+
+bool fgi_codegen_sm90_applies(const fg_kernel_config *config) {
+    fg_kernel_config c = *config;
+    if (c.head_dim == 0) c.head_dim = 128;
+    if (c.q_block == 0) c.q_block = 128;
+    if (c.kv_block == 0) c.kv_block = 128;
+    if (c.arch && !*c.arch) c.arch = NULL;
+    return sm90_check(NULL, &c) == FG_OK;
 }
 
 static const char *dtype_name(fg_dtype t) { return t == FG_FP16 ? "fp16" : "bf16"; }
@@ -147,6 +161,19 @@ static void config_suffix(const fg_kernel_config *c, char *out, size_t cap) {
  * it is on the path of every fg_attention_forward call, where hashing the
  * ~100 KB of template text each time would cost tens of microseconds. A
  * race between two first callers only computes the same value twice. */
+/* The fixed texts a kernel's source is made of: common.cuh, the prelude (or
+ * NULL) and the kernel template. */
+static fg_status find_templates(fg_ctx *ctx, const kernel_info *k, const fgi_template **common,
+                                const fgi_template **prelude, const fgi_template **kernel) {
+    *common = fgi_template_find("common.cuh");
+    *prelude = k->prelude ? fgi_template_find(k->prelude) : NULL;
+    *kernel = fgi_template_find(k->tmpl);
+    if (!*common || !*kernel || (k->prelude && !*prelude))
+        return fgi_error(ctx, FG_ERR_NOT_FOUND, "template %s is not built into this library",
+                         !*common ? "common.cuh" : !*kernel ? k->tmpl : k->prelude);
+    return FG_OK;
+}
+
 static fg_status template_hash(fg_ctx *ctx, const kernel_info *k, uint64_t *out) {
     static _Atomic uint64_t memo[sizeof kernels / sizeof kernels[0]];
     size_t slot = (size_t)(k - kernels);
@@ -155,12 +182,8 @@ static fg_status template_hash(fg_ctx *ctx, const kernel_info *k, uint64_t *out)
         *out = h;
         return FG_OK;
     }
-    const fgi_template *common = fgi_template_find("common.cuh");
-    const fgi_template *prelude = k->prelude ? fgi_template_find(k->prelude) : NULL;
-    const fgi_template *kernel = fgi_template_find(k->tmpl);
-    if (!common || !kernel || (k->prelude && !prelude))
-        return fgi_error(ctx, FG_ERR_NOT_FOUND, "template %s is not built into this library",
-                         !common ? "common.cuh" : !kernel ? k->tmpl : k->prelude);
+    const fgi_template *common, *prelude, *kernel;
+    FGI_TRY(find_templates(ctx, k, &common, &prelude, &kernel));
     h = fgi_fnv1a(FGI_FNV_SEED, FGI_CODEGEN_VERSION, strlen(FGI_CODEGEN_VERSION));
     h = fgi_fnv1a(h, common->text, strlen(common->text) + 1);
     if (prelude) h = fgi_fnv1a(h, prelude->text, strlen(prelude->text) + 1);
@@ -227,12 +250,8 @@ static void put_template(fgi_buf *b, const char *file, const char *text) {
 
 static fg_status gen_source(fg_ctx *ctx, void *arg, char **source) {
     const gen_state *g = arg;
-    const fgi_template *common = fgi_template_find("common.cuh");
-    const fgi_template *kernel = fgi_template_find(g->kernel->tmpl);
-    const fgi_template *prelude = g->kernel->prelude ? fgi_template_find(g->kernel->prelude) : NULL;
-    if (!common || !kernel || (g->kernel->prelude && !prelude))
-        return fgi_error(ctx, FG_ERR_NOT_FOUND, "template %s is not built into this library",
-                         !common ? "common.cuh" : !kernel ? g->kernel->tmpl : g->kernel->prelude);
+    const fgi_template *common, *prelude, *kernel;
+    FGI_TRY(find_templates(ctx, g->kernel, &common, &prelude, &kernel));
     char file[160];
     snprintf(file, sizeof file, "%s.cu", g->name);
     fgi_buf b = {0};

@@ -41,6 +41,11 @@ fg_status fgi_codegen_init(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_confi
                            fgi_codegen *out);
 void fgi_codegen_free(fgi_codegen *cg);
 
+/* Whether the Hopper kernel (FG_KERNEL_ATTENTION_FWD_SM90) takes `config`'s
+ * head dim, block sizes and arch (defaults filled in as fgi_codegen_init
+ * fills them); fgi_codegen_init refuses the kind otherwise. */
+bool fgi_codegen_sm90_applies(const fg_kernel_config *config);
+
 /* fgi_emit_mod for a source NVRTC will know as `generated_name` (the
  * spec's name + ".cu"): the #line directives that end each stretch of user
  * text name it, so messages about the template keep pointing at the

@@ -343,57 +343,55 @@ static void test_gallery_compiles(void **state) {
         snprintf(path, sizeof path, "mods/%s", names[i]);
         fg_mod *m = load(ctx, path);
         for (size_t k = 0; k < sizeof builds / sizeof builds[0]; k++) {
-            {
-                const char *const arch = builds[k].arch;
-                fg_kernel_config cfg = {builds[k].kind, 0, builds[k].head_dim, 0, 0, arch};
-                void *img = NULL;
-                size_t size = 0;
-                double t0 = fgi_now_ms();
-                fg_status st;
-                char *log = NULL;
-                if (builds[k].kind == FG_KERNEL_ATTENTION_FWD_SM90) {
-                    /* With ptxas's report: the Hopper kernel's wgmma pipeline
-                     * must not be serialised (C7514: a non-wgmma instruction
-                     * between a product and its wait), setmaxnreg must take
-                     * effect (C7508), and nothing may spill. */
-                    char *src = NULL;
-                    st = fg_generate_source(ctx, m, &cfg, &src);
-                    if (st == FG_OK)
-                        st = fgi_nvrtc_compile_verbose(ctx, src, names[i], arch, FG_EMIT_CUBIN, &img, &size, &log);
-                    fg_free(src);
-                    if (st == FG_OK && (!log || strstr(log, "C7514") || strstr(log, "C7508") ||
-                                        !strstr(log, " 0 bytes spill stores"))) {
-                        print_error("%s %s: ptxas report:\n%s\n", path, builds[k].label, log ? log : "(none)");
-                        failures++;
-                    }
-                } else {
-                    st = fg_compile(ctx, m, &cfg, FG_EMIT_CUBIN, &img, &size);
-                }
-                /* The templates and the emitted mods compile without a
-                 * warning (an unused helper, an unreachable loop...). */
-                const char *full_log = log ? log : fg_compile_log(ctx);
-                if (st == FG_OK && full_log && strstr(full_log, "warning")) {
-                    print_error("%s %s %s: NVRTC warnings:\n%s\n", path, builds[k].label, arch, full_log);
+            const char *const arch = builds[k].arch;
+            fg_kernel_config cfg = {builds[k].kind, 0, builds[k].head_dim, 0, 0, arch};
+            void *img = NULL;
+            size_t size = 0;
+            double t0 = fgi_now_ms();
+            fg_status st;
+            char *log = NULL;
+            if (builds[k].kind == FG_KERNEL_ATTENTION_FWD_SM90) {
+                /* With ptxas's report: the Hopper kernel's wgmma pipeline
+                 * must not be serialised (C7514: a non-wgmma instruction
+                 * between a product and its wait), setmaxnreg must take
+                 * effect (C7508), and nothing may spill. */
+                char *src = NULL;
+                st = fg_generate_source(ctx, m, &cfg, &src);
+                if (st == FG_OK)
+                    st = fgi_nvrtc_compile_verbose(ctx, src, names[i], arch, FG_EMIT_CUBIN, &img, &size, &log);
+                fg_free(src);
+                if (st == FG_OK && (!log || strstr(log, "C7514") || strstr(log, "C7508") ||
+                                    !strstr(log, " 0 bytes spill stores"))) {
+                    print_error("%s %s: ptxas report:\n%s\n", path, builds[k].label, log ? log : "(none)");
                     failures++;
                 }
-                free(log);
-                double ms = fgi_now_ms() - t0;
-                if (st != FG_OK) {
-                    print_error("%s %s %s: %s\n%s\n", path, builds[k].label, arch, fg_errmsg(ctx),
-                                fg_compile_log(ctx));
-                    failures++;
-                } else if (size < 1000) {
-                    print_error("%s: a %zu-byte cubin\n", path, size);
-                    failures++;
-                }
-                /* a mod must not make NVRTC crawl (a branchy helper once
-                 * took minutes inside the unrolled block-mask loop) */
-                if (ms > 30000) {
-                    print_error("%s %s %s: compiling took %.0f ms\n", path, builds[k].label, arch, ms);
-                    failures++;
-                }
-                fg_free(img);
+            } else {
+                st = fg_compile(ctx, m, &cfg, FG_EMIT_CUBIN, &img, &size);
             }
+            /* The templates and the emitted mods compile without a
+             * warning (an unused helper, an unreachable loop...). */
+            const char *full_log = log ? log : fg_compile_log(ctx);
+            if (st == FG_OK && full_log && strstr(full_log, "warning")) {
+                print_error("%s %s %s: NVRTC warnings:\n%s\n", path, builds[k].label, arch, full_log);
+                failures++;
+            }
+            free(log);
+            double ms = fgi_now_ms() - t0;
+            if (st != FG_OK) {
+                print_error("%s %s %s: %s\n%s\n", path, builds[k].label, arch, fg_errmsg(ctx),
+                            fg_compile_log(ctx));
+                failures++;
+            } else if (size < 1000) {
+                print_error("%s: a %zu-byte cubin\n", path, size);
+                failures++;
+            }
+            /* a mod must not make NVRTC crawl (a branchy helper once
+             * took minutes inside the unrolled block-mask loop) */
+            if (ms > 30000) {
+                print_error("%s %s %s: compiling took %.0f ms\n", path, builds[k].label, arch, ms);
+                failures++;
+            }
+            fg_free(img);
         }
         fg_mod_destroy(m);
         free(names[i]);
