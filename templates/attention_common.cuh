@@ -143,23 +143,42 @@ static __device__ __forceinline__ fga_plan fga_plan_make(const fga_args &a, int 
     return pl;
 }
 
+/* A position in the walk: mask block `blk` of the row (partial ones first),
+ * kernel tile `sub` inside it. Stepping it costs no division. */
+struct fga_cursor {
+    int blk, sub;
+};
+
+/* First kv index of the cursor's tile, and whether that tile is partial. */
+template <int BLOCK_N>
+static __device__ __forceinline__ int fga_cursor_kv0(const fga_plan &pl, fga_cursor c, bool &partial) {
+    if (!pl.part) {
+        partial = FGA_MASK_MOD;
+        return c.blk * BLOCK_N;
+    }
+    int kb;
+    if (c.blk < pl.n_partial) {
+        partial = true;
+        kb = pl.part[c.blk];
+    } else {
+        partial = false;
+        kb = pl.full[c.blk - pl.n_partial];
+    }
+    return kb * pl.kv_block + c.sub * BLOCK_N;
+}
+
+static __device__ __forceinline__ void fga_cursor_next(const fga_plan &pl, fga_cursor &c) {
+    if (++c.sub == pl.per_block) {
+        c.sub = 0;
+        c.blk++;
+    }
+}
+
 /* First kv index of item j, and whether its tile is partial. */
 template <int BLOCK_N>
 static __device__ __forceinline__ int fga_item_kv0(const fga_plan &pl, int j, bool &partial) {
-    if (!pl.part) {
-        partial = FGA_MASK_MOD;
-        return j * BLOCK_N;
-    }
-    const int blk = j / pl.per_block, sub = j - blk * pl.per_block;
-    int kb;
-    if (blk < pl.n_partial) {
-        partial = true;
-        kb = pl.part[blk];
-    } else {
-        partial = false;
-        kb = pl.full[blk - pl.n_partial];
-    }
-    return kb * pl.kv_block + sub * BLOCK_N;
+    const int blk = j / pl.per_block;
+    return fga_cursor_kv0<BLOCK_N>(pl, fga_cursor{blk, j - blk * pl.per_block}, partial);
 }
 
 /* ---- mods split by dependency ------------------------------------------------ */

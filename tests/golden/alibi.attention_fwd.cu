@@ -451,23 +451,42 @@ static __device__ __forceinline__ fga_plan fga_plan_make(const fga_args &a, int 
     return pl;
 }
 
+/* A position in the walk: mask block `blk` of the row (partial ones first),
+ * kernel tile `sub` inside it. Stepping it costs no division. */
+struct fga_cursor {
+    int blk, sub;
+};
+
+/* First kv index of the cursor's tile, and whether that tile is partial. */
+template <int BLOCK_N>
+static __device__ __forceinline__ int fga_cursor_kv0(const fga_plan &pl, fga_cursor c, bool &partial) {
+    if (!pl.part) {
+        partial = FGA_MASK_MOD;
+        return c.blk * BLOCK_N;
+    }
+    int kb;
+    if (c.blk < pl.n_partial) {
+        partial = true;
+        kb = pl.part[c.blk];
+    } else {
+        partial = false;
+        kb = pl.full[c.blk - pl.n_partial];
+    }
+    return kb * pl.kv_block + c.sub * BLOCK_N;
+}
+
+static __device__ __forceinline__ void fga_cursor_next(const fga_plan &pl, fga_cursor &c) {
+    if (++c.sub == pl.per_block) {
+        c.sub = 0;
+        c.blk++;
+    }
+}
+
 /* First kv index of item j, and whether its tile is partial. */
 template <int BLOCK_N>
 static __device__ __forceinline__ int fga_item_kv0(const fga_plan &pl, int j, bool &partial) {
-    if (!pl.part) {
-        partial = FGA_MASK_MOD;
-        return j * BLOCK_N;
-    }
-    const int blk = j / pl.per_block, sub = j - blk * pl.per_block;
-    int kb;
-    if (blk < pl.n_partial) {
-        partial = true;
-        kb = pl.part[blk];
-    } else {
-        partial = false;
-        kb = pl.full[blk - pl.n_partial];
-    }
-    return kb * pl.kv_block + sub * BLOCK_N;
+    const int blk = j / pl.per_block;
+    return fga_cursor_kv0<BLOCK_N>(pl, fga_cursor{blk, j - blk * pl.per_block}, partial);
 }
 
 /* ---- mods split by dependency ------------------------------------------------ */
@@ -763,16 +782,21 @@ static __device__ __forceinline__ void fga_store(const float (&o)[MT][DT][4], co
  * out of range because of tile padding. The scale is applied before
  * score_mod (score_mod sees q.k * scale, as in FlexAttention).
  *
- * Memory. K and V tiles are double-buffered in shared memory with cp.async:
- * the next tile is in flight while the tensor cores work on this one. Rows
- * past the end are zero-filled by cp.async's src-size operand (a zero V row
- * times a zero probability is 0, whereas stale shared memory could hold a
- * NaN). Each shared row is padded by 16 bytes so that the eight 16-byte rows
- * an ldmatrix phase reads fall into different banks. Q is loaded once;
- * where registers allow it is kept there as mma A fragments, otherwise it is
- * re-read from shared memory with ldmatrix (the kernel stays within 255
- * registers without spilling more than a few bytes). All global offsets
- * are 64-bit.
+ * Memory. K and V tiles are double-buffered in shared memory with cp.async,
+ * with one barrier per tile: after it, tile j is in shared memory and every
+ * warp is done with tile j - 1, so tile j + 1 is then loaded into that
+ * buffer while the tensor cores work on tile j. Tiles inside [0, KV_LEN)
+ * are copied without per-row checks; in the last one rows past the end are
+ * zero-filled by cp.async's src-size operand (a zero V row times a zero
+ * probability is 0, whereas stale shared memory could hold a NaN). Each
+ * shared row is padded by 16 bytes so that the eight 16-byte rows an
+ * ldmatrix phase reads fall into different banks. Q is loaded once; where
+ * registers allow it is kept there as mma A fragments, otherwise it is
+ * re-read from shared memory with ldmatrix. The ldmatrix fragments of the
+ * next k step (next V slice) are loaded before the products of the current
+ * one, and the block mask's index is read two tiles ahead, so neither
+ * shared- nor global-memory latency sits in front of the tensor cores. All
+ * global offsets are 64-bit.
  *
  * Mods. The kernel calls the mods split by what each part reads
  * (src/emit_split.c): the parts that read only b, h and parameters once per
@@ -817,6 +841,10 @@ static __device__ __forceinline__ void fga_store(const float (&o)[MT][DT][4], co
 #define FGA_Q_IN_REGS 1
 #endif
 #define FGA_D FG_HEAD_DIM
+/* Skip the accumulator rescale when no row maximum of the warp moved: at
+ * D >= 128 that saves D multiplies per row and tile; at D = 64 the vote and
+ * the branch cost more than they save (bench/attention_notes.md v13). */
+#define FGA_LAZY_RESCALE (FG_HEAD_DIM >= 128)
 #define FGA_KSTEPS (FGA_D / 16)      /* k steps of Q K^T over the head dim */
 #define FGA_NTILES (FGA_BLOCK_N / 8) /* n tiles of S                       */
 #define FGA_DTILES (FGA_D / 8)       /* n tiles of O                       */
@@ -875,17 +903,25 @@ static __device__ __forceinline__ void fga_load_tile(fga_u32 smem, const fga_u16
                                                      fga_i64 row_stride, int r0, int len) {
     const int tid = threadIdx.x;
 #if FGA_THREADS % FGA_CHUNKS == 0
-    /* Each thread keeps one chunk column and steps down the rows: the
-     * addresses are computed once and advanced by constants. */
+    /* Each thread keeps one chunk column and steps down the rows, its
+     * source address advanced by a constant; a tile inside [0, len) -- all
+     * but the last -- needs no per-row check. */
     constexpr int STEP = FGA_THREADS / FGA_CHUNKS;
     static_assert(ROWS % STEP == 0, "tile rows per pass");
     const int r = tid / FGA_CHUNKS, ch = tid % FGA_CHUNKS;
     const fga_u32 dst = smem + (fga_u32)((r * FGA_ROW + ch * 8) * 2);
     const fga_u16 *src = base + (fga_i64)(r0 + r) * row_stride + ch * 8;
+    const fga_i64 step = (fga_i64)STEP * row_stride;
+    if (r0 + ROWS <= len) {
 #pragma unroll
-    for (int i = 0; i < ROWS / STEP; i++) {
-        const bool ok = r0 + r + i * STEP < len;
-        fga_cp16(dst + (fga_u32)(i * STEP * FGA_ROW * 2), ok ? src + (fga_i64)i * STEP * row_stride : base, ok);
+        for (int i = 0; i < ROWS / STEP; i++, src += step)
+            fga_cp16(dst + (fga_u32)(i * STEP * FGA_ROW * 2), src, true);
+    } else {
+#pragma unroll
+        for (int i = 0; i < ROWS / STEP; i++, src += step) {
+            const bool ok = r0 + r + i * STEP < len;
+            fga_cp16(dst + (fga_u32)(i * STEP * FGA_ROW * 2), ok ? src : base, ok);
+        }
     }
 #else
 #pragma unroll
@@ -896,6 +932,29 @@ static __device__ __forceinline__ void fga_load_tile(fga_u32 smem, const fga_u16
         fga_cp16(smem + (fga_u32)((r * FGA_ROW + ch * 8) * 2), src, ok);
     }
 #endif
+}
+
+/* One k step's fragments for Q K^T (16 columns of the head dim): Q's A
+ * fragments for each slab, unless Q is held in registers, and K's B
+ * fragments for every n8 tile of S. */
+static __device__ __forceinline__ void fga_load_kstep(fga_u32 (&qa)[FGA_MT][4], fga_u32 (&kf)[FGA_NTILES / 2][4],
+                                                      fga_u32 q_lane, fga_u32 k_lane, int kk) {
+#if !FGA_Q_IN_REGS
+#pragma unroll
+    for (int mt = 0; mt < FGA_MT; mt++)
+        fga_ldsm4(q_lane + (fga_u32)(mt * 16 * FGA_ROW * 2 + kk * 32), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
+#endif
+#pragma unroll
+    for (int np = 0; np < FGA_NTILES / 2; np++)
+        fga_ldsm4(k_lane + (fga_u32)((np * 16 * FGA_ROW + kk * 16) * 2), kf[np][0], kf[np][1], kf[np][2],
+                  kf[np][3]);
+}
+
+/* Step t of P V: the V fragments (transposed) for 16 rows of the tile (kc)
+ * and 16 columns of the head dim (dp). */
+static __device__ __forceinline__ void fga_load_vstep(fga_u32 (&vf)[4], fga_u32 v_lane, int t) {
+    const int kc = t / (FGA_DTILES / 2), dp = t % (FGA_DTILES / 2);
+    fga_ldsm4t(v_lane + (fga_u32)((kc * 16 * FGA_ROW + dp * 16) * 2), vf[0], vf[1], vf[2], vf[3]);
 }
 
 /* ---- the kernel ------------------------------------------------------------- */
@@ -925,30 +984,29 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     /* Q tile, then the first K/V tile: two commit groups. */
     fga_load_tile<FGA_BLOCK_M>(sQ, qp, a.q_stride[2], q0, a.q_len);
     fga_cp_commit();
+    bool first_partial = false;
+    const int first_kv0 = pl.n_items > 0 ? fga_item_kv0<FGA_BLOCK_N>(pl, 0, first_partial) : 0;
     if (pl.n_items > 0) {
-        bool first_partial;
-        const int kv0 = fga_item_kv0<FGA_BLOCK_N>(pl, 0, first_partial);
-        fga_load_tile<FGA_BLOCK_N>(sK, kp, a.k_stride[2], kv0, a.kv_len);
-        fga_load_tile<FGA_BLOCK_N>(sV, vp, a.v_stride[2], kv0, a.kv_len);
+        fga_load_tile<FGA_BLOCK_N>(sK, kp, a.k_stride[2], first_kv0, a.kv_len);
+        fga_load_tile<FGA_BLOCK_N>(sV, vp, a.v_stride[2], first_kv0, a.kv_len);
     }
     fga_cp_commit();
-    fga_cp_wait<1>();
-    __syncthreads();
 
     /* ldmatrix lane addressing: A (Q) fragments and the B tiles of K / V. */
     const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
     const int k_row = (lane & 7) + (lane >> 4) * 8, k_col = ((lane >> 3) & 1) * 8;
     const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8, v_col = (lane >> 4) * 8;
     const fga_u32 q_lane = sQ + (fga_u32)(((warp * 16 * FGA_MT + a_row) * FGA_ROW + a_col) * 2);
-    const fga_u32 q_slab = 16 * FGA_ROW * 2; /* bytes between a warp's 16-row slabs */
 
+    fga_cp_wait<1>(); /* Q */
+    __syncthreads();
 #if FGA_Q_IN_REGS
     fga_u32 qf[FGA_MT][FGA_KSTEPS][4];
 #pragma unroll
     for (int mt = 0; mt < FGA_MT; mt++)
 #pragma unroll
         for (int kk = 0; kk < FGA_KSTEPS; kk++)
-            fga_ldsm4(q_lane + mt * q_slab + kk * 32, qf[mt][kk][0], qf[mt][kk][1], qf[mt][kk][2],
+            fga_ldsm4(q_lane + (fga_u32)(mt * 16 * FGA_ROW * 2 + kk * 32), qf[mt][kk][0], qf[mt][kk][1], qf[mt][kk][2],
                       qf[mt][kk][3]);
 #endif
 
@@ -969,63 +1027,79 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     fga_rows<FGA_MT> rows;
     fga_rows_init(rows, a, p, b, h, qrow0);
 
+    /* One barrier per tile: after it, tile j is in shared memory for every
+     * thread and every warp has finished tile j - 1, whose buffer is then
+     * refilled with tile j + 1 while this one is computed. The block mask's
+     * index of tile j + 2 is read during tile j, so its global-memory
+     * latency stays off the path to the next load. */
+    fga_cursor ahead = {0, 0};
+    fga_cursor_next(pl, ahead);
+    bool partial = first_partial, next_partial = false;
+    int kv0 = first_kv0, next_kv0 = pl.n_items > 1 ? fga_cursor_kv0<FGA_BLOCK_N>(pl, ahead, next_partial) : 0;
     for (int j = 0; j < pl.n_items; j++) {
         const int buf = j & 1;
-        bool partial, next_partial;
-        const int kv0 = fga_item_kv0<FGA_BLOCK_N>(pl, j, partial);
-        if (j + 1 < pl.n_items) {
-            const int nkv0 = fga_item_kv0<FGA_BLOCK_N>(pl, j + 1, next_partial);
-            fga_load_tile<FGA_BLOCK_N>(sK + (buf ^ 1) * kv_stage, kp, a.k_stride[2], nkv0, a.kv_len);
-            fga_load_tile<FGA_BLOCK_N>(sV + (buf ^ 1) * kv_stage, vp, a.v_stride[2], nkv0, a.kv_len);
-            fga_cp_commit();
-            fga_cp_wait<1>();
-        } else {
-            fga_cp_wait<0>();
-        }
+        fga_cp_wait<0>();
         __syncthreads();
+        if (j + 1 < pl.n_items) {
+            fga_load_tile<FGA_BLOCK_N>(sK + (buf ^ 1) * kv_stage, kp, a.k_stride[2], next_kv0, a.kv_len);
+            fga_load_tile<FGA_BLOCK_N>(sV + (buf ^ 1) * kv_stage, vp, a.v_stride[2], next_kv0, a.kv_len);
+            fga_cp_commit();
+        }
+        const int tile_kv0 = kv0;
+        const bool tile_partial = partial;
+        kv0 = next_kv0;
+        partial = next_partial;
+        fga_cursor_next(pl, ahead); /* item j + 2 */
+        if (j + 2 < pl.n_items) next_kv0 = fga_cursor_kv0<FGA_BLOCK_N>(pl, ahead, next_partial);
 
-        /* S = Q K^T for this warp's rows; each K fragment serves every slab. */
+        /* S = Q K^T for this warp's rows. The fragments of k step kk + 1 are
+         * loaded before the products of step kk, so the products do not wait
+         * for shared memory; each K fragment serves every slab. */
         float s[FGA_MT][FGA_NTILES][4];
 #pragma unroll
         for (int mt = 0; mt < FGA_MT; mt++)
 #pragma unroll
             for (int i = 0; i < FGA_NTILES; i++) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
         const fga_u32 k_lane = sK + buf * kv_stage + (fga_u32)((k_row * FGA_ROW + k_col) * 2);
+        fga_u32 qa[2][FGA_MT][4], kf[2][FGA_NTILES / 2][4];
+        fga_load_kstep(qa[0], kf[0], q_lane, k_lane, 0);
 #pragma unroll
         for (int kk = 0; kk < FGA_KSTEPS; kk++) {
-#if FGA_Q_IN_REGS
-#define FGA_QA(mt) qf[mt][kk]
-#else
-            fga_u32 qa[FGA_MT][4];
+            if (kk + 1 < FGA_KSTEPS) fga_load_kstep(qa[(kk + 1) & 1], kf[(kk + 1) & 1], q_lane, k_lane, kk + 1);
 #pragma unroll
-            for (int mt = 0; mt < FGA_MT; mt++)
-                fga_ldsm4(q_lane + mt * q_slab + kk * 32, qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
-#define FGA_QA(mt) qa[mt]
-#endif
-#pragma unroll
-            for (int np = 0; np < FGA_NTILES / 2; np++) {
-                fga_u32 b0, b1, b2, b3;
-                fga_ldsm4(k_lane + (fga_u32)((np * 16 * FGA_ROW + kk * 16) * 2), b0, b1, b2, b3);
+            for (int n = 0; n < FGA_NTILES; n++)
 #pragma unroll
                 for (int mt = 0; mt < FGA_MT; mt++) {
-                    fga_mma(s[mt][2 * np], FGA_QA(mt), b0, b1);
-                    fga_mma(s[mt][2 * np + 1], FGA_QA(mt), b2, b3);
+#if FGA_Q_IN_REGS
+                    const fga_u32 *qm = qf[mt][kk];
+#else
+                    const fga_u32 *qm = qa[kk & 1][mt];
+#endif
+                    fga_mma(s[mt][n], qm, kf[kk & 1][n >> 1][(n & 1) * 2], kf[kk & 1][n >> 1][(n & 1) * 2 + 1]);
                 }
-            }
-#undef FGA_QA
         }
 
         /* Scale, mods and range, then the online softmax (S becomes P). */
-        const bool edge = kv0 + FGA_BLOCK_N > a.kv_len || q0 + FGA_BLOCK_M > a.q_len;
-        fga_tile_mods(s, rows, a, p, kv0, partial, edge);
+        const bool edge = tile_kv0 + FGA_BLOCK_N > a.kv_len || q0 + FGA_BLOCK_M > a.q_len;
+        fga_tile_mods(s, rows, a, p, tile_kv0, tile_partial, edge);
         float alpha[FGA_MT][2];
         fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
+#if FGA_LAZY_RESCALE
+        /* Once the row maxima settle, most tiles leave every alpha at
+         * exactly 1: the warp then skips the accumulator's multiplies. */
+        bool grew = false;
+#pragma unroll
+        for (int mt = 0; mt < FGA_MT; mt++) grew |= alpha[mt][0] != 1.f || alpha[mt][1] != 1.f;
+        if (__any_sync(0xffffffffu, grew)) fga_rescale(o, alpha);
+#else
         fga_rescale(o, alpha);
+#endif
 
         /* O += P V: P goes from accumulator layout straight to A fragments,
          * all of it before the products so that S's fp32 registers are free
-         * during them (32 registers of P instead of 64 of S next to O's);
-         * each V fragment serves every slab. */
+         * during them (32 registers of P instead of 64 of S next to O's).
+         * Each V fragment serves every slab; the next one is loaded before
+         * the products of the current one. */
         fga_u32 pa[FGA_BLOCK_N / 16][FGA_MT][4];
 #pragma unroll
         for (int kc = 0; kc < FGA_BLOCK_N / 16; kc++)
@@ -1037,20 +1111,19 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
                 pa[kc][mt][3] = fga_pack(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
             }
         const fga_u32 v_lane = sV + buf * kv_stage + (fga_u32)((v_row * FGA_ROW + v_col) * 2);
+        constexpr int VSTEPS = (FGA_BLOCK_N / 16) * (FGA_DTILES / 2);
+        fga_u32 vf[2][4];
+        fga_load_vstep(vf[0], v_lane, 0);
 #pragma unroll
-        for (int kc = 0; kc < FGA_BLOCK_N / 16; kc++) {
+        for (int t = 0; t < VSTEPS; t++) {
+            const int kc = t / (FGA_DTILES / 2), dp = t % (FGA_DTILES / 2);
+            if (t + 1 < VSTEPS) fga_load_vstep(vf[(t + 1) & 1], v_lane, t + 1);
 #pragma unroll
-            for (int dp = 0; dp < FGA_DTILES / 2; dp++) {
-                fga_u32 b0, b1, b2, b3;
-                fga_ldsm4t(v_lane + (fga_u32)((kc * 16 * FGA_ROW + dp * 16) * 2), b0, b1, b2, b3);
+            for (int n = 0; n < 2; n++)
 #pragma unroll
-                for (int mt = 0; mt < FGA_MT; mt++) {
-                    fga_mma(o[mt][2 * dp], pa[kc][mt], b0, b1);
-                    fga_mma(o[mt][2 * dp + 1], pa[kc][mt], b2, b3);
-                }
-            }
+                for (int mt = 0; mt < FGA_MT; mt++)
+                    fga_mma(o[mt][2 * dp + n], pa[kc][mt], vf[t & 1][2 * n], vf[t & 1][2 * n + 1]);
         }
-        __syncthreads(); /* this buffer is refilled by iteration j + 1 */
     }
 
     fga_store(o, m_run, l_run, a, b, h, qrow0);
