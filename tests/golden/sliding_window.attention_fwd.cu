@@ -773,7 +773,7 @@ static __device__ __forceinline__ void fga_store(const float (&o)[MT][DT][4], co
  * Memory. K and V tiles are double-buffered in shared memory with cp.async,
  * with one barrier per tile: after it, tile j is in shared memory and every
  * warp is done with tile j - 1, so tile j + 1 is then loaded into that
- * buffer while the tensor cores work on tile j. Tiles inside [0, KV_LEN)
+ * buffer (issued after the products of Q K_j^T) while tile j is computed. Tiles inside [0, KV_LEN)
  * are copied without per-row checks; in the last one rows past the end are
  * zero-filled by cp.async's src-size operand (a zero V row times a zero
  * probability is 0, whereas stale shared memory could hold a NaN). Each
@@ -1019,7 +1019,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
      * thread and every warp has finished tile j - 1, whose buffer is then
      * refilled with tile j + 1 while this one is computed. The block mask's
      * index of tile j + 2 is read during tile j, so its global-memory
-     * latency stays off the path to the next load. */
+     * latency stays off the path to the next copy. */
     fga_cursor ahead = {0, 0};
     fga_cursor_next(pl, ahead);
     bool partial = first_partial, next_partial = false;
@@ -1028,17 +1028,10 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         const int buf = j & 1;
         fga_cp_wait<0>();
         __syncthreads();
-        if (j + 1 < pl.n_items) {
-            fga_load_tile<FGA_BLOCK_N>(sK + (buf ^ 1) * kv_stage, kp, a.k_stride[2], next_kv0, a.kv_len);
-            fga_load_tile<FGA_BLOCK_N>(sV + (buf ^ 1) * kv_stage, vp, a.v_stride[2], next_kv0, a.kv_len);
-            fga_cp_commit();
-        }
         const int tile_kv0 = kv0;
         const bool tile_partial = partial;
         kv0 = next_kv0;
         partial = next_partial;
-        fga_cursor_next(pl, ahead); /* item j + 2 */
-        if (j + 2 < pl.n_items) next_kv0 = fga_cursor_kv0<FGA_BLOCK_N>(pl, ahead, next_partial);
 
         /* S = Q K^T for this warp's rows. The fragments of k step kk + 1 are
          * loaded before the products of step kk, so the products do not wait
@@ -1066,6 +1059,17 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
                     fga_mma(s[mt][n], qm, kf[kk & 1][n >> 1][(n & 1) * 2], kf[kk & 1][n >> 1][(n & 1) * 2 + 1]);
                 }
         }
+
+        /* Tile j + 1 into the other buffer, issued once the products of
+         * this tile are under way so that they start right after the
+         * barrier; the softmax and P V leave the copy time to land. */
+        if (j + 1 < pl.n_items) {
+            fga_load_tile<FGA_BLOCK_N>(sK + (buf ^ 1) * kv_stage, kp, a.k_stride[2], kv0, a.kv_len);
+            fga_load_tile<FGA_BLOCK_N>(sV + (buf ^ 1) * kv_stage, vp, a.v_stride[2], kv0, a.kv_len);
+            fga_cp_commit();
+        }
+        fga_cursor_next(pl, ahead); /* item j + 2 */
+        if (j + 2 < pl.n_items) next_kv0 = fga_cursor_kv0<FGA_BLOCK_N>(pl, ahead, next_partial);
 
         /* Scale, mods and range, then the online softmax (S becomes P). */
         const bool edge = tile_kv0 + FGA_BLOCK_N > a.kv_len || q0 + FGA_BLOCK_M > a.q_len;
