@@ -329,7 +329,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
 
         /* Scale, mods and range, then the online softmax (S becomes P). */
         const bool edge = tile_kv0 + FGA_BLOCK_N > a.kv_len || q0 + FGA_BLOCK_M > a.q_len;
-        fga_tile_mods(s, rows, a, p, tile_kv0, tile_partial, edge);
+        fga_tile_mods<false>(s, rows, a, p, tile_kv0, tile_partial, edge, 0);
         float alpha[FGA_MT][2];
         fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
 #if FGA_LAZY_RESCALE

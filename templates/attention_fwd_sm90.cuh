@@ -403,7 +403,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
 
         /* Mods and softmax of tile j while P_{j-1} V_{j-1} runs. */
         const bool edge = kv0 + FGH_BLOCK_N > a.kv_len || q0 + FGH_BLOCK_M > a.q_len;
-        fga_tile_mods(s, rows, a, p, kv0, partial, edge, cols);
+        fga_tile_mods<FGH_SHARED_COLS>(s, rows, a, p, kv0, partial, edge, cols);
         float alpha[1][2];
         fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
 

@@ -568,12 +568,15 @@ static __device__ __forceinline__ void fga_rows_init(fga_rows<MT> &r, const fga_
 /* ---- the per-tile steps ------------------------------------------------------ */
 
 /* The mask's column part of column `col` of the tile: computed once per
- * column by the caller and read from `cols`, or computed here. */
-template <int MT>
+ * column by the caller and read from `cols` (COLS), or computed here. A
+ * compile-time choice, so that a kernel that always shares the parts does
+ * not carry the code that computes them (for natten, two run-time
+ * divisions per column) in its element loop. */
+template <bool COLS, int MT>
 static __device__ __forceinline__ fg_mask_col fga_mask_col_at(const fga_rows<MT> &r, const fga_args &a,
                                                               const fg_mod_params &p, const fg_mask_col *cols,
                                                               int kv0, int col) {
-    if (cols) return cols[col];
+    if (COLS) return cols[col];
     return fg_mask_col_init(p, r.mhd, r.b, r.h, min(kv0 + col, a.kv_len - 1) + a.kv_offset);
 }
 
@@ -583,7 +586,7 @@ static __device__ __forceinline__ fg_mask_col fga_mask_col_at(const fga_rows<MT>
  * caller masks those positions afterwards (fga_tile_range). Fragment by
  * fragment: the column parts of the mods once per column this thread owns
  * (two per n8 fragment, shared by all its rows), then the elements. */
-template <int MT, int NT, bool MASK>
+template <int MT, int NT, bool MASK, bool COLS>
 static __device__ __forceinline__ void fga_tile_mods_as(float (&s)[MT][NT][4], const fga_rows<MT> &r,
                                                         const fga_args &a, const fg_mod_params &p, int kv0,
                                                         const fg_mask_col *cols) {
@@ -602,7 +605,7 @@ static __device__ __forceinline__ void fga_tile_mods_as(float (&s)[MT][NT][4], c
         for (int c = 0; c < 2; c++) {
             const int col = i * 8 + t4 * 2 + c;
             kc[c] = min(kv0 + col, a.kv_len - 1) + a.kv_offset;
-            if (MASK) mcol[c] = fga_mask_col_at<MT>(r, a, p, cols, kv0, col);
+            if (MASK) mcol[c] = fga_mask_col_at<COLS, MT>(r, a, p, cols, kv0, col);
             if (FGA_SCORE_MOD) scol[c] = fg_score_col_init(p, r.shd, b, h, kc[c]);
         }
 #pragma unroll
@@ -648,17 +651,17 @@ static __device__ __forceinline__ void fga_tile_range(float (&s)[MT][NT][4], con
  * only in `edge` ones (crossing Q_LEN or KV_LEN), so full tiles do no mask
  * work and partial ones inside the edges no range work; two element loops
  * in all (with and without mask_mod) keep the unrolled code small. With
- * `cols`, the mask's column parts of this tile were computed once per
- * column by the caller and are read from there. */
-template <int MT, int NT>
+ * COLS, the mask's column parts of every partial tile were computed once per
+ * column by the caller and are read from `cols`. */
+template <bool COLS, int MT, int NT>
 static __device__ __forceinline__ void fga_tile_mods(float (&s)[MT][NT][4], const fga_rows<MT> &r,
                                                      const fga_args &a, const fg_mod_params &p,
                                                      int kv0, bool partial, bool edge,
-                                                     const fg_mask_col *cols = 0) {
+                                                     const fg_mask_col *cols) {
     if (FGA_MASK_MOD && partial)
-        fga_tile_mods_as<MT, NT, true>(s, r, a, p, kv0, cols);
+        fga_tile_mods_as<MT, NT, true, COLS>(s, r, a, p, kv0, cols);
     else if (FGA_SCORE_MOD)
-        fga_tile_mods_as<MT, NT, false>(s, r, a, p, kv0, cols);
+        fga_tile_mods_as<MT, NT, false, false>(s, r, a, p, kv0, cols);
     if (edge) fga_tile_range(s, r, a, kv0);
 }
 
@@ -1085,7 +1088,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
 
         /* Scale, mods and range, then the online softmax (S becomes P). */
         const bool edge = tile_kv0 + FGA_BLOCK_N > a.kv_len || q0 + FGA_BLOCK_M > a.q_len;
-        fga_tile_mods(s, rows, a, p, tile_kv0, tile_partial, edge);
+        fga_tile_mods<false>(s, rows, a, p, tile_kv0, tile_partial, edge, 0);
         float alpha[FGA_MT][2];
         fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
 #if FGA_LAZY_RESCALE
