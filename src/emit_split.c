@@ -74,6 +74,7 @@ typedef struct splitter {
     field fields[MAX_FIELDS];
     int nfields;
     int next_num;
+    bool col_costly; /* some leaf's column part does costly work */
 } splitter;
 
 static void fail(splitter *sp, const char *what) {
@@ -358,6 +359,40 @@ static void print_expr(splitter *sp, const fgi_expr *e, split_class at) {
     fail(sp, "an expression the emitter does not know");
 }
 
+/* Whether computing `e` as a value of class `at` does costly work itself:
+ * a buffer read, a division or remainder, or a call other than abs, min,
+ * max and clamp. Values of other classes it uses are computed elsewhere,
+ * and a local held in a field of its own class is judged as that field. */
+static bool is_costly(const splitter *sp, const fgi_expr *e, split_class at) {
+    if (!e) return false;
+    const field *f = field_of_expr(sp, e);
+    if (f && f->cls != at) return false;
+    switch (e->kind) {
+    case FGI_E_INDEX: return true;
+    case FGI_E_BINARY:
+        if (e->op == FGI_OP_DIV || e->op == FGI_OP_MOD) return true;
+        break;
+    case FGI_E_CALL:
+        if (e->op != FGI_FN_ABS && e->op != FGI_FN_MIN && e->op != FGI_FN_MAX && e->op != FGI_FN_CLAMP)
+            return true;
+        for (int i = 0; i < e->nargs; i++)
+            if (is_costly(sp, e->args[i], at)) return true;
+        return false;
+    case FGI_E_LOCAL: return false;
+    default: break;
+    }
+    return is_costly(sp, e->a, at) || is_costly(sp, e->b, at) || is_costly(sp, e->c, at);
+}
+
+/* Records whether any value of the column part is costly to compute. */
+static void note_col_cost(splitter *sp) {
+    for (int i = 0; i < sp->nfields; i++) {
+        const field *f = &sp->fields[i];
+        if (f->cls == C_COL && is_costly(sp, f->e ? f->e : sp->fn->locals[f->local].init, C_COL))
+            sp->col_costly = true;
+    }
+}
+
 /* The struct members of one class. */
 static void print_members(splitter *sp, split_class cls) {
     for (int i = 0; i < sp->nfields; i++) {
@@ -404,7 +439,7 @@ static void print_elem_body(splitter *sp) {
  * over the same leaves (struct members, then each init function, then the
  * per-element functions); each pass re-runs the analysis of the leaf. */
 typedef enum { PASS_MEMBERS_HEAD, PASS_MEMBERS_ROW, PASS_MEMBERS_COL, PASS_FILL_HEAD,
-               PASS_FILL_ROW, PASS_FILL_COL, PASS_ELEM } pass;
+               PASS_FILL_ROW, PASS_FILL_COL, PASS_ELEM, PASS_COL_COST } pass;
 
 static void leaf_pass(splitter *sp, const fgi_func *fn, int leaf, pass ps, const char *kind) {
     analyse(sp, fn, leaf);
@@ -416,6 +451,7 @@ static void leaf_pass(splitter *sp, const fgi_func *fn, int leaf, pass ps, const
     case PASS_FILL_HEAD: print_fills(sp, C_HEAD); return;
     case PASS_FILL_ROW: print_fills(sp, C_ROW); return;
     case PASS_FILL_COL: print_fills(sp, C_COL); return;
+    case PASS_COL_COST: note_col_cost(sp); return;
     case PASS_ELEM:
         fgi_buf_printf(sp->out,
                        "__device__ __forceinline__ %s fg_%s_split%d(const fg_mod_params &p, "
@@ -468,6 +504,14 @@ static void emit_kind(splitter *sp, bool mask) {
         fgi_buf_printf(out, "struct fg_%s_%s {\n", k, cls_name[cls]);
         for_each_leaf(sp, mask, (pass)(PASS_MEMBERS_HEAD + cls));
         fgi_buf_puts(out, "};\n");
+    }
+    if (mask) {
+        /* A kernel may compute the column part once per column and share it
+         * (through shared memory) instead of once per thread and column;
+         * that pays only when the part is costly to compute. */
+        sp->col_costly = false;
+        for_each_leaf(sp, true, PASS_COL_COST);
+        fgi_buf_printf(out, "#define FG_MASK_COL_COSTLY %d\n", sp->col_costly ? 1 : 0);
     }
     for (int cls = 0; cls < 3; cls++) {
         fgi_buf_printf(out,

@@ -94,10 +94,11 @@
 #define FGH_CONSUMER_REGS 240              /* of the 3 x 128 threads fit 64K        */
 /* The mask's column parts of a partial tile, computed once per column: two
  * buffers per consumer, FGH_COL_BYTES per column. A mod whose column part
- * is larger computes it per thread instead; one without any has nothing
- * to share. */
+ * is larger, or cheap (FG_MASK_COL_COSTLY 0 from the emitter: no division,
+ * buffer read or transcendental call), computes it per thread instead; one
+ * without any has nothing to share. */
 #define FGH_COL_BYTES 16
-#define FGH_SHARED_COLS (FGA_MASK_MOD && !__is_empty(fg_mask_col) && sizeof(fg_mask_col) <= FGH_COL_BYTES)
+#define FGH_SHARED_COLS (FGA_MASK_MOD && FG_MASK_COL_COSTLY && !__is_empty(fg_mask_col) && sizeof(fg_mask_col) <= FGH_COL_BYTES)
 /* Q, the K stages, the V stages, the mbarriers (128 bytes), the column
  * parts (8 KB), and 1 KB to align the base to 1024 bytes (the swizzle
  * pattern's period); fgi_attn_geometry computes the same. */

@@ -245,6 +245,7 @@ struct fg_mask_row {
 };
 struct fg_mask_col {
 };
+#define FG_MASK_COL_COSTLY 0
 __device__ __forceinline__ fg_mask_head fg_mask_head_init(const fg_mod_params &p, int b, int h) {
     fg_mask_head hd;
     return hd;
@@ -479,6 +480,7 @@ static __device__ __forceinline__ int fga_item_kv0(const fga_plan &pl, int j, bo
 #if !defined(FG_HAS_SPLIT_MODS)
 /* Source generated without the split mods (emit_split.c): the same entry
  * points, with every part computed per element by the whole mod. */
+#define FG_MASK_COL_COSTLY 0
 struct fg_mask_head {};
 struct fg_mask_row {};
 struct fg_mask_col {};
