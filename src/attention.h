@@ -33,7 +33,7 @@ _Static_assert(sizeof(fgi_attn_abi) == 240, "fgi_attn_abi must match fga_args");
  * two slabs for head dims up to 128 unless the kernel is configured for q
  * blocks under 128 rows; K/V tiles of 32 rows over head dim 128, else 64;
  * shared memory is the Q tile plus two stages of K and V, rows padded by 8
- * elements.
+ * elements, then two buffers of 16-byte mask column parts per K/V row.
  *
  * Hopper (templates/attention_fwd_sm90.cuh): a producer warp group and two
  * consumer warp groups of 64 rows (a 128-row q tile), 128-row K/V tiles,
@@ -60,7 +60,7 @@ static inline fgi_attn_geom fgi_attn_geometry(fg_kernel_kind kind, int head_dim,
     g.block_n = head_dim > 128 ? 32 : 64;
     g.threads = 128;
     size_t row = (size_t)(head_dim + 8) * 2;
-    g.smem = (size_t)g.block_m * row + 4 * (size_t)g.block_n * row;
+    g.smem = (size_t)g.block_m * row + 4 * (size_t)g.block_n * row + 2 * (size_t)g.block_n * 16;
     return g;
 }
 

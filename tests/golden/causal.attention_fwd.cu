@@ -840,6 +840,15 @@ static __device__ __forceinline__ void fga_store(const float (&o)[MT][DT][4], co
 #define FGA_DTILES (FGA_D / 8)       /* n tiles of O                       */
 #define FGA_ROW (FGA_D + 8)          /* padded shared row, in elements     */
 #define FGA_CHUNKS (FGA_D / 8)       /* 16-byte chunks per row             */
+/* The mask's column parts of a partial tile, when costly to compute
+ * (FG_MASK_COL_COSTLY: natten's divisions, document's loads): computed
+ * once per column by one thread each, a tile ahead, into one of two
+ * buffers of FGA_COL_BYTES per column after the K/V stages, instead of by
+ * each of the four threads that share a column, for each of its rows'
+ * fragments. The host reserves the space whether or not a mod uses it. */
+#define FGA_COL_BYTES 16
+#define FGA_SHARED_COLS                                                                                  \
+    (FGA_MASK_MOD && FG_MASK_COL_COSTLY && !__is_empty(fg_mask_col) && sizeof(fg_mask_col) <= FGA_COL_BYTES)
 
 /* ---- PTX wrappers (besides attention_common.cuh's) ------------------------- */
 
@@ -956,6 +965,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     const fga_u32 sK = sQ + FGA_BLOCK_M * FGA_ROW * 2;
     const fga_u32 sV = sK + 2 * FGA_BLOCK_N * FGA_ROW * 2;
     const fga_u32 kv_stage = FGA_BLOCK_N * FGA_ROW * 2;
+    fg_mask_col *const col_parts = (fg_mask_col *)(fga_smem + (FGA_BLOCK_M + 4 * FGA_BLOCK_N) * FGA_ROW * 2);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2;
@@ -1017,6 +1027,13 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     fga_rows<FGA_MT> rows;
     fga_rows_init(rows, a, p, b, h, qrow0);
 
+    /* Column parts of partial tile j go to buffer j & 1, written during tile
+     * j - 1 (tile 0's here) and published by the barrier that starts tile
+     * j; the buffer was last read in tile j - 2, before the barrier that
+     * starts tile j - 1. */
+    if (FGA_SHARED_COLS && pl.n_items > 0 && first_partial && tid < FGA_BLOCK_N)
+        col_parts[tid] = fg_mask_col_init(p, rows.mhd, b, h, min(first_kv0 + tid, a.kv_len - 1) + a.kv_offset);
+
     /* One barrier per tile: after it, tile j is in shared memory for every
      * thread and every warp has finished tile j - 1, whose buffer is then
      * refilled with tile j + 1 while this one is computed. The block mask's
@@ -1034,6 +1051,9 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         const bool tile_partial = partial;
         kv0 = next_kv0;
         partial = next_partial;
+        if (FGA_SHARED_COLS && j + 1 < pl.n_items && partial && tid < FGA_BLOCK_N)
+            col_parts[((j + 1) & 1) * FGA_BLOCK_N + tid] =
+                fg_mask_col_init(p, rows.mhd, b, h, min(kv0 + tid, a.kv_len - 1) + a.kv_offset);
 
         /* S = Q K^T for this warp's rows. The fragments of k step kk + 1 are
          * loaded before the products of step kk, so the products do not wait
@@ -1075,7 +1095,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
 
         /* Scale, mods and range, then the online softmax (S becomes P). */
         const bool edge = tile_kv0 + FGA_BLOCK_N > a.kv_len || q0 + FGA_BLOCK_M > a.q_len;
-        fga_tile_mods<false>(s, rows, a, p, tile_kv0, tile_partial, edge, 0);
+        fga_tile_mods<FGA_SHARED_COLS>(s, rows, a, p, tile_kv0, tile_partial, edge, col_parts + (j & 1) * FGA_BLOCK_N);
         float alpha[FGA_MT][2];
         fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
 #if FGA_LAZY_RESCALE
