@@ -130,6 +130,11 @@ static int add_field(splitter *sp, const fgi_expr *e, int local, split_class cls
     return sp->nfields++;
 }
 
+/* What a field holds: its expression, or its local's initialiser. */
+static const fgi_expr *field_value(const splitter *sp, const field *f) {
+    return f->e ? f->e : sp->fn->locals[f->local].init;
+}
+
 static const field *field_of_expr(const splitter *sp, const fgi_expr *e) {
     for (int i = 0; i < sp->nfields; i++)
         if (sp->fields[i].e == e) return &sp->fields[i];
@@ -388,7 +393,7 @@ static bool is_costly(const splitter *sp, const fgi_expr *e, split_class at) {
 static void note_col_cost(splitter *sp) {
     for (int i = 0; i < sp->nfields; i++) {
         const field *f = &sp->fields[i];
-        if (f->cls == C_COL && is_costly(sp, f->e ? f->e : sp->fn->locals[f->local].init, C_COL))
+        if (f->cls == C_COL && is_costly(sp, field_value(sp, f), C_COL))
             sp->col_costly = true;
     }
 }
@@ -414,7 +419,7 @@ static void print_fills(splitter *sp, split_class cls) {
         fgi_buf_puts(sp->out, "    ");
         put_field_name(sp, f);
         fgi_buf_puts(sp->out, " = ");
-        print_expr(sp, f->e ? f->e : sp->fn->locals[f->local].init, cls);
+        print_expr(sp, field_value(sp, f), cls);
         fgi_buf_puts(sp->out, ";\n");
     }
 }

@@ -260,6 +260,15 @@ static __device__ __forceinline__ void fga_rows_init(fga_rows<MT> &r, const fga_
 
 /* ---- the per-tile steps ------------------------------------------------------ */
 
+/* Mask column parts shared between threads: a kernel may compute a partial
+ * tile's parts once per column, FGA_COL_BYTES each, into shared memory,
+ * instead of in every thread that owns the column. Worth it only for parts
+ * the emitter calls costly (FG_MASK_COL_COSTLY: a division, a buffer read,
+ * a transcendental call) that fit; one without any has nothing to share. */
+#define FGA_COL_BYTES 16
+#define FGA_SHARED_COLS                                                                                  \
+    (FGA_MASK_MOD && FG_MASK_COL_COSTLY && !__is_empty(fg_mask_col) && sizeof(fg_mask_col) <= FGA_COL_BYTES)
+
 /* The mask's column part of column `col` of the tile: computed once per
  * column by the caller and read from `cols` (COLS), or computed here. A
  * compile-time choice, so that a kernel that always shares the parts does

@@ -92,17 +92,12 @@
 #define FGH_V_STAGES 3
 #define FGH_PRODUCER_REGS 24               /* setmaxnreg: 24 + 2 x 240 per thread   */
 #define FGH_CONSUMER_REGS 240              /* of the 3 x 128 threads fit 64K        */
-/* The mask's column parts of a partial tile, computed once per column: two
- * buffers per consumer, FGH_COL_BYTES per column. A mod whose column part
- * is larger, or cheap (FG_MASK_COL_COSTLY 0 from the emitter: no division,
- * buffer read or transcendental call), computes it per thread instead; one
- * without any has nothing to share. */
-#define FGH_COL_BYTES 16
-#define FGH_SHARED_COLS (FGA_MASK_MOD && FG_MASK_COL_COSTLY && !__is_empty(fg_mask_col) && sizeof(fg_mask_col) <= FGH_COL_BYTES)
+/* Shared mask column parts (FGA_SHARED_COLS): two buffers per consumer of
+ * 128 columns, FGA_COL_BYTES each. */
 /* Q, the K stages, the V stages, the mbarriers (128 bytes), the column
  * parts (8 KB), and 1 KB to align the base to 1024 bytes (the swizzle
  * pattern's period); fgi_attn_geometry computes the same. */
-#define FGH_SMEM_BYTES (FGH_TILE_BYTES * (1 + FGH_K_STAGES + FGH_V_STAGES) + 128 + 4 * 128 * FGH_COL_BYTES + 1024)
+#define FGH_SMEM_BYTES (FGH_TILE_BYTES * (1 + FGH_K_STAGES + FGH_V_STAGES) + 128 + 4 * 128 * FGA_COL_BYTES + 1024)
 
 /* A CUtensorMap (cuda.h): 128 opaque bytes, 64-byte aligned. */
 struct __align__(64) fgh_tmap {
@@ -279,7 +274,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     const fga_u32 bar_q = sV + FGH_V_STAGES * FGH_TILE_BYTES;
     const fga_u32 bar_kf = bar_q + 8, bar_ke = bar_kf + 8 * FGH_K_STAGES;
     const fga_u32 bar_vf = bar_ke + 8 * FGH_K_STAGES, bar_ve = bar_vf + 8 * FGH_V_STAGES;
-    /* Column parts: [consumer][buffer][128 columns], FGH_COL_BYTES each. */
+    /* Column parts: [consumer][buffer][128 columns], FGA_COL_BYTES each. */
     fg_mask_col *const col_parts =
         (fg_mask_col *)(fgh_smem + (bar_q + 128 - fga_smem_addr(fgh_smem)));
 
@@ -377,11 +372,11 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
          * rewritten two tiles later, after every thread has passed the
          * barrier of the tile in between, so after its last read. */
         const fg_mask_col *cols = 0;
-        if (FGH_SHARED_COLS && partial) {
+        if (FGA_SHARED_COLS && partial) {
             fg_mask_col *buf = (fg_mask_col *)((unsigned char *)col_parts +
-                                               (cw * 2 + (j & 1)) * 128 * FGH_COL_BYTES);
+                                               (cw * 2 + (j & 1)) * 128 * FGA_COL_BYTES);
             const int c = tid & 127;
-            buf[c] = fg_mask_col_init(p, rows.mhd, b, h, min(kv0 + c, a.kv_len - 1) + a.kv_offset);
+            buf[c] = fga_mask_col_at<false>(rows, a, p, buf, kv0, c);
             if (cw == 0)
                 asm volatile("bar.sync 1, 128;\n" ::: "memory");
             else
@@ -404,7 +399,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
 
         /* Mods and softmax of tile j while P_{j-1} V_{j-1} runs. */
         const bool edge = kv0 + FGH_BLOCK_N > a.kv_len || q0 + FGH_BLOCK_M > a.q_len;
-        fga_tile_mods<FGH_SHARED_COLS>(s, rows, a, p, kv0, partial, edge, cols);
+        fga_tile_mods<FGA_SHARED_COLS>(s, rows, a, p, kv0, partial, edge, cols);
         float alpha[1][2];
         fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
 

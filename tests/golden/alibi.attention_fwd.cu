@@ -569,6 +569,15 @@ static __device__ __forceinline__ void fga_rows_init(fga_rows<MT> &r, const fga_
 
 /* ---- the per-tile steps ------------------------------------------------------ */
 
+/* Mask column parts shared between threads: a kernel may compute a partial
+ * tile's parts once per column, FGA_COL_BYTES each, into shared memory,
+ * instead of in every thread that owns the column. Worth it only for parts
+ * the emitter calls costly (FG_MASK_COL_COSTLY: a division, a buffer read,
+ * a transcendental call) that fit; one without any has nothing to share. */
+#define FGA_COL_BYTES 16
+#define FGA_SHARED_COLS                                                                                  \
+    (FGA_MASK_MOD && FG_MASK_COL_COSTLY && !__is_empty(fg_mask_col) && sizeof(fg_mask_col) <= FGA_COL_BYTES)
+
 /* The mask's column part of column `col` of the tile: computed once per
  * column by the caller and read from `cols` (COLS), or computed here. A
  * compile-time choice, so that a kernel that always shares the parts does
@@ -855,16 +864,6 @@ static __device__ __forceinline__ void fga_store(const float (&o)[MT][DT][4], co
 #define FGA_DTILES (FGA_D / 8)       /* n tiles of O                       */
 #define FGA_ROW (FGA_D + 8)          /* padded shared row, in elements     */
 #define FGA_CHUNKS (FGA_D / 8)       /* 16-byte chunks per row             */
-/* The mask's column parts of a partial tile, when costly to compute
- * (FG_MASK_COL_COSTLY: natten's divisions, document's loads): computed
- * once per column by one thread each, a tile ahead, into one of two
- * buffers of FGA_COL_BYTES per column after the K/V stages, instead of by
- * each of the four threads that share a column, for each of its rows'
- * fragments. The host reserves the space whether or not a mod uses it. */
-#define FGA_COL_BYTES 16
-#define FGA_SHARED_COLS                                                                                  \
-    (FGA_MASK_MOD && FG_MASK_COL_COSTLY && !__is_empty(fg_mask_col) && sizeof(fg_mask_col) <= FGA_COL_BYTES)
-
 /* ---- PTX wrappers (besides attention_common.cuh's) ------------------------- */
 
 /* 16 bytes global -> shared; `valid` false zero-fills without reading. */
@@ -948,6 +947,11 @@ static __device__ __forceinline__ void fga_load_tile(fga_u32 smem, const fga_u16
 #endif
 }
 
+/* Where a lane's ldmatrix reads Q's A fragment of slab mt, k step kk. */
+static __device__ __forceinline__ fga_u32 fga_q_frag(fga_u32 q_lane, int mt, int kk) {
+    return q_lane + (fga_u32)(mt * 16 * FGA_ROW * 2 + kk * 32);
+}
+
 /* One k step's fragments for Q K^T (16 columns of the head dim): Q's A
  * fragments for each slab, unless Q is held in registers, and K's B
  * fragments for every n8 tile of S. */
@@ -956,7 +960,7 @@ static __device__ __forceinline__ void fga_load_kstep(fga_u32 (&qa)[FGA_MT][4], 
 #if !FGA_Q_IN_REGS
 #pragma unroll
     for (int mt = 0; mt < FGA_MT; mt++)
-        fga_ldsm4(q_lane + (fga_u32)(mt * 16 * FGA_ROW * 2 + kk * 32), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
+        fga_ldsm4(fga_q_frag(q_lane, mt, kk), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
 #endif
 #pragma unroll
     for (int np = 0; np < FGA_NTILES / 2; np++)
@@ -980,6 +984,11 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     const fga_u32 sK = sQ + FGA_BLOCK_M * FGA_ROW * 2;
     const fga_u32 sV = sK + 2 * FGA_BLOCK_N * FGA_ROW * 2;
     const fga_u32 kv_stage = FGA_BLOCK_N * FGA_ROW * 2;
+    /* Shared mask column parts (FGA_SHARED_COLS): computed once per column by
+     * one thread each, a tile ahead, into one of two buffers of FGA_COL_BYTES
+     * per column after the K/V stages, instead of by each of the four
+     * threads that share a column, for each of its rows' fragments. The host
+     * reserves the space whether or not a mod uses it. */
     fg_mask_col *const col_parts = (fg_mask_col *)(fga_smem + (FGA_BLOCK_M + 4 * FGA_BLOCK_N) * FGA_ROW * 2);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -1021,7 +1030,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     for (int mt = 0; mt < FGA_MT; mt++)
 #pragma unroll
         for (int kk = 0; kk < FGA_KSTEPS; kk++)
-            fga_ldsm4(q_lane + (fga_u32)(mt * 16 * FGA_ROW * 2 + kk * 32), qf[mt][kk][0], qf[mt][kk][1], qf[mt][kk][2],
+            fga_ldsm4(fga_q_frag(q_lane, mt, kk), qf[mt][kk][0], qf[mt][kk][1], qf[mt][kk][2],
                       qf[mt][kk][3]);
 #endif
 
@@ -1047,7 +1056,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
      * j; the buffer was last read in tile j - 2, before the barrier that
      * starts tile j - 1. */
     if (FGA_SHARED_COLS && pl.n_items > 0 && first_partial && tid < FGA_BLOCK_N)
-        col_parts[tid] = fg_mask_col_init(p, rows.mhd, b, h, min(first_kv0 + tid, a.kv_len - 1) + a.kv_offset);
+        col_parts[tid] = fga_mask_col_at<false>(rows, a, p, col_parts, first_kv0, tid);
 
     /* One barrier per tile: after it, tile j is in shared memory for every
      * thread and every warp has finished tile j - 1, whose buffer is then
@@ -1067,8 +1076,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         kv0 = next_kv0;
         partial = next_partial;
         if (FGA_SHARED_COLS && j + 1 < pl.n_items && partial && tid < FGA_BLOCK_N)
-            col_parts[((j + 1) & 1) * FGA_BLOCK_N + tid] =
-                fg_mask_col_init(p, rows.mhd, b, h, min(kv0 + tid, a.kv_len - 1) + a.kv_offset);
+            col_parts[(buf ^ 1) * FGA_BLOCK_N + tid] = fga_mask_col_at<false>(rows, a, p, col_parts, kv0, tid);
 
         /* S = Q K^T for this warp's rows. The fragments of k step kk + 1 are
          * loaded before the products of step kk, so the products do not wait
@@ -1110,7 +1118,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
 
         /* Scale, mods and range, then the online softmax (S becomes P). */
         const bool edge = tile_kv0 + FGA_BLOCK_N > a.kv_len || q0 + FGA_BLOCK_M > a.q_len;
-        fga_tile_mods<FGA_SHARED_COLS>(s, rows, a, p, tile_kv0, tile_partial, edge, col_parts + (j & 1) * FGA_BLOCK_N);
+        fga_tile_mods<FGA_SHARED_COLS>(s, rows, a, p, tile_kv0, tile_partial, edge, col_parts + buf * FGA_BLOCK_N);
         float alpha[FGA_MT][2];
         fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
 #if FGA_LAZY_RESCALE
