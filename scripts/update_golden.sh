@@ -2,7 +2,7 @@
 # update_golden.sh -- regenerate tests/golden/*.cu with the flexgen tool.
 #
 # tests/test_emit.c compares the emitter's output byte for byte with these
-# files. After an intended change to src/emit.c, src/codegen.c or a template,
+# files. After an intended change to src/codegen/emit.c, src/codegen/source.c or a template,
 # run this, read the diff (git diff tests/golden) and commit it with the
 # change. Usage: scripts/update_golden.sh [path/to/flexgen]
 # (default: build/tools/flexgen). Paths in the files are relative to the

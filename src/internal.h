@@ -178,13 +178,26 @@ typedef enum fgi_op {
     FGI_OP_LAND, FGI_OP_LOR
 } fgi_op;
 
+/* The builtins, in the order of src/mod/builtins.def. */
 typedef enum fgi_builtin {
-    FGI_FN_ABS = 0, FGI_FN_MIN, FGI_FN_MAX, FGI_FN_CLAMP, /* int or float      */
-    FGI_FN_EXP, FGI_FN_EXP2, FGI_FN_LOG, FGI_FN_LOG2, FGI_FN_SQRT, FGI_FN_RSQRT,
-    FGI_FN_TANH, FGI_FN_SIGMOID, FGI_FN_FLOOR, FGI_FN_CEIL, FGI_FN_POW,
-    FGI_FN_SIN, FGI_FN_COS, FGI_FN_ROUND, FGI_FN_TRUNC, FGI_FN_FMOD,
+#define FGI_BUILTIN(ID, ...) FGI_FN_##ID,
+#include "mod/builtins.def"
     FGI_FN_COUNT
 } fgi_builtin;
+
+/* What builtins.def says of one builtin (fgi_builtin_get). */
+typedef struct fgi_builtin_info {
+    const char *name;       /* canonical spelling                              */
+    int arity;
+    bool generic;           /* an int version exists                           */
+    const char *cuda_int;   /* CUDA function of the int version, or NULL       */
+    const char *cuda_float; /* CUDA function of the float version              */
+    bool costly;            /* a transcendental or a division: real work       */
+    const char *deriv[3];   /* d/dx, d/dy, d/dz as mod-language expressions of
+                               x, y, z ("" past the arity)                      */
+} fgi_builtin_info;
+/* NULL for a value that is no builtin. */
+const fgi_builtin_info *fgi_builtin_get(int fn);
 
 typedef struct fgi_expr fgi_expr;
 struct fgi_expr {

@@ -6,7 +6,7 @@
  * only on the text flexgen hands it (which is what the cache key hashes).
  *
  * Why helpers instead of plain operators. The emitted CUDA must compute what
- * the CPU evaluator (src/eval.c) computes, and the rules of the mod language
+ * the CPU evaluator (src/mod/eval.c) computes, and the rules of the mod language
  * are not C++'s:
  *   - int + - * wrap (two's complement). Signed overflow is undefined in
  *     C++, and the optimiser uses that (`x + 1 > x` folds to true), so the

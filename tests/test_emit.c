@@ -459,8 +459,8 @@ static void test_configs(void **state) {
     fgi_codegen_free(&cg);
     char *src = NULL;
     assert_int_equal(fg_generate_source(ctx, m, &hopper, &src), FG_OK);
-    assert_non_null(strstr(src, "templates/attention_common.cuh"));
-    assert_non_null(strstr(src, "templates/attention_fwd_sm90.cuh"));
+    assert_non_null(strstr(src, "templates/attention/attention_common.cuh"));
+    assert_non_null(strstr(src, "templates/attention/attention_fwd_sm90.cuh"));
     assert_non_null(strstr(src, "wgmma.mma_async"));
     assert_non_null(strstr(src, "cp.async.bulk.tensor"));
     fg_free(src);

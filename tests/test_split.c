@@ -1,5 +1,5 @@
 /*
- * test_split.c -- the mods split by dependency (src/emit_split.c).
+ * test_split.c -- the mods split by dependency (src/codegen/emit_split.c).
  *
  * The table says, per gallery mod, how many values each part holds (head:
  * b, h and parameters only; row: q_idx without kv_idx; column: kv_idx

@@ -27,7 +27,7 @@
  *       classified for b = 0 / h = 0 only; every list reads those tiles.
  *
  * The layout and the classification rule are the CPU builder's
- * (src/blockmask.c); the two must agree bit for bit.
+ * (src/blockmask/blockmask.c); the two must agree bit for bit.
  */
 
 #ifndef FG_Q_BLOCK

@@ -29,7 +29,7 @@
  * on, locals from the declaration after theirs. An unknown name gets a
  * "did you mean" when a visible name is within edit distance 2.
  */
-#include "front.h"
+#include "mod/front.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -42,62 +42,6 @@ typedef struct checker {
     int nparams; /* visible parameters */
     int nlocals; /* visible locals     */
 } checker;
-
-/* ---- builtins ----------------------------------------------------------- */
-
-static const struct builtin_info {
-    const char *name;
-    int arity;
-    bool generic; /* int when every argument is int, else float */
-} builtins[FGI_FN_COUNT] = {
-    [FGI_FN_ABS] = {"abs", 1, true},       [FGI_FN_MIN] = {"min", 2, true},
-    [FGI_FN_MAX] = {"max", 2, true},       [FGI_FN_CLAMP] = {"clamp", 3, true},
-    [FGI_FN_EXP] = {"exp", 1, false},      [FGI_FN_EXP2] = {"exp2", 1, false},
-    [FGI_FN_LOG] = {"log", 1, false},      [FGI_FN_LOG2] = {"log2", 1, false},
-    [FGI_FN_SQRT] = {"sqrt", 1, false},    [FGI_FN_RSQRT] = {"rsqrt", 1, false},
-    [FGI_FN_TANH] = {"tanh", 1, false},    [FGI_FN_SIGMOID] = {"sigmoid", 1, false},
-    [FGI_FN_FLOOR] = {"floor", 1, false},  [FGI_FN_CEIL] = {"ceil", 1, false},
-    [FGI_FN_POW] = {"pow", 2, false},      [FGI_FN_SIN] = {"sin", 1, false},
-    [FGI_FN_COS] = {"cos", 1, false},      [FGI_FN_ROUND] = {"round", 1, false},
-    [FGI_FN_TRUNC] = {"trunc", 1, false},  [FGI_FN_FMOD] = {"fmod", 2, false},
-};
-
-/* C's spellings. The f-suffixed float versions of abs/min/max convert their
- * arguments to float as C does; the rest are float functions anyway. */
-static const struct {
-    const char *name;
-    fgi_builtin fn;
-    bool force_float;
-} aliases[] = {
-    {"fabsf", FGI_FN_ABS, true},   {"fabs", FGI_FN_ABS, true},    {"fminf", FGI_FN_MIN, true},
-    {"fmin", FGI_FN_MIN, true},    {"fmaxf", FGI_FN_MAX, true},   {"fmax", FGI_FN_MAX, true},
-    {"expf", FGI_FN_EXP, false},   {"exp2f", FGI_FN_EXP2, false}, {"logf", FGI_FN_LOG, false},
-    {"log2f", FGI_FN_LOG2, false}, {"sqrtf", FGI_FN_SQRT, false}, {"rsqrtf", FGI_FN_RSQRT, false},
-    {"tanhf", FGI_FN_TANH, false}, {"floorf", FGI_FN_FLOOR, false},
-    {"ceilf", FGI_FN_CEIL, false}, {"powf", FGI_FN_POW, false},   {"sinf", FGI_FN_SIN, false},
-    {"cosf", FGI_FN_COS, false},   {"roundf", FGI_FN_ROUND, false},
-    {"truncf", FGI_FN_TRUNC, false}, {"fmodf", FGI_FN_FMOD, false},
-};
-
-int fgi_builtin_lookup(const char *name, bool *force_float) {
-    *force_float = false;
-    for (int i = 0; i < FGI_FN_COUNT; i++)
-        if (strcmp(builtins[i].name, name) == 0) return i;
-    for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
-        if (strcmp(aliases[i].name, name) == 0) {
-            *force_float = aliases[i].force_float;
-            return (int)aliases[i].fn;
-        }
-    return -1;
-}
-
-int fgi_builtin_arity(fgi_builtin fn) {
-    return (unsigned)fn < FGI_FN_COUNT ? builtins[fn].arity : 0;
-}
-
-const char *fgi_builtin_name(fgi_builtin fn) {
-    return (unsigned)fn < FGI_FN_COUNT ? builtins[fn].name : "?";
-}
 
 /* ---- names -------------------------------------------------------------- */
 
@@ -363,8 +307,9 @@ static fg_status check_call(checker *c, fgi_expr *e) {
         const char *best = NULL;
         int best_d = 3;
         for (int i = 0; i < FGI_FN_COUNT; i++) {
-            int d = fgi_edit_distance(e->name, builtins[i].name, 2);
-            if (d < best_d) best_d = d, best = builtins[i].name;
+            const char *name = fgi_builtin_get(i)->name;
+            int d = fgi_edit_distance(e->name, name, 2);
+            if (d < best_d) best_d = d, best = name;
         }
         if (best && (size_t)best_d < strlen(e->name))
             return fail(c, FG_ERR_UNSUPPORTED, e->offset,
@@ -373,7 +318,7 @@ static fg_status check_call(checker *c, fgi_expr *e) {
                     "call to '%s' is not allowed: only the builtin functions can be called",
                     e->name);
     }
-    const struct builtin_info *bi = &builtins[fn];
+    const fgi_builtin_info *bi = fgi_builtin_get(fn);
     if (e->nargs != bi->arity)
         return fail(c, FG_ERR_ARITY, e->offset, "'%s' takes %d argument%s, not %d", e->name,
                     bi->arity, bi->arity == 1 ? "" : "s", e->nargs);

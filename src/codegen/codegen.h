@@ -13,8 +13,8 @@
  *      fg_score_mod, FG_HAS_MASK_MOD, FG_HAS_SCORE_MOD; for the attention
  *      kernel also the mods split by dependency (fgi_emit_split:
  *      fg_mask_head/_row/_col, fg_mask_split, the same for score_mod);
- *   5. the kernel template: templates/attention_fwd.cuh (entry
- *      "fg_attention_fwd") or templates/blockmask.cuh (entries named by that
+ *   5. the kernel template: templates/attention/attention_fwd.cuh (entry
+ *      "fg_attention_fwd") or templates/blockmask/blockmask.cuh (entries named by that
  *      template).
  * The cache key is the canonical mod text, the template's name and a hash of
  * the template texts, and the config values; it is cheap to build (no source
@@ -23,7 +23,7 @@
 #ifndef FLEXGEN_CODEGEN_H
 #define FLEXGEN_CODEGEN_H
 
-#include "jit.h"
+#include "jit/jit.h"
 
 typedef struct fgi_codegen {
     fgi_kernel_spec spec;    /* ready to pass to fgi_cache_get_* (set entry) */

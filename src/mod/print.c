@@ -25,30 +25,12 @@
  * floats in the shortest form that round-trips through strtof, with an f
  * suffix; INFINITY and NAN by name.
  */
-#include "front.h"
+#include "mod/front.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-const char *const fgi_canonical_arg_names[5] = {"b", "h", "q_idx", "kv_idx", "score"};
-
-const char *fgi_type_name(fgi_type t) {
-    switch (t) {
-    case FGI_T_BOOL: return "bool";
-    case FGI_T_INT: return "int";
-    case FGI_T_FLOAT: return "float";
-    default: return "none";
-    }
-}
-
-int fgi_mod_find_param(const fg_mod *mod, const char *name) {
-    if (!mod || !name) return -1;
-    for (int i = 0; i < mod->nparams; i++)
-        if (strcmp(mod->params[i].name, name) == 0) return i;
-    return -1;
-}
 
 /* ---- expressions -------------------------------------------------------- */
 

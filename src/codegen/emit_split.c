@@ -36,7 +36,7 @@
  * The output is part of every attention kernel's source: bump
  * FGI_CODEGEN_VERSION (codegen.c) when it changes.
  */
-#include "codegen.h"
+#include "codegen/codegen.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -365,8 +365,8 @@ static void print_expr(splitter *sp, const fgi_expr *e, split_class at) {
 }
 
 /* Whether computing `e` as a value of class `at` does costly work itself:
- * a buffer read, a division or remainder, or a call other than abs, min,
- * max and clamp. Values of other classes it uses are computed elsewhere,
+ * a buffer read, a division or remainder, or a call of a builtin that
+ * builtins.def marks costly. Values of other classes it uses are computed elsewhere,
  * and a local held in a field of its own class is judged as that field. */
 static bool is_costly(const splitter *sp, const fgi_expr *e, split_class at) {
     if (!e) return false;
@@ -378,8 +378,7 @@ static bool is_costly(const splitter *sp, const fgi_expr *e, split_class at) {
         if (e->op == FGI_OP_DIV || e->op == FGI_OP_MOD) return true;
         break;
     case FGI_E_CALL:
-        if (e->op != FGI_FN_ABS && e->op != FGI_FN_MIN && e->op != FGI_FN_MAX && e->op != FGI_FN_CLAMP)
-            return true;
+        if (fgi_builtin_get(e->op) && fgi_builtin_get(e->op)->costly) return true;
         for (int i = 0; i < e->nargs; i++)
             if (is_costly(sp, e->args[i], at)) return true;
         return false;

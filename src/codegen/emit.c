@@ -32,7 +32,7 @@
  * a profiler line points at the mod, and a #line after each function gives
  * the generated file its own numbering back.
  */
-#include "codegen.h"
+#include "codegen/codegen.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -40,7 +40,7 @@
 #include <string.h>
 
 /* The name the generated source goes by when the caller gives none: what
- * src/nvrtc.c calls an unnamed program. */
+ * src/jit/nvrtc.c calls an unnamed program. */
 #define DEFAULT_GENERATED_NAME "flexgen.cu"
 
 typedef struct emitter {
@@ -193,27 +193,11 @@ const char *fgi_emit_arith_fn(int op, fgi_type t) {
     }
 }
 
+/* The CUDA function of a builtin by result type (builtins.def). */
 const char *fgi_emit_builtin_fn(int fn, fgi_type t) {
-    if (t == FGI_T_INT) {
-        switch (fn) {
-        case FGI_FN_ABS: return "fg_iabs";
-        case FGI_FN_MIN: return "fg_imin";
-        case FGI_FN_MAX: return "fg_imax";
-        case FGI_FN_CLAMP: return "fg_iclamp";
-        default: return NULL;
-        }
-    }
-    if (t != FGI_T_FLOAT) return NULL;
-    static const char *const names[FGI_FN_COUNT] = {
-        [FGI_FN_ABS] = "fabsf",     [FGI_FN_MIN] = "fminf",       [FGI_FN_MAX] = "fmaxf",
-        [FGI_FN_CLAMP] = "fg_fclamp", [FGI_FN_EXP] = "expf",      [FGI_FN_EXP2] = "exp2f",
-        [FGI_FN_LOG] = "logf",      [FGI_FN_LOG2] = "log2f",      [FGI_FN_SQRT] = "sqrtf",
-        [FGI_FN_RSQRT] = "fg_rsqrt", [FGI_FN_TANH] = "tanhf",     [FGI_FN_SIGMOID] = "fg_sigmoid",
-        [FGI_FN_FLOOR] = "floorf",  [FGI_FN_CEIL] = "ceilf",      [FGI_FN_POW] = "powf",
-        [FGI_FN_SIN] = "sinf",      [FGI_FN_COS] = "cosf",        [FGI_FN_ROUND] = "roundf",
-        [FGI_FN_TRUNC] = "truncf",  [FGI_FN_FMOD] = "fmodf",
-    };
-    return fn >= 0 && fn < FGI_FN_COUNT ? names[fn] : NULL;
+    const fgi_builtin_info *bi = fgi_builtin_get(fn);
+    if (!bi) return NULL;
+    return t == FGI_T_INT ? bi->cuda_int : t == FGI_T_FLOAT ? bi->cuda_float : NULL;
 }
 
 /* Skip nodes that print as nothing: unary plus and same-type casts. */

@@ -18,9 +18,9 @@
  * The softmax is a two-pass one per row (maximum, then sums), so a fully
  * masked row is recognised before any exponential: output 0, LSE -inf.
  */
-#include "attention.h"
+#include "attention/attention.h"
 
-#include "blockmask.h"
+#include "blockmask/blockmask.h"
 
 #include <math.h>
 #include <stdlib.h>

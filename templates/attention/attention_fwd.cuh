@@ -43,16 +43,16 @@
  * global offsets are 64-bit.
  *
  * Mods. The kernel calls the mods split by what each part reads
- * (src/emit_split.c): the parts that read only b, h and parameters once per
+ * (src/codegen/emit_split.c): the parts that read only b, h and parameters once per
  * thread, the parts that read q_idx but not kv_idx once per row the thread
  * owns (before the sweep), the parts that read kv_idx but not q_idx once
  * per column it owns in a tile, and only the rest per score -- what
  * Triton's broadcasting gives FlexAttention. The split gives the same bits
  * as the whole mod.
  *
- * The host (src/attention.c) mirrors FGA_BLOCK_M / FGA_BLOCK_N / the shared
+ * The host (src/attention/attention.c) mirrors FGA_BLOCK_M / FGA_BLOCK_N / the shared
  * memory size and the fga_args layout; the static_assert below and the one in
- * src/attention.h keep the two in step. A Hopper variant (wgmma + TMA) is a
+ * src/attention/attention.h keep the two in step. A Hopper variant (wgmma + TMA) is a
  * second template with the same entry signature.
  */
 

@@ -41,7 +41,7 @@
  * The disk cache is an optimisation: any I/O problem falls back to
  * compiling and never fails a request.
  */
-#include "jit.h"
+#include "jit/jit.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -13,7 +13,7 @@
 #ifndef FLEXGEN_JIT_H
 #define FLEXGEN_JIT_H
 
-#include "cudrv.h"
+#include "driver/cudrv.h"
 #include "internal.h"
 
 typedef fg_status (*fgi_source_fn)(fg_ctx *ctx, void *arg, char **source /* malloc'd */);

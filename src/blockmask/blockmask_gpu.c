@@ -2,7 +2,7 @@
  * blockmask_gpu.c -- the GPU block-mask builder: fg_block_mask_create_gpu
  * and fg_block_mask_rebuild_gpu.
  *
- * The kernels come from templates/blockmask.cuh with the mask's emitted
+ * The kernels come from templates/blockmask/blockmask.cuh with the mask's emitted
  * fg_mask_mod spliced in (codegen with FG_KERNEL_BLOCK_MASK); both entry
  * points live in one cached module, so the second lookup is a memory hit.
  * A build is two launches on the caller's stream -- classify every tile
@@ -15,8 +15,8 @@
  * neither b nor h is classified for one (b, h) and the compaction fans it
  * out (see blockmask.c).
  */
-#include "blockmask.h"
-#include "codegen.h"
+#include "blockmask/blockmask.h"
+#include "codegen/codegen.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -30,7 +30,7 @@
  * to the checker as soon as its closing brace is read, so it sees exactly
  * the parameters declared above it, as a C compiler would.
  */
-#include "front.h"
+#include "mod/front.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -32,7 +32,7 @@
  * down, which would leave those modules dangling.
  */
 
-#include "cudrv.h"
+#include "driver/cudrv.h"
 
 #include <dlfcn.h>
 #include <pthread.h>

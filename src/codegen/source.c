@@ -22,7 +22,7 @@
  * disk-cache file and the NVRTC program, so it is limited to file-name-safe
  * characters.
  */
-#include "codegen.h"
+#include "codegen/codegen.h"
 
 #include <stdatomic.h>
 
@@ -45,13 +45,13 @@ typedef struct kernel_info {
 } kernel_info;
 
 static const kernel_info kernels[] = {
-    {FG_KERNEL_ATTENTION_FWD, "attention_fwd", "attention_common.cuh", "attention_fwd.cuh",
+    {FG_KERNEL_ATTENTION_FWD, "attention_fwd", "attention/attention_common.cuh", "attention/attention_fwd.cuh",
      "fg_attention_fwd", "FG_KERNEL_ATTENTION_FWD", "forward attention (portable, mma.sync)", NULL},
-    {FG_KERNEL_BLOCK_MASK, "blockmask", NULL, "blockmask.cuh", "fg_block_mask_classify",
+    {FG_KERNEL_BLOCK_MASK, "blockmask", NULL, "blockmask/blockmask.cuh", "fg_block_mask_classify",
      "FG_KERNEL_BLOCK_MASK", "block-mask builder (fg_block_mask_classify, fg_block_mask_compact)",
      NULL},
-    {FG_KERNEL_ATTENTION_FWD_SM90, "attention_fwd_sm90", "attention_common.cuh",
-     "attention_fwd_sm90.cuh", "fg_attention_fwd", "FG_KERNEL_ATTENTION_FWD_SM90",
+    {FG_KERNEL_ATTENTION_FWD_SM90, "attention_fwd_sm90", "attention/attention_common.cuh",
+     "attention/attention_fwd_sm90.cuh", "fg_attention_fwd", "FG_KERNEL_ATTENTION_FWD_SM90",
      "forward attention (Hopper, wgmma)", "sm_90a"},
 };
 

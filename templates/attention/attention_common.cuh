@@ -23,8 +23,8 @@
  * threads that share a row only at the end (the rescale factor is the same
  * for all four, so the partial sums stay consistent).
  *
- * The host (src/attention.c) mirrors the fga_args layout; the static_assert
- * below and the one in src/attention.h keep the two in step.
+ * The host (src/attention/attention.c) mirrors the fga_args layout; the static_assert
+ * below and the one in src/attention/attention.h keep the two in step.
  */
 
 #ifndef FG_HEAD_DIM
@@ -39,7 +39,7 @@ typedef unsigned short fga_u16;
 typedef long long fga_i64;
 typedef unsigned long long fga_u64;
 
-/* The kernel's first argument; src/attention.h declares the same layout
+/* The kernel's first argument; src/attention/attention.h declares the same layout
  * (fgi_attn_abi). Strides are in elements for (b, h, s). */
 struct fga_args {
     fga_u64 q, k, v, out, lse;

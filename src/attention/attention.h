@@ -1,6 +1,6 @@
 /*
  * attention.h -- what the forward launcher (attention.c), the CPU reference
- * (reference.c) and the kernel template (templates/attention_fwd.cuh) agree
+ * (reference.c) and the kernel template (templates/attention/attention_fwd.cuh) agree
  * on: the kernel's argument block, its tile sizes and shared-memory size, and
  * the argument checks both entry points share.
  *
@@ -29,13 +29,13 @@ _Static_assert(sizeof(fgi_attn_abi) == 240, "fgi_attn_abi must match fga_args");
 
 /* The launch geometry of a forward kernel, mirroring its template.
  *
- * Portable (templates/attention_fwd.cuh): four warps of `mt` 16-row slabs;
+ * Portable (templates/attention/attention_fwd.cuh): four warps of `mt` 16-row slabs;
  * two slabs for head dims up to 128 unless the kernel is configured for q
  * blocks under 128 rows; K/V tiles of 32 rows over head dim 128, else 64;
  * shared memory is the Q tile plus two stages of K and V, rows padded by 8
  * elements, then two buffers of 16-byte mask column parts per K/V row.
  *
- * Hopper (templates/attention_fwd_sm90.cuh): a producer warp group and two
+ * Hopper (templates/attention/attention_fwd_sm90.cuh): a producer warp group and two
  * consumer warp groups of 64 rows (a 128-row q tile), 128-row K/V tiles,
  * head dim 64 or 128; shared memory holds Q, two stages of K and three of V
  * in 128-byte-swizzled rows, 128 bytes of mbarriers, 8 KB of mask column

@@ -21,7 +21,7 @@
  * are copied. The inputs are never modified, so one mod can take part in
  * many compositions, from many threads.
  */
-#include "front.h"
+#include "mod/front.h"
 
 #include <errno.h>
 #include <math.h>

@@ -20,7 +20,7 @@
  * no doubles), and one that overflows to infinity is an error: INFINITY is
  * spelled INFINITY.
  */
-#include "front.h"
+#include "mod/front.h"
 
 #include <errno.h>
 #include <math.h>

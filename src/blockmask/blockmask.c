@@ -29,10 +29,10 @@
  * per row for the value opposite to its first element, which stops as soon
  * as the tile is known to be partial.
  */
-#include "blockmask.h"
+#include "blockmask/blockmask.h"
 
-#include "codegen.h"
-#include "cudrv.h"
+#include "codegen/codegen.h"
+#include "driver/cudrv.h"
 
 #include <limits.h>
 #include <stdio.h>

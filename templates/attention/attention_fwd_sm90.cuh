@@ -62,10 +62,10 @@
  *
  * Everything else -- the block-mask walk, partial and full tiles, offsets,
  * GQA, fully masked rows -- is the portable kernel's, through
- * attention_common.cuh. The host (src/attention.c) encodes the three tensor
+ * attention_common.cuh. The host (src/attention/attention.c) encodes the three tensor
  * maps (q, k, v as [batch, heads, len, D] with the caller's strides, boxes
  * of 128 rows x 64 columns) and passes them as the third kernel argument;
- * fgi_attn_geometry in src/attention.h mirrors the tile sizes and the
+ * fgi_attn_geometry in src/attention/attention.h mirrors the tile sizes and the
  * shared-memory size.
  */
 

@@ -20,17 +20,17 @@
  * CUDA context that was current at fg_kernel_get; the kernel cache keeps the
  * module loaded for the life of the process.
  *
- * Variants: the portable kernel (templates/attention_fwd.cuh, mma.sync,
- * sm_80 and newer) and the Hopper kernel (templates/attention_fwd_sm90.cuh,
+ * Variants: the portable kernel (templates/attention/attention_fwd.cuh, mma.sync,
+ * sm_80 and newer) and the Hopper kernel (templates/attention/attention_fwd_sm90.cuh,
  * wgmma, sm_90a) share the entry signature and the argument block;
  * fg_kernel_get chooses between them (choose_kind) and the launch geometry
  * comes from the chosen one (fgi_attn_geometry).
  */
-#include "attention.h"
+#include "attention/attention.h"
 
-#include "blockmask.h"
-#include "codegen.h"
-#include "cudrv.h"
+#include "blockmask/blockmask.h"
+#include "codegen/codegen.h"
+#include "driver/cudrv.h"
 
 #include <limits.h>
 #include <math.h>

@@ -23,7 +23,7 @@
  * directives make it point at the user's mod file), on success it carries
  * warnings, which are kept on the context too.
  */
-#include "jit.h"
+#include "jit/jit.h"
 
 #include <nvrtc.h>
 #include <pthread.h>
