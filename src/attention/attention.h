@@ -4,26 +4,23 @@
  * on: the kernel's argument block, its tile sizes and shared-memory size, and
  * the argument checks both entry points share.
  *
- * The template cannot include this header (NVRTC sees no files), so the
- * layout is written twice; the static assertions on both sides pin the size
- * and the field order is the same line for line.
+ * The argument block is defined once, in abi.def, for this header and for
+ * the template (see there how); both sides assert its size.
  */
 #ifndef FLEXGEN_ATTENTION_H
 #define FLEXGEN_ATTENTION_H
 
 #include "internal.h"
 
-/* The first kernel argument (fga_args in the template). Strides in
- * elements for (b, h, s); the d stride is 1. */
+/* The first kernel argument (fga_args in the template), row by row from
+ * abi.def, which the template's copy is printed from as well. */
+typedef uint64_t fgi_abi_u64;
+typedef int64_t fgi_abi_i64;
+typedef int32_t fgi_abi_i32;
+typedef float fgi_abi_f32;
 typedef struct fgi_attn_abi {
-    uint64_t q, k, v, out, lse;
-    int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];
-    uint64_t kv_num, kv_idx, full_num, full_idx;
-    int32_t batch, heads_q, heads_kv, q_len, kv_len;
-    int32_t q_offset, kv_offset;
-    float scale, scale_log2;
-    int32_t has_block_mask, bm_batch, bm_heads, bm_q_blocks, bm_kv_blocks, bm_q_block, bm_kv_block;
-    int32_t q_tiles, pad_;
+#define FGI_ABI_ROW(T, ...) fgi_abi_##T __VA_ARGS__;
+#include "attention/abi.def"
 } fgi_attn_abi;
 _Static_assert(sizeof(fgi_attn_abi) == 240, "fgi_attn_abi must match fga_args");
 
