@@ -317,8 +317,8 @@ __device__ __forceinline__ float fg_score_split(const fg_mod_params &p, const fg
  * threads that share a row only at the end (the rescale factor is the same
  * for all four, so the partial sums stay consistent).
  *
- * The host (src/attention/attention.c) mirrors the fga_args layout; the static_assert
- * below and the one in src/attention/attention.h keep the two in step.
+ * The argument block fga_args is defined once, in src/attention/abi.def,
+ * for the host (src/attention/attention.h) and for this file.
  */
 
 #ifndef FG_HEAD_DIM
@@ -333,8 +333,10 @@ typedef unsigned short fga_u16;
 typedef long long fga_i64;
 typedef unsigned long long fga_u64;
 
-/* The kernel's first argument; src/attention/attention.h declares the same layout
- * (fgi_attn_abi). Strides are in elements for (b, h, s). */
+/* The kernel's first argument, the host's fgi_attn_abi: its fields are
+ * printed here from src/attention/abi.def when the templates are embedded
+ * into the library (scripts/embed_templates.py). Strides are in elements
+ * for (b, h, s). */
 struct fga_args {
     fga_u64 q, k, v, out, lse;
     fga_i64 q_stride[3], k_stride[3], v_stride[3], o_stride[3];
