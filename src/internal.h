@@ -343,6 +343,11 @@ fg_status fgi_eval_mask(fg_ctx *ctx, const fg_mod *mod, const fgi_value *values,
                         int q0, int nq, int kv0, int nk, uint8_t *out);
 fg_status fgi_eval_score(fg_ctx *ctx, const fg_mod *mod, const fgi_value *values, int b, int h,
                          int q0, int nq, int kv0, int nk, const float *in, float *out);
+/* Any score-shaped function of the mod (score_mod, or a derivative of it
+ * from deriv.h) over the tile, with the scores `in`; `out` receives float or
+ * int32 lanes as fn returns float or int. */
+fg_status fgi_eval_func(fg_ctx *ctx, const fg_mod *mod, const fgi_func *fn, const fgi_value *values,
+                        int b, int h, int q0, int nq, int kv0, int nk, const float *in, void *out);
 
 /* ------------------------------------------------------------------------- */
 /* Emitter (emit.c) and source assembly (codegen.c)                          */

@@ -775,35 +775,45 @@ fg_status fgi_eval_mask(fg_ctx *ctx, const fg_mod *mod, const fgi_value *values,
     return st;
 }
 
-fg_status fgi_eval_score(fg_ctx *ctx, const fg_mod *mod, const fgi_value *values, int b, int h,
-                         int q0, int nq, int kv0, int nk, const float *in, float *out) {
+fg_status fgi_eval_func(fg_ctx *ctx, const fg_mod *mod, const fgi_func *fn, const fgi_value *values,
+                        int b, int h, int q0, int nq, int kv0, int nk, const float *in, void *out) {
     FGI_TRY(check_tile(ctx, mod, values, q0, nq, kv0, nk));
-    FGI_CHECK_ARG(ctx, (in && out) || nq == 0 || nk == 0, "NULL input or output scores");
+    FGI_CHECK_ARG(ctx, fn && fn->ret && (fn->ret->type == FGI_T_FLOAT || fn->ret->type == FGI_T_INT),
+                  "a function of the mod that returns float or int");
+    FGI_CHECK_ARG(ctx, (in && out) || nq == 0 || nk == 0, "NULL input scores or output");
     int64_t total = (int64_t)nq * nk;
     if (total == 0) return FG_OK;
-    if (!mod->score) {
-        if (in != out) memmove(out, in, (size_t)total * sizeof *out);
-        return FG_OK;
-    }
     int max_locals = 0;
-    int depth = func_depth(mod->score, &max_locals);
+    int depth = func_depth(fn, &max_locals);
     ev E;
     FGI_TRY(ev_init(&E, ctx, mod, values, b, h, depth, max_locals, total));
     fg_status st = FG_OK;
+    const size_t width = 4; /* float and int32 lanes */
     for (int64_t first = 0; first < total; first += E.cap) {
         int n = total - first < E.cap ? (int)(total - first) : E.cap;
         set_chunk(&E, q0, kv0, nk, first, n);
         E.score = in + first;
-        const float *r = eval_func(&E, mod->score, (sel){NULL, n});
+        const void *r = eval_func(&E, fn, (sel){NULL, n});
         if (!r) {
             st = E.status;
             break;
         }
         /* memmove: `in` may be `out`, and r may be `in` (return score;). */
-        memmove(out + first, r, (size_t)n * sizeof *out);
+        memmove((char *)out + (size_t)first * width, r, (size_t)n * width);
     }
     ev_free(&E);
     return st;
+}
+
+fg_status fgi_eval_score(fg_ctx *ctx, const fg_mod *mod, const fgi_value *values, int b, int h,
+                         int q0, int nq, int kv0, int nk, const float *in, float *out) {
+    if (mod && !mod->score) {
+        FGI_TRY(check_tile(ctx, mod, values, q0, nq, kv0, nk));
+        FGI_CHECK_ARG(ctx, (in && out) || nq == 0 || nk == 0, "NULL input or output scores");
+        if (in != out && nq > 0 && nk > 0) memmove(out, in, (size_t)nq * (size_t)nk * sizeof *out);
+        return FG_OK;
+    }
+    return fgi_eval_func(ctx, mod, mod ? mod->score : NULL, values, b, h, q0, nq, kv0, nk, in, out);
 }
 
 /* ---- public entry points ---------------------------------------------- */
