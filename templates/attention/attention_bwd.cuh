@@ -1,0 +1,440 @@
+/*
+ * attention_bwd.cuh -- the portable backward attention kernels (sm_80 and
+ * newer, mma.sync): FlashAttention-2's schedule, with the mods applied and
+ * differentiated exactly as the forward applies them.
+ *
+ * Three kernels, launched in this order on one stream:
+ *   fg_attention_bwd_pre   delta = rowsum(dO * O) per query row (fp32), and
+ *                          the fp32 dQ accumulator zeroed;
+ *   fg_attention_bwd_dkdv  one thread block per (kv tile, kv head, batch):
+ *                          K and V stay in shared memory, dK and dV in
+ *                          registers, while the q tiles the block mask's
+ *                          transposed arrays list stream past, for every
+ *                          query head of the KV group (GQA sums there, with
+ *                          no atomics). Per q tile, with S^T = K Q^T (kv rows,
+ *                          q columns, so dK and dV accumulate straight from
+ *                          the tensor cores' accumulator layout):
+ *                            P^T  = exp(mods(S^T) - lse)      (the forward's
+ *                                                              LSE, reused)
+ *                            dV  += P^T dO
+ *                            dP^T = V dO^T
+ *                            dS^T = P^T * (dP^T - delta)
+ *                            dR^T = dS^T * d score_mod / d score
+ *                            dK  += dR^T Q                    (scaled at the end)
+ *                            dQ  += dR K   (through shared memory, added to
+ *                                           the fp32 accumulator with atomics)
+ *                          and, per float buffer read of score_mod, dS times
+ *                          its derivative added to the buffer's gradient;
+ *   fg_attention_bwd_dq    dQ = scale * accumulator, in the input dtype.
+ *
+ * The mods. Where the forward keeps a pair (FlexAttention's rules: an empty
+ * block drops it, a full block keeps it without asking mask_mod, a partial
+ * block asks mask_mod; positions past Q_LEN / KV_LEN are always dropped and
+ * the mods never see them), P is exp(score_mod(scale * q.k) - lse);
+ * elsewhere P is 0, and so is every gradient the pair contributes: the
+ * derivative is taken only where P != 0, so an infinite derivative at a
+ * dropped pair (log at 0, say) never meets a zero. A fully masked row has
+ * lse = -inf and P = 0 everywhere: it contributes nothing, never a NaN.
+ * d score_mod / d score (fg_score_grad) and the buffer gradients
+ * (fg_mod_grads, fg_accumulate_grads) are emitted from the checked tree by
+ * src/codegen/emit_grad.c; without a score_mod the derivative is 1.
+ *
+ * Head dims over 128 split the output columns of dK, dV and dQ over
+ * FGB_DSPLIT thread blocks, each recomputing S and dP over the whole head
+ * dim, so no thread holds more than 2 x 128 accumulator columns.
+ */
+
+#define FGB_NWARPS 4
+#define FGB_THREADS (FGB_NWARPS * 32)
+#define FGB_D FG_HEAD_DIM
+#define FGB_BLOCK_N 64                     /* kv rows per thread block: 16 a warp */
+#if FG_HEAD_DIM > 64
+#define FGB_BLOCK_M 32                     /* q rows per step                     */
+#else
+#define FGB_BLOCK_M 64
+#endif
+#if FG_HEAD_DIM > 128
+#define FGB_DSPLIT 2
+#define FGB_DC (16 * ((FGB_D / 16 + 1) / 2)) /* output columns of one thread block:
+                                              the second block's last 16 may lie
+                                              past D, and are computed but not kept */
+#else
+#define FGB_DSPLIT 1
+#define FGB_DC FGB_D
+#endif
+#define FGB_ROW (FGB_D + 8)                /* padded shared row of Q, K, V, dO    */
+#define FGB_SROW (FGB_BLOCK_M + 8)         /* padded shared row of dR^T           */
+#define FGB_CHUNKS (FGB_D / 8)             /* 16-byte chunks per row              */
+#define FGB_KSTEPS (FGB_D / 16)
+#define FGB_MTILES (FGB_BLOCK_M / 8)       /* n8 tiles of S^T (q columns)         */
+#define FGB_DCTILES (FGB_DC / 8)           /* n8 tiles of dK / dV (d columns)     */
+#define FGB_QSLABS (FGB_BLOCK_M / 16)      /* 16-row slabs of the dQ tile         */
+/* Warps that share a dQ slab, each taking a band of columns (a multiple of
+ * 16); where the columns do not split evenly, one warp per slab and the
+ * others rest. */
+#if FGB_DC % (16 * (FGB_NWARPS / FGB_QSLABS)) == 0
+#define FGB_QPARTS (FGB_NWARPS / FGB_QSLABS)
+#else
+#define FGB_QPARTS 1
+#endif
+#define FGB_QCOLS (FGB_DC / FGB_QPARTS)    /* dQ columns of one warp              */
+
+/* The backward kernels' first argument; its fields are printed here from
+ * src/attention/abi_bwd.def when the templates are embedded into the
+ * library (scripts/embed_templates.py). */
+struct fgb_args {
+/* @abi src/attention/abi_bwd.def */
+};
+static_assert(sizeof(fgb_args) == 384, "fgb_args must match fgi_attn_bwd_abi");
+
+#define FGB_NEG_INF __int_as_float(0xff800000)
+#define FGB_LOG2E 1.4426950408889634f
+
+/* ---- PTX wrappers --------------------------------------------------------- */
+
+static __device__ __forceinline__ fg_u32 fgb_smem_addr(const void *p) {
+    fg_u32 r;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+static __device__ __forceinline__ void fgb_cp16(fg_u32 dst, const void *src, bool valid) {
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+static __device__ __forceinline__ void fgb_cp_wait_all() {
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+}
+static __device__ __forceinline__ void fgb_ldsm4(fg_u32 addr, fg_u32 (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+static __device__ __forceinline__ void fgb_ldsm4t(fg_u32 addr, fg_u32 (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+/* c += a * b for one m16n8k16 tile, fp32 accumulation. */
+static __device__ __forceinline__ void fgb_mma(float (&c)[4], const fg_u32 (&a)[4], fg_u32 b0, fg_u32 b1) {
+#if defined(FG_DTYPE_FP16)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+static __device__ __forceinline__ float fgb_exp2(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+    return r;
+}
+
+/* Rows [r0, r0 + ROWS) of a [len, D] slab into shared memory (padded rows);
+ * rows at or past `len` are zero-filled (a zero row times anything is 0,
+ * where stale shared memory could hold a NaN). */
+template <int ROWS>
+static __device__ __forceinline__ void fgb_load_tile(fg_u32 smem, const fg_u16 *base, fg_i64 row_stride, int r0,
+                                                     int len) {
+#pragma unroll 4
+    for (int c = threadIdx.x; c < ROWS * FGB_CHUNKS; c += FGB_THREADS) {
+        const int r = c / FGB_CHUNKS, ch = c % FGB_CHUNKS;
+        const bool ok = r0 + r < len;
+        const fg_u16 *src = ok ? base + (fg_i64)(r0 + r) * row_stride + ch * 8 : base;
+        fgb_cp16(smem + (fg_u32)((r * FGB_ROW + ch * 8) * 2), src, ok);
+    }
+}
+
+/* ---- delta and the dQ accumulator ---------------------------------------------- */
+
+/* One warp per query row: delta = sum_d dO * O in fp32, and the row of the
+ * dQ accumulator zeroed. Grid (ceil(Q_LEN / 4), Hq, B). */
+extern "C" __global__ void __launch_bounds__(FGB_THREADS)
+fg_attention_bwd_pre(const __grid_constant__ fgb_args a) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * FGB_NWARPS + warp, h = blockIdx.y, b = blockIdx.z;
+    if (row >= a.q_len) return;
+    const fg_elem *o = (const fg_elem *)a.out + (fg_i64)b * a.o_stride[0] + (fg_i64)h * a.o_stride[1] +
+                       (fg_i64)row * a.o_stride[2];
+    const fg_elem *d = (const fg_elem *)a.dout + (fg_i64)b * a.do_stride[0] + (fg_i64)h * a.do_stride[1] +
+                       (fg_i64)row * a.do_stride[2];
+    float acc = 0.f;
+    for (int c = lane; c < FGB_D; c += 32) acc += fg_elem_to_f32(o[c]) * fg_elem_to_f32(d[c]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    const fg_i64 r = ((fg_i64)b * a.heads_q + h) * a.q_len + row;
+    if (lane == 0) ((float *)a.delta)[r] = acc;
+    float *dq = (float *)a.dq_accum + r * FGB_D;
+    for (int c = lane; c < FGB_D; c += 32) dq[c] = 0.f;
+}
+
+/* One warp per query row: dQ = scale * accumulator, rounded to the dtype.
+ * Grid (ceil(Q_LEN / 4), Hq, B). */
+extern "C" __global__ void __launch_bounds__(FGB_THREADS)
+fg_attention_bwd_dq(const __grid_constant__ fgb_args a) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * FGB_NWARPS + warp, h = blockIdx.y, b = blockIdx.z;
+    if (row >= a.q_len) return;
+    const fg_i64 r = ((fg_i64)b * a.heads_q + h) * a.q_len + row;
+    const float *acc = (const float *)a.dq_accum + r * FGB_D;
+    fg_elem *dq = (fg_elem *)a.dq + (fg_i64)b * a.dq_stride[0] + (fg_i64)h * a.dq_stride[1] +
+                  (fg_i64)row * a.dq_stride[2];
+    for (int c = lane; c < FGB_D; c += 32) dq[c] = fg_f32_to_elem(acc[c] * a.scale);
+}
+
+/* ---- dK, dV and dQ ----------------------------------------------------------------- */
+
+/* The q tiles one kv tile visits for query head h: items [0, n_partial *
+ * per_block) are q tiles of partial blocks (mask_mod evaluated), the rest of
+ * full ones. Without a block mask every q tile, partial when the mod has a
+ * mask_mod. */
+struct fgb_plan {
+    const int *part, *full;
+    int n_partial, n_items, per_block, q_block;
+};
+
+static __device__ __forceinline__ fgb_plan fgb_plan_make(const fgb_args &a, int b, int h, int kv0) {
+    fgb_plan pl;
+    if (a.has_block_mask) {
+        const int mb = a.bm_batch == 1 ? 0 : b, mh = a.bm_heads == 1 ? 0 : h;
+        const fg_i64 row = ((fg_i64)mb * a.bm_heads + mh) * a.bm_kv_blocks + kv0 / a.bm_kv_block;
+        pl.part = (const int *)a.q_idx + row * a.bm_q_blocks;
+        pl.full = (const int *)a.full_q_idx + row * a.bm_q_blocks;
+        pl.n_partial = ((const int *)a.q_num)[row];
+        pl.per_block = a.bm_q_block / FGB_BLOCK_M;
+        pl.q_block = a.bm_q_block;
+        pl.n_items = (pl.n_partial + ((const int *)a.full_q_num)[row]) * pl.per_block;
+    } else {
+        pl.part = pl.full = 0;
+        pl.n_partial = 0;
+        pl.per_block = 1;
+        pl.q_block = FGB_BLOCK_M;
+        pl.n_items = (a.q_len + FGB_BLOCK_M - 1) / FGB_BLOCK_M;
+    }
+    return pl;
+}
+
+/* The first row of item j and whether it is partial. */
+static __device__ __forceinline__ int fgb_item_q0(const fgb_plan &pl, int j, bool &partial) {
+    if (!pl.part) {
+        partial = FG_HAS_MASK_MOD;
+        return j * FGB_BLOCK_M;
+    }
+    const int blk = j / pl.per_block, sub = j % pl.per_block;
+    partial = blk < pl.n_partial;
+    const int qb = partial ? pl.part[blk] : pl.full[blk - pl.n_partial];
+    return qb * pl.q_block + sub * FGB_BLOCK_M;
+}
+
+/* Pack two accumulator n8 tiles (columns 16 kc .. 16 kc + 15) into one A
+ * fragment of k16. */
+static __device__ __forceinline__ void fgb_to_a(fg_u32 (&f)[4], const float (&c0)[4], const float (&c1)[4]) {
+    f[0] = fg_pack2(c0[0], c0[1]);
+    f[1] = fg_pack2(c0[2], c0[3]);
+    f[2] = fg_pack2(c1[0], c1[1]);
+    f[3] = fg_pack2(c1[2], c1[3]);
+}
+
+/* Grid (kv_tiles * FGB_DSPLIT, Hkv, B). */
+extern "C" __global__ void __launch_bounds__(FGB_THREADS)
+fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant__ fg_mod_params p,
+                      const __grid_constant__ fg_mod_grads gr) {
+    extern __shared__ __align__(128) unsigned char fgb_smem[];
+    const fg_u32 sK = fgb_smem_addr(fgb_smem);
+    const fg_u32 sV = sK + FGB_BLOCK_N * FGB_ROW * 2;
+    const fg_u32 sQ = sV + FGB_BLOCK_N * FGB_ROW * 2;
+    const fg_u32 sO = sQ + FGB_BLOCK_M * FGB_ROW * 2; /* dO */
+    const fg_u32 sS = sO + FGB_BLOCK_M * FGB_ROW * 2; /* dR^T, [kv][q] */
+    float *const s_lse = (float *)(fgb_smem + (2 * FGB_BLOCK_N + 2 * FGB_BLOCK_M) * FGB_ROW * 2 +
+                                   FGB_BLOCK_N * FGB_SROW * 2);
+    float *const s_delta = s_lse + FGB_BLOCK_M;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int kvt = blockIdx.x / FGB_DSPLIT, dc0 = (blockIdx.x % FGB_DSPLIT) * FGB_DC;
+    const int hk = blockIdx.y, b = blockIdx.z;
+    const int group = a.heads_q / a.heads_kv;
+    const int kv0 = kvt * FGB_BLOCK_N;
+
+    const fg_u16 *kp = (const fg_u16 *)a.k + (fg_i64)b * a.k_stride[0] + (fg_i64)hk * a.k_stride[1];
+    const fg_u16 *vp = (const fg_u16 *)a.v + (fg_i64)b * a.v_stride[0] + (fg_i64)hk * a.v_stride[1];
+    fgb_load_tile<FGB_BLOCK_N>(sK, kp, a.k_stride[2], kv0, a.kv_len);
+    fgb_load_tile<FGB_BLOCK_N>(sV, vp, a.v_stride[2], kv0, a.kv_len);
+
+    /* ldmatrix lane patterns: A from a row-major [m][k] tile; B from a
+     * [n][k] tile (no transpose) or a [k][n] tile (transposed); A from a
+     * [k][m] tile (transposed). */
+    const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
+    const int bn_row = (lane & 7) + (lane >> 4) * 8, bn_col = ((lane >> 3) & 1) * 8;
+    const int bk_row = (lane & 7) + ((lane >> 3) & 1) * 8, bk_col = (lane >> 4) * 8;
+
+    /* This warp's kv rows: kvr0 + {0, 8}. */
+    const int kvr0 = kv0 + warp * 16 + g;
+    float dk[FGB_DCTILES][4], dv[FGB_DCTILES][4];
+#pragma unroll
+    for (int i = 0; i < FGB_DCTILES; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.f;
+
+    for (int gi = 0; gi < group; gi++) {
+        const int h = hk * group + gi;
+        const fg_u16 *qp = (const fg_u16 *)a.q + (fg_i64)b * a.q_stride[0] + (fg_i64)h * a.q_stride[1];
+        const fg_u16 *op = (const fg_u16 *)a.dout + (fg_i64)b * a.do_stride[0] + (fg_i64)h * a.do_stride[1];
+        const fg_i64 row_base = ((fg_i64)b * a.heads_q + h) * a.q_len;
+        const fgb_plan pl = fgb_plan_make(a, b, h, kv0);
+        for (int j = 0; j < pl.n_items; j++) {
+            bool partial;
+            const int q0 = fgb_item_q0(pl, j, partial);
+            __syncthreads(); /* the previous step is done with Q, dO, dR^T */
+            fgb_load_tile<FGB_BLOCK_M>(sQ, qp, a.q_stride[2], q0, a.q_len);
+            fgb_load_tile<FGB_BLOCK_M>(sO, op, a.do_stride[2], q0, a.q_len);
+            for (int i = tid; i < FGB_BLOCK_M; i += FGB_THREADS) {
+                const bool in = q0 + i < a.q_len;
+                s_lse[i] = in ? ((const float *)a.lse)[row_base + q0 + i] : FGB_NEG_INF;
+                s_delta[i] = in ? ((const float *)a.delta)[row_base + q0 + i] : 0.f;
+            }
+            fgb_cp_wait_all();
+            __syncthreads();
+
+            /* S^T = K Q^T for this warp's 16 kv rows. */
+            float s[FGB_MTILES][4];
+#pragma unroll
+            for (int i = 0; i < FGB_MTILES; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < FGB_KSTEPS; kk++) {
+                fg_u32 af[4];
+                fgb_ldsm4(sK + (fg_u32)(((warp * 16 + a_row) * FGB_ROW + kk * 16 + a_col) * 2), af);
+#pragma unroll
+                for (int np = 0; np < FGB_MTILES / 2; np++) {
+                    fg_u32 bf[4];
+                    fgb_ldsm4(sQ + (fg_u32)(((np * 16 + bn_row) * FGB_ROW + kk * 16 + bn_col) * 2), bf);
+                    fgb_mma(s[2 * np], af, bf[0], bf[1]);
+                    fgb_mma(s[2 * np + 1], af, bf[2], bf[3]);
+                }
+            }
+
+            /* dP^T = V dO^T, over the whole head dim. */
+            float dp[FGB_MTILES][4];
+#pragma unroll
+            for (int i = 0; i < FGB_MTILES; i++) dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < FGB_KSTEPS; kk++) {
+                fg_u32 af[4];
+                fgb_ldsm4(sV + (fg_u32)(((warp * 16 + a_row) * FGB_ROW + kk * 16 + a_col) * 2), af);
+#pragma unroll
+                for (int np = 0; np < FGB_MTILES / 2; np++) {
+                    fg_u32 bf[4];
+                    fgb_ldsm4(sO + (fg_u32)(((np * 16 + bn_row) * FGB_ROW + kk * 16 + bn_col) * 2), bf);
+                    fgb_mma(dp[2 * np], af, bf[0], bf[1]);
+                    fgb_mma(dp[2 * np + 1], af, bf[2], bf[3]);
+                }
+            }
+
+            /* Element by element: P^T, then dR^T = P^T (dP^T - delta) d score_mod /
+             * d score in place of dP^T, and the buffer gradients. Element e of
+             * tile i sits at kv row kvr0 + 8 (e >> 1), q column 8 i + 2 t4 + (e & 1). */
+#pragma unroll
+            for (int i = 0; i < FGB_MTILES; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int kv = kvr0 + 8 * (e >> 1), qc = 8 * i + 2 * t4 + (e & 1), q = q0 + qc;
+                    const float lse = s_lse[qc];
+                    float pr = 0.f, dr = 0.f;
+                    if (q < a.q_len && kv < a.kv_len && lse != FGB_NEG_INF) {
+                        const int qi = q + a.q_offset, ki = kv + a.kv_offset;
+                        if (!partial || fg_mask_mod(p, b, h, qi, ki)) {
+                            const float raw = s[i][e] * a.scale;
+                            const float sc = fg_score_mod(p, raw, b, h, qi, ki);
+                            pr = fgb_exp2(sc * FGB_LOG2E - lse * FGB_LOG2E);
+                            if (pr != 0.f) {
+                                const float ds = pr * (dp[i][e] - s_delta[qc]);
+                                dr = ds * fg_score_grad(p, raw, b, h, qi, ki);
+                                fg_accumulate_grads(p, gr, ds, raw, b, h, qi, ki);
+                            }
+                        }
+                    }
+                    s[i][e] = pr;
+                    dp[i][e] = dr;
+                }
+
+            /* dV += P^T dO and dK += dR^T Q over this block's output columns,
+             * P^T and dR^T packed from the accumulator layout to A fragments. */
+#pragma unroll
+            for (int kc = 0; kc < FGB_BLOCK_M / 16; kc++) {
+                fg_u32 pa[4], ra[4];
+                fgb_to_a(pa, s[2 * kc], s[2 * kc + 1]);
+                fgb_to_a(ra, dp[2 * kc], dp[2 * kc + 1]);
+#pragma unroll
+                for (int dpair = 0; dpair < FGB_DCTILES / 2; dpair++) {
+                    fg_u32 of[4], qf[4];
+                    const int col = dc0 + dpair * 16 + bk_col;
+                    fgb_ldsm4t(sO + (fg_u32)(((kc * 16 + bk_row) * FGB_ROW + col) * 2), of);
+                    fgb_ldsm4t(sQ + (fg_u32)(((kc * 16 + bk_row) * FGB_ROW + col) * 2), qf);
+                    fgb_mma(dv[2 * dpair], pa, of[0], of[1]);
+                    fgb_mma(dv[2 * dpair + 1], pa, of[2], of[3]);
+                    fgb_mma(dk[2 * dpair], ra, qf[0], qf[1]);
+                    fgb_mma(dk[2 * dpair + 1], ra, qf[2], qf[3]);
+                }
+            }
+
+            /* dR^T to shared memory for dQ = dR K. */
+#pragma unroll
+            for (int i = 0; i < FGB_MTILES; i++) {
+                const int r = warp * 16 + g, c = 8 * i + 2 * t4;
+                *(fg_u32 *)(fgb_smem + (sS - sK) + (r * FGB_SROW + c) * 2) = fg_pack2(dp[i][0], dp[i][1]);
+                *(fg_u32 *)(fgb_smem + (sS - sK) + ((r + 8) * FGB_SROW + c) * 2) = fg_pack2(dp[i][2], dp[i][3]);
+            }
+            __syncthreads();
+
+            /* dQ[slab rows][this warp's columns] = dR K, added to the fp32
+             * accumulator. A from dR^T ([kv][q], transposed), B from K
+             * ([kv][d], transposed). */
+            if (warp / FGB_QSLABS < FGB_QPARTS) {
+                const int slab = warp % FGB_QSLABS, part = warp / FGB_QSLABS;
+                const int qcol0 = dc0 + part * FGB_QCOLS;
+                float dq[FGB_QCOLS / 8][4];
+#pragma unroll
+                for (int i = 0; i < FGB_QCOLS / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+#pragma unroll
+                for (int kc = 0; kc < FGB_BLOCK_N / 16; kc++) {
+                    fg_u32 af[4];
+                    fgb_ldsm4t(sS + (fg_u32)(((kc * 16 + bn_row) * FGB_SROW + slab * 16 + bn_col) * 2), af);
+#pragma unroll
+                    for (int dpair = 0; dpair < FGB_QCOLS / 16; dpair++) {
+                        fg_u32 kf[4];
+                        fgb_ldsm4t(sK + (fg_u32)(((kc * 16 + bk_row) * FGB_ROW + qcol0 + dpair * 16 + bk_col) * 2), kf);
+                        fgb_mma(dq[2 * dpair], af, kf[0], kf[1]);
+                        fgb_mma(dq[2 * dpair + 1], af, kf[2], kf[3]);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < FGB_QCOLS / 8; i++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int q = q0 + slab * 16 + g + 8 * (e >> 1);
+                        if (q < a.q_len && (FGB_DSPLIT == 1 || qcol0 + 8 * i + 2 * t4 < FGB_D))
+                            atomicAdd((float *)a.dq_accum + (row_base + q) * FGB_D + qcol0 + 8 * i + 2 * t4 + (e & 1),
+                                      dq[i][e]);
+                    }
+            }
+        }
+    }
+
+    /* dK (scaled) and dV of this warp's rows and this block's columns. */
+    fg_elem *dkp = (fg_elem *)a.dk + (fg_i64)b * a.dk_stride[0] + (fg_i64)hk * a.dk_stride[1];
+    fg_elem *dvp = (fg_elem *)a.dv + (fg_i64)b * a.dv_stride[0] + (fg_i64)hk * a.dv_stride[1];
+#pragma unroll
+    for (int i = 0; i < FGB_DCTILES; i++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int kv = kvr0 + 8 * half, c = dc0 + 8 * i + 2 * t4;
+            if (kv >= a.kv_len || (FGB_DSPLIT > 1 && c >= FGB_D)) continue;
+            *(fg_u32 *)(dkp + (fg_i64)kv * a.dk_stride[2] + c) =
+                fg_pack2(dk[i][2 * half] * a.scale, dk[i][2 * half + 1] * a.scale);
+            *(fg_u32 *)(dvp + (fg_i64)kv * a.dv_stride[2] + c) = fg_pack2(dv[i][2 * half], dv[i][2 * half + 1]);
+        }
+}
