@@ -18,9 +18,7 @@
  * The softmax is a two-pass one per row (maximum, then sums), so a fully
  * masked row is recognised before any exponential: output 0, LSE -inf.
  */
-#include "attention/attention.h"
-
-#include "blockmask/blockmask.h"
+#include "reference/reference.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -89,13 +87,12 @@ static void block_states(const fg_block_mask *m, int b, int h, uint8_t *states) 
 
 typedef struct ref_work {
     const fg_attention_args *a;
+    const fgi_ref_ctx *rc;
     const fg_mod *mod;
     const fgi_value *values;
-    const fg_block_mask *bm;
     float scale;
-    double *q, *k, *v;    /* [len][D] of this (b, h)                   */
+    double *q, *k, *v;    /* [len][D] of this (b, h) (rows.q, .k, .v)    */
     double *s;            /* [REF_TILE][kv_len]: scores of a q tile      */
-    uint8_t *states;      /* [QB][KB] when there is a block mask         */
     uint8_t *mask;        /* [REF_TILE * REF_TILE]                       */
     float *fin, *fout;    /* [REF_TILE * REF_TILE] score_mod in and out  */
 } ref_work;
@@ -124,12 +121,7 @@ static fg_status score_tile(fg_ctx *ctx, ref_work *w, int b, int h, int q0, int 
     const float *sc = has_score ? w->fout : w->fin;
     for (int i = 0; i < nq; i++) {
         for (int j = 0; j < nk; j++) {
-            int st = has_mask ? ST_PARTIAL : ST_FULL;
-            if (w->bm) {
-                const int qb = (q0 + i) / w->bm->desc.q_block, kb = (kv0 + j) / w->bm->desc.kv_block;
-                st = w->states[(int64_t)qb * w->bm->kv_blocks + kb];
-            }
-            bool keep = st == ST_FULL || (st == ST_PARTIAL && (!has_mask || w->mask[i * nk + j]));
+            bool keep = fgi_ref_pair_kept(w->rc, q0 + i, kv0 + j, has_mask ? w->mask[i * nk + j] : 1);
             w->s[(int64_t)i * KV + kv0 + j] = keep ? (double)sc[i * nk + j] : -INFINITY;
         }
     }
@@ -165,14 +157,8 @@ static void finish_rows(ref_work *w, int b, int h, int q0, int nq, double *out, 
     }
 }
 
-static fg_status one_head(fg_ctx *ctx, ref_work *w, const fgi_attn_strides *st, int b, int h,
-                          double *out, double *lse) {
+static fg_status one_head(fg_ctx *ctx, ref_work *w, int b, int h, double *out, double *lse) {
     const fg_attention_args *a = w->a;
-    const int hk = h / (a->heads_q / a->heads_kv);
-    load_rows(a, a->q, st->q, b, h, a->q_len, w->q);
-    load_rows(a, a->k, st->k, b, hk, a->kv_len, w->k);
-    load_rows(a, a->v, st->v, b, hk, a->kv_len, w->v);
-    if (w->bm) block_states(w->bm, b, h, w->states);
     for (int q0 = 0; q0 < a->q_len; q0 += REF_TILE) {
         const int nq = a->q_len - q0 < REF_TILE ? a->q_len - q0 : REF_TILE;
         for (int kv0 = 0; kv0 < a->kv_len; kv0 += REF_TILE) {
@@ -184,54 +170,126 @@ static fg_status one_head(fg_ctx *ctx, ref_work *w, const fgi_attn_strides *st, 
     return FG_OK;
 }
 
-static fg_status check_block_mask(fg_ctx *ctx, const fg_attention_args *a) {
+/* ---- shared with the backward reference ----------------------------------- */
+
+fg_status fgi_ref_init(fg_ctx *ctx, fgi_ref_ctx *rc, const fg_mod *mod, const fg_attention_args *a,
+                       fgi_value *values) {
+    memset(rc, 0, sizeof *rc);
+    FGI_TRY(fgi_attn_check_args(ctx, mod, a, &rc->st));
     const fg_block_mask *m = a->block_mask;
-    if (!m) return FG_OK;
-    if (!m->host_valid)
-        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
-                         "the block mask has no host copy: fg_block_mask_download it first");
-    return fgi_block_mask_check(ctx, m, a->batch, a->heads_q, a->q_len, a->kv_len, m->desc.q_block,
-                                m->desc.kv_block);
+    if (m) {
+        if (!m->host_valid)
+            return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
+                             "the block mask has no host copy: fg_block_mask_download it first");
+        FGI_TRY(fgi_block_mask_check(ctx, m, a->batch, a->heads_q, a->q_len, a->kv_len, m->desc.q_block,
+                                     m->desc.kv_block));
+    }
+    FGI_TRY(fgi_bind(ctx, mod, a->binds, a->nbinds, values));
+    rc->a = a;
+    rc->mod = mod;
+    rc->values = values;
+    rc->bm = m;
+    rc->scale = fgi_attn_scale(a);
+    if (m && !(rc->states = malloc((size_t)m->q_blocks * (size_t)m->kv_blocks)))
+        return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (reference)");
+    return FG_OK;
 }
+
+void fgi_ref_free(fgi_ref_ctx *rc) {
+    free(rc->states);
+    rc->states = NULL;
+}
+
+fg_status fgi_ref_rows_alloc(fg_ctx *ctx, const fgi_ref_ctx *rc, fgi_ref_rows *r, bool with_dout) {
+    const size_t D = (size_t)rc->a->head_dim;
+    memset(r, 0, sizeof *r);
+    r->q = malloc(sizeof(double) * D * (size_t)rc->a->q_len);
+    r->k = malloc(sizeof(double) * D * (size_t)rc->a->kv_len);
+    r->v = malloc(sizeof(double) * D * (size_t)rc->a->kv_len);
+    if (with_dout) r->dout = malloc(sizeof(double) * D * (size_t)rc->a->q_len);
+    if (!r->q || !r->k || !r->v || (with_dout && !r->dout)) {
+        fgi_ref_rows_free(r);
+        return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (reference)");
+    }
+    return FG_OK;
+}
+
+void fgi_ref_rows_free(fgi_ref_rows *r) {
+    free(r->q);
+    free(r->k);
+    free(r->v);
+    free(r->dout);
+    memset(r, 0, sizeof *r);
+}
+
+void fgi_ref_load_head(const fgi_ref_ctx *rc, fgi_ref_rows *r, int b, int h, const void *dout,
+                       const int64_t dout_stride[4]) {
+    const fg_attention_args *a = rc->a;
+    const int hk = h / (a->heads_q / a->heads_kv);
+    load_rows(a, a->q, rc->st.q, b, h, a->q_len, r->q);
+    load_rows(a, a->k, rc->st.k, b, hk, a->kv_len, r->k);
+    load_rows(a, a->v, rc->st.v, b, hk, a->kv_len, r->v);
+    if (dout && r->dout) {
+        const int64_t *s = dout_stride;
+        int64_t st[3];
+        if (s[0] == 0 && s[1] == 0 && s[2] == 0 && s[3] == 0) {
+            st[2] = a->head_dim;
+            st[1] = (int64_t)a->q_len * a->head_dim;
+            st[0] = (int64_t)a->heads_q * st[1];
+        } else {
+            st[0] = s[0], st[1] = s[1], st[2] = s[2];
+        }
+        load_rows(a, dout, st, b, h, a->q_len, r->dout);
+    }
+    if (rc->bm) block_states(rc->bm, b, h, rc->states);
+}
+
+bool fgi_ref_pair_kept(const fgi_ref_ctx *rc, int q, int kv, int mask_bit) {
+    int st = fg_mod_has_mask(rc->mod) ? ST_PARTIAL : ST_FULL;
+    if (rc->bm) {
+        const int qb = q / rc->bm->desc.q_block, kb = kv / rc->bm->desc.kv_block;
+        st = rc->states[(int64_t)qb * rc->bm->kv_blocks + kb];
+    }
+    return st == ST_FULL || (st == ST_PARTIAL && mask_bit);
+}
+
+/* ---- the forward reference ------------------------------------------------------ */
 
 fg_status fg_attention_reference(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
                                  double *out, double *lse) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, out, "NULL output");
-    fgi_attn_strides st;
-    FGI_TRY(fgi_attn_check_args(ctx, mod, args, &st));
-    FGI_TRY(check_block_mask(ctx, args));
+    fgi_ref_ctx rc;
     fgi_value values[FGI_MAX_PARAMS];
-    FGI_TRY(fgi_bind(ctx, mod, args->binds, args->nbinds, values));
-
-    const size_t D = (size_t)args->head_dim;
+    FGI_TRY(fgi_ref_init(ctx, &rc, mod, args, values));
+    fgi_ref_rows rows;
+    fg_status s = fgi_ref_rows_alloc(ctx, &rc, &rows, false);
     ref_work w;
     memset(&w, 0, sizeof w);
     w.a = args;
+    w.rc = &rc;
     w.mod = mod;
     w.values = values;
-    w.bm = args->block_mask;
-    w.scale = fgi_attn_scale(args);
-    w.q = malloc(sizeof(double) * D * (size_t)args->q_len);
-    w.k = malloc(sizeof(double) * D * (size_t)args->kv_len);
-    w.v = malloc(sizeof(double) * D * (size_t)args->kv_len);
+    w.scale = rc.scale;
+    w.q = rows.q;
+    w.k = rows.k;
+    w.v = rows.v;
     w.s = malloc(sizeof(double) * REF_TILE * (size_t)args->kv_len);
     w.mask = malloc(REF_TILE * REF_TILE);
     w.fin = malloc(sizeof(float) * REF_TILE * REF_TILE);
     w.fout = malloc(sizeof(float) * REF_TILE * REF_TILE);
-    if (w.bm) w.states = malloc((size_t)w.bm->q_blocks * (size_t)w.bm->kv_blocks);
-    fg_status s = FG_OK;
-    if (!w.q || !w.k || !w.v || !w.s || !w.mask || !w.fin || !w.fout || (w.bm && !w.states))
+    if (s == FG_OK && (!w.s || !w.mask || !w.fin || !w.fout))
         s = fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (reference)");
     for (int b = 0; s == FG_OK && b < args->batch; b++)
-        for (int h = 0; s == FG_OK && h < args->heads_q; h++) s = one_head(ctx, &w, &st, b, h, out, lse);
-    free(w.q);
-    free(w.k);
-    free(w.v);
+        for (int h = 0; s == FG_OK && h < args->heads_q; h++) {
+            fgi_ref_load_head(&rc, &rows, b, h, NULL, NULL);
+            s = one_head(ctx, &w, b, h, out, lse);
+        }
+    fgi_ref_rows_free(&rows);
+    fgi_ref_free(&rc);
     free(w.s);
     free(w.mask);
     free(w.fin);
     free(w.fout);
-    free(w.states);
     return s;
 }

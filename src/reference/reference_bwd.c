@@ -1,0 +1,266 @@
+/*
+ * reference_bwd.c -- the CPU reference of the backward pass, in float64.
+ *
+ * For each (b, h) it recomputes what the forward computes (reference.c's
+ * rules for which pairs take part, score_mod through the evaluator on the
+ * float score scale * q.k), then takes the gradients the plain way:
+ *
+ *   P    = softmax of the kept scores (row by row, in double)
+ *   O    = P V,  delta_i = dO_i . O_i
+ *   dV  += P^T dO
+ *   dS   = P * (dO V^T - delta)
+ *   dR   = dS * d score_mod / d score  (deriv.c's tree, through the evaluator,
+ *                                       at the same float raw score)
+ *   dQ   = scale * dR K,  dK += scale * dR^T Q
+ *   d buf[i] += dS * d score_mod / d (buf[i] as read), per float buffer read
+ *
+ * O and the LSE are the reference's own, not the kernel's, so the yardstick
+ * does not inherit the kernel's rounding. Pairs that do not take part, and
+ * pairs whose probability is exactly 0, contribute nothing, and their
+ * derivatives are not used (an infinite derivative at a masked pair never
+ * meets a zero), as in the kernels. dK and dV of a KV head sum over the query
+ * heads of its group.
+ */
+#include "reference/reference.h"
+
+#include "mod/deriv.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BWD_TILE 64
+
+typedef struct bwd_work {
+    fgi_ref_rows rows;               /* q, k, v, dO of the current (b, h), double */
+    double *s;                   /* [Q_LEN][KV_LEN]: kept scores, -inf else   */
+    float *raw;                  /* [Q_LEN][KV_LEN]: scale * q.k as float     */
+    double *dr, *ds;             /* [Q_LEN][KV_LEN]                           */
+    uint8_t *mask;               /* [BWD_TILE * BWD_TILE]                     */
+    float *fin, *fout;           /* [BWD_TILE * BWD_TILE]                     */
+    int32_t *iout;
+} bwd_work;
+
+/* Kept scores and raw scores of one (b, h), tile by tile. */
+static fg_status scores(fg_ctx *ctx, const fgi_ref_ctx *rc, bwd_work *w, int b, int h) {
+    const fg_attention_args *a = rc->a;
+    const int D = a->head_dim, Q = a->q_len, KV = a->kv_len;
+    const bool has_mask = fg_mod_has_mask(rc->mod), has_score = fg_mod_has_score(rc->mod);
+    for (int q0 = 0; q0 < Q; q0 += BWD_TILE) {
+        const int nq = Q - q0 < BWD_TILE ? Q - q0 : BWD_TILE;
+        for (int kv0 = 0; kv0 < KV; kv0 += BWD_TILE) {
+            const int nk = KV - kv0 < BWD_TILE ? KV - kv0 : BWD_TILE;
+            if (has_mask)
+                FGI_TRY(fgi_eval_mask(ctx, rc->mod, rc->values, b, h, q0 + a->q_offset, nq,
+                                      kv0 + a->kv_offset, nk, w->mask));
+            for (int i = 0; i < nq; i++)
+                for (int j = 0; j < nk; j++) {
+                    const double *qr = w->rows.q + (int64_t)(q0 + i) * D, *kr = w->rows.k + (int64_t)(kv0 + j) * D;
+                    double dot = 0;
+                    for (int d = 0; d < D; d++) dot += qr[d] * kr[d];
+                    w->fin[i * nk + j] = (float)((double)rc->scale * dot);
+                }
+            if (has_score)
+                FGI_TRY(fgi_eval_score(ctx, rc->mod, rc->values, b, h, q0 + a->q_offset, nq,
+                                       kv0 + a->kv_offset, nk, w->fin, w->fout));
+            const float *sc = has_score ? w->fout : w->fin;
+            for (int i = 0; i < nq; i++)
+                for (int j = 0; j < nk; j++) {
+                    const int64_t at = (int64_t)(q0 + i) * KV + kv0 + j;
+                    const bool keep = fgi_ref_pair_kept(rc, q0 + i, kv0 + j, has_mask ? w->mask[i * nk + j] : 1);
+                    w->raw[at] = w->fin[i * nk + j];
+                    w->s[at] = keep ? (double)sc[i * nk + j] : -INFINITY;
+                }
+        }
+    }
+    return FG_OK;
+}
+
+/* Evaluate a score-shaped function of the mod at every pair with dS != 0,
+ * tile by tile, and hand each value to `use`. */
+typedef void (*pair_fn)(bwd_work *w, void *arg, int64_t at, float value, int32_t ivalue);
+
+static fg_status at_pairs(fg_ctx *ctx, const fgi_ref_ctx *rc, bwd_work *w, const fgi_func *fn, int b, int h,
+                          pair_fn use, void *arg) {
+    const fg_attention_args *a = rc->a;
+    const int Q = a->q_len, KV = a->kv_len;
+    const bool is_int = fn->ret->type == FGI_T_INT;
+    for (int q0 = 0; q0 < Q; q0 += BWD_TILE) {
+        const int nq = Q - q0 < BWD_TILE ? Q - q0 : BWD_TILE;
+        for (int kv0 = 0; kv0 < KV; kv0 += BWD_TILE) {
+            const int nk = KV - kv0 < BWD_TILE ? KV - kv0 : BWD_TILE;
+            bool any = false;
+            for (int i = 0; i < nq && !any; i++)
+                for (int j = 0; j < nk && !any; j++) any = w->ds[(int64_t)(q0 + i) * KV + kv0 + j] != 0.0;
+            if (!any) continue;
+            for (int i = 0; i < nq; i++)
+                for (int j = 0; j < nk; j++) w->fin[i * nk + j] = w->raw[(int64_t)(q0 + i) * KV + kv0 + j];
+            FGI_TRY(fgi_eval_func(ctx, rc->mod, fn, rc->values, b, h, q0 + a->q_offset, nq, kv0 + a->kv_offset,
+                                  nk, w->fin, is_int ? (void *)w->iout : (void *)w->fout));
+            for (int i = 0; i < nq; i++)
+                for (int j = 0; j < nk; j++) {
+                    const int64_t at = (int64_t)(q0 + i) * KV + kv0 + j;
+                    if (w->ds[at] != 0.0)
+                        use(w, arg, at, is_int ? 0.f : w->fout[i * nk + j], is_int ? w->iout[i * nk + j] : 0);
+                }
+        }
+    }
+    return FG_OK;
+}
+
+static void use_d_score(bwd_work *w, void *arg, int64_t at, float v, int32_t iv) {
+    (void)arg, (void)iv;
+    w->dr[at] = w->ds[at] * (double)v;
+}
+
+/* A buffer read: first pass records the index of each pair, second pass adds
+ * dS * derivative to the gradient there. */
+typedef struct site_pass {
+    int32_t *index;     /* [Q_LEN][KV_LEN] */
+    double *grad;       /* the buffer's gradient */
+    int64_t length;
+} site_pass;
+
+static void use_index(bwd_work *w, void *arg, int64_t at, float v, int32_t iv) {
+    (void)w, (void)v;
+    ((site_pass *)arg)->index[at] = iv;
+}
+
+static void use_site(bwd_work *w, void *arg, int64_t at, float v, int32_t iv) {
+    (void)iv;
+    site_pass *sp = arg;
+    const int32_t i = sp->index[at];
+    if (i >= 0 && i < sp->length) sp->grad[i] += w->ds[at] * (double)v;
+}
+
+static fg_status one_head(fg_ctx *ctx, const fgi_ref_ctx *rc, bwd_work *w, const fgi_mod_grad *g,
+                          const fgi_value *values, const fgi_ref_bwd_out *out, int32_t *site_index,
+                          int b, int h) {
+    const fg_attention_args *a = rc->a;
+    const int D = a->head_dim, Q = a->q_len, KV = a->kv_len;
+    const int hk = h / (a->heads_q / a->heads_kv);
+    fgi_ref_load_head(rc, &w->rows, b, h, out->dout, out->dout_stride);
+    FGI_TRY(scores(ctx, rc, w, b, h));
+    double *dq = out->dq + ((int64_t)b * a->heads_q + h) * Q * D;
+    double *dk = out->dk + ((int64_t)b * a->heads_kv + hk) * KV * D;
+    double *dv = out->dv + ((int64_t)b * a->heads_kv + hk) * KV * D;
+    double *o = malloc(sizeof(double) * (size_t)D);
+    if (!o) return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (reference backward)");
+    for (int i = 0; i < Q; i++) {
+        double *srow = w->s + (int64_t)i * KV, *dsrow = w->ds + (int64_t)i * KV;
+        const double *dor = w->rows.dout + (int64_t)i * D;
+        double mx = -INFINITY;
+        for (int j = 0; j < KV; j++) mx = srow[j] > mx ? srow[j] : mx;
+        if (mx == -INFINITY) { /* fully masked: no gradient at all */
+            memset(dsrow, 0, sizeof(double) * (size_t)KV);
+            continue;
+        }
+        double l = 0;
+        for (int j = 0; j < KV; j++) l += srow[j] == -INFINITY ? 0.0 : exp(srow[j] - mx);
+        /* srow becomes P, dsrow dP then dS */
+        memset(o, 0, sizeof(double) * (size_t)D);
+        for (int j = 0; j < KV; j++) {
+            srow[j] = srow[j] == -INFINITY ? 0.0 : exp(srow[j] - mx) / l;
+            if (srow[j] == 0.0) continue;
+            const double *vr = w->rows.v + (int64_t)j * D;
+            for (int d = 0; d < D; d++) o[d] += srow[j] * vr[d];
+        }
+        double delta = 0;
+        for (int d = 0; d < D; d++) delta += dor[d] * o[d];
+        for (int j = 0; j < KV; j++) {
+            if (srow[j] == 0.0) {
+                dsrow[j] = 0.0;
+                continue;
+            }
+            const double *vr = w->rows.v + (int64_t)j * D;
+            double dp = 0;
+            for (int d = 0; d < D; d++) dp += dor[d] * vr[d];
+            dsrow[j] = srow[j] * (dp - delta);
+            double *dvr = dv + (int64_t)j * D;
+            for (int d = 0; d < D; d++) dvr[d] += srow[j] * dor[d];
+        }
+    }
+    free(o);
+    /* dR = dS * d score_mod / d score (1 without a score_mod). */
+    if (g->d_score) {
+        memset(w->dr, 0, sizeof(double) * (size_t)Q * (size_t)KV);
+        FGI_TRY(at_pairs(ctx, rc, w, g->d_score, b, h, use_d_score, NULL));
+    } else {
+        memcpy(w->dr, w->ds, sizeof(double) * (size_t)Q * (size_t)KV);
+    }
+    for (int i = 0; i < Q; i++) {
+        const double *drrow = w->dr + (int64_t)i * KV;
+        const double *qr = w->rows.q + (int64_t)i * D;
+        double *dqr = dq + (int64_t)i * D;
+        for (int j = 0; j < KV; j++) {
+            const double r = drrow[j] * (double)rc->scale;
+            if (r == 0.0) continue;
+            const double *kr = w->rows.k + (int64_t)j * D;
+            double *dkr = dk + (int64_t)j * D;
+            for (int d = 0; d < D; d++) {
+                dqr[d] += r * kr[d];
+                dkr[d] += r * qr[d];
+            }
+        }
+    }
+    for (int k = 0; k < g->nsites; k++) {
+        double *grad = out->buf_grads ? out->buf_grads[g->sites[k].param] : NULL;
+        if (!grad) continue;
+        site_pass sp = {site_index, grad, values[g->sites[k].param].length};
+        FGI_TRY(at_pairs(ctx, rc, w, g->sites[k].index, b, h, use_index, &sp));
+        FGI_TRY(at_pairs(ctx, rc, w, g->sites[k].grad, b, h, use_site, &sp));
+    }
+    return FG_OK;
+}
+
+fg_status fgi_attention_reference_backward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
+                                           const fgi_ref_bwd_out *out) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    FGI_CHECK_ARG(ctx, out && out->dout && out->dq && out->dk && out->dv, "NULL dout, dq, dk or dv");
+    fgi_ref_ctx rc;
+    fgi_value values[FGI_MAX_PARAMS];
+    FGI_TRY(fgi_ref_init(ctx, &rc, mod, args, values));
+    const fg_attention_args *a = args;
+    const size_t D = (size_t)a->head_dim, Q = (size_t)a->q_len, KV = (size_t)a->kv_len;
+    memset(out->dq, 0, sizeof(double) * (size_t)a->batch * (size_t)a->heads_q * Q * D);
+    memset(out->dk, 0, sizeof(double) * (size_t)a->batch * (size_t)a->heads_kv * KV * D);
+    memset(out->dv, 0, sizeof(double) * (size_t)a->batch * (size_t)a->heads_kv * KV * D);
+    fgi_mod_grad g;
+    FGI_TRY(fgi_mod_derive(ctx, mod, &g));
+    if (out->buf_grads)
+        for (int k = 0; k < g.nsites; k++) {
+            double *grad = out->buf_grads[g.sites[k].param];
+            if (grad) memset(grad, 0, sizeof(double) * (size_t)values[g.sites[k].param].length);
+        }
+    bwd_work w;
+    memset(&w, 0, sizeof w);
+    fg_status s = fgi_ref_rows_alloc(ctx, &rc, &w.rows, true);
+    w.s = malloc(sizeof(double) * Q * KV);
+    w.raw = malloc(sizeof(float) * Q * KV);
+    w.dr = malloc(sizeof(double) * Q * KV);
+    w.ds = malloc(sizeof(double) * Q * KV);
+    w.mask = malloc(BWD_TILE * BWD_TILE);
+    w.fin = malloc(sizeof(float) * BWD_TILE * BWD_TILE);
+    w.fout = malloc(sizeof(float) * BWD_TILE * BWD_TILE);
+    w.iout = malloc(sizeof(int32_t) * BWD_TILE * BWD_TILE);
+    int32_t *site_index = g.nsites ? malloc(sizeof(int32_t) * Q * KV) : NULL;
+    if (s == FG_OK && (!w.s || !w.raw || !w.dr || !w.ds || !w.mask || !w.fin || !w.fout || !w.iout ||
+                       (g.nsites && !site_index)))
+        s = fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (reference backward)");
+    for (int b = 0; s == FG_OK && b < a->batch; b++)
+        for (int h = 0; s == FG_OK && h < a->heads_q; h++)
+            s = one_head(ctx, &rc, &w, &g, values, out, site_index, b, h);
+    fgi_ref_rows_free(&w.rows);
+    fgi_ref_free(&rc);
+    free(w.s);
+    free(w.raw);
+    free(w.dr);
+    free(w.ds);
+    free(w.mask);
+    free(w.fin);
+    free(w.fout);
+    free(w.iout);
+    free(site_index);
+    fgi_mod_grad_free(&g);
+    return s;
+}
