@@ -293,6 +293,9 @@ char *fgi_expr_canonical(const fg_mod *mod, const fgi_func *fn, const fgi_expr *
 int fgi_mod_find_param(const fg_mod *mod, const char *name);
 const char *fgi_type_name(fgi_type t);
 const char *fgi_builtin_name(fgi_builtin fn);
+/* The arguments' names, in fgi_arg order: the canonical text and the
+ * emitted CUDA both print them (ast.c). */
+extern const char *const fgi_canonical_arg_names[5];
 
 /* ------------------------------------------------------------------------- */
 /* Bound parameter values (core.c)                                           */

@@ -53,4 +53,31 @@ bool fgi_codegen_sm90_applies(const fg_kernel_config *config);
 fg_status fgi_emit_mod_named(fg_ctx *ctx, const fg_mod *mod, const char *generated_name,
                              fgi_buf *out);
 
+/* The CUDA expression printer both emitters use (cuda_expr.c). */
+typedef enum fgi_cuda_style {
+    FGI_CUDA_READABLE = 0, /* the fewest parentheses that read clearly (emit.c) */
+    FGI_CUDA_PARENS = 1    /* every operator, cast and number in parentheses
+                              (emit_split.c)                                */
+} fgi_cuda_style;
+
+typedef struct fgi_cuda_printer {
+    fgi_buf *out;
+    const fg_mod *mod;    /* the parameters the expression reads            */
+    const fgi_func *fn;   /* its function (the locals' range); may be NULL  */
+    fgi_cuda_style style;
+    /* Asked before each node is printed: prints a replacement for `e` to
+     * `out` and returns true, or returns false to let the node print as
+     * itself. NULL: no replacements. */
+    bool (*replace)(void *user, fgi_buf *out, const fgi_expr *e);
+    void *user;
+    /* Set by the printer: the first node it could not print (a tree the
+     * checker did not finish) and what it is; failure stays NULL when all
+     * printed. Printing stops at the first failure. */
+    const char *failure;
+    const fgi_expr *failed_at;
+} fgi_cuda_printer;
+
+/* Append `e` as a CUDA expression to p->out. */
+void fgi_cuda_print_expr(fgi_cuda_printer *p, const fgi_expr *e);
+
 #endif

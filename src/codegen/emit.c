@@ -3,21 +3,18 @@
  *
  * The user's text is never pasted into a kernel. What reaches NVRTC is this
  * file's rendering of the typed tree, so nothing the checker did not accept
- * can appear in it, and every operator is spelled with the semantics of the
- * mod language rather than C++'s: int + - * through the wrapping helpers of
- * templates/common.cuh, / and % through the total ones (x / 0 == 0), float
- * arithmetic through the _rn intrinsics (never contracted into an FMA, so a
- * score_mod rounds exactly like the CPU evaluator), float -> int through
- * __float2int_rz, buffer reads through the bounds-checked loads. What C++
- * already gets right (comparisons, && || ?: with their short-circuit, the
- * bitwise operators, float negation) is printed as C, with the fewest
- * parentheses that keep the reading obvious.
+ * can appear in it. Each expression is printed by cuda_expr.c in its
+ * readable style, the fewest parentheses that keep the reading obvious, and
+ * with every operator spelled for the semantics of the mod language rather
+ * than C++'s: wrapping int arithmetic, total division, float arithmetic that
+ * rounds exactly like the CPU evaluator, bounds-checked buffer reads (that
+ * file gives the spelling of each node and why).
  *
  * The output, in order:
  *   - a comment naming the mod, its file(s) and its canonical text;
  *   - FG_HAS_MASK_MOD / FG_HAS_SCORE_MOD;
  *   - struct fg_mod_params, the by-value kernel argument. Its layout is
- *     fgi_param_layout_compute's (core.c), which the host packs; the struct
+ *     fgi_param_layout_compute's (mod/bind.c), which the host packs; the struct
  *     is written so that C++ lays it out the same way (natural alignment,
  *     8-byte aligned struct), and static_asserts with the host's offsets
  *     make NVRTC refuse any source where the two would disagree;
@@ -34,7 +31,6 @@
  */
 #include "codegen/codegen.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,13 +46,6 @@ typedef struct emitter {
     const char *gen_name; /* file name for the #line that ends user text */
     fg_status st;         /* first internal error                        */
 } emitter;
-
-/* C precedence of what is printed (not of the AST operator: a / b prints
- * as a call). Higher binds tighter. */
-enum {
-    P_NONE = 0, P_COND = 1, P_LOR = 2, P_LAND = 3, P_BOR = 4, P_BXOR = 5, P_BAND = 6,
-    P_EQ = 7, P_REL = 8, P_UNARY = 12, P_PRIMARY = 13
-};
 
 static void fail(emitter *em, const char *what, const fgi_expr *e) {
     if (em->st == FG_OK)
@@ -120,296 +109,18 @@ static void line_generated(emitter *em) {
     fgi_buf_puts(em->out, "\"\n");
 }
 
-/* ---- literals ------------------------------------------------------------- */
-
-/* The shortest decimal that reads back as the same float, with an f; inf
- * and NaN by their bits (no <cmath> macros in NVRTC without headers). */
-void fgi_emit_float(fgi_buf *out, float f) {
-    if (isnan(f) || isinf(f)) {
-        uint32_t bits;
-        memcpy(&bits, &f, sizeof bits);
-        fgi_buf_printf(out, "__int_as_float(0x%08x)", (unsigned)bits);
-        return;
-    }
-    char s[48];
-    for (int digits = 1; digits <= 9; digits++) {
-        snprintf(s, sizeof s, "%.*g", digits, (double)f);
-        if (strtof(s, NULL) == f && signbit(strtof(s, NULL)) == signbit(f)) break;
-    }
-    fgi_buf_puts(out, s);
-    if (!strpbrk(s, ".e")) fgi_buf_puts(out, ".0");
-    fgi_buf_puts(out, "f");
-}
-
 /* ---- expressions ------------------------------------------------------------ */
 
-static bool is_arith(int op) {
-    return op == FGI_OP_ADD || op == FGI_OP_SUB || op == FGI_OP_MUL || op == FGI_OP_DIV ||
-           op == FGI_OP_MOD || op == FGI_OP_SHL || op == FGI_OP_SHR;
-}
-
-static int infix_prec(int op) {
-    switch (op) {
-    case FGI_OP_LOR: return P_LOR;
-    case FGI_OP_LAND: return P_LAND;
-    case FGI_OP_BOR: return P_BOR;
-    case FGI_OP_BXOR: return P_BXOR;
-    case FGI_OP_BAND: return P_BAND;
-    case FGI_OP_EQ: case FGI_OP_NE: return P_EQ;
-    case FGI_OP_LT: case FGI_OP_LE: case FGI_OP_GT: case FGI_OP_GE: return P_REL;
-    default: return P_PRIMARY; /* arithmetic prints as a call */
-    }
-}
-
-const char *fgi_emit_infix(int op) {
-    switch (op) {
-    case FGI_OP_LOR: return "||";
-    case FGI_OP_LAND: return "&&";
-    case FGI_OP_BOR: return "|";
-    case FGI_OP_BXOR: return "^";
-    case FGI_OP_BAND: return "&";
-    case FGI_OP_EQ: return "==";
-    case FGI_OP_NE: return "!=";
-    case FGI_OP_LT: return "<";
-    case FGI_OP_LE: return "<=";
-    case FGI_OP_GT: return ">";
-    case FGI_OP_GE: return ">=";
-    default: return NULL;
-    }
-}
-
-/* The helper an arithmetic operator prints as, by operand type. */
-const char *fgi_emit_arith_fn(int op, fgi_type t) {
-    bool f = t == FGI_T_FLOAT;
-    switch (op) {
-    case FGI_OP_ADD: return f ? "fg_fadd" : "fg_iadd";
-    case FGI_OP_SUB: return f ? "fg_fsub" : "fg_isub";
-    case FGI_OP_MUL: return f ? "fg_fmul" : "fg_imul";
-    case FGI_OP_DIV: return f ? "fg_fdiv" : "fg_idiv";
-    case FGI_OP_MOD: return f ? NULL : "fg_imod";
-    case FGI_OP_SHL: return f ? NULL : "fg_shl";
-    case FGI_OP_SHR: return f ? NULL : "fg_shr";
-    default: return NULL;
-    }
-}
-
-/* The CUDA function of a builtin by result type (builtins.def). */
-const char *fgi_emit_builtin_fn(int fn, fgi_type t) {
-    const fgi_builtin_info *bi = fgi_builtin_get(fn);
-    if (!bi) return NULL;
-    return t == FGI_T_INT ? bi->cuda_int : t == FGI_T_FLOAT ? bi->cuda_float : NULL;
-}
-
-/* Skip nodes that print as nothing: unary plus and same-type casts. */
-static const fgi_expr *transparent(const fgi_expr *e) {
-    while (e && ((e->kind == FGI_E_UNARY && e->op == FGI_OP_PLUS) ||
-                 (e->kind == FGI_E_CAST && e->a && e->a->type == e->type)))
-        e = e->a;
-    return e;
-}
-
-/* The precedence of e's printed form. */
-static int printed_prec(const fgi_expr *e) {
-    e = transparent(e);
-    if (!e) return P_PRIMARY;
-    switch (e->kind) {
-    case FGI_E_INT_LIT: return e->lit.i < 0 && e->lit.i != INT32_MIN ? P_UNARY : P_PRIMARY;
-    case FGI_E_FLOAT_LIT: return !isnan(e->lit.f) && !isinf(e->lit.f) && signbit(e->lit.f) ? P_UNARY : P_PRIMARY;
-    case FGI_E_UNARY: return e->op == FGI_OP_NEG && e->type == FGI_T_INT ? P_PRIMARY : P_UNARY;
-    case FGI_E_BINARY: return infix_prec(e->op);
-    case FGI_E_COND: return P_COND;
-    case FGI_E_CAST:
-        if (e->type == FGI_T_BOOL) return P_EQ;                      /* x != 0     */
-        if (e->type == FGI_T_INT && e->a->type == FGI_T_FLOAT) return P_PRIMARY; /* fg_f2i */
-        return P_UNARY;                                              /* (float)x  */
-    default: return P_PRIMARY;
-    }
-}
-
-static bool is_infix(const fgi_expr *e) {
-    e = transparent(e);
-    return e && e->kind == FGI_E_BINARY && infix_prec(e->op) < P_PRIMARY;
-}
-
-static void emit_expr(emitter *em, const fgi_func *fn, const fgi_expr *e);
-
-/* e as an operand that needs precedence `min`. */
-static void emit_at(emitter *em, const fgi_func *fn, const fgi_expr *e, int min) {
-    bool paren = printed_prec(e) < min;
-    if (paren) fgi_buf_puts(em->out, "(");
-    emit_expr(em, fn, e);
-    if (paren) fgi_buf_puts(em->out, ")");
-}
-
-/* An operand of infix `op`: besides C's precedence, mixed operators get
- * parentheses (a & (b == c), (a && b) || c), as a careful writer adds them;
- * comparisons inside && / || read fine without. */
-static void emit_operand(emitter *em, const fgi_func *fn, int op, const fgi_expr *x, bool right) {
-    int p = infix_prec(op);
-    int min = right ? p + 1 : p;
-    const fgi_expr *t = transparent(x);
-    if (is_infix(t) && t->op != op) {
-        bool cmp_in_logic = (op == FGI_OP_LAND || op == FGI_OP_LOR) && infix_prec(t->op) >= P_EQ;
-        if (!cmp_in_logic) min = P_PRIMARY;
-    }
-    emit_at(em, fn, x, min);
-}
-
-static void emit_call(emitter *em, const fgi_func *fn, const char *name, const fgi_expr *const *args,
-                      int nargs) {
-    fgi_buf_printf(em->out, "%s(", name);
-    for (int i = 0; i < nargs; i++) {
-        if (i) fgi_buf_puts(em->out, ", ");
-        emit_at(em, fn, args[i], P_COND);
-    }
-    fgi_buf_puts(em->out, ")");
-}
-
-static void emit_binary(emitter *em, const fgi_func *fn, const fgi_expr *e) {
-    if (is_arith(e->op)) {
-        const char *name = fgi_emit_arith_fn(e->op, e->a ? e->a->type : FGI_T_NONE);
-        if (!name || !e->a || !e->b || e->a->type != e->b->type) {
-            fail(em, "an arithmetic operator on mismatched or non-number operands", e);
-            return;
-        }
-        const fgi_expr *args[2] = {e->a, e->b};
-        emit_call(em, fn, name, args, 2);
-        return;
-    }
-    const char *s = fgi_emit_infix(e->op);
-    if (!s || !e->a || !e->b) {
-        fail(em, "an unknown binary operator", e);
-        return;
-    }
-    emit_operand(em, fn, e->op, e->a, false);
-    fgi_buf_printf(em->out, " %s ", s);
-    emit_operand(em, fn, e->op, e->b, true);
-}
-
-static void emit_unary(emitter *em, const fgi_func *fn, const fgi_expr *e) {
-    switch (e->op) {
-    case FGI_OP_PLUS: emit_expr(em, fn, e->a); return;
-    case FGI_OP_NEG:
-        if (e->type == FGI_T_INT) {
-            const fgi_expr *args[1] = {e->a};
-            emit_call(em, fn, "fg_ineg", args, 1);
-            return;
-        }
-        fgi_buf_puts(em->out, "-");
-        break;
-    case FGI_OP_NOT: fgi_buf_puts(em->out, "!"); break;
-    case FGI_OP_BITNOT: fgi_buf_puts(em->out, "~"); break;
-    default: fail(em, "an unknown unary operator", e); return;
-    }
-    /* A primary operand only: "- -x" must never print as "--x". */
-    emit_at(em, fn, e->a, P_PRIMARY);
-}
-
-static void emit_cast(emitter *em, const fgi_func *fn, const fgi_expr *e) {
-    fgi_type to = e->type, from = e->a->type;
-    if (to == from) {
-        emit_expr(em, fn, e->a);
-    } else if (to == FGI_T_BOOL && (from == FGI_T_INT || from == FGI_T_FLOAT)) {
-        emit_at(em, fn, e->a, P_REL);
-        fgi_buf_puts(em->out, from == FGI_T_INT ? " != 0" : " != 0.0f");
-    } else if (to == FGI_T_INT && from == FGI_T_FLOAT) {
-        const fgi_expr *args[1] = {e->a};
-        emit_call(em, fn, "fg_f2i", args, 1);
-    } else if ((to == FGI_T_INT && from == FGI_T_BOOL) ||
-               (to == FGI_T_FLOAT && (from == FGI_T_INT || from == FGI_T_BOOL))) {
-        fgi_buf_printf(em->out, "(%s)", fgi_type_name(to));
-        emit_at(em, fn, e->a, P_PRIMARY);
-    } else {
-        fail(em, "a cast between unknown types", e);
-    }
-}
-
-static void emit_index(emitter *em, const fgi_func *fn, const fgi_expr *e) {
-    const fg_mod *mod = em->mod;
-    if (e->index < 0 || e->index >= mod->nparams || mod->params[e->index].kind != FG_PARAM_BUFFER ||
-        !e->a || e->b) {
-        fail(em, "an index into something that is not a buffer parameter", e);
-        return;
-    }
-    const fgi_param *prm = &mod->params[e->index];
-    fgi_buf_printf(em->out, "%s(p.%s, p.fg_len_%s, ",
-                   prm->type == FGI_T_FLOAT ? "fg_load_f32" : "fg_load_i32", prm->name, prm->name);
-    emit_at(em, fn, e->a, P_COND);
-    fgi_buf_puts(em->out, ")");
-}
-
-static void emit_name(emitter *em, const fgi_expr *e) {
-    static const char *const arg_names[5] = {"b", "h", "q_idx", "kv_idx", "score"};
-    switch (e->kind) {
-    case FGI_E_ARG:
-        if (e->op < 0 || e->op >= 5) break;
-        fgi_buf_puts(em->out, arg_names[e->op]);
-        return;
-    case FGI_E_PARAM:
-        if (e->index < 0 || e->index >= em->mod->nparams ||
-            em->mod->params[e->index].kind != FG_PARAM_SCALAR)
-            break;
-        fgi_buf_printf(em->out, "p.%s", em->mod->params[e->index].name);
-        return;
-    case FGI_E_LOCAL:
-        if (e->index < 0) break;
-        fgi_buf_printf(em->out, "l%d", e->index);
-        return;
-    default: break;
-    }
-    fail(em, "an unresolved name", e);
-}
-
+/* e in the readable style (cuda_expr.c), the printer's failure reported as
+ * the emitter's. */
 static void emit_expr(emitter *em, const fgi_func *fn, const fgi_expr *e) {
-    if (!e || em->st != FG_OK || e->type == FGI_T_NONE) {
-        fail(em, "an untyped expression", e);
-        return;
-    }
-    switch (e->kind) {
-    case FGI_E_INT_LIT:
-        if (e->lit.i == INT32_MIN) fgi_buf_puts(em->out, "FG_INT_MIN");
-        else fgi_buf_printf(em->out, "%d", (int)e->lit.i);
-        return;
-    case FGI_E_FLOAT_LIT: fgi_emit_float(em->out, e->lit.f); return;
-    case FGI_E_BOOL_LIT: fgi_buf_puts(em->out, e->lit.b ? "true" : "false"); return;
-    case FGI_E_ARG:
-    case FGI_E_PARAM:
-    case FGI_E_LOCAL: emit_name(em, e); return;
-    case FGI_E_INDEX: emit_index(em, fn, e); return;
-    case FGI_E_UNARY: emit_unary(em, fn, e); return;
-    case FGI_E_BINARY: emit_binary(em, fn, e); return;
-    case FGI_E_COND:
-        emit_at(em, fn, e->a, P_COND + 1);
-        fgi_buf_puts(em->out, " ? ");
-        emit_at(em, fn, e->b, P_COND + 1);
-        fgi_buf_puts(em->out, " : ");
-        emit_at(em, fn, e->c, P_COND + 1);
-        return;
-    case FGI_E_CAST:
-        if (!e->a) break;
-        emit_cast(em, fn, e);
-        return;
-    case FGI_E_CALL: {
-        const char *name = fgi_emit_builtin_fn(e->op, e->type);
-        if (!name) break;
-        for (int i = 0; i < e->nargs; i++)
-            if (!e->args[i] || e->args[i]->type != e->type) {
-                fail(em, "a builtin call with unconverted arguments", e);
-                return;
-            }
-        emit_call(em, fn, name, (const fgi_expr *const *)e->args, e->nargs);
-        return;
-    }
-    case FGI_E_NAME: break;
-    }
-    fail(em, "an expression", e);
+    if (em->st != FG_OK) return;
+    fgi_cuda_printer p = {.out = em->out, .mod = em->mod, .fn = fn, .style = FGI_CUDA_READABLE};
+    fgi_cuda_print_expr(&p, e);
+    if (p.failure) fail(em, p.failure, p.failed_at);
 }
 
 /* ---- functions --------------------------------------------------------------- */
-
-const char *fgi_emit_ctype(fgi_type t) {
-    return t == FGI_T_BOOL ? "bool" : t == FGI_T_INT ? "int" : "float";
-}
 
 /* The statements of one mask_mod / score_mod body, each under a #line. */
 static void emit_body(emitter *em, const fgi_func *fn) {

@@ -19,8 +19,8 @@
  *     from the three structs.
  * A local whose initialiser falls in one class is hoisted whole.
  *
- * Why this is exact. Only whole subexpressions move; each is printed with
- * the same helpers as in emit.c (fg_iadd, __fmul_rn-based fg_fmul, the
+ * Why this is exact. Only whole subexpressions move; each is printed by the
+ * printer emit.c uses (cuda_expr.c: fg_iadd, __fmul_rn-based fg_fmul, the
  * bounds-checked loads ...), in the same order, so every value is computed
  * by the same operations with the same rounding. Moving a subexpression out
  * of the side of && / || / ?: that would not have been taken evaluates it
@@ -28,17 +28,16 @@
  * is total (x / 0 == 0, an out-of-range load gives 0; see internal.h), and
  * the value is used only where the original would have used it.
  *
- * The printer here writes every operator fully parenthesised (the text is
- * read by NVRTC, the readable rendering of the mod is fg_mask_mod's) and
- * names each hoisted value hd.fK_N, r.fK_N or c.fK_N: leaf K of the mask (or
- * the score_mod), value N. The init functions fill a struct named like the
- * one the split function reads, so one printer serves all four functions.
- * The output is part of every attention kernel's source: bump
- * FGI_CODEGEN_VERSION (codegen.c) when it changes.
+ * Expressions print in that printer's fully parenthesised style (the text
+ * is read by NVRTC, the readable rendering of the mod is fg_mask_mod's),
+ * through a hook that names each hoisted value hd.fK_N, r.fK_N or c.fK_N:
+ * leaf K of the mask (or the score_mod), value N. The init functions fill a
+ * struct named like the one the split function reads, so one hook serves
+ * all four functions. The output is part of every attention kernel's
+ * source: bump FGI_CODEGEN_VERSION (source.c) when it changes.
  */
 #include "codegen/codegen.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +73,7 @@ typedef struct splitter {
     field fields[MAX_FIELDS];
     int nfields;
     int next_num;
+    split_class at;  /* the class being printed (print_expr)       */
     bool col_costly; /* some leaf's column part does costly work */
 } splitter;
 
@@ -203,165 +203,36 @@ static void analyse(splitter *sp, const fgi_func *fn, int leaf) {
 
 /* ---- printing ------------------------------------------------------------------ */
 
-static void put_field_name(splitter *sp, const field *f) {
-    fgi_buf_printf(sp->out, "%s.f%d_%d", class_var[f->cls], sp->leaf, f->num);
+static void put_field_name(const splitter *sp, fgi_buf *out, const field *f) {
+    fgi_buf_printf(out, "%s.f%d_%d", class_var[f->cls], sp->leaf, f->num);
 }
 
-/* A float literal as an operand: emit.c's spelling, parenthesised so a
- * negative value never merges with a preceding operator. */
-static void put_float_operand(fgi_buf *out, float f) {
-    fgi_buf_puts(out, "(");
-    fgi_emit_float(out, f);
-    fgi_buf_puts(out, ")");
-}
-
-static void print_expr(splitter *sp, const fgi_expr *e, split_class at);
-
-static void print_args(splitter *sp, const char *name, const fgi_expr *const *args, int n,
-                       split_class at) {
-    fgi_buf_printf(sp->out, "%s(", name);
-    for (int i = 0; i < n; i++) {
-        if (i) fgi_buf_puts(sp->out, ", ");
-        print_expr(sp, args[i], at);
-    }
-    fgi_buf_puts(sp->out, ")");
-}
-
-static void print_local(splitter *sp, const fgi_expr *e) {
-    int i = e->index;
-    if (i < 0 || i >= sp->fn->nlocals) {
-        fail(sp, "an unresolved local");
-        return;
-    }
-    if (sp->local_field[i] >= 0) put_field_name(sp, &sp->fields[sp->local_field[i]]);
-    else fgi_buf_printf(sp->out, "l%d", i);
-}
-
-static void print_cast(splitter *sp, const fgi_expr *e, split_class at) {
-    fgi_type to = e->type, from = e->a->type;
-    fgi_buf_puts(sp->out, "(");
-    if (to == from) {
-        print_expr(sp, e->a, at);
-    } else if (to == FGI_T_BOOL && (from == FGI_T_INT || from == FGI_T_FLOAT)) {
-        print_expr(sp, e->a, at);
-        fgi_buf_puts(sp->out, from == FGI_T_INT ? " != 0" : " != 0.0f");
-    } else if (to == FGI_T_INT && from == FGI_T_FLOAT) {
-        print_args(sp, "fg_f2i", (const fgi_expr *const *)&e->a, 1, at);
-    } else if ((to == FGI_T_INT && from == FGI_T_BOOL) ||
-               (to == FGI_T_FLOAT && (from == FGI_T_INT || from == FGI_T_BOOL))) {
-        fgi_buf_printf(sp->out, "(%s)", fgi_emit_ctype(to));
-        print_expr(sp, e->a, at);
-    } else {
-        fail(sp, "a cast between unknown types");
-    }
-    fgi_buf_puts(sp->out, ")");
-}
-
-static void print_binary(splitter *sp, const fgi_expr *e, split_class at) {
-    const char *fn = fgi_emit_arith_fn(e->op, e->a->type);
-    if (fn) {
-        const fgi_expr *args[2] = {e->a, e->b};
-        print_args(sp, fn, args, 2, at);
-        return;
-    }
-    const char *op = fgi_emit_infix(e->op);
-    if (!op) {
-        fail(sp, "an unknown binary operator");
-        return;
-    }
-    fgi_buf_puts(sp->out, "(");
-    print_expr(sp, e->a, at);
-    fgi_buf_printf(sp->out, " %s ", op);
-    print_expr(sp, e->b, at);
-    fgi_buf_puts(sp->out, ")");
-}
-
-static void print_unary(splitter *sp, const fgi_expr *e, split_class at) {
-    switch (e->op) {
-    case FGI_OP_PLUS: print_expr(sp, e->a, at); return;
-    case FGI_OP_NEG:
-        if (e->type == FGI_T_INT) {
-            print_args(sp, "fg_ineg", (const fgi_expr *const *)&e->a, 1, at);
-            return;
-        }
-        fgi_buf_puts(sp->out, "(-");
-        break;
-    case FGI_OP_NOT: fgi_buf_puts(sp->out, "(!"); break;
-    case FGI_OP_BITNOT: fgi_buf_puts(sp->out, "(~"); break;
-    default: fail(sp, "an unknown unary operator"); return;
-    }
-    print_expr(sp, e->a, at);
-    fgi_buf_puts(sp->out, ")");
-}
-
-/* e as computed in a function of class `at`: a value hoisted to another
- * class is read from its struct. */
-static void print_expr(splitter *sp, const fgi_expr *e, split_class at) {
-    if (!e || sp->st != FG_OK || e->type == FGI_T_NONE) {
-        fail(sp, "an untyped expression");
-        return;
-    }
+/* The hook of the printer: a value hoisted to a class other than the one
+ * being computed (sp->at) is read from its struct, and a local held in a
+ * field is always read from there. */
+static bool replace_hoisted(void *user, fgi_buf *out, const fgi_expr *e) {
+    const splitter *sp = user;
     const field *f = field_of_expr(sp, e);
-    if (f && f->cls != at) {
-        put_field_name(sp, f);
-        return;
+    if (f && f->cls != sp->at) {
+        put_field_name(sp, out, f);
+        return true;
     }
-    fgi_buf *out = sp->out;
-    switch (e->kind) {
-    case FGI_E_INT_LIT:
-        if (e->lit.i == INT32_MIN) fgi_buf_puts(out, "FG_INT_MIN");
-        else fgi_buf_printf(out, "(%d)", (int)e->lit.i);
-        return;
-    case FGI_E_FLOAT_LIT: put_float_operand(out, e->lit.f); return;
-    case FGI_E_BOOL_LIT: fgi_buf_puts(out, e->lit.b ? "true" : "false"); return;
-    case FGI_E_ARG: {
-        static const char *const names[5] = {"b", "h", "q_idx", "kv_idx", "score"};
-        if (e->op >= 0 && e->op < 5) fgi_buf_puts(out, names[e->op]);
-        else fail(sp, "an unknown argument");
-        return;
+    if (e->kind == FGI_E_LOCAL && e->index >= 0 && e->index < sp->fn->nlocals &&
+        sp->local_field[e->index] >= 0) {
+        put_field_name(sp, out, &sp->fields[sp->local_field[e->index]]);
+        return true;
     }
-    case FGI_E_PARAM:
-        if (e->index < 0 || e->index >= sp->mod->nparams) break;
-        fgi_buf_printf(out, "p.%s", sp->mod->params[e->index].name);
-        return;
-    case FGI_E_LOCAL: print_local(sp, e); return;
-    case FGI_E_INDEX: {
-        if (e->index < 0 || e->index >= sp->mod->nparams || !e->a) break;
-        const fgi_param *prm = &sp->mod->params[e->index];
-        fgi_buf_printf(out, "%s(p.%s, p.fg_len_%s, ",
-                       prm->type == FGI_T_FLOAT ? "fg_load_f32" : "fg_load_i32", prm->name,
-                       prm->name);
-        print_expr(sp, e->a, at);
-        fgi_buf_puts(out, ")");
-        return;
-    }
-    case FGI_E_UNARY: print_unary(sp, e, at); return;
-    case FGI_E_BINARY:
-        if (!e->a || !e->b) break;
-        print_binary(sp, e, at);
-        return;
-    case FGI_E_COND:
-        fgi_buf_puts(out, "(");
-        print_expr(sp, e->a, at);
-        fgi_buf_puts(out, " ? ");
-        print_expr(sp, e->b, at);
-        fgi_buf_puts(out, " : ");
-        print_expr(sp, e->c, at);
-        fgi_buf_puts(out, ")");
-        return;
-    case FGI_E_CAST:
-        if (!e->a) break;
-        print_cast(sp, e, at);
-        return;
-    case FGI_E_CALL: {
-        const char *name = fgi_emit_builtin_fn(e->op, e->type);
-        if (!name) break;
-        print_args(sp, name, (const fgi_expr *const *)e->args, e->nargs, at);
-        return;
-    }
-    default: break;
-    }
-    fail(sp, "an expression the emitter does not know");
+    return false;
+}
+
+/* e as computed in a function of class `at`, fully parenthesised. */
+static void print_expr(splitter *sp, const fgi_expr *e, split_class at) {
+    if (sp->st != FG_OK) return;
+    sp->at = at;
+    fgi_cuda_printer p = {.out = sp->out, .mod = sp->mod, .fn = sp->fn, .style = FGI_CUDA_PARENS,
+                          .replace = replace_hoisted, .user = sp};
+    fgi_cuda_print_expr(&p, e);
+    if (p.failure) fail(sp, p.failure);
 }
 
 /* Whether computing `e` as a value of class `at` does costly work itself:
@@ -416,7 +287,7 @@ static void print_fills(splitter *sp, split_class cls) {
         const field *f = &sp->fields[i];
         if (f->cls != cls) continue;
         fgi_buf_puts(sp->out, "    ");
-        put_field_name(sp, f);
+        put_field_name(sp, sp->out, f);
         fgi_buf_puts(sp->out, " = ");
         print_expr(sp, field_value(sp, f), cls);
         fgi_buf_puts(sp->out, ";\n");

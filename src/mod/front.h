@@ -80,7 +80,5 @@ int fgi_edit_distance(const char *a, const char *b, int cap);
 
 /* Append the canonical text of an expression. */
 void fgi_print_expr(fgi_buf *out, const fg_mod *mod, const fgi_func *fn, const fgi_expr *e);
-/* The names the canonical text gives the arguments. */
-extern const char *const fgi_canonical_arg_names[5];
 
 #endif /* FLEXGEN_FRONT_H */
