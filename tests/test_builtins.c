@@ -476,8 +476,9 @@ static const kink_row KINKS[] = {
     {FGI_FN_CLAMP, 0, 1.0f, 1.0f, 1.0f, 1.0f, "clamp, x = lo = hi"},
     {FGI_FN_CLAMP, 1, 1.0f, 1.0f, 1.0f, 0.0f, "clamp, x = lo = hi"},
     {FGI_FN_CLAMP, 2, 1.0f, 1.0f, 1.0f, 0.0f, "clamp, x = lo = hi"},
-    /* x below lo == hi is not asserted: there PyTorch gives lo no gradient
-     * (lo < hi fails) where builtins.def's d/dlo gives 1. */
+    {FGI_FN_CLAMP, 0, 0.0f, 1.0f, 1.0f, 0.0f, "clamp, x below lo = hi"},
+    {FGI_FN_CLAMP, 1, 0.0f, 1.0f, 1.0f, 0.0f, "clamp, x below lo = hi"},
+    {FGI_FN_CLAMP, 2, 0.0f, 1.0f, 1.0f, 0.0f, "clamp, x below lo = hi"},
     {FGI_FN_CLAMP, 0, 2.0f, 1.0f, 1.0f, 0.0f, "clamp, x above lo = hi"},
     {FGI_FN_CLAMP, 1, 2.0f, 1.0f, 1.0f, 0.0f, "clamp, x above lo = hi"},
     {FGI_FN_CLAMP, 2, 2.0f, 1.0f, 1.0f, 1.0f, "clamp, x above lo = hi"},
