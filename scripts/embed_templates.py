@@ -18,7 +18,7 @@ def c_literal(text):
 
 
 # The CUDA spelling of each abi.def row type, and its size (= alignment).
-ABI_TYPES = {'u64': ('fga_u64', 8), 'i64': ('fga_i64', 8), 'i32': ('int', 4), 'f32': ('float', 4)}
+ABI_TYPES = {'u64': ('fg_u64', 8), 'i64': ('fg_i64', 8), 'i32': ('int', 4), 'f32': ('float', 4)}
 ABI_MARK = re.compile(r'^/\* @abi (\S+) \*/\n', re.M)
 
 

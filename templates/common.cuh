@@ -4,6 +4,30 @@
  * loads, and 16-bit float conversions. Self-contained on purpose: it
  * includes nothing, so NVRTC reads no header from disk and a compile depends
  * only on the text flexgen hands it (which is what the cache key hashes).
+ * Only the config macros (src/codegen/source.c) come before it.
+ *
+ * What it provides, and to whom:
+ *   to the emitted mod (src/codegen/emit.c and emit_split.c print every
+ *   expression through cuda_expr.c, builtins by src/mod/builtins.def's CUDA
+ *   names):
+ *     fg_iadd fg_isub fg_imul fg_ineg   int + - * and unary -, wrapping
+ *     fg_idiv fg_imod                   int / and %, total
+ *     fg_shl fg_shr                     int << and >>, count & 31
+ *     fg_fadd fg_fsub fg_fmul fg_fdiv   float + - * /, never fused
+ *     fg_f2i                            float -> int
+ *     fg_load_i32 fg_load_f32           buffer reads, 0 outside [0, len)
+ *     fg_iabs fg_imin fg_imax fg_iclamp fg_fclamp fg_rsqrt fg_sigmoid
+ *                                       builtins with a spelling of their own
+ *     FG_INT_MIN                        the int literal -2147483648
+ *     fg_offsetof                       in emit.c's layout checks of
+ *                                       struct fg_mod_params
+ *   to the templates: fg_u16, fg_u32, fg_i64 and fg_u64 (the last two also
+ *   type the fields of the argument blocks embed_templates.py prints),
+ *   FG_DEV, and the 16-bit storage types with their conversions, named for
+ *   the configured dtype as fg_elem, fg_elem_to_f32, fg_f32_to_elem and
+ *   fg_pack2.
+ * A helper no emitted mod and no template calls does not belong here: every
+ * kernel's source carries this file.
  *
  * Why helpers instead of plain operators. The emitted CUDA must compute what
  * the CPU evaluator (src/mod/eval.c) computes, and the rules of the mod language
@@ -17,7 +41,8 @@
  *     GPU cannot report, so it yields a fixed value.
  *   - shift counts are taken & 31; >> of a negative value is arithmetic.
  *   - float -> int truncates and saturates, NaN -> 0 (__float2int_rz), where
- *     a C++ cast of an out-of-range float is undefined.
+ *     a C++ cast of an out-of-range float is undefined. int -> float is a
+ *     plain C cast, which rounds to nearest.
  *   - float + - * / are single IEEE operations rounded to nearest. Without
  *     the _rn intrinsics the compiler may contract a * b + c into one fused
  *     multiply-add, whose single rounding differs from the evaluator's two.
@@ -35,22 +60,16 @@
 
 /* ---- types -------------------------------------------------------------- */
 
-typedef int fg_i32;                /* 32-bit signed                         */
 typedef unsigned int fg_u32;       /* 32-bit unsigned                       */
 typedef long long fg_i64;          /* 64-bit signed                         */
 typedef unsigned long long fg_u64; /* 64-bit unsigned                       */
-typedef short fg_i16;              /* 16-bit signed                         */
 typedef unsigned short fg_u16;     /* 16-bit unsigned                       */
-typedef unsigned char fg_u8;       /* 8-bit unsigned                        */
 
-static_assert(sizeof(fg_i32) == 4 && sizeof(fg_i64) == 8 && sizeof(fg_u16) == 2,
+static_assert(sizeof(int) == 4 && sizeof(fg_i64) == 8 && sizeof(fg_u16) == 2,
               "flexgen needs 32-bit int and 64-bit long long");
 static_assert(sizeof(void *) == 8, "flexgen kernels use 64-bit pointers");
 
 #define FG_INT_MIN (-2147483647 - 1)   /* INT_MIN without <climits>        */
-#define FG_INT_MAX 2147483647          /* INT_MAX                          */
-#define FG_INFINITY __int_as_float(0x7f800000)  /* +inf                    */
-#define FG_NAN __int_as_float(0x7fffffff)       /* a quiet NaN             */
 
 #define FG_DEV __device__ __forceinline__
 
@@ -108,8 +127,6 @@ FG_DEV float fg_sigmoid(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-
 
 /* float -> int: truncate toward zero, saturate, NaN -> 0. */
 FG_DEV int fg_f2i(float x) { return __float2int_rz(x); }
-/* int -> float rounded to nearest (what a C cast does, said explicitly). */
-FG_DEV float fg_i2f(int x) { return __int2float_rn(x); }
 
 /* ---- buffers ------------------------------------------------------------ */
 
@@ -163,16 +180,6 @@ FG_DEV fg_u32 fg_pack_fp16x2(float lo, float hi) {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
-/* One register of two 16-bit values -> two floats (exact). */
-FG_DEV void fg_unpack_bf16x2(fg_u32 v, float &lo, float &hi) {
-    lo = __int_as_float((int)(v << 16));
-    hi = __int_as_float((int)(v & 0xffff0000u));
-}
-FG_DEV void fg_unpack_fp16x2(fg_u32 v, float &lo, float &hi) {
-    const fg_u16 l = (fg_u16)(v & 0xffffu), h = (fg_u16)(v >> 16);
-    asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(l));
-    asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(h));
-}
 
 /* The configured input type (FG_DTYPE_BF16 / FG_DTYPE_FP16), for templates
  * that are written once for both. */
@@ -181,11 +188,9 @@ typedef fg_fp16 fg_elem;
 #define fg_elem_to_f32 fg_fp16_to_f32
 #define fg_f32_to_elem fg_f32_to_fp16
 #define fg_pack2 fg_pack_fp16x2
-#define fg_unpack2 fg_unpack_fp16x2
 #else
 typedef fg_bf16 fg_elem;
 #define fg_elem_to_f32 fg_bf16_to_f32
 #define fg_f32_to_elem fg_f32_to_bf16
 #define fg_pack2 fg_pack_bf16x2
-#define fg_unpack2 fg_unpack_bf16x2
 #endif

@@ -25,6 +25,56 @@
  *
  * The argument block fga_args is defined once, in src/attention/abi.def,
  * for the host (src/attention/attention.h) and for this file.
+ *
+ * What the generated code provides. src/codegen/source.c builds the source
+ * as: config macros, common.cuh, the emitted mod, the split mods, this
+ * file, the kernel template. Before this file, then:
+ *   config macros (source.c):
+ *     FG_KERNEL_ATTENTION_FWD or FG_KERNEL_ATTENTION_FWD_SM90 (1)
+ *                          which kernel; no template tests it
+ *     FG_DTYPE_BF16 or FG_DTYPE_FP16 (1)
+ *                          the input type: picks the mma, wgmma and
+ *                          conversion instructions (only FG_DTYPE_FP16 is
+ *                          tested; bf16 is the default)
+ *     FG_HEAD_DIM          D, a multiple of 16 in [16, 256] (checked below;
+ *                          the Hopper kernel takes 64 and 128)
+ *     FG_Q_BLOCK, FG_KV_BLOCK
+ *                          the block sizes of the block masks the kernel is
+ *                          made for: the portable kernel's q tile follows
+ *                          FG_Q_BLOCK; FG_KV_BLOCK is read by neither
+ *                          attention template (the sizes the walk uses
+ *                          come in fga_args)
+ *   the mod (src/codegen/emit.c):
+ *     FG_HAS_MASK_MOD, FG_HAS_SCORE_MOD (0 or 1)
+ *                          whether the mod has a mask_mod / a score_mod
+ *                          (FGA_MASK_MOD, FGA_SCORE_MOD below)
+ *     struct fg_mod_params the mod's parameters, the kernel's second
+ *                          argument, by value
+ *     fg_mask_mod, fg_score_mod
+ *                          the whole mods (true / the score where the mod
+ *                          has none); these kernels call the split ones
+ *   the split mods (src/codegen/emit_split.c, always emitted for these
+ *   kernels; FG_HAS_SPLIT_MODS is defined to 1 with them):
+ *     struct fg_mask_head, fg_mask_row, fg_mask_col
+ *                          the mask's values that read only b, h and
+ *                          parameters / also q_idx / also kv_idx (a struct
+ *                          may be empty)
+ *     fg_mask_head_init(p, b, h), fg_mask_row_init(p, hd, b, h, q_idx),
+ *     fg_mask_col_init(p, hd, b, h, kv_idx)
+ *                          compute them
+ *     fg_mask_split(p, hd, b, h, q_idx, kv_idx, row, col)
+ *                          the mask from them, bit for bit fg_mask_mod
+ *     FG_MASK_COL_COSTLY (0 or 1)
+ *                          whether fg_mask_col_init does costly work (a
+ *                          division, a buffer read, a transcendental call):
+ *                          FGA_SHARED_COLS below
+ *     struct fg_score_head, fg_score_row, fg_score_col, fg_score_head_init,
+ *     fg_score_row_init, fg_score_col_init,
+ *     fg_score_split(p, hd, score, b, h, q_idx, kv_idx, row, col)
+ *                          the same for score_mod
+ *   common.cuh:            fg_u16, fg_u32, fg_i64, fg_u64, fg_pack2
+ * and the library itself (scripts/embed_templates.py) prints the fields of
+ * struct fga_args from src/attention/abi.def where this file says so.
  */
 
 #ifndef FG_HEAD_DIM
@@ -33,11 +83,6 @@
 #if (FG_HEAD_DIM % 16) != 0 || FG_HEAD_DIM < 16 || FG_HEAD_DIM > 256
 #error "FG_HEAD_DIM must be a multiple of 16 in [16, 256]"
 #endif
-
-typedef unsigned int fga_u32;
-typedef unsigned short fga_u16;
-typedef long long fga_i64;
-typedef unsigned long long fga_u64;
 
 /* The kernel's first argument, the host's fgi_attn_abi: its fields are
  * printed here from src/attention/abi.def when the templates are embedded
@@ -65,20 +110,9 @@ static_assert(sizeof(fga_args) == 240, "fga_args must match fgi_attn_abi");
 
 /* ---- PTX wrappers --------------------------------------------------------- */
 
-static __device__ __forceinline__ fga_u32 fga_smem_addr(const void *p) {
-    fga_u32 r;
+static __device__ __forceinline__ fg_u32 fga_smem_addr(const void *p) {
+    fg_u32 r;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-    return r;
-}
-
-/* Two floats to one register of two 16-bit values, `lo` in the low half. */
-static __device__ __forceinline__ fga_u32 fga_pack(float lo, float hi) {
-    fga_u32 r;
-#if defined(FG_DTYPE_FP16)
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
     return r;
 }
 
@@ -121,7 +155,7 @@ static __device__ __forceinline__ fga_plan fga_plan_make(const fga_args &a, int 
     fga_plan pl;
     if (a.has_block_mask) {
         const int mb = a.bm_batch == 1 ? 0 : b, mh = a.bm_heads == 1 ? 0 : h;
-        const fga_i64 row = ((fga_i64)mb * a.bm_heads + mh) * a.bm_q_blocks + q0 / a.bm_q_block;
+        const fg_i64 row = ((fg_i64)mb * a.bm_heads + mh) * a.bm_q_blocks + q0 / a.bm_q_block;
         pl.part = (const int *)a.kv_idx + row * a.bm_kv_blocks;
         pl.full = (const int *)a.full_idx + row * a.bm_kv_blocks;
         pl.n_partial = ((const int *)a.kv_num)[row];
@@ -177,50 +211,6 @@ static __device__ __forceinline__ int fga_item_kv0(const fga_plan &pl, int j, bo
 }
 
 /* ---- mods split by dependency ------------------------------------------------ */
-
-#if !defined(FG_HAS_SPLIT_MODS)
-/* Source generated without the split mods (emit_split.c): the same entry
- * points, with every part computed per element by the whole mod. */
-#define FG_MASK_COL_COSTLY 0
-struct fg_mask_head {};
-struct fg_mask_row {};
-struct fg_mask_col {};
-struct fg_score_head {};
-struct fg_score_row {};
-struct fg_score_col {};
-static __device__ __forceinline__ fg_mask_head fg_mask_head_init(const fg_mod_params &, int, int) {
-    return fg_mask_head();
-}
-static __device__ __forceinline__ fg_mask_row fg_mask_row_init(const fg_mod_params &, const fg_mask_head &,
-                                                               int, int, int) {
-    return fg_mask_row();
-}
-static __device__ __forceinline__ fg_mask_col fg_mask_col_init(const fg_mod_params &, const fg_mask_head &,
-                                                               int, int, int) {
-    return fg_mask_col();
-}
-static __device__ __forceinline__ bool fg_mask_split(const fg_mod_params &p, const fg_mask_head &, int b,
-                                                     int h, int q_idx, int kv_idx, const fg_mask_row &,
-                                                     const fg_mask_col &) {
-    return fg_mask_mod(p, b, h, q_idx, kv_idx);
-}
-static __device__ __forceinline__ fg_score_head fg_score_head_init(const fg_mod_params &, int, int) {
-    return fg_score_head();
-}
-static __device__ __forceinline__ fg_score_row fg_score_row_init(const fg_mod_params &,
-                                                                 const fg_score_head &, int, int, int) {
-    return fg_score_row();
-}
-static __device__ __forceinline__ fg_score_col fg_score_col_init(const fg_mod_params &,
-                                                                 const fg_score_head &, int, int, int) {
-    return fg_score_col();
-}
-static __device__ __forceinline__ float fg_score_split(const fg_mod_params &p, const fg_score_head &,
-                                                       float score, int b, int h, int q_idx, int kv_idx,
-                                                       const fg_score_row &, const fg_score_col &) {
-    return fg_score_mod(p, score, b, h, q_idx, kv_idx);
-}
-#endif
 
 /* What one thread knows of its rows for the whole sweep: the parts of the
  * mods that do not depend on kv_idx, computed once per (b, h) and once per
@@ -440,13 +430,13 @@ static __device__ __forceinline__ void fga_store(const float (&o)[MT][DT][4], co
             const float l = fga_quad_sum(l_run[mt][r]);
             if (qi >= a.q_len) continue;
             const float inv = l > 0.f ? 1.f / l : 0.f;
-            fga_u16 *op = (fga_u16 *)a.out + (fga_i64)b * a.o_stride[0] + (fga_i64)h * a.o_stride[1] +
-                          (fga_i64)qi * a.o_stride[2];
+            fg_u16 *op = (fg_u16 *)a.out + (fg_i64)b * a.o_stride[0] + (fg_i64)h * a.o_stride[1] +
+                         (fg_i64)qi * a.o_stride[2];
 #pragma unroll
             for (int i = 0; i < DT; i++)
-                *(fga_u32 *)(op + i * 8 + t4 * 2) = fga_pack(o[mt][i][2 * r] * inv, o[mt][i][2 * r + 1] * inv);
+                *(fg_u32 *)(op + i * 8 + t4 * 2) = fg_pack2(o[mt][i][2 * r] * inv, o[mt][i][2 * r + 1] * inv);
             if (a.lse && t4 == 0) {
-                float *lp = (float *)a.lse + ((fga_i64)b * a.heads_q + h) * a.q_len + qi;
+                float *lp = (float *)a.lse + ((fg_i64)b * a.heads_q + h) * a.q_len + qi;
                 *lp = l > 0.f ? (m_run[mt][r] + fga_log2(l)) * FGA_LN2 : FGA_NEG_INF;
             }
         }

@@ -50,22 +50,24 @@
  * Triton's broadcasting gives FlexAttention. The split gives the same bits
  * as the whole mod.
  *
- * The host (src/attention/attention.c) mirrors FGA_BLOCK_M / FGA_BLOCK_N / the shared
- * memory size and the fga_args layout; the static_assert below and the one in
- * src/attention/attention.h keep the two in step. A Hopper variant (wgmma + TMA) is a
- * second template with the same entry signature.
+ * The host mirrors FGA_BLOCK_M / FGA_BLOCK_N and the shared memory size
+ * (fgi_attn_geometry, src/attention/attention.h); the fga_args layout
+ * comes from src/attention/abi.def for both, checked by the static_assert
+ * in attention_common.cuh. The Hopper kernel (attention_fwd_sm90.cuh,
+ * wgmma + TMA) has the same entry name and first two arguments, and the
+ * tensor maps as a third.
  */
 
 /* Four warps. Each warp owns FGA_MT slabs of 16 query rows, so every K or
  * V fragment it reads from shared memory feeds FGA_MT tensor-core ops: with
  * two slabs (32 rows) a warp reads half the shared-memory bytes per FLOP
  * that one slab needs, and a 128-row q tile halves the K/V traffic from L2.
- * Two slabs need q blocks of 128 (FG_Q_BLOCK, part of the configuration) and
- * a head dim up to 128. At D = 128 Q is re-read from shared memory instead
- * of being held in registers, and K/V tiles of 64 rows cost a few dozen
- * bytes of spill per thread but measured 3-6% faster than 32-row tiles
- * without spills (bench/attention_notes.md v10); over D = 128 they are 32
- * rows. */
+ * Two slabs need q blocks of at least 128 (FG_Q_BLOCK, part of the
+ * configuration) and a head dim up to 128. At D = 128 Q is re-read from
+ * shared memory instead of being held in registers, and K/V tiles of 64
+ * rows cost a few dozen bytes of spill per thread but measured 3-6% faster
+ * than 32-row tiles without spills (bench/attention_notes.md v10); over
+ * D = 128 they are 32 rows. */
 #define FGA_NWARPS 4
 #define FGA_THREADS (FGA_NWARPS * 32)
 #if FG_HEAD_DIM <= 128 && !(defined(FG_Q_BLOCK) && FG_Q_BLOCK < 128)
@@ -97,7 +99,7 @@
 /* ---- PTX wrappers (besides attention_common.cuh's) ------------------------- */
 
 /* 16 bytes global -> shared; `valid` false zero-fills without reading. */
-static __device__ __forceinline__ void fga_cp16(fga_u32 dst, const void *src, bool valid) {
+static __device__ __forceinline__ void fga_cp16(fg_u32 dst, const void *src, bool valid) {
     int n = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n)
                  : "memory");
@@ -109,21 +111,21 @@ template <int N> static __device__ __forceinline__ void fga_cp_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-static __device__ __forceinline__ void fga_ldsm4(fga_u32 addr, fga_u32 &r0, fga_u32 &r1,
-                                                 fga_u32 &r2, fga_u32 &r3) {
+static __device__ __forceinline__ void fga_ldsm4(fg_u32 addr, fg_u32 &r0, fg_u32 &r1,
+                                                 fg_u32 &r2, fg_u32 &r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(addr));
 }
-static __device__ __forceinline__ void fga_ldsm4t(fga_u32 addr, fga_u32 &r0, fga_u32 &r1,
-                                                  fga_u32 &r2, fga_u32 &r3) {
+static __device__ __forceinline__ void fga_ldsm4t(fg_u32 addr, fg_u32 &r0, fg_u32 &r1,
+                                                  fg_u32 &r2, fg_u32 &r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(addr));
 }
 
 /* c += a * b for one m16n8k16 tile, fp32 accumulation. */
-static __device__ __forceinline__ void fga_mma(float *c, const fga_u32 *a, fga_u32 b0, fga_u32 b1) {
+static __device__ __forceinline__ void fga_mma(float *c, const fg_u32 *a, fg_u32 b0, fg_u32 b1) {
 #if defined(FG_DTYPE_FP16)
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -142,8 +144,8 @@ static __device__ __forceinline__ void fga_mma(float *c, const fga_u32 *a, fga_u
 /* Copy `rows` rows of a [len, D] slab starting at row r0 into shared memory
  * (padded rows); rows at or past `len` are zero-filled. */
 template <int ROWS>
-static __device__ __forceinline__ void fga_load_tile(fga_u32 smem, const fga_u16 *base,
-                                                     fga_i64 row_stride, int r0, int len) {
+static __device__ __forceinline__ void fga_load_tile(fg_u32 smem, const fg_u16 *base,
+                                                     fg_i64 row_stride, int r0, int len) {
     const int tid = threadIdx.x;
 #if FGA_THREADS % FGA_CHUNKS == 0
     /* Each thread keeps one chunk column and steps down the rows, its
@@ -152,18 +154,18 @@ static __device__ __forceinline__ void fga_load_tile(fga_u32 smem, const fga_u16
     constexpr int STEP = FGA_THREADS / FGA_CHUNKS;
     static_assert(ROWS % STEP == 0, "tile rows per pass");
     const int r = tid / FGA_CHUNKS, ch = tid % FGA_CHUNKS;
-    const fga_u32 dst = smem + (fga_u32)((r * FGA_ROW + ch * 8) * 2);
-    const fga_u16 *src = base + (fga_i64)(r0 + r) * row_stride + ch * 8;
-    const fga_i64 step = (fga_i64)STEP * row_stride;
+    const fg_u32 dst = smem + (fg_u32)((r * FGA_ROW + ch * 8) * 2);
+    const fg_u16 *src = base + (fg_i64)(r0 + r) * row_stride + ch * 8;
+    const fg_i64 step = (fg_i64)STEP * row_stride;
     if (r0 + ROWS <= len) {
 #pragma unroll
         for (int i = 0; i < ROWS / STEP; i++, src += step)
-            fga_cp16(dst + (fga_u32)(i * STEP * FGA_ROW * 2), src, true);
+            fga_cp16(dst + (fg_u32)(i * STEP * FGA_ROW * 2), src, true);
     } else {
 #pragma unroll
         for (int i = 0; i < ROWS / STEP; i++, src += step) {
             const bool ok = r0 + r + i * STEP < len;
-            fga_cp16(dst + (fga_u32)(i * STEP * FGA_ROW * 2), ok ? src : base, ok);
+            fga_cp16(dst + (fg_u32)(i * STEP * FGA_ROW * 2), ok ? src : base, ok);
         }
     }
 #else
@@ -171,22 +173,22 @@ static __device__ __forceinline__ void fga_load_tile(fga_u32 smem, const fga_u16
     for (int c = tid; c < ROWS * FGA_CHUNKS; c += FGA_THREADS) {
         const int r = c / FGA_CHUNKS, ch = c % FGA_CHUNKS;
         const bool ok = r0 + r < len;
-        const fga_u16 *src = ok ? base + (fga_i64)(r0 + r) * row_stride + ch * 8 : base;
-        fga_cp16(smem + (fga_u32)((r * FGA_ROW + ch * 8) * 2), src, ok);
+        const fg_u16 *src = ok ? base + (fg_i64)(r0 + r) * row_stride + ch * 8 : base;
+        fga_cp16(smem + (fg_u32)((r * FGA_ROW + ch * 8) * 2), src, ok);
     }
 #endif
 }
 
 /* Where a lane's ldmatrix reads Q's A fragment of slab mt, k step kk. */
-static __device__ __forceinline__ fga_u32 fga_q_frag(fga_u32 q_lane, int mt, int kk) {
-    return q_lane + (fga_u32)(mt * 16 * FGA_ROW * 2 + kk * 32);
+static __device__ __forceinline__ fg_u32 fga_q_frag(fg_u32 q_lane, int mt, int kk) {
+    return q_lane + (fg_u32)(mt * 16 * FGA_ROW * 2 + kk * 32);
 }
 
 /* One k step's fragments for Q K^T (16 columns of the head dim): Q's A
  * fragments for each slab, unless Q is held in registers, and K's B
  * fragments for every n8 tile of S. */
-static __device__ __forceinline__ void fga_load_kstep(fga_u32 (&qa)[FGA_MT][4], fga_u32 (&kf)[FGA_NTILES / 2][4],
-                                                      fga_u32 q_lane, fga_u32 k_lane, int kk) {
+static __device__ __forceinline__ void fga_load_kstep(fg_u32 (&qa)[FGA_MT][4], fg_u32 (&kf)[FGA_NTILES / 2][4],
+                                                      fg_u32 q_lane, fg_u32 k_lane, int kk) {
 #if !FGA_Q_IN_REGS
 #pragma unroll
     for (int mt = 0; mt < FGA_MT; mt++)
@@ -194,15 +196,15 @@ static __device__ __forceinline__ void fga_load_kstep(fga_u32 (&qa)[FGA_MT][4], 
 #endif
 #pragma unroll
     for (int np = 0; np < FGA_NTILES / 2; np++)
-        fga_ldsm4(k_lane + (fga_u32)((np * 16 * FGA_ROW + kk * 16) * 2), kf[np][0], kf[np][1], kf[np][2],
+        fga_ldsm4(k_lane + (fg_u32)((np * 16 * FGA_ROW + kk * 16) * 2), kf[np][0], kf[np][1], kf[np][2],
                   kf[np][3]);
 }
 
 /* Step t of P V: the V fragments (transposed) for 16 rows of the tile (kc)
  * and 16 columns of the head dim (dp). */
-static __device__ __forceinline__ void fga_load_vstep(fga_u32 (&vf)[4], fga_u32 v_lane, int t) {
+static __device__ __forceinline__ void fga_load_vstep(fg_u32 (&vf)[4], fg_u32 v_lane, int t) {
     const int kc = t / (FGA_DTILES / 2), dp = t % (FGA_DTILES / 2);
-    fga_ldsm4t(v_lane + (fga_u32)((kc * 16 * FGA_ROW + dp * 16) * 2), vf[0], vf[1], vf[2], vf[3]);
+    fga_ldsm4t(v_lane + (fg_u32)((kc * 16 * FGA_ROW + dp * 16) * 2), vf[0], vf[1], vf[2], vf[3]);
 }
 
 /* ---- the kernel ------------------------------------------------------------- */
@@ -210,10 +212,10 @@ static __device__ __forceinline__ void fga_load_vstep(fga_u32 (&vf)[4], fga_u32 
 extern "C" __global__ void __launch_bounds__(FGA_THREADS)
 fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {
     extern __shared__ __align__(128) unsigned char fga_smem[];
-    const fga_u32 sQ = fga_smem_addr(fga_smem);
-    const fga_u32 sK = sQ + FGA_BLOCK_M * FGA_ROW * 2;
-    const fga_u32 sV = sK + 2 * FGA_BLOCK_N * FGA_ROW * 2;
-    const fga_u32 kv_stage = FGA_BLOCK_N * FGA_ROW * 2;
+    const fg_u32 sQ = fga_smem_addr(fga_smem);
+    const fg_u32 sK = sQ + FGA_BLOCK_M * FGA_ROW * 2;
+    const fg_u32 sV = sK + 2 * FGA_BLOCK_N * FGA_ROW * 2;
+    const fg_u32 kv_stage = FGA_BLOCK_N * FGA_ROW * 2;
     /* Shared mask column parts (FGA_SHARED_COLS): computed once per column by
      * one thread each, a tile ahead, into one of two buffers of FGA_COL_BYTES
      * per column after the K/V stages, instead of by each of the four
@@ -229,9 +231,9 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     const int hk = h / (a.heads_q / a.heads_kv);
     const int q0 = qt * FGA_BLOCK_M;
 
-    const fga_u16 *qp = (const fga_u16 *)a.q + (fga_i64)b * a.q_stride[0] + (fga_i64)h * a.q_stride[1];
-    const fga_u16 *kp = (const fga_u16 *)a.k + (fga_i64)b * a.k_stride[0] + (fga_i64)hk * a.k_stride[1];
-    const fga_u16 *vp = (const fga_u16 *)a.v + (fga_i64)b * a.v_stride[0] + (fga_i64)hk * a.v_stride[1];
+    const fg_u16 *qp = (const fg_u16 *)a.q + (fg_i64)b * a.q_stride[0] + (fg_i64)h * a.q_stride[1];
+    const fg_u16 *kp = (const fg_u16 *)a.k + (fg_i64)b * a.k_stride[0] + (fg_i64)hk * a.k_stride[1];
+    const fg_u16 *vp = (const fg_u16 *)a.v + (fg_i64)b * a.v_stride[0] + (fg_i64)hk * a.v_stride[1];
 
     const fga_plan pl = fga_plan_make<FGA_BLOCK_N>(a, b, h, q0);
 
@@ -250,12 +252,12 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
     const int k_row = (lane & 7) + (lane >> 4) * 8, k_col = ((lane >> 3) & 1) * 8;
     const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8, v_col = (lane >> 4) * 8;
-    const fga_u32 q_lane = sQ + (fga_u32)(((warp * 16 * FGA_MT + a_row) * FGA_ROW + a_col) * 2);
+    const fg_u32 q_lane = sQ + (fg_u32)(((warp * 16 * FGA_MT + a_row) * FGA_ROW + a_col) * 2);
 
     fga_cp_wait<1>(); /* Q */
     __syncthreads();
 #if FGA_Q_IN_REGS
-    fga_u32 qf[FGA_MT][FGA_KSTEPS][4];
+    fg_u32 qf[FGA_MT][FGA_KSTEPS][4];
 #pragma unroll
     for (int mt = 0; mt < FGA_MT; mt++)
 #pragma unroll
@@ -316,8 +318,8 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         for (int mt = 0; mt < FGA_MT; mt++)
 #pragma unroll
             for (int i = 0; i < FGA_NTILES; i++) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
-        const fga_u32 k_lane = sK + buf * kv_stage + (fga_u32)((k_row * FGA_ROW + k_col) * 2);
-        fga_u32 qa[2][FGA_MT][4], kf[2][FGA_NTILES / 2][4];
+        const fg_u32 k_lane = sK + buf * kv_stage + (fg_u32)((k_row * FGA_ROW + k_col) * 2);
+        fg_u32 qa[2][FGA_MT][4], kf[2][FGA_NTILES / 2][4];
         fga_load_kstep(qa[0], kf[0], q_lane, k_lane, 0);
 #pragma unroll
         for (int kk = 0; kk < FGA_KSTEPS; kk++) {
@@ -327,9 +329,9 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
 #pragma unroll
                 for (int mt = 0; mt < FGA_MT; mt++) {
 #if FGA_Q_IN_REGS
-                    const fga_u32 *qm = qf[mt][kk];
+                    const fg_u32 *qm = qf[mt][kk];
 #else
-                    const fga_u32 *qm = qa[kk & 1][mt];
+                    const fg_u32 *qm = qa[kk & 1][mt];
 #endif
                     fga_mma(s[mt][n], qm, kf[kk & 1][n >> 1][(n & 1) * 2], kf[kk & 1][n >> 1][(n & 1) * 2 + 1]);
                 }
@@ -367,19 +369,19 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
          * during them (32 registers of P instead of 64 of S next to O's).
          * Each V fragment serves every slab; the next one is loaded before
          * the products of the current one. */
-        fga_u32 pa[FGA_BLOCK_N / 16][FGA_MT][4];
+        fg_u32 pa[FGA_BLOCK_N / 16][FGA_MT][4];
 #pragma unroll
         for (int kc = 0; kc < FGA_BLOCK_N / 16; kc++)
 #pragma unroll
             for (int mt = 0; mt < FGA_MT; mt++) {
-                pa[kc][mt][0] = fga_pack(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-                pa[kc][mt][1] = fga_pack(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-                pa[kc][mt][2] = fga_pack(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-                pa[kc][mt][3] = fga_pack(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+                pa[kc][mt][0] = fg_pack2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                pa[kc][mt][1] = fg_pack2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                pa[kc][mt][2] = fg_pack2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                pa[kc][mt][3] = fg_pack2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
             }
-        const fga_u32 v_lane = sV + buf * kv_stage + (fga_u32)((v_row * FGA_ROW + v_col) * 2);
+        const fg_u32 v_lane = sV + buf * kv_stage + (fg_u32)((v_row * FGA_ROW + v_col) * 2);
         constexpr int VSTEPS = (FGA_BLOCK_N / 16) * (FGA_DTILES / 2);
-        fga_u32 vf[2][4];
+        fg_u32 vf[2][4];
         fga_load_vstep(vf[0], v_lane, 0);
 #pragma unroll
         for (int t = 0; t < VSTEPS; t++) {

@@ -22,10 +22,11 @@
  * Each stage has a "full" mbarrier (the producer arms it with the bytes it
  * expects; the TMA unit completes it when they have landed) and an "empty"
  * one (each consumer warp arrives when its matrix products no longer read
- * the stage). The producer refills a K stage as soon as both consumers'
- * S of the tile before the previous one has finished, a V stage once the
- * P V of two tiles back has, so loads run up to two tiles ahead and the
- * consumers never meet at a block-wide barrier: each runs at its own pace.
+ * the stage). The producer loads K of tile j as soon as both consumers'
+ * S of tile j - 2 has finished, and V of tile j once their P V of tile
+ * j - 3 has (that product is deferred by one iteration, see below), so
+ * loads run up to two tiles ahead and the consumers never meet at a
+ * block-wide barrier: each runs at its own pace.
  *
  * Overlap inside a consumer. wgmma runs asynchronously to the issuing
  * threads. In iteration j a consumer issues S_j = Q K_j^T, then
@@ -33,14 +34,15 @@
  * iteration), waits for S_j only, and computes the mods and softmax of tile
  * j while the tensor cores still work on P_{j-1} V_{j-1}; it then waits for
  * that product and rescales O by the new row maxima. The last tile's P V
- * is issued after the loop. A partial tile's mask column parts are
+ * is issued after the loop. Where the mask's column parts are worth
+ * sharing (FGA_SHARED_COLS: costly, and small enough), a partial tile's are
  * computed between the two issues, one column per consumer thread, and
- * shared through shared memory. Nothing else may sit between the second
- * issue and its wait: a barrier or that column-part block there makes ptxas
- * serialise the wgmma pipeline (its warning C7514), which tests/test_emit.c
- * checks for every gallery mod. Forcing the two consumers to alternate
- * their products (ping-pong, as FlashAttention-3 does) measured slower
- * (bench/attention_notes.md v9a).
+ * shared through shared memory. Nothing but the mods and the softmax may
+ * sit between the second issue and its wait: a barrier or that column-part
+ * block there makes ptxas serialise the wgmma pipeline (its warning C7514),
+ * which tests/test_emit.c checks for every gallery mod. Forcing the two
+ * consumers to alternate their products (ping-pong, as FlashAttention-3
+ * does) measured slower (bench/attention_notes.md v9a).
  *
  * Shared memory. Every tile is stored as the wgmma canonical layout with
  * the 128-byte swizzle, which is also what TMA writes with
@@ -92,16 +94,16 @@
 #define FGH_V_STAGES 3
 #define FGH_PRODUCER_REGS 24               /* setmaxnreg: 24 + 2 x 240 per thread   */
 #define FGH_CONSUMER_REGS 240              /* of the 3 x 128 threads fit 64K        */
-/* Shared mask column parts (FGA_SHARED_COLS): two buffers per consumer of
- * 128 columns, FGA_COL_BYTES each. */
-/* Q, the K stages, the V stages, the mbarriers (128 bytes), the column
- * parts (8 KB), and 1 KB to align the base to 1024 bytes (the swizzle
- * pattern's period); fgi_attn_geometry computes the same. */
+/* Q, the K stages, the V stages, the mbarriers (128 bytes), the shared
+ * mask column parts (FGA_SHARED_COLS: two buffers per consumer of 128
+ * columns, FGA_COL_BYTES each, 8 KB in all), and 1 KB to align the base to
+ * 1024 bytes (the swizzle pattern's period); fgi_attn_geometry computes the
+ * same, and reserves the column parts whether or not a mod uses them. */
 #define FGH_SMEM_BYTES (FGH_TILE_BYTES * (1 + FGH_K_STAGES + FGH_V_STAGES) + 128 + 4 * 128 * FGA_COL_BYTES + 1024)
 
 /* A CUtensorMap (cuda.h): 128 opaque bytes, 64-byte aligned. */
 struct __align__(64) fgh_tmap {
-    fga_u64 w[16];
+    fg_u64 w[16];
 };
 /* The kernel's third argument: q, k and v as [batch, heads, len, D]. */
 struct fgh_maps {
@@ -113,16 +115,16 @@ static_assert(sizeof(fgh_maps) == 384, "fgh_maps must match the host's three CUt
 
 /* A shared-memory matrix descriptor with the 128-byte swizzle: start
  * address, leading and stride byte offsets, each stored >> 4. */
-static __device__ __forceinline__ fga_u64 fgh_desc(fga_u32 addr, fga_u32 lead, fga_u32 stride) {
-    return (fga_u64)((addr & 0x3FFFFu) >> 4) | ((fga_u64)((lead & 0x3FFFFu) >> 4) << 16) |
-           ((fga_u64)((stride & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
+static __device__ __forceinline__ fg_u64 fgh_desc(fg_u32 addr, fg_u32 lead, fg_u32 stride) {
+    return (fg_u64)((addr & 0x3FFFFu) >> 4) | ((fg_u64)((lead & 0x3FFFFu) >> 4) << 16) |
+           ((fg_u64)((stride & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
 }
 /* K-major operand (Q or K rows): the leading offset is unused with this
  * swizzle (1 by convention); 8-row groups are 1024 bytes apart. */
-static __device__ __forceinline__ fga_u64 fgh_desc_k(fga_u32 addr) { return fgh_desc(addr, 16, 1024); }
+static __device__ __forceinline__ fg_u64 fgh_desc_k(fg_u32 addr) { return fgh_desc(addr, 16, 1024); }
 /* N-major operand (V rows, read transposed): the next 64 columns are one
  * region further; the next 8 kv rows 1024 bytes further. */
-static __device__ __forceinline__ fga_u64 fgh_desc_v(fga_u32 addr) {
+static __device__ __forceinline__ fg_u64 fgh_desc_v(fg_u32 addr) {
     return fgh_desc(addr, FGH_REGION_BYTES, 1024);
 }
 
@@ -143,7 +145,7 @@ template <int N> static __device__ __forceinline__ void fgh_fence_regs(float *d)
 
 /* S (64 x 128, fp32, per warp group) = or += A (64 x 16, shared) * B (16 x 128,
  * shared, K-major): one k step of Q K^T. */
-static __device__ __forceinline__ void fgh_mma_ss_n128(float *d, fga_u64 da, fga_u64 db, int accumulate) {
+static __device__ __forceinline__ void fgh_mma_ss_n128(float *d, fg_u64 da, fg_u64 db, int accumulate) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." FGH_AB "." FGH_AB " {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
@@ -165,7 +167,7 @@ static __device__ __forceinline__ void fgh_mma_ss_n128(float *d, fga_u64 da, fga
 #if FGH_D == 128
 /* O (64 x 128, fp32, per warp group) += A (64 x 16, registers) * B (16 x 128,
  * shared, N-major: V as stored): one k step of P V. */
-static __device__ __forceinline__ void fgh_mma_rs_n128(float *d, const fga_u32 *a, fga_u64 db) {
+static __device__ __forceinline__ void fgh_mma_rs_n128(float *d, const fg_u32 *a, fg_u64 db) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." FGH_AB "." FGH_AB " {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
@@ -187,7 +189,7 @@ static __device__ __forceinline__ void fgh_mma_rs_n128(float *d, const fga_u32 *
 #else
 /* O (64 x 64, fp32, per warp group) += A (64 x 16, registers) * B (16 x 64,
  * shared, N-major: V as stored): one k step of P V. */
-static __device__ __forceinline__ void fgh_mma_rs_n64(float *d, const fga_u32 *a, fga_u64 db) {
+static __device__ __forceinline__ void fgh_mma_rs_n64(float *d, const fg_u32 *a, fg_u64 db) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." FGH_AB "." FGH_AB " {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
@@ -203,36 +205,36 @@ static __device__ __forceinline__ void fgh_mma_rs_n64(float *d, const fga_u32 *a
 
 /* ---- mbarriers and TMA ------------------------------------------------------- */
 
-static __device__ __forceinline__ void fgh_bar_init(fga_u32 bar, int count) {
+static __device__ __forceinline__ void fgh_bar_init(fg_u32 bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
 /* Wait until the barrier's phase with this parity has completed. */
-static __device__ __forceinline__ void fgh_bar_wait(fga_u32 bar, int parity) {
+static __device__ __forceinline__ void fgh_bar_wait(fg_u32 bar, int parity) {
     asm volatile("{\n.reg .pred done;\nFGH_WAIT:\n"
                  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
                  "@!done bra FGH_WAIT;\n}\n" ::"r"(bar),
                  "r"(parity)
                  : "memory");
 }
-static __device__ __forceinline__ void fgh_bar_arrive(fga_u32 bar) {
+static __device__ __forceinline__ void fgh_bar_arrive(fg_u32 bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 /* The producer's arrival, announcing the bytes the TMA unit will deliver. */
-static __device__ __forceinline__ void fgh_bar_expect(fga_u32 bar, int bytes) {
+static __device__ __forceinline__ void fgh_bar_expect(fg_u32 bar, int bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 /* One box (128 rows x 64 columns) of a [batch, heads, len, D] tensor into
  * shared memory, completing `bar` with its bytes. */
-static __device__ __forceinline__ void fgh_tma_load(fga_u32 dst, const fgh_tmap *map, int col, int row, int head,
-                                                    int batch, fga_u32 bar) {
+static __device__ __forceinline__ void fgh_tma_load(fg_u32 dst, const fgh_tmap *map, int col, int row, int head,
+                                                    int batch, fg_u32 bar) {
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
                  "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
                  "l"(map), "r"(col), "r"(row), "r"(head), "r"(batch), "r"(bar)
                  : "memory");
 }
 /* A whole 128-row tile: one box per 64-column region. */
-static __device__ __forceinline__ void fgh_tma_tile(fga_u32 dst, const fgh_tmap *map, int row, int head, int batch,
-                                                    fga_u32 bar) {
+static __device__ __forceinline__ void fgh_tma_tile(fg_u32 dst, const fgh_tmap *map, int row, int head, int batch,
+                                                    fg_u32 bar) {
     fgh_bar_expect(bar, FGH_TILE_BYTES);
 #pragma unroll
     for (int r = 0; r < FGH_D / 64; r++) fgh_tma_load(dst + r * FGH_REGION_BYTES, map, r * 64, row, head, batch, bar);
@@ -240,7 +242,7 @@ static __device__ __forceinline__ void fgh_tma_tile(fga_u32 dst, const fgh_tmap 
 
 /* ---- tiles ------------------------------------------------------------------ */
 
-static __device__ __forceinline__ void fgh_mma_pv(float *o, const fga_u32 *pa, fga_u64 db) {
+static __device__ __forceinline__ void fgh_mma_pv(float *o, const fg_u32 *pa, fg_u64 db) {
 #if FGH_D == 128
     fgh_mma_rs_n128(o, pa, db);
 #else
@@ -249,13 +251,11 @@ static __device__ __forceinline__ void fgh_mma_pv(float *o, const fga_u32 *pa, f
 }
 
 /* O += P V for one tile: P as A fragments (16 kv columns per k step), V
- * from the stage at v_s. */
-/* O += P V for one tile: P as A fragments (16 kv columns per k step), V
  * from the stage whose descriptor is dv. A descriptor plus (bytes >> 4)
  * addresses `bytes` further: the start-address field cannot carry over,
  * shared memory being under 256 KB. */
 static __device__ __forceinline__ void fgh_issue_pv(float (&o)[1][FGH_DT][4],
-                                                    const fga_u32 (&pa)[FGH_PV_STEPS][4], fga_u64 dv) {
+                                                    const fg_u32 (&pa)[FGH_PV_STEPS][4], fg_u64 dv) {
 #pragma unroll
     for (int kk = 0; kk < FGH_PV_STEPS; kk++) fgh_mma_pv(&o[0][0][0], pa[kk], dv + ((kk * 16 * 128) >> 4));
     fgh_commit();
@@ -267,13 +267,13 @@ extern "C" __global__ void __launch_bounds__(FGH_THREADS, 1)
 fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p,
                  const __grid_constant__ fgh_maps maps) {
     extern __shared__ __align__(1024) unsigned char fgh_smem[];
-    const fga_u32 sQ = (fga_smem_addr(fgh_smem) + 1023u) & ~1023u;
-    const fga_u32 sK = sQ + FGH_TILE_BYTES;
-    const fga_u32 sV = sK + FGH_K_STAGES * FGH_TILE_BYTES;
+    const fg_u32 sQ = (fga_smem_addr(fgh_smem) + 1023u) & ~1023u;
+    const fg_u32 sK = sQ + FGH_TILE_BYTES;
+    const fg_u32 sV = sK + FGH_K_STAGES * FGH_TILE_BYTES;
     /* mbarriers, 8 bytes each: Q full, K full / empty, V full / empty. */
-    const fga_u32 bar_q = sV + FGH_V_STAGES * FGH_TILE_BYTES;
-    const fga_u32 bar_kf = bar_q + 8, bar_ke = bar_kf + 8 * FGH_K_STAGES;
-    const fga_u32 bar_vf = bar_ke + 8 * FGH_K_STAGES, bar_ve = bar_vf + 8 * FGH_V_STAGES;
+    const fg_u32 bar_q = sV + FGH_V_STAGES * FGH_TILE_BYTES;
+    const fg_u32 bar_kf = bar_q + 8, bar_ke = bar_kf + 8 * FGH_K_STAGES;
+    const fg_u32 bar_vf = bar_ke + 8 * FGH_K_STAGES, bar_ve = bar_vf + 8 * FGH_V_STAGES;
     /* Column parts: [consumer][buffer][128 columns], FGA_COL_BYTES each. */
     fg_mask_col *const col_parts =
         (fg_mask_col *)(fgh_smem + (bar_q + 128 - fga_smem_addr(fgh_smem)));
@@ -335,12 +335,12 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     for (int i = 0; i < FGH_DT; i++) o[0][i][0] = o[0][i][1] = o[0][i][2] = o[0][i][3] = 0.f;
     float m_run[1][2] = {{FGA_NEG_INF, FGA_NEG_INF}}, l_run[1][2] = {{0.f, 0.f}};
     float s[1][FGH_NT][4];
-    fga_u32 pa[FGH_PV_STEPS][4]; /* P of the previous tile as wgmma A fragments */
+    fg_u32 pa[FGH_PV_STEPS][4]; /* P of the previous tile as wgmma A fragments */
 
     /* Descriptors of this consumer's 64 rows of Q (64 lines into each
      * region) and of the first K and V stages. */
-    const fga_u64 dq = fgh_desc_k(sQ + (fga_u32)(cw * 64 * 128));
-    const fga_u64 dk = fgh_desc_k(sK), dv = fgh_desc_v(sV);
+    const fg_u64 dq = fgh_desc_k(sQ + (fg_u32)(cw * 64 * 128));
+    const fg_u64 dk = fgh_desc_k(sK), dv = fgh_desc_v(sV);
     fgh_bar_wait(bar_q, 0);
 
     /* The block mask's index of the next item is read one tile ahead, so
@@ -355,7 +355,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         fgh_bar_wait(bar_kf + 8 * ks, (j / FGH_K_STAGES) & 1);
 
         /* S_j = Q K_j^T, then the deferred P_{j-1} V_{j-1}. */
-        const fga_u64 dk_j = dk + ((ks * FGH_TILE_BYTES) >> 4);
+        const fg_u64 dk_j = dk + ((ks * FGH_TILE_BYTES) >> 4);
         fgh_fence();
 #pragma unroll
         for (int kk = 0; kk < FGH_QK_STEPS; kk++) {
@@ -364,13 +364,15 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         }
         fgh_commit();
 
-        /* A partial tile's mask column parts, one column per thread of the
-         * warp group, while S runs; a barrier of the warp group (named
-         * barrier 1 + cw) publishes them. It sits between the two products:
-         * between the second one and its wait, ptxas serialises the wgmma
-         * pipeline (warning C7514). Two buffers: a buffer is
-         * rewritten two tiles later, after every thread has passed the
-         * barrier of the tile in between, so after its last read. */
+        /* Where they are shared (FGA_SHARED_COLS), a partial tile's mask
+         * column parts, one column per thread of the warp group, while S
+         * runs; a barrier of the warp group (named barrier 1 + cw) publishes
+         * them. It sits between the two products: between the second one
+         * and its wait, ptxas serialises the wgmma pipeline (warning C7514).
+         * Two buffers: a buffer is rewritten two tiles later, after every
+         * thread has passed the barrier of the tile in between (partial
+         * tiles come first in the walk, so that one is partial too), so
+         * after its last read. */
         const fg_mask_col *cols = 0;
         if (FGA_SHARED_COLS && partial) {
             fg_mask_col *buf = (fg_mask_col *)((unsigned char *)col_parts +
@@ -409,10 +411,10 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         fga_rescale(o, alpha);
 #pragma unroll
         for (int kk = 0; kk < FGH_PV_STEPS; kk++) {
-            pa[kk][0] = fga_pack(s[0][2 * kk][0], s[0][2 * kk][1]);
-            pa[kk][1] = fga_pack(s[0][2 * kk][2], s[0][2 * kk][3]);
-            pa[kk][2] = fga_pack(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-            pa[kk][3] = fga_pack(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+            pa[kk][0] = fg_pack2(s[0][2 * kk][0], s[0][2 * kk][1]);
+            pa[kk][1] = fg_pack2(s[0][2 * kk][2], s[0][2 * kk][3]);
+            pa[kk][2] = fg_pack2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+            pa[kk][3] = fg_pack2(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
         }
     }
     if (pl.n_items > 0) {

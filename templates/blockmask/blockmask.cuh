@@ -1,10 +1,26 @@
 /*
  * blockmask.cuh -- the GPU block-mask builder (FG_KERNEL_BLOCK_MASK).
  *
- * Spliced after the emitted mod, so fg_mod_params and
- * fg_mask_mod(p, b, h, q_idx, kv_idx) exist; FG_Q_BLOCK and FG_KV_BLOCK are
- * the block sizes. Two kernels, launched back to back on one stream with no
- * host round trip between them:
+ * What the generated code provides. src/codegen/source.c builds the source
+ * as: config macros, common.cuh, the emitted mod, this file (no split mods,
+ * no prelude). Before this file, then:
+ *   config macros (source.c):
+ *     FG_KERNEL_BLOCK_MASK (1)  which kernel; not tested here
+ *     FG_Q_BLOCK, FG_KV_BLOCK   the block sizes, powers of two in [16, 256]
+ *                               (no dtype and no head dim: the builder reads
+ *                               no tensor)
+ *   the mod (src/codegen/emit.c):
+ *     struct fg_mod_params      the mod's parameters, the classify kernel's
+ *                               first argument, by value
+ *     fg_mask_mod(p, b, h, q_idx, kv_idx)
+ *                               the mask, called per position (true where
+ *                               the mod has no mask_mod)
+ *     FG_HAS_MASK_MOD, FG_HAS_SCORE_MOD and fg_score_mod are there too,
+ *     unused here.
+ * Nothing of common.cuh is used directly; the mod calls its helpers.
+ *
+ * Two kernels, launched back to back on one stream with no host round trip
+ * between them:
  *
  *   fg_block_mask_classify  one warp per (b, h, q block, kv block) tile.
  *       Lane l owns the tile's columns l, l+32, ... and walks the rows; every

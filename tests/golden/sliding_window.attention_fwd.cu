@@ -18,6 +18,30 @@
  * loads, and 16-bit float conversions. Self-contained on purpose: it
  * includes nothing, so NVRTC reads no header from disk and a compile depends
  * only on the text flexgen hands it (which is what the cache key hashes).
+ * Only the config macros (src/codegen/source.c) come before it.
+ *
+ * What it provides, and to whom:
+ *   to the emitted mod (src/codegen/emit.c and emit_split.c print every
+ *   expression through cuda_expr.c, builtins by src/mod/builtins.def's CUDA
+ *   names):
+ *     fg_iadd fg_isub fg_imul fg_ineg   int + - * and unary -, wrapping
+ *     fg_idiv fg_imod                   int / and %, total
+ *     fg_shl fg_shr                     int << and >>, count & 31
+ *     fg_fadd fg_fsub fg_fmul fg_fdiv   float + - * /, never fused
+ *     fg_f2i                            float -> int
+ *     fg_load_i32 fg_load_f32           buffer reads, 0 outside [0, len)
+ *     fg_iabs fg_imin fg_imax fg_iclamp fg_fclamp fg_rsqrt fg_sigmoid
+ *                                       builtins with a spelling of their own
+ *     FG_INT_MIN                        the int literal -2147483648
+ *     fg_offsetof                       in emit.c's layout checks of
+ *                                       struct fg_mod_params
+ *   to the templates: fg_u16, fg_u32, fg_i64 and fg_u64 (the last two also
+ *   type the fields of the argument blocks embed_templates.py prints),
+ *   FG_DEV, and the 16-bit storage types with their conversions, named for
+ *   the configured dtype as fg_elem, fg_elem_to_f32, fg_f32_to_elem and
+ *   fg_pack2.
+ * A helper no emitted mod and no template calls does not belong here: every
+ * kernel's source carries this file.
  *
  * Why helpers instead of plain operators. The emitted CUDA must compute what
  * the CPU evaluator (src/mod/eval.c) computes, and the rules of the mod language
@@ -31,7 +55,8 @@
  *     GPU cannot report, so it yields a fixed value.
  *   - shift counts are taken & 31; >> of a negative value is arithmetic.
  *   - float -> int truncates and saturates, NaN -> 0 (__float2int_rz), where
- *     a C++ cast of an out-of-range float is undefined.
+ *     a C++ cast of an out-of-range float is undefined. int -> float is a
+ *     plain C cast, which rounds to nearest.
  *   - float + - * / are single IEEE operations rounded to nearest. Without
  *     the _rn intrinsics the compiler may contract a * b + c into one fused
  *     multiply-add, whose single rounding differs from the evaluator's two.
@@ -49,22 +74,16 @@
 
 /* ---- types -------------------------------------------------------------- */
 
-typedef int fg_i32;                /* 32-bit signed                         */
 typedef unsigned int fg_u32;       /* 32-bit unsigned                       */
 typedef long long fg_i64;          /* 64-bit signed                         */
 typedef unsigned long long fg_u64; /* 64-bit unsigned                       */
-typedef short fg_i16;              /* 16-bit signed                         */
 typedef unsigned short fg_u16;     /* 16-bit unsigned                       */
-typedef unsigned char fg_u8;       /* 8-bit unsigned                        */
 
-static_assert(sizeof(fg_i32) == 4 && sizeof(fg_i64) == 8 && sizeof(fg_u16) == 2,
+static_assert(sizeof(int) == 4 && sizeof(fg_i64) == 8 && sizeof(fg_u16) == 2,
               "flexgen needs 32-bit int and 64-bit long long");
 static_assert(sizeof(void *) == 8, "flexgen kernels use 64-bit pointers");
 
 #define FG_INT_MIN (-2147483647 - 1)   /* INT_MIN without <climits>        */
-#define FG_INT_MAX 2147483647          /* INT_MAX                          */
-#define FG_INFINITY __int_as_float(0x7f800000)  /* +inf                    */
-#define FG_NAN __int_as_float(0x7fffffff)       /* a quiet NaN             */
 
 #define FG_DEV __device__ __forceinline__
 
@@ -122,8 +141,6 @@ FG_DEV float fg_sigmoid(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-
 
 /* float -> int: truncate toward zero, saturate, NaN -> 0. */
 FG_DEV int fg_f2i(float x) { return __float2int_rz(x); }
-/* int -> float rounded to nearest (what a C cast does, said explicitly). */
-FG_DEV float fg_i2f(int x) { return __int2float_rn(x); }
 
 /* ---- buffers ------------------------------------------------------------ */
 
@@ -177,16 +194,6 @@ FG_DEV fg_u32 fg_pack_fp16x2(float lo, float hi) {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
-/* One register of two 16-bit values -> two floats (exact). */
-FG_DEV void fg_unpack_bf16x2(fg_u32 v, float &lo, float &hi) {
-    lo = __int_as_float((int)(v << 16));
-    hi = __int_as_float((int)(v & 0xffff0000u));
-}
-FG_DEV void fg_unpack_fp16x2(fg_u32 v, float &lo, float &hi) {
-    const fg_u16 l = (fg_u16)(v & 0xffffu), h = (fg_u16)(v >> 16);
-    asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(l));
-    asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(h));
-}
 
 /* The configured input type (FG_DTYPE_BF16 / FG_DTYPE_FP16), for templates
  * that are written once for both. */
@@ -195,13 +202,11 @@ typedef fg_fp16 fg_elem;
 #define fg_elem_to_f32 fg_fp16_to_f32
 #define fg_f32_to_elem fg_f32_to_fp16
 #define fg_pack2 fg_pack_fp16x2
-#define fg_unpack2 fg_unpack_fp16x2
 #else
 typedef fg_bf16 fg_elem;
 #define fg_elem_to_f32 fg_bf16_to_f32
 #define fg_f32_to_elem fg_f32_to_bf16
 #define fg_pack2 fg_pack_bf16x2
-#define fg_unpack2 fg_unpack_bf16x2
 #endif
 
 /* ---- the mod: sliding_window (mods/sliding_window.c)
@@ -228,7 +233,7 @@ static_assert(sizeof(fg_mod_params) == 8, "fg_mod_params size");
 __device__ __forceinline__ bool fg_mask_mod(const fg_mod_params &p, int b, int h, int q_idx, int kv_idx) {
 #line 14 "mods/sliding_window.c"
     return q_idx >= kv_idx && fg_isub(q_idx, kv_idx) <= p.WINDOW;
-#line 232 "attention_fwd-sliding_window-bf16-d128.cu"
+#line 237 "attention_fwd-sliding_window-bf16-d128.cu"
 }
 
 /* No score_mod: scores are used as they are. */
@@ -322,6 +327,56 @@ __device__ __forceinline__ float fg_score_split(const fg_mod_params &p, const fg
  *
  * The argument block fga_args is defined once, in src/attention/abi.def,
  * for the host (src/attention/attention.h) and for this file.
+ *
+ * What the generated code provides. src/codegen/source.c builds the source
+ * as: config macros, common.cuh, the emitted mod, the split mods, this
+ * file, the kernel template. Before this file, then:
+ *   config macros (source.c):
+ *     FG_KERNEL_ATTENTION_FWD or FG_KERNEL_ATTENTION_FWD_SM90 (1)
+ *                          which kernel; no template tests it
+ *     FG_DTYPE_BF16 or FG_DTYPE_FP16 (1)
+ *                          the input type: picks the mma, wgmma and
+ *                          conversion instructions (only FG_DTYPE_FP16 is
+ *                          tested; bf16 is the default)
+ *     FG_HEAD_DIM          D, a multiple of 16 in [16, 256] (checked below;
+ *                          the Hopper kernel takes 64 and 128)
+ *     FG_Q_BLOCK, FG_KV_BLOCK
+ *                          the block sizes of the block masks the kernel is
+ *                          made for: the portable kernel's q tile follows
+ *                          FG_Q_BLOCK; FG_KV_BLOCK is read by neither
+ *                          attention template (the sizes the walk uses
+ *                          come in fga_args)
+ *   the mod (src/codegen/emit.c):
+ *     FG_HAS_MASK_MOD, FG_HAS_SCORE_MOD (0 or 1)
+ *                          whether the mod has a mask_mod / a score_mod
+ *                          (FGA_MASK_MOD, FGA_SCORE_MOD below)
+ *     struct fg_mod_params the mod's parameters, the kernel's second
+ *                          argument, by value
+ *     fg_mask_mod, fg_score_mod
+ *                          the whole mods (true / the score where the mod
+ *                          has none); these kernels call the split ones
+ *   the split mods (src/codegen/emit_split.c, always emitted for these
+ *   kernels; FG_HAS_SPLIT_MODS is defined to 1 with them):
+ *     struct fg_mask_head, fg_mask_row, fg_mask_col
+ *                          the mask's values that read only b, h and
+ *                          parameters / also q_idx / also kv_idx (a struct
+ *                          may be empty)
+ *     fg_mask_head_init(p, b, h), fg_mask_row_init(p, hd, b, h, q_idx),
+ *     fg_mask_col_init(p, hd, b, h, kv_idx)
+ *                          compute them
+ *     fg_mask_split(p, hd, b, h, q_idx, kv_idx, row, col)
+ *                          the mask from them, bit for bit fg_mask_mod
+ *     FG_MASK_COL_COSTLY (0 or 1)
+ *                          whether fg_mask_col_init does costly work (a
+ *                          division, a buffer read, a transcendental call):
+ *                          FGA_SHARED_COLS below
+ *     struct fg_score_head, fg_score_row, fg_score_col, fg_score_head_init,
+ *     fg_score_row_init, fg_score_col_init,
+ *     fg_score_split(p, hd, score, b, h, q_idx, kv_idx, row, col)
+ *                          the same for score_mod
+ *   common.cuh:            fg_u16, fg_u32, fg_i64, fg_u64, fg_pack2
+ * and the library itself (scripts/embed_templates.py) prints the fields of
+ * struct fga_args from src/attention/abi.def where this file says so.
  */
 
 #ifndef FG_HEAD_DIM
@@ -331,19 +386,14 @@ __device__ __forceinline__ float fg_score_split(const fg_mod_params &p, const fg
 #error "FG_HEAD_DIM must be a multiple of 16 in [16, 256]"
 #endif
 
-typedef unsigned int fga_u32;
-typedef unsigned short fga_u16;
-typedef long long fga_i64;
-typedef unsigned long long fga_u64;
-
 /* The kernel's first argument, the host's fgi_attn_abi: its fields are
  * printed here from src/attention/abi.def when the templates are embedded
  * into the library (scripts/embed_templates.py). Strides are in elements
  * for (b, h, s). */
 struct fga_args {
-    fga_u64 q, k, v, out, lse;
-    fga_i64 q_stride[3], k_stride[3], v_stride[3], o_stride[3];
-    fga_u64 kv_num, kv_idx, full_num, full_idx;
+    fg_u64 q, k, v, out, lse;
+    fg_i64 q_stride[3], k_stride[3], v_stride[3], o_stride[3];
+    fg_u64 kv_num, kv_idx, full_num, full_idx;
     int batch, heads_q, heads_kv, q_len, kv_len;
     int q_offset, kv_offset;
     float scale, scale_log2;
@@ -369,20 +419,9 @@ static_assert(sizeof(fga_args) == 240, "fga_args must match fgi_attn_abi");
 
 /* ---- PTX wrappers --------------------------------------------------------- */
 
-static __device__ __forceinline__ fga_u32 fga_smem_addr(const void *p) {
-    fga_u32 r;
+static __device__ __forceinline__ fg_u32 fga_smem_addr(const void *p) {
+    fg_u32 r;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-    return r;
-}
-
-/* Two floats to one register of two 16-bit values, `lo` in the low half. */
-static __device__ __forceinline__ fga_u32 fga_pack(float lo, float hi) {
-    fga_u32 r;
-#if defined(FG_DTYPE_FP16)
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
     return r;
 }
 
@@ -425,7 +464,7 @@ static __device__ __forceinline__ fga_plan fga_plan_make(const fga_args &a, int 
     fga_plan pl;
     if (a.has_block_mask) {
         const int mb = a.bm_batch == 1 ? 0 : b, mh = a.bm_heads == 1 ? 0 : h;
-        const fga_i64 row = ((fga_i64)mb * a.bm_heads + mh) * a.bm_q_blocks + q0 / a.bm_q_block;
+        const fg_i64 row = ((fg_i64)mb * a.bm_heads + mh) * a.bm_q_blocks + q0 / a.bm_q_block;
         pl.part = (const int *)a.kv_idx + row * a.bm_kv_blocks;
         pl.full = (const int *)a.full_idx + row * a.bm_kv_blocks;
         pl.n_partial = ((const int *)a.kv_num)[row];
@@ -481,50 +520,6 @@ static __device__ __forceinline__ int fga_item_kv0(const fga_plan &pl, int j, bo
 }
 
 /* ---- mods split by dependency ------------------------------------------------ */
-
-#if !defined(FG_HAS_SPLIT_MODS)
-/* Source generated without the split mods (emit_split.c): the same entry
- * points, with every part computed per element by the whole mod. */
-#define FG_MASK_COL_COSTLY 0
-struct fg_mask_head {};
-struct fg_mask_row {};
-struct fg_mask_col {};
-struct fg_score_head {};
-struct fg_score_row {};
-struct fg_score_col {};
-static __device__ __forceinline__ fg_mask_head fg_mask_head_init(const fg_mod_params &, int, int) {
-    return fg_mask_head();
-}
-static __device__ __forceinline__ fg_mask_row fg_mask_row_init(const fg_mod_params &, const fg_mask_head &,
-                                                               int, int, int) {
-    return fg_mask_row();
-}
-static __device__ __forceinline__ fg_mask_col fg_mask_col_init(const fg_mod_params &, const fg_mask_head &,
-                                                               int, int, int) {
-    return fg_mask_col();
-}
-static __device__ __forceinline__ bool fg_mask_split(const fg_mod_params &p, const fg_mask_head &, int b,
-                                                     int h, int q_idx, int kv_idx, const fg_mask_row &,
-                                                     const fg_mask_col &) {
-    return fg_mask_mod(p, b, h, q_idx, kv_idx);
-}
-static __device__ __forceinline__ fg_score_head fg_score_head_init(const fg_mod_params &, int, int) {
-    return fg_score_head();
-}
-static __device__ __forceinline__ fg_score_row fg_score_row_init(const fg_mod_params &,
-                                                                 const fg_score_head &, int, int, int) {
-    return fg_score_row();
-}
-static __device__ __forceinline__ fg_score_col fg_score_col_init(const fg_mod_params &,
-                                                                 const fg_score_head &, int, int, int) {
-    return fg_score_col();
-}
-static __device__ __forceinline__ float fg_score_split(const fg_mod_params &p, const fg_score_head &,
-                                                       float score, int b, int h, int q_idx, int kv_idx,
-                                                       const fg_score_row &, const fg_score_col &) {
-    return fg_score_mod(p, score, b, h, q_idx, kv_idx);
-}
-#endif
 
 /* What one thread knows of its rows for the whole sweep: the parts of the
  * mods that do not depend on kv_idx, computed once per (b, h) and once per
@@ -744,13 +739,13 @@ static __device__ __forceinline__ void fga_store(const float (&o)[MT][DT][4], co
             const float l = fga_quad_sum(l_run[mt][r]);
             if (qi >= a.q_len) continue;
             const float inv = l > 0.f ? 1.f / l : 0.f;
-            fga_u16 *op = (fga_u16 *)a.out + (fga_i64)b * a.o_stride[0] + (fga_i64)h * a.o_stride[1] +
-                          (fga_i64)qi * a.o_stride[2];
+            fg_u16 *op = (fg_u16 *)a.out + (fg_i64)b * a.o_stride[0] + (fg_i64)h * a.o_stride[1] +
+                         (fg_i64)qi * a.o_stride[2];
 #pragma unroll
             for (int i = 0; i < DT; i++)
-                *(fga_u32 *)(op + i * 8 + t4 * 2) = fga_pack(o[mt][i][2 * r] * inv, o[mt][i][2 * r + 1] * inv);
+                *(fg_u32 *)(op + i * 8 + t4 * 2) = fg_pack2(o[mt][i][2 * r] * inv, o[mt][i][2 * r + 1] * inv);
             if (a.lse && t4 == 0) {
-                float *lp = (float *)a.lse + ((fga_i64)b * a.heads_q + h) * a.q_len + qi;
+                float *lp = (float *)a.lse + ((fg_i64)b * a.heads_q + h) * a.q_len + qi;
                 *lp = l > 0.f ? (m_run[mt][r] + fga_log2(l)) * FGA_LN2 : FGA_NEG_INF;
             }
         }
@@ -810,22 +805,24 @@ static __device__ __forceinline__ void fga_store(const float (&o)[MT][DT][4], co
  * Triton's broadcasting gives FlexAttention. The split gives the same bits
  * as the whole mod.
  *
- * The host (src/attention/attention.c) mirrors FGA_BLOCK_M / FGA_BLOCK_N / the shared
- * memory size and the fga_args layout; the static_assert below and the one in
- * src/attention/attention.h keep the two in step. A Hopper variant (wgmma + TMA) is a
- * second template with the same entry signature.
+ * The host mirrors FGA_BLOCK_M / FGA_BLOCK_N and the shared memory size
+ * (fgi_attn_geometry, src/attention/attention.h); the fga_args layout
+ * comes from src/attention/abi.def for both, checked by the static_assert
+ * in attention_common.cuh. The Hopper kernel (attention_fwd_sm90.cuh,
+ * wgmma + TMA) has the same entry name and first two arguments, and the
+ * tensor maps as a third.
  */
 
 /* Four warps. Each warp owns FGA_MT slabs of 16 query rows, so every K or
  * V fragment it reads from shared memory feeds FGA_MT tensor-core ops: with
  * two slabs (32 rows) a warp reads half the shared-memory bytes per FLOP
  * that one slab needs, and a 128-row q tile halves the K/V traffic from L2.
- * Two slabs need q blocks of 128 (FG_Q_BLOCK, part of the configuration) and
- * a head dim up to 128. At D = 128 Q is re-read from shared memory instead
- * of being held in registers, and K/V tiles of 64 rows cost a few dozen
- * bytes of spill per thread but measured 3-6% faster than 32-row tiles
- * without spills (bench/attention_notes.md v10); over D = 128 they are 32
- * rows. */
+ * Two slabs need q blocks of at least 128 (FG_Q_BLOCK, part of the
+ * configuration) and a head dim up to 128. At D = 128 Q is re-read from
+ * shared memory instead of being held in registers, and K/V tiles of 64
+ * rows cost a few dozen bytes of spill per thread but measured 3-6% faster
+ * than 32-row tiles without spills (bench/attention_notes.md v10); over
+ * D = 128 they are 32 rows. */
 #define FGA_NWARPS 4
 #define FGA_THREADS (FGA_NWARPS * 32)
 #if FG_HEAD_DIM <= 128 && !(defined(FG_Q_BLOCK) && FG_Q_BLOCK < 128)
@@ -857,7 +854,7 @@ static __device__ __forceinline__ void fga_store(const float (&o)[MT][DT][4], co
 /* ---- PTX wrappers (besides attention_common.cuh's) ------------------------- */
 
 /* 16 bytes global -> shared; `valid` false zero-fills without reading. */
-static __device__ __forceinline__ void fga_cp16(fga_u32 dst, const void *src, bool valid) {
+static __device__ __forceinline__ void fga_cp16(fg_u32 dst, const void *src, bool valid) {
     int n = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n)
                  : "memory");
@@ -869,21 +866,21 @@ template <int N> static __device__ __forceinline__ void fga_cp_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-static __device__ __forceinline__ void fga_ldsm4(fga_u32 addr, fga_u32 &r0, fga_u32 &r1,
-                                                 fga_u32 &r2, fga_u32 &r3) {
+static __device__ __forceinline__ void fga_ldsm4(fg_u32 addr, fg_u32 &r0, fg_u32 &r1,
+                                                 fg_u32 &r2, fg_u32 &r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(addr));
 }
-static __device__ __forceinline__ void fga_ldsm4t(fga_u32 addr, fga_u32 &r0, fga_u32 &r1,
-                                                  fga_u32 &r2, fga_u32 &r3) {
+static __device__ __forceinline__ void fga_ldsm4t(fg_u32 addr, fg_u32 &r0, fg_u32 &r1,
+                                                  fg_u32 &r2, fg_u32 &r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(addr));
 }
 
 /* c += a * b for one m16n8k16 tile, fp32 accumulation. */
-static __device__ __forceinline__ void fga_mma(float *c, const fga_u32 *a, fga_u32 b0, fga_u32 b1) {
+static __device__ __forceinline__ void fga_mma(float *c, const fg_u32 *a, fg_u32 b0, fg_u32 b1) {
 #if defined(FG_DTYPE_FP16)
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -902,8 +899,8 @@ static __device__ __forceinline__ void fga_mma(float *c, const fga_u32 *a, fga_u
 /* Copy `rows` rows of a [len, D] slab starting at row r0 into shared memory
  * (padded rows); rows at or past `len` are zero-filled. */
 template <int ROWS>
-static __device__ __forceinline__ void fga_load_tile(fga_u32 smem, const fga_u16 *base,
-                                                     fga_i64 row_stride, int r0, int len) {
+static __device__ __forceinline__ void fga_load_tile(fg_u32 smem, const fg_u16 *base,
+                                                     fg_i64 row_stride, int r0, int len) {
     const int tid = threadIdx.x;
 #if FGA_THREADS % FGA_CHUNKS == 0
     /* Each thread keeps one chunk column and steps down the rows, its
@@ -912,18 +909,18 @@ static __device__ __forceinline__ void fga_load_tile(fga_u32 smem, const fga_u16
     constexpr int STEP = FGA_THREADS / FGA_CHUNKS;
     static_assert(ROWS % STEP == 0, "tile rows per pass");
     const int r = tid / FGA_CHUNKS, ch = tid % FGA_CHUNKS;
-    const fga_u32 dst = smem + (fga_u32)((r * FGA_ROW + ch * 8) * 2);
-    const fga_u16 *src = base + (fga_i64)(r0 + r) * row_stride + ch * 8;
-    const fga_i64 step = (fga_i64)STEP * row_stride;
+    const fg_u32 dst = smem + (fg_u32)((r * FGA_ROW + ch * 8) * 2);
+    const fg_u16 *src = base + (fg_i64)(r0 + r) * row_stride + ch * 8;
+    const fg_i64 step = (fg_i64)STEP * row_stride;
     if (r0 + ROWS <= len) {
 #pragma unroll
         for (int i = 0; i < ROWS / STEP; i++, src += step)
-            fga_cp16(dst + (fga_u32)(i * STEP * FGA_ROW * 2), src, true);
+            fga_cp16(dst + (fg_u32)(i * STEP * FGA_ROW * 2), src, true);
     } else {
 #pragma unroll
         for (int i = 0; i < ROWS / STEP; i++, src += step) {
             const bool ok = r0 + r + i * STEP < len;
-            fga_cp16(dst + (fga_u32)(i * STEP * FGA_ROW * 2), ok ? src : base, ok);
+            fga_cp16(dst + (fg_u32)(i * STEP * FGA_ROW * 2), ok ? src : base, ok);
         }
     }
 #else
@@ -931,22 +928,22 @@ static __device__ __forceinline__ void fga_load_tile(fga_u32 smem, const fga_u16
     for (int c = tid; c < ROWS * FGA_CHUNKS; c += FGA_THREADS) {
         const int r = c / FGA_CHUNKS, ch = c % FGA_CHUNKS;
         const bool ok = r0 + r < len;
-        const fga_u16 *src = ok ? base + (fga_i64)(r0 + r) * row_stride + ch * 8 : base;
-        fga_cp16(smem + (fga_u32)((r * FGA_ROW + ch * 8) * 2), src, ok);
+        const fg_u16 *src = ok ? base + (fg_i64)(r0 + r) * row_stride + ch * 8 : base;
+        fga_cp16(smem + (fg_u32)((r * FGA_ROW + ch * 8) * 2), src, ok);
     }
 #endif
 }
 
 /* Where a lane's ldmatrix reads Q's A fragment of slab mt, k step kk. */
-static __device__ __forceinline__ fga_u32 fga_q_frag(fga_u32 q_lane, int mt, int kk) {
-    return q_lane + (fga_u32)(mt * 16 * FGA_ROW * 2 + kk * 32);
+static __device__ __forceinline__ fg_u32 fga_q_frag(fg_u32 q_lane, int mt, int kk) {
+    return q_lane + (fg_u32)(mt * 16 * FGA_ROW * 2 + kk * 32);
 }
 
 /* One k step's fragments for Q K^T (16 columns of the head dim): Q's A
  * fragments for each slab, unless Q is held in registers, and K's B
  * fragments for every n8 tile of S. */
-static __device__ __forceinline__ void fga_load_kstep(fga_u32 (&qa)[FGA_MT][4], fga_u32 (&kf)[FGA_NTILES / 2][4],
-                                                      fga_u32 q_lane, fga_u32 k_lane, int kk) {
+static __device__ __forceinline__ void fga_load_kstep(fg_u32 (&qa)[FGA_MT][4], fg_u32 (&kf)[FGA_NTILES / 2][4],
+                                                      fg_u32 q_lane, fg_u32 k_lane, int kk) {
 #if !FGA_Q_IN_REGS
 #pragma unroll
     for (int mt = 0; mt < FGA_MT; mt++)
@@ -954,15 +951,15 @@ static __device__ __forceinline__ void fga_load_kstep(fga_u32 (&qa)[FGA_MT][4], 
 #endif
 #pragma unroll
     for (int np = 0; np < FGA_NTILES / 2; np++)
-        fga_ldsm4(k_lane + (fga_u32)((np * 16 * FGA_ROW + kk * 16) * 2), kf[np][0], kf[np][1], kf[np][2],
+        fga_ldsm4(k_lane + (fg_u32)((np * 16 * FGA_ROW + kk * 16) * 2), kf[np][0], kf[np][1], kf[np][2],
                   kf[np][3]);
 }
 
 /* Step t of P V: the V fragments (transposed) for 16 rows of the tile (kc)
  * and 16 columns of the head dim (dp). */
-static __device__ __forceinline__ void fga_load_vstep(fga_u32 (&vf)[4], fga_u32 v_lane, int t) {
+static __device__ __forceinline__ void fga_load_vstep(fg_u32 (&vf)[4], fg_u32 v_lane, int t) {
     const int kc = t / (FGA_DTILES / 2), dp = t % (FGA_DTILES / 2);
-    fga_ldsm4t(v_lane + (fga_u32)((kc * 16 * FGA_ROW + dp * 16) * 2), vf[0], vf[1], vf[2], vf[3]);
+    fga_ldsm4t(v_lane + (fg_u32)((kc * 16 * FGA_ROW + dp * 16) * 2), vf[0], vf[1], vf[2], vf[3]);
 }
 
 /* ---- the kernel ------------------------------------------------------------- */
@@ -970,10 +967,10 @@ static __device__ __forceinline__ void fga_load_vstep(fga_u32 (&vf)[4], fga_u32 
 extern "C" __global__ void __launch_bounds__(FGA_THREADS)
 fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {
     extern __shared__ __align__(128) unsigned char fga_smem[];
-    const fga_u32 sQ = fga_smem_addr(fga_smem);
-    const fga_u32 sK = sQ + FGA_BLOCK_M * FGA_ROW * 2;
-    const fga_u32 sV = sK + 2 * FGA_BLOCK_N * FGA_ROW * 2;
-    const fga_u32 kv_stage = FGA_BLOCK_N * FGA_ROW * 2;
+    const fg_u32 sQ = fga_smem_addr(fga_smem);
+    const fg_u32 sK = sQ + FGA_BLOCK_M * FGA_ROW * 2;
+    const fg_u32 sV = sK + 2 * FGA_BLOCK_N * FGA_ROW * 2;
+    const fg_u32 kv_stage = FGA_BLOCK_N * FGA_ROW * 2;
     /* Shared mask column parts (FGA_SHARED_COLS): computed once per column by
      * one thread each, a tile ahead, into one of two buffers of FGA_COL_BYTES
      * per column after the K/V stages, instead of by each of the four
@@ -989,9 +986,9 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     const int hk = h / (a.heads_q / a.heads_kv);
     const int q0 = qt * FGA_BLOCK_M;
 
-    const fga_u16 *qp = (const fga_u16 *)a.q + (fga_i64)b * a.q_stride[0] + (fga_i64)h * a.q_stride[1];
-    const fga_u16 *kp = (const fga_u16 *)a.k + (fga_i64)b * a.k_stride[0] + (fga_i64)hk * a.k_stride[1];
-    const fga_u16 *vp = (const fga_u16 *)a.v + (fga_i64)b * a.v_stride[0] + (fga_i64)hk * a.v_stride[1];
+    const fg_u16 *qp = (const fg_u16 *)a.q + (fg_i64)b * a.q_stride[0] + (fg_i64)h * a.q_stride[1];
+    const fg_u16 *kp = (const fg_u16 *)a.k + (fg_i64)b * a.k_stride[0] + (fg_i64)hk * a.k_stride[1];
+    const fg_u16 *vp = (const fg_u16 *)a.v + (fg_i64)b * a.v_stride[0] + (fg_i64)hk * a.v_stride[1];
 
     const fga_plan pl = fga_plan_make<FGA_BLOCK_N>(a, b, h, q0);
 
@@ -1010,12 +1007,12 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
     const int k_row = (lane & 7) + (lane >> 4) * 8, k_col = ((lane >> 3) & 1) * 8;
     const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8, v_col = (lane >> 4) * 8;
-    const fga_u32 q_lane = sQ + (fga_u32)(((warp * 16 * FGA_MT + a_row) * FGA_ROW + a_col) * 2);
+    const fg_u32 q_lane = sQ + (fg_u32)(((warp * 16 * FGA_MT + a_row) * FGA_ROW + a_col) * 2);
 
     fga_cp_wait<1>(); /* Q */
     __syncthreads();
 #if FGA_Q_IN_REGS
-    fga_u32 qf[FGA_MT][FGA_KSTEPS][4];
+    fg_u32 qf[FGA_MT][FGA_KSTEPS][4];
 #pragma unroll
     for (int mt = 0; mt < FGA_MT; mt++)
 #pragma unroll
@@ -1076,8 +1073,8 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         for (int mt = 0; mt < FGA_MT; mt++)
 #pragma unroll
             for (int i = 0; i < FGA_NTILES; i++) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
-        const fga_u32 k_lane = sK + buf * kv_stage + (fga_u32)((k_row * FGA_ROW + k_col) * 2);
-        fga_u32 qa[2][FGA_MT][4], kf[2][FGA_NTILES / 2][4];
+        const fg_u32 k_lane = sK + buf * kv_stage + (fg_u32)((k_row * FGA_ROW + k_col) * 2);
+        fg_u32 qa[2][FGA_MT][4], kf[2][FGA_NTILES / 2][4];
         fga_load_kstep(qa[0], kf[0], q_lane, k_lane, 0);
 #pragma unroll
         for (int kk = 0; kk < FGA_KSTEPS; kk++) {
@@ -1087,9 +1084,9 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
 #pragma unroll
                 for (int mt = 0; mt < FGA_MT; mt++) {
 #if FGA_Q_IN_REGS
-                    const fga_u32 *qm = qf[mt][kk];
+                    const fg_u32 *qm = qf[mt][kk];
 #else
-                    const fga_u32 *qm = qa[kk & 1][mt];
+                    const fg_u32 *qm = qa[kk & 1][mt];
 #endif
                     fga_mma(s[mt][n], qm, kf[kk & 1][n >> 1][(n & 1) * 2], kf[kk & 1][n >> 1][(n & 1) * 2 + 1]);
                 }
@@ -1127,19 +1124,19 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
          * during them (32 registers of P instead of 64 of S next to O's).
          * Each V fragment serves every slab; the next one is loaded before
          * the products of the current one. */
-        fga_u32 pa[FGA_BLOCK_N / 16][FGA_MT][4];
+        fg_u32 pa[FGA_BLOCK_N / 16][FGA_MT][4];
 #pragma unroll
         for (int kc = 0; kc < FGA_BLOCK_N / 16; kc++)
 #pragma unroll
             for (int mt = 0; mt < FGA_MT; mt++) {
-                pa[kc][mt][0] = fga_pack(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-                pa[kc][mt][1] = fga_pack(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-                pa[kc][mt][2] = fga_pack(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-                pa[kc][mt][3] = fga_pack(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+                pa[kc][mt][0] = fg_pack2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                pa[kc][mt][1] = fg_pack2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                pa[kc][mt][2] = fg_pack2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                pa[kc][mt][3] = fg_pack2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
             }
-        const fga_u32 v_lane = sV + buf * kv_stage + (fga_u32)((v_row * FGA_ROW + v_col) * 2);
+        const fg_u32 v_lane = sV + buf * kv_stage + (fg_u32)((v_row * FGA_ROW + v_col) * 2);
         constexpr int VSTEPS = (FGA_BLOCK_N / 16) * (FGA_DTILES / 2);
-        fga_u32 vf[2][4];
+        fg_u32 vf[2][4];
         fga_load_vstep(vf[0], v_lane, 0);
 #pragma unroll
         for (int t = 0; t < VSTEPS; t++) {
