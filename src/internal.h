@@ -141,6 +141,13 @@ uint64_t fgi_fnv1a(uint64_t h, const void *data, size_t n);
 /* Milliseconds from a monotonic clock. */
 double fgi_now_ms(void);
 
+/* 16-bit floats (half.c): widening is exact, narrowing rounds to nearest
+ * even (fp16 with subnormals, inf past 65504); NaN stays NaN, sign kept. */
+float fgi_bf16_to_float(uint16_t h);
+uint16_t fgi_float_to_bf16(float f);
+float fgi_fp16_to_float(uint16_t h);
+uint16_t fgi_float_to_fp16(float f);
+
 /* ------------------------------------------------------------------------- */
 /* The AST of the mod language                                               */
 /* ------------------------------------------------------------------------- */

@@ -1,8 +1,8 @@
 /*
- * cli.h -- what the subcommands of the flexgen tool share (cli_util.c):
- * exit codes, error reporting, the options that name a mod (--mask, --score,
- * --expr-mask, --expr-score, --param) and the options that give its
- * parameters values (--set, --buffer).
+ * cli.h -- what the subcommands of the flexgen tool share (cli_util.c,
+ * random.c): exit codes, error reporting, the options that name a mod
+ * (--mask, --score, --expr-mask, --expr-score, --param), the options that
+ * give its parameters values (--set, --buffer), and random numbers.
  *
  * A subcommand adds FG_CLI_MOD_LONGOPTS (and FG_CLI_BIND_LONGOPTS) to its
  * getopt_long table and passes every option it does not know itself to
@@ -138,7 +138,17 @@ void fg_cli_bindings_free(fg_cli_bindings *b);
 /* Read a numbers file as above into a malloc'd int32_t or float array. */
 int fg_cli_read_numbers(const char *path, fg_type type, void **data, int64_t *count);
 
-/* ---- subcommands (tools/cmd_*.c; absent ones print "not available") ---- */
+/* ---- random numbers (random.c) ------------------------------------------ */
+
+/* xorshift64*: the stream of every subcommand's random inputs, so a seed
+ * gives the same numbers wherever it is used (a state of 0 stays 0). */
+uint64_t fg_cli_rand_u64(uint64_t *state);
+/* 53 random bits as a double in [0, 1). */
+double fg_cli_rand_uniform(uint64_t *state);
+/* The same bits as a double in (0, 1]: never 0, so its log is finite. */
+double fg_cli_rand_uniform_pos(uint64_t *state);
+
+/* ---- subcommands (cmd_*.c, bench/; absent ones print "not available") --- */
 
 int fg_cmd_blockmask(int argc, char **argv);
 int fg_cmd_check(int argc, char **argv);

@@ -30,23 +30,8 @@ enum { ST_EMPTY = 0, ST_PARTIAL = 1, ST_FULL = 2 };
 
 /* ---- 16-bit floats --------------------------------------------------------- */
 
-static double bf16_to_double(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static double fp16_to_double(uint16_t h) {
-    int sign = h >> 15, exp = (h >> 10) & 31, man = h & 1023;
-    double v;
-    if (exp == 0) v = ldexp((double)man, -24);
-    else if (exp == 31) v = man ? NAN : INFINITY;
-    else v = ldexp((double)(man | 1024), exp - 25);
-    return sign ? -v : v;
-}
-
-/* Rows [0, len) of one (b, h) slab of a strided 16-bit tensor, as doubles. */
+/* Rows [0, len) of one (b, h) slab of a strided 16-bit tensor, as doubles
+ * (exact: every 16-bit value is a float). */
 static void load_rows(const fg_attention_args *a, const void *base, const int64_t st[3], int b, int h,
                       int len, double *dst) {
     const uint16_t *p = (const uint16_t *)base + (int64_t)b * st[0] + (int64_t)h * st[1];
@@ -54,7 +39,8 @@ static void load_rows(const fg_attention_args *a, const void *base, const int64_
     for (int s = 0; s < len; s++) {
         const uint16_t *row = p + (int64_t)s * st[2];
         for (int d = 0; d < D; d++)
-            dst[(int64_t)s * D + d] = a->dtype == FG_FP16 ? fp16_to_double(row[d]) : bf16_to_double(row[d]);
+            dst[(int64_t)s * D + d] =
+                a->dtype == FG_FP16 ? fgi_fp16_to_float(row[d]) : fgi_bf16_to_float(row[d]);
     }
 }
 
