@@ -1,15 +1,24 @@
 /*
- * attention.h -- what the forward launcher (attention.c), the CPU reference
- * (reference.c) and the kernel template (templates/attention/attention_fwd.cuh) agree
- * on: the kernel's argument block, its tile sizes and shared-memory size, and
- * the argument checks both entry points share.
+ * attention.h -- the attention operations' shared inside: what the launchers
+ * (kernel.c, forward.c), the CPU references (reference/) and the kernel
+ * templates (templates/attention/) agree on.
  *
- * The argument block is defined once, in abi.def, for this header and for
- * the template (see there how); both sides assert its size.
+ *   - the forward kernels' argument block, defined once in abi.def for this
+ *     header and for the templates (see there how); both sides assert its
+ *     size;
+ *   - the argument checks every entry point shares (attention.c);
+ *   - the kernel object, fg_kernel, and what every attention-family launch
+ *     does with it (kernel.c): make it from a registry row, check the CUDA
+ *     context, bind and pack the mod's parameters, launch an entry point
+ *     with the row's geometry. An operation (forward.c; later the backward,
+ *     decode, the merge) adds its own argument block, grid and launch
+ *     order on top.
  */
 #ifndef FLEXGEN_ATTENTION_H
 #define FLEXGEN_ATTENTION_H
 
+#include "codegen/kernels.h"
+#include "driver/cudrv.h"
 #include "internal.h"
 
 /* The first kernel argument (fga_args in the template), row by row from
@@ -24,43 +33,6 @@ typedef struct fgi_attn_abi {
 } fgi_attn_abi;
 _Static_assert(sizeof(fgi_attn_abi) == 240, "fgi_attn_abi must match fga_args");
 
-/* The launch geometry of a forward kernel, mirroring its template.
- *
- * Portable (templates/attention/attention_fwd.cuh): four warps of `mt` 16-row slabs;
- * two slabs for head dims up to 128 unless the kernel is configured for q
- * blocks under 128 rows; K/V tiles of 32 rows over head dim 128, else 64;
- * shared memory is the Q tile plus two stages of K and V, rows padded by 8
- * elements, then two buffers of 16-byte mask column parts per K/V row.
- *
- * Hopper (templates/attention/attention_fwd_sm90.cuh): a producer warp group and two
- * consumer warp groups of 64 rows (a 128-row q tile), 128-row K/V tiles,
- * head dim 64 or 128; shared memory holds Q, two stages of K and three of V
- * in 128-byte-swizzled rows, 128 bytes of mbarriers, 8 KB of mask column
- * parts, and 1 KB so the kernel can align the base to the swizzle pattern. */
-typedef struct fgi_attn_geom {
-    int block_m, block_n, threads;
-    size_t smem;
-} fgi_attn_geom;
-
-static inline fgi_attn_geom fgi_attn_geometry(fg_kernel_kind kind, int head_dim, int q_block) {
-    fgi_attn_geom g;
-    if (kind == FG_KERNEL_ATTENTION_FWD_SM90) {
-        g.block_m = 128;
-        g.block_n = 128;
-        g.threads = 384;
-        size_t tile = (size_t)128 * (size_t)head_dim * 2;
-        g.smem = tile * (1 + 2 + 3) + 128 + 4 * 128 * 16 + 1024;
-        return g;
-    }
-    int mt = head_dim <= 128 && q_block >= 128 ? 2 : 1;
-    g.block_m = 64 * mt;
-    g.block_n = head_dim > 128 ? 32 : 64;
-    g.threads = 128;
-    size_t row = (size_t)(head_dim + 8) * 2;
-    g.smem = (size_t)g.block_m * row + 4 * (size_t)g.block_n * row + 2 * (size_t)g.block_n * 16;
-    return g;
-}
-
 /* The effective scale: args->scale, or 1/sqrt(head_dim) when it is 0. */
 float fgi_attn_scale(const fg_attention_args *args);
 
@@ -74,5 +46,64 @@ typedef struct fgi_attn_strides {
 } fgi_attn_strides;
 fg_status fgi_attn_check_args(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
                               fgi_attn_strides *strides);
+
+/* ---- the kernel object (kernel.c) ----------------------------------------- */
+
+/* A compiled attention-family kernel: one registry row for one mod and
+ * config, every entry point of the row loaded in the CUDA context that was
+ * current when it was made. It keeps its own copy of the mod's parameter
+ * declarations (names, kinds, types, defaults), so binding at launch does
+ * not depend on the mod object staying alive; the kernel cache keeps the
+ * module loaded for the life of the process. */
+struct fg_kernel {
+    const fgi_kernel_entry *kernel;  /* its registry row                   */
+    fg_kernel_config config;         /* defaults filled in; arch not kept  */
+    fg_mod params;                   /* parameter declarations only (own
+                                        arena)                             */
+    int nentries;                    /* the row's entry points, in order   */
+    CUfunction fn[FGI_KERNEL_MAX_ENTRIES];
+    fgi_kernel_geom geom[FGI_KERNEL_MAX_ENTRIES];
+    uint64_t cu_id;                  /* the CUDA context fn was loaded in  */
+};
+
+/* The row of `asked`'s operation that serves `config` on this device
+ * (needs fgi_cuda_ready). Asked for a Hopper row, the device must be
+ * compute capability 9.0 with a driver that has cuTensorMapEncodeTiled
+ * (FG_ERR_NOT_SUPPORTED otherwise); asked for the portable row, the
+ * operation's Hopper row is taken instead when `allow_hopper`, the device
+ * is such a one and the Hopper row takes `config` (fgi_kernel_applies). */
+fg_status fgi_kernel_choose(fg_ctx *ctx, const fgi_kernel_entry *asked, const fg_kernel_config *config,
+                            bool allow_hopper, const fgi_kernel_entry **row);
+
+/* Make a kernel of registry row `row` for `mod` under `config` (the cache
+ * compiles on a miss), load every entry point in the current CUDA context,
+ * and check that the device runs it: its compute capability, and the
+ * shared memory each entry point's geometry needs (the function's dynamic
+ * limit is raised past 48 KB). Needs fgi_cuda_ready. *out is released with
+ * fg_kernel_release. */
+fg_status fgi_kernel_make(fg_ctx *ctx, const fg_mod *mod, const fgi_kernel_entry *row,
+                          const fg_kernel_config *config, fg_kernel **out);
+
+/* What every launch checks before touching the device: CUDA is ready and
+ * the current CUDA context is the one the kernel was loaded in. */
+fg_status fgi_kernel_check_context(fg_ctx *ctx, const fg_kernel *k);
+
+/* The by-value struct fg_mod_params the emitted code declares, packed. */
+typedef struct fgi_param_blob {
+    _Alignas(16) unsigned char bytes[FGI_MAX_PARAMS * 16 + 16];
+} fgi_param_blob;
+
+/* Resolve the mod's parameters from `binds` (fgi_bind: defaults for
+ * unbound scalars, FG_ERR_UNBOUND for a missing buffer or a wrong binding)
+ * and pack them into `blob`. */
+fg_status fgi_kernel_pack_params(fg_ctx *ctx, const fg_kernel *k, const fg_binding *binds, size_t nbinds,
+                                 fgi_param_blob *blob);
+
+/* Queue entry point `entry` of k on `stream` (a CUstream; NULL: the default
+ * stream) over `grid`, with the block size and dynamic shared memory of the
+ * entry's geometry and `args` as the kernel's argument pointers. A driver
+ * error is FG_ERR_CUDA, "cuLaunchKernel(<entry name>): ...". */
+fg_status fgi_kernel_run(fg_ctx *ctx, const fg_kernel *k, int entry, const unsigned grid[3], void **args,
+                         void *stream);
 
 #endif

@@ -3,8 +3,9 @@
  * and fg_block_mask_rebuild_gpu.
  *
  * The kernels come from templates/blockmask/blockmask.cuh with the mask's emitted
- * fg_mask_mod spliced in (codegen with FG_KERNEL_BLOCK_MASK); both entry
- * points live in one cached module, so the second lookup is a memory hit.
+ * fg_mask_mod spliced in (the registry's block-mask row, FG_KERNEL_BLOCK_MASK);
+ * both entry points live in one cached module, so the second lookup is a
+ * memory hit.
  * A build is two launches on the caller's stream -- classify every tile
  * into a byte map, then compact rows and columns into the eight arrays --
  * with nothing in between that waits for the host. Scalar parameters and
@@ -42,10 +43,10 @@ static fg_status mask_spec(fg_ctx *ctx, const fg_mod *mod, fg_block_mask *m, fgi
     m->cg_mod = NULL;
     fg_kernel_config cfg;
     memset(&cfg, 0, sizeof cfg);
-    cfg.kind = FG_KERNEL_BLOCK_MASK;
     cfg.q_block = m->desc.q_block;
     cfg.kv_block = m->desc.kv_block;
-    FGI_TRY(fgi_codegen_init(ctx, mod, &cfg, m->cg));
+    FGI_TRY(fgi_codegen_init_kernel(ctx, mod, fgi_kernel_lookup(FGI_KOP_BLOCK_MASK, FGI_VARIANT_PORTABLE),
+                                    &cfg, m->cg));
     m->cg_mod = mod;
     m->cg_hash = mod->hash;
     *out = m->cg;
@@ -56,9 +57,9 @@ static fg_status get_kernels(fg_ctx *ctx, const fg_mod *mod, fg_block_mask *m, b
     fgi_codegen *cg = NULL;
     FGI_TRY(mask_spec(ctx, mod, m, &cg));
     fgi_kernel_spec spec = cg->spec;
-    spec.entry = "fg_block_mask_classify";
+    spec.entry = cg->kernel->entries[FGI_BM_CLASSIFY];
     FGI_TRY(fgi_cache_get_function(ctx, &spec, &k->classify));
-    spec.entry = "fg_block_mask_compact";
+    spec.entry = cg->kernel->entries[FGI_BM_COMPACT];
     return fgi_cache_get_function(ctx, &spec, &k->compact);
 }
 

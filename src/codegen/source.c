@@ -1,22 +1,25 @@
 /*
- * codegen.c -- from (mod, kernel config) to a kernel spec, and the complete
+ * source.c -- from (mod, kernel config) to a kernel spec, and the complete
  * CUDA source behind it.
  *
- * Two things are made here and they must never disagree: the cache key and
- * the source. The key is built first and cheaply, from exactly the inputs
- * the source is a function of:
+ * What a kernel's source is made of comes from its row in the registry
+ * (kernels.h): its templates, the emitted pieces it takes, the config
+ * values it reads. Two things are made from them here and they must never
+ * disagree: the cache key and the source. The key is built first and
+ * cheaply, from exactly the inputs the source is a function of:
  *   - the mod's canonical text (length-prefixed: it is free text);
- *   - the kernel template's file name and a 64-bit hash of every text that
- *     goes into the source besides the mod (common.cuh, the kernel template,
- *     and the emitter's version, bumped whenever emit.c prints differently);
- *   - the config values the source uses: dtype, head dim and block sizes
- *     for attention (the q tile follows FG_Q_BLOCK), the block sizes alone
- *     for the block-mask builder. A value the kernel does not read is
- *     neither in the key nor in the source.
+ *   - the kernel's label, its own template's file name and a 64-bit hash of
+ *     every text that goes into the source besides the mod (common.cuh, the
+ *     row's templates, and the emitter's version, bumped whenever emit.c
+ *     prints differently);
+ *   - the config values the row says the source reads (dtype, head dim,
+ *     block sizes; the attention kernels size their q tile from
+ *     FG_Q_BLOCK). A value the kernel does not read is neither in the key
+ *     nor in the source.
  * The cache adds what it knows (arch, NVRTC version, options, its format).
  * The source is generated only on a miss (spec.gen_source), in the order
  * codegen.h documents: header comment, config macros, common.cuh, the
- * emitted mod, the kernel template.
+ * emitted pieces, the row's templates.
  *
  * The readable name ("attention_fwd-sliding_window-bf16-d128") names the
  * disk-cache file and the NVRTC program, so it is limited to file-name-safe
@@ -33,40 +36,12 @@
 /* Bump when emit.c or this file changes what the source looks like. */
 #define FGI_CODEGEN_VERSION "flexgen-codegen 2"
 
-typedef struct kernel_info {
-    fg_kernel_kind kind;
-    const char *label;    /* in names and keys                        */
-    const char *prelude;  /* templates/ file before tmpl, or NULL       */
-    const char *tmpl;     /* templates/ file                          */
-    const char *entry;    /* default entry point                      */
-    const char *macro;    /* FG_KERNEL_...                            */
-    const char *what;     /* for the header comment                   */
-    const char *arch;     /* the only arch it compiles for, or NULL   */
-} kernel_info;
-
-static const kernel_info kernels[] = {
-    {FG_KERNEL_ATTENTION_FWD, "attention_fwd", "attention/attention_common.cuh", "attention/attention_fwd.cuh",
-     "fg_attention_fwd", "FG_KERNEL_ATTENTION_FWD", "forward attention (portable, mma.sync)", NULL},
-    {FG_KERNEL_BLOCK_MASK, "blockmask", NULL, "blockmask/blockmask.cuh", "fg_block_mask_classify",
-     "FG_KERNEL_BLOCK_MASK", "block-mask builder (fg_block_mask_classify, fg_block_mask_compact)",
-     NULL},
-    {FG_KERNEL_ATTENTION_FWD_SM90, "attention_fwd_sm90", "attention/attention_common.cuh",
-     "attention/attention_fwd_sm90.cuh", "fg_attention_fwd", "FG_KERNEL_ATTENTION_FWD_SM90",
-     "forward attention (Hopper, wgmma)", "sm_90a"},
-};
-
-static const kernel_info *kernel_find(fg_kernel_kind kind) {
-    for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++)
-        if (kernels[i].kind == kind) return &kernels[i];
-    return NULL;
-}
-
 /* What the source generator needs; owned by the fgi_codegen, so a spec
  * copied out of it stays valid until fgi_codegen_free. */
 typedef struct gen_state {
     const fg_mod *mod;
     fg_kernel_config config;
-    const kernel_info *kernel;
+    const fgi_kernel_entry *kernel;
     char *name;
     char *arch;
 } gen_state;
@@ -75,35 +50,26 @@ typedef struct gen_state {
 
 static bool pow2_in(int v, int lo, int hi) { return v >= lo && v <= hi && (v & (v - 1)) == 0; }
 
-/* What the Hopper kernel takes, on a config with its defaults filled in:
- * wgmma tiles of 64 rows per warp group and 128-column K/V tiles, the head
- * dim one or two 128-byte swizzle rows, code for sm_90a only. A NULL ctx
- * records nothing. */
-static fg_status sm90_check(fg_ctx *ctx, const fg_kernel_config *c) {
-    if (c->head_dim != 64 && c->head_dim != 128)
-        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
-                         "head dim %d: the Hopper kernel supports 64 and 128 (the portable "
-                         "kernel, FG_KERNEL_ATTENTION_FWD, takes every multiple of 16 to 256)",
-                         c->head_dim);
-    if (c->q_block < 128 || c->kv_block < 128)
-        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
-                         "blocks %d x %d: the Hopper kernel needs q and kv blocks of at least 128",
-                         c->q_block, c->kv_block);
-    if (c->arch && strcmp(c->arch, "sm_90a") != 0)
-        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "arch %s: the Hopper kernel compiles only for sm_90a",
-                         c->arch);
-    return FG_OK;
-}
-
-static fg_status fill_config(fg_ctx *ctx, const fg_kernel_config *in, fg_kernel_config *c) {
+/* The caller's config (NULL: all defaults) with its row: the row of `kernel` when given (an internal kernel has no public
+ * kind to name it by), else the row of the config's kind. Defaults filled
+ * in, general rules and the row's own checked. */
+static fg_status fill_config(fg_ctx *ctx, const fgi_kernel_entry *kernel, const fg_kernel_config *in,
+                             fg_kernel_config *c, const fgi_kernel_entry **row) {
     if (in) *c = *in;
     else memset(c, 0, sizeof *c);
-    if (c->kind == 0) c->kind = FG_KERNEL_ATTENTION_FWD;
-    if (!kernel_find(c->kind))
-        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
-                         "kernel kind %d is not FG_KERNEL_ATTENTION_FWD, FG_KERNEL_BLOCK_MASK or "
-                         "FG_KERNEL_ATTENTION_FWD_SM90",
-                         (int)c->kind);
+    if (kernel) {
+        c->kind = kernel->kind;
+    } else {
+        if (c->kind == 0) c->kind = FG_KERNEL_ATTENTION_FWD;
+        kernel = fgi_kernel_find(c->kind);
+        if (!kernel) {
+            char kinds[256];
+            fgi_kernel_kinds_text(0, kinds, sizeof kinds);
+            return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT, "kernel kind %d is not %s", (int)c->kind,
+                             kinds);
+        }
+    }
+    *row = kernel;
     if (c->dtype == 0) c->dtype = FG_BF16;
     if (c->dtype != FG_BF16 && c->dtype != FG_FP16)
         return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT, "dtype %d is not FG_BF16 or FG_FP16",
@@ -119,17 +85,8 @@ static fg_status fill_config(fg_ctx *ctx, const fg_kernel_config *in, fg_kernel_
                          "block %d x %d: block sizes must be powers of two in [16, 256]",
                          c->q_block, c->kv_block);
     if (c->arch && !*c->arch) c->arch = NULL;
-    if (c->kind == FG_KERNEL_ATTENTION_FWD_SM90) return sm90_check(ctx, c);
+    if (kernel->check) return kernel->check(ctx, c);
     return FG_OK;
-}
-
-bool fgi_codegen_sm90_applies(const fg_kernel_config *config) {
-    fg_kernel_config c = *config;
-    if (c.head_dim == 0) c.head_dim = 128;
-    if (c.q_block == 0) c.q_block = 128;
-    if (c.kv_block == 0) c.kv_block = 128;
-    if (c.arch && !*c.arch) c.arch = NULL;
-    return sm90_check(NULL, &c) == FG_OK;
 }
 
 static const char *dtype_name(fg_dtype t) { return t == FG_FP16 ? "fp16" : "bf16"; }
@@ -149,45 +106,60 @@ static void safe_mod_name(const fg_mod *mod, char *out, size_t cap) {
     out[n] = 0;
 }
 
-static void config_suffix(const fg_kernel_config *c, char *out, size_t cap) {
-    if (c->kind == FG_KERNEL_BLOCK_MASK)
-        snprintf(out, cap, "q%d-kv%d", c->q_block, c->kv_block);
-    else
-        snprintf(out, cap, "%s-d%d", dtype_name(c->dtype), c->head_dim);
+/* "-bf16-d128" or "-q128-kv64": the config values that name the kernel. */
+static void config_suffix(const fgi_kernel_entry *k, const fg_kernel_config *c, char *out, size_t cap) {
+    fgi_buf b = {0};
+    if (k->name_config & FGI_CFG_DTYPE) fgi_buf_printf(&b, "-%s", dtype_name(c->dtype));
+    if (k->name_config & FGI_CFG_HEAD_DIM) fgi_buf_printf(&b, "-d%d", c->head_dim);
+    if (k->name_config & FGI_CFG_BLOCKS) fgi_buf_printf(&b, "-q%d-kv%d", c->q_block, c->kv_block);
+    snprintf(out, cap, "%s", b.data && !b.oom ? b.data : "");
+    fgi_buf_free(&b);
 }
 
-/* Hash of every fixed text the source is made of. The texts are compiled
- * into the library, so the hash is computed once per kernel kind and kept:
- * it is on the path of every fg_attention_forward call, where hashing the
- * ~100 KB of template text each time would cost tens of microseconds. A
- * race between two first callers only computes the same value twice. */
-/* The fixed texts a kernel's source is made of: common.cuh, the prelude (or
- * NULL) and the kernel template. */
-static fg_status find_templates(fg_ctx *ctx, const kernel_info *k, const fgi_template **common,
-                                const fgi_template **prelude, const fgi_template **kernel) {
-    *common = fgi_template_find("common.cuh");
-    *prelude = k->prelude ? fgi_template_find(k->prelude) : NULL;
-    *kernel = fgi_template_find(k->tmpl);
-    if (!*common || !*kernel || (k->prelude && !*prelude))
+/* The kernel's own template: the last of its row's. */
+static const char *own_template(const fgi_kernel_entry *k) {
+    const char *last = NULL;
+    for (int i = 0; k->templates[i]; i++) last = k->templates[i];
+    return last;
+}
+
+/* The fixed texts a kernel's source is made of: common.cuh, then the row's
+ * templates in order; `texts` has room for FGI_KERNEL_MAX_TEMPLATES + 1. */
+static fg_status find_templates(fg_ctx *ctx, const fgi_kernel_entry *k, const fgi_template **texts,
+                                int *n) {
+    texts[0] = fgi_template_find("common.cuh");
+    if (!texts[0])
         return fgi_error(ctx, FG_ERR_NOT_FOUND, "template %s is not built into this library",
-                         !*common ? "common.cuh" : !*kernel ? k->tmpl : k->prelude);
+                         "common.cuh");
+    *n = 1;
+    for (int i = 0; k->templates[i]; i++) {
+        texts[*n] = fgi_template_find(k->templates[i]);
+        if (!texts[*n])
+            return fgi_error(ctx, FG_ERR_NOT_FOUND, "template %s is not built into this library",
+                             k->templates[i]);
+        ++*n;
+    }
     return FG_OK;
 }
 
-static fg_status template_hash(fg_ctx *ctx, const kernel_info *k, uint64_t *out) {
-    static _Atomic uint64_t memo[sizeof kernels / sizeof kernels[0]];
-    size_t slot = (size_t)(k - kernels);
+/* Hash of every fixed text the source is made of. The texts are compiled
+ * into the library, so the hash is computed once per registry row and kept:
+ * it is on the path of every fg_attention_forward call, where hashing the
+ * ~100 KB of template text each time would cost tens of microseconds. A
+ * race between two first callers only computes the same value twice. */
+static fg_status template_hash(fg_ctx *ctx, const fgi_kernel_entry *k, uint64_t *out) {
+    static _Atomic uint64_t memo[FGI_KERNEL_SLOTS];
+    size_t slot = fgi_kernel_index(k);
     uint64_t h = atomic_load_explicit(&memo[slot], memory_order_acquire);
     if (h) {
         *out = h;
         return FG_OK;
     }
-    const fgi_template *common, *prelude, *kernel;
-    FGI_TRY(find_templates(ctx, k, &common, &prelude, &kernel));
+    const fgi_template *texts[FGI_KERNEL_MAX_TEMPLATES + 1];
+    int n = 0;
+    FGI_TRY(find_templates(ctx, k, texts, &n));
     h = fgi_fnv1a(FGI_FNV_SEED, FGI_CODEGEN_VERSION, strlen(FGI_CODEGEN_VERSION));
-    h = fgi_fnv1a(h, common->text, strlen(common->text) + 1);
-    if (prelude) h = fgi_fnv1a(h, prelude->text, strlen(prelude->text) + 1);
-    h = fgi_fnv1a(h, kernel->text, strlen(kernel->text) + 1);
+    for (int i = 0; i < n; i++) h = fgi_fnv1a(h, texts[i]->text, strlen(texts[i]->text) + 1);
     if (!h) h = 1; /* 0 means "not computed yet" */
     atomic_store_explicit(&memo[slot], h, memory_order_release);
     *out = h;
@@ -196,15 +168,14 @@ static fg_status template_hash(fg_ctx *ctx, const kernel_info *k, uint64_t *out)
 
 static char *build_key(const gen_state *g, uint64_t thash) {
     const fg_kernel_config *c = &g->config;
+    const unsigned use = g->kernel->source_config;
     const char *canon = g->mod->canonical ? g->mod->canonical : "";
     fgi_buf b = {0};
     fgi_buf_printf(&b, "%s\nkernel %s\ntemplate %s %016llx\n", FGI_CODEGEN_VERSION,
-                   g->kernel->label, g->kernel->tmpl, (unsigned long long)thash);
-    if (c->kind == FG_KERNEL_BLOCK_MASK)
-        fgi_buf_printf(&b, "q_block %d\nkv_block %d\n", c->q_block, c->kv_block);
-    else /* the attention template sizes its q tile from FG_Q_BLOCK */
-        fgi_buf_printf(&b, "dtype %s\nhead_dim %d\nq_block %d\nkv_block %d\n", dtype_name(c->dtype),
-                       c->head_dim, c->q_block, c->kv_block);
+                   g->kernel->label, own_template(g->kernel), (unsigned long long)thash);
+    if (use & FGI_CFG_DTYPE) fgi_buf_printf(&b, "dtype %s\n", dtype_name(c->dtype));
+    if (use & FGI_CFG_HEAD_DIM) fgi_buf_printf(&b, "head_dim %d\n", c->head_dim);
+    if (use & FGI_CFG_BLOCKS) fgi_buf_printf(&b, "q_block %d\nkv_block %d\n", c->q_block, c->kv_block);
     fgi_buf_printf(&b, "mod %zu\n", strlen(canon));
     fgi_buf_puts(&b, canon);
     return fgi_buf_take(&b);
@@ -214,30 +185,37 @@ static char *build_key(const gen_state *g, uint64_t thash) {
 
 static void put_header(fgi_buf *b, const gen_state *g) {
     const fg_kernel_config *c = &g->config;
+    const unsigned use = g->kernel->name_config;
     fgi_buf_printf(b,
                    "/*\n * %s.cu -- generated by flexgen %s: do not edit.\n"
                    " * Kernel: %s, from templates/%s.\n",
-                   g->name, FLEXGEN_VERSION_STRING, g->kernel->what, g->kernel->tmpl);
-    if (c->kind == FG_KERNEL_BLOCK_MASK)
-        fgi_buf_printf(b, " * Config: blocks of %d x %d.\n", c->q_block, c->kv_block);
-    else
-        fgi_buf_printf(b, " * Config: %s inputs, head dim %d.\n", dtype_name(c->dtype),
-                       c->head_dim);
+                   g->name, FLEXGEN_VERSION_STRING, g->kernel->what, own_template(g->kernel));
+    if (use) {
+        const char *sep = " * Config: ";
+        if (use & FGI_CFG_DTYPE) {
+            fgi_buf_printf(b, "%s%s inputs", sep, dtype_name(c->dtype));
+            sep = ", ";
+        }
+        if (use & FGI_CFG_HEAD_DIM) {
+            fgi_buf_printf(b, "%shead dim %d", sep, c->head_dim);
+            sep = ", ";
+        }
+        if (use & FGI_CFG_BLOCKS) fgi_buf_printf(b, "%sblocks of %d x %d", sep, c->q_block, c->kv_block);
+        fgi_buf_puts(b, ".\n");
+    }
     fgi_buf_puts(b, " * Regenerate with the flexgen command-line tool (flexgen --help).\n */\n\n");
 }
 
 static void put_macros(fgi_buf *b, const gen_state *g) {
     const fg_kernel_config *c = &g->config;
+    const unsigned use = g->kernel->source_config;
     fgi_buf_printf(b, "#define %s 1\n", g->kernel->macro);
-    if (c->kind == FG_KERNEL_BLOCK_MASK) {
-        fgi_buf_printf(b, "#define FG_Q_BLOCK %d\n#define FG_KV_BLOCK %d\n", c->q_block,
-                       c->kv_block);
-    } else {
+    if (use & FGI_CFG_DTYPE)
         fgi_buf_printf(b, "#define %s 1\n", c->dtype == FG_FP16 ? "FG_DTYPE_FP16" : "FG_DTYPE_BF16");
-        fgi_buf_printf(b, "#define FG_HEAD_DIM %d\n", c->head_dim);
+    if (use & FGI_CFG_HEAD_DIM) fgi_buf_printf(b, "#define FG_HEAD_DIM %d\n", c->head_dim);
+    if (use & FGI_CFG_BLOCKS)
         fgi_buf_printf(b, "#define FG_Q_BLOCK %d\n#define FG_KV_BLOCK %d\n", c->q_block,
                        c->kv_block);
-    }
     fgi_buf_puts(b, "\n");
 }
 
@@ -248,26 +226,47 @@ static void put_template(fgi_buf *b, const char *file, const char *text) {
     fgi_buf_puts(b, "\n");
 }
 
+/* The emitted pieces (kernels.h, FGI_PIECE_*), in the order they are
+ * printed. `file` is the generated source's name, for #line directives. */
+static fg_status emit_mod(fg_ctx *ctx, const fg_mod *mod, const char *file, fgi_buf *b) {
+    return fgi_emit_mod_named(ctx, mod, file, b);
+}
+
+static fg_status emit_split(fg_ctx *ctx, const fg_mod *mod, const char *file, fgi_buf *b) {
+    (void)file;
+    return fgi_emit_split(ctx, mod, b);
+}
+
+static const struct {
+    unsigned piece;
+    fg_status (*emit)(fg_ctx *ctx, const fg_mod *mod, const char *file, fgi_buf *b);
+} pieces[] = {
+    {FGI_PIECE_MOD, emit_mod},
+    {FGI_PIECE_SPLIT, emit_split},
+};
+
 static fg_status gen_source(fg_ctx *ctx, void *arg, char **source) {
     const gen_state *g = arg;
-    const fgi_template *common, *prelude, *kernel;
-    FGI_TRY(find_templates(ctx, g->kernel, &common, &prelude, &kernel));
+    const fgi_template *texts[FGI_KERNEL_MAX_TEMPLATES + 1];
+    int n = 0;
+    FGI_TRY(find_templates(ctx, g->kernel, texts, &n));
     char file[160];
     snprintf(file, sizeof file, "%s.cu", g->name);
     fgi_buf b = {0};
     put_header(&b, g);
     put_macros(&b, g);
-    put_template(&b, "common.cuh", common->text);
-    fg_status st = fgi_emit_mod_named(ctx, g->mod, file, &b);
-    /* The attention kernel evaluates the mods split by dependency. */
-    if (st == FG_OK && g->kernel->kind != FG_KERNEL_BLOCK_MASK) {
-        fgi_buf_puts(&b, "\n");
-        st = fgi_emit_split(ctx, g->mod, &b);
+    put_template(&b, "common.cuh", texts[0]->text);
+    fg_status st = FG_OK;
+    bool first = true;
+    for (size_t i = 0; st == FG_OK && i < sizeof pieces / sizeof pieces[0]; i++) {
+        if (!(g->kernel->pieces & pieces[i].piece)) continue;
+        if (!first) fgi_buf_puts(&b, "\n");
+        first = false;
+        st = pieces[i].emit(ctx, g->mod, file, &b);
     }
     if (st == FG_OK) {
         fgi_buf_puts(&b, "\n");
-        if (prelude) put_template(&b, g->kernel->prelude, prelude->text);
-        put_template(&b, g->kernel->tmpl, kernel->text);
+        for (int i = 1; i < n; i++) put_template(&b, g->kernel->templates[i - 1], texts[i]->text);
     }
     if (st == FG_OK && b.oom) st = fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory generating source");
     if (st != FG_OK) {
@@ -288,15 +287,15 @@ static void state_free(gen_state *g) {
     free(g);
 }
 
-fg_status fgi_codegen_init(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *config,
-                           fgi_codegen *out) {
+static fg_status codegen_init(fg_ctx *ctx, const fg_mod *mod, const fgi_kernel_entry *kernel,
+                              const fg_kernel_config *config, fgi_codegen *out) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, out, "NULL codegen output");
     memset(out, 0, sizeof *out);
     FGI_CHECK_ARG(ctx, mod, "NULL mod");
     fg_kernel_config cfg;
-    FGI_TRY(fill_config(ctx, config, &cfg));
-    const kernel_info *k = kernel_find(cfg.kind);
+    const fgi_kernel_entry *k = NULL;
+    FGI_TRY(fill_config(ctx, kernel, config, &cfg, &k));
     uint64_t thash = 0;
     FGI_TRY(template_hash(ctx, k, &thash));
 
@@ -307,8 +306,8 @@ fg_status fgi_codegen_init(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_confi
     g->config = cfg;
     char modname[64], suffix[48], name[160];
     safe_mod_name(mod, modname, sizeof modname);
-    config_suffix(&cfg, suffix, sizeof suffix);
-    snprintf(name, sizeof name, "%s-%s-%s", k->label, modname, suffix);
+    config_suffix(k, &cfg, suffix, sizeof suffix);
+    snprintf(name, sizeof name, "%s-%s%s", k->label, modname, suffix);
     g->name = strdup(name);
     if (!cfg.arch) cfg.arch = k->arch; /* a kernel made for one arch compiles for it */
     g->arch = cfg.arch ? strdup(cfg.arch) : NULL;
@@ -327,14 +326,26 @@ fg_status fgi_codegen_init(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_confi
         return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (codegen)");
     }
     out->mod = mod;
+    out->kernel = k;
     out->config = g->config;
     out->spec.key = out->key;
     out->spec.name = out->name;
-    out->spec.entry = k->entry;
+    out->spec.entry = k->entries[0];
     out->spec.arch = g->arch;
     out->spec.gen_source = gen_source;
     out->spec.gen_arg = g;
     return FG_OK;
+}
+
+fg_status fgi_codegen_init(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *config,
+                           fgi_codegen *out) {
+    return codegen_init(ctx, mod, NULL, config, out);
+}
+
+fg_status fgi_codegen_init_kernel(fg_ctx *ctx, const fg_mod *mod, const fgi_kernel_entry *kernel,
+                                  const fg_kernel_config *config, fgi_codegen *out) {
+    if (ctx && !kernel) return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT, "NULL kernel row");
+    return codegen_init(ctx, mod, kernel, config, out);
 }
 
 void fgi_codegen_free(fgi_codegen *cg) {

@@ -1,0 +1,262 @@
+/*
+ * forward.c -- the forward attention run API: fg_kernel_get,
+ * fg_kernel_launch, fg_attention_forward.
+ *
+ * A forward launch is kernel.c's sequence with the forward's own parts:
+ *   1. the checks every entry point shares (fgi_attn_check_args), then the
+ *      kernel's: its dtype and head dim, the grid's limits, the alignment
+ *      cp.async and the output stores need;
+ *   2. the CUDA context the kernel was loaded in;
+ *   3. the argument block (fgi_attn_abi, abi.def, mirrored in the
+ *      template), with the block mask's device arrays checked against the
+ *      kernel's tiles;
+ *   4. the mod's parameters, bound and packed;
+ *   5. for the Hopper kernel, tensor maps of q, k and v; then one launch of
+ *      (q tiles, heads_q, batch) thread blocks.
+ *
+ * Variants: the portable kernel (templates/attention/attention_fwd.cuh,
+ * mma.sync, sm_80 and newer) and the Hopper kernel (templates/attention/
+ * attention_fwd_sm90.cuh, wgmma, sm_90a) share the entry signature and the
+ * argument block; fg_kernel_get chooses between them (fgi_kernel_choose)
+ * and the launch geometry comes from the chosen row. A layout TMA cannot
+ * describe sends fg_attention_forward back to the portable kernel.
+ */
+#include "attention/attention.h"
+
+#include "blockmask/blockmask.h"
+
+#include <string.h>
+
+/* ---- device-side checks --------------------------------------------------- */
+
+/* cp.async moves 16-byte chunks of q, k and v rows; out is written two
+ * elements (4 bytes) at a time. */
+static fg_status check_alignment(fg_ctx *ctx, const fg_attention_args *a, const fgi_attn_strides *st) {
+    struct {
+        const char *name;
+        const void *p;
+        const int64_t *s;
+        unsigned align;
+    } t[4] = {{"q", a->q, st->q, 16}, {"k", a->k, st->k, 16}, {"v", a->v, st->v, 16},
+              {"out", a->out, st->o, 4}};
+    for (int i = 0; i < 4; i++) {
+        unsigned elems = t[i].align / 2;
+        if ((uintptr_t)t[i].p % t[i].align != 0)
+            return fgi_error(ctx, FG_ERR_SHAPE, "%s: the pointer must be %u-byte aligned", t[i].name,
+                             t[i].align);
+        for (int d = 0; d < 3; d++)
+            if (t[i].s[d] % elems != 0)
+                return fgi_error(ctx, FG_ERR_SHAPE,
+                                 "%s: stride %lld of dimension %d must be a multiple of %u elements",
+                                 t[i].name, (long long)t[i].s[d], d, elems);
+    }
+    if (a->lse && (uintptr_t)a->lse % 4 != 0)
+        return fgi_error(ctx, FG_ERR_SHAPE, "lse: the pointer must be 4-byte aligned");
+    return FG_OK;
+}
+
+static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_attention_args *a,
+                                 fgi_attn_abi *abi) {
+    fg_block_mask *m = (fg_block_mask *)a->block_mask; /* uploading is a cache fill */
+    const fg_block_mask_desc *d = &m->desc;
+    const int bm = k->geom[0].block_m, bn = k->geom[0].block_n;
+    if (d->q_block % bm != 0 || d->kv_block % bn != 0)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "block mask blocks %d x %d: this %s kernel (head dim %d, configured for q "
+                         "blocks of %d) needs q blocks that are multiples of %d and kv blocks "
+                         "multiples of %d; smaller blocks need a kernel configured with them",
+                         d->q_block, d->kv_block, fgi_variant_name(k->kernel->variant),
+                         k->config.head_dim, k->config.q_block, bm, bn);
+    FGI_TRY(fgi_block_mask_check(ctx, m, a->batch, a->heads_q, a->q_len, a->kv_len, d->q_block,
+                                 d->kv_block));
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_KV_NUM_BLOCKS, &abi->kv_num));
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_KV_INDICES, &abi->kv_idx));
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_FULL_KV_NUM_BLOCKS, &abi->full_num));
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_FULL_KV_INDICES, &abi->full_idx));
+    abi->has_block_mask = 1;
+    abi->bm_batch = d->batch;
+    abi->bm_heads = d->heads;
+    abi->bm_q_blocks = m->q_blocks;
+    abi->bm_kv_blocks = m->kv_blocks;
+    abi->bm_q_block = d->q_block;
+    abi->bm_kv_block = d->kv_block;
+    return FG_OK;
+}
+
+/* ---- the kernel ----------------------------------------------------------- */
+
+/* The forward kernel for `config` (NULL: the defaults) on this device: the
+ * Hopper row where it applies and `allow_hopper`, else the row asked for. */
+static fg_status kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *config,
+                            bool allow_hopper, fg_kernel **out) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    FGI_CHECK_ARG(ctx, mod && out, "NULL mod or output pointer");
+    *out = NULL;
+    fg_kernel_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    const fgi_kernel_entry *asked;
+    if (config) {
+        cfg = *config;
+        asked = fgi_kernel_find(cfg.kind);
+        if (!asked || asked->op != FGI_KOP_ATTENTION_FWD) {
+            char kinds[160];
+            fgi_kernel_kinds_text(FGI_KOP_ATTENTION_FWD, kinds, sizeof kinds);
+            return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
+                             "fg_kernel_get makes attention kernels (kind %s), got kind %d", kinds,
+                             (int)cfg.kind);
+        }
+    } else {
+        cfg.kind = FG_KERNEL_ATTENTION_FWD;
+        asked = fgi_kernel_find(cfg.kind);
+    }
+    FGI_TRY(fgi_cuda_ready(ctx));
+    const fgi_kernel_entry *row;
+    FGI_TRY(fgi_kernel_choose(ctx, asked, &cfg, allow_hopper, &row));
+    cfg.kind = row->kind;
+    return fgi_kernel_make(ctx, mod, row, &cfg, out);
+}
+
+fg_status fg_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *config,
+                        fg_kernel **out) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    return kernel_get(ctx, mod, config, ctx->hopper_kernel != 0, out);
+}
+
+/* ---- launch ----------------------------------------------------------- */
+
+static void fill_abi(const fg_kernel *k, const fg_attention_args *a, const fgi_attn_strides *st,
+                     fgi_attn_abi *abi) {
+    abi->q = (uint64_t)(uintptr_t)a->q;
+    abi->k = (uint64_t)(uintptr_t)a->k;
+    abi->v = (uint64_t)(uintptr_t)a->v;
+    abi->out = (uint64_t)(uintptr_t)a->out;
+    abi->lse = (uint64_t)(uintptr_t)a->lse;
+    memcpy(abi->q_stride, st->q, sizeof st->q);
+    memcpy(abi->k_stride, st->k, sizeof st->k);
+    memcpy(abi->v_stride, st->v, sizeof st->v);
+    memcpy(abi->o_stride, st->o, sizeof st->o);
+    abi->batch = a->batch;
+    abi->heads_q = a->heads_q;
+    abi->heads_kv = a->heads_kv;
+    abi->q_len = a->q_len;
+    abi->kv_len = a->kv_len;
+    abi->q_offset = a->q_offset;
+    abi->kv_offset = a->kv_offset;
+    abi->scale = fgi_attn_scale(a);
+    abi->scale_log2 = (float)((double)abi->scale * 1.4426950408889634);
+    abi->q_tiles = (a->q_len + k->geom[0].block_m - 1) / k->geom[0].block_m;
+}
+
+/* The Hopper kernel's third argument: q, k and v as [batch, heads, len, D]
+ * tensor maps with the caller's strides, boxes of 128 rows x 64 columns
+ * (one 128-byte swizzle line per row) that TMA copies into shared memory in
+ * the swizzled layout wgmma reads. Rows past len are zero-filled. */
+typedef struct hopper_maps {
+    CUtensorMap q, k, v;
+} hopper_maps;
+
+static fg_status encode_map(fg_ctx *ctx, CUtensorMap *map, fg_dtype dtype, const void *ptr, int head_dim,
+                            int len, int heads, int batch, const int64_t st[3], const char *name) {
+    cuuint64_t dims[4] = {(cuuint64_t)head_dim, (cuuint64_t)len, (cuuint64_t)heads, (cuuint64_t)batch};
+    cuuint64_t strides[3] = {(cuuint64_t)st[2] * 2, (cuuint64_t)st[1] * 2, (cuuint64_t)st[0] * 2};
+    /* A dimension of extent 1 is never stepped over; give it a stride the
+     * encoder accepts whatever the caller passed (0, say). */
+    cuuint64_t natural = (cuuint64_t)head_dim * 2;
+    for (int i = 0; i < 3; i++) {
+        if (dims[i + 1] == 1) strides[i] = natural;
+        natural = strides[i] * dims[i + 1];
+    }
+    cuuint32_t box[4] = {64, 128, 1, 1}, elem[4] = {1, 1, 1, 1};
+    CUresult r = fgi_cu()->cuTensorMapEncodeTiled(
+        map, dtype == FG_FP16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+        (void *)ptr, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        const char *msg = NULL;
+        fgi_cu()->cuGetErrorString(r, &msg);
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "%s: the Hopper kernel cannot describe this tensor to TMA (strides %lld, %lld, "
+                         "%lld elements): %s; the portable kernel (FG_OPT_HOPPER_KERNEL 0) takes it",
+                         name, (long long)st[0], (long long)st[1], (long long)st[2], msg ? msg : "error");
+    }
+    return FG_OK;
+}
+
+static fg_status encode_maps(fg_ctx *ctx, const fg_attention_args *a, const fgi_attn_strides *st,
+                             hopper_maps *m) {
+    FGI_TRY(encode_map(ctx, &m->q, a->dtype, a->q, a->head_dim, a->q_len, a->heads_q, a->batch, st->q, "q"));
+    FGI_TRY(encode_map(ctx, &m->k, a->dtype, a->k, a->head_dim, a->kv_len, a->heads_kv, a->batch, st->k, "k"));
+    FGI_TRY(encode_map(ctx, &m->v, a->dtype, a->v, a->head_dim, a->kv_len, a->heads_kv, a->batch, st->v, "v"));
+    return FG_OK;
+}
+
+/* One forward launch. */
+static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
+    fgi_attn_strides st;
+    FGI_TRY(fgi_attn_check_args(ctx, &k->params, a, &st));
+    if (a->dtype != k->config.dtype || a->head_dim != k->config.head_dim)
+        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
+                         "the kernel was compiled for %s, head dim %d; the call has %s, head dim %d",
+                         k->config.dtype == FG_FP16 ? "fp16" : "bf16", k->config.head_dim,
+                         a->dtype == FG_FP16 ? "fp16" : "bf16", a->head_dim);
+    if (a->heads_q > 65535 || a->batch > 65535)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "heads_q %d and batch %d must be <= 65535",
+                         a->heads_q, a->batch);
+    FGI_TRY(check_alignment(ctx, a, &st));
+    FGI_TRY(fgi_kernel_check_context(ctx, k));
+
+    fgi_attn_abi abi;
+    memset(&abi, 0, sizeof abi);
+    fill_abi(k, a, &st, &abi);
+    if (a->block_mask) FGI_TRY(block_mask_args(ctx, k, a, &abi));
+
+    fgi_param_blob blob;
+    FGI_TRY(fgi_kernel_pack_params(ctx, k, a->binds, a->nbinds, &blob));
+
+    hopper_maps maps; /* 64-byte aligned, as CUtensorMap is */
+    if (k->kernel->variant == FGI_VARIANT_SM90) FGI_TRY(encode_maps(ctx, a, &st, &maps));
+    void *params[3] = {&abi, blob.bytes, &maps};
+    const unsigned grid[3] = {(unsigned)abi.q_tiles, (unsigned)a->heads_q, (unsigned)a->batch};
+    return fgi_kernel_run(ctx, k, 0, grid, params, a->stream);
+}
+
+fg_status fg_kernel_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    FGI_CHECK_ARG(ctx, k, "NULL kernel");
+    FGI_CHECK_ARG(ctx, a, "NULL attention arguments");
+    return launch(ctx, k, a);
+}
+
+fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    FGI_CHECK_ARG(ctx, mod && args, "NULL mod or arguments");
+    const fg_attention_args a = *args;
+    fgi_attn_strides st;
+    FGI_TRY(fgi_attn_check_args(ctx, mod, &a, &st));
+    fg_kernel_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.kind = FG_KERNEL_ATTENTION_FWD;
+    cfg.dtype = a.dtype;
+    cfg.head_dim = a.head_dim;
+    /* The kernels read the block mask's geometry at run time; the tile
+     * height depends only on whether q blocks are under 128 rows, and
+     * blocks under 128 in either direction keep the portable kernel, so
+     * a few configurations serve every block size. */
+    const fg_block_mask_desc *bm = a.block_mask ? &a.block_mask->desc : NULL;
+    cfg.q_block = bm && bm->q_block < 128 ? 64 : 128;
+    cfg.kv_block = bm && bm->kv_block < 128 ? 64 : 128;
+    fg_kernel *k;
+    FGI_TRY(fg_kernel_get(ctx, mod, &cfg, &k));
+    fg_status s = launch(ctx, k, &a);
+    const bool retry = s == FG_ERR_NOT_SUPPORTED && k->kernel->variant == FGI_VARIANT_SM90;
+    fg_kernel_release(k);
+    if (retry) {
+        /* A layout TMA cannot describe: the portable kernel takes any
+         * layout the argument checks accept. */
+        s = kernel_get(ctx, mod, &cfg, false, &k);
+        if (s != FG_OK) return s;
+        s = launch(ctx, k, &a);
+        fg_kernel_release(k);
+    }
+    return s;
+}

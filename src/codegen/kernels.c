@@ -1,0 +1,176 @@
+/*
+ * kernels.c -- the registry of generated kernels (see kernels.h): the rows,
+ * the configs the Hopper kernel takes, and the launch geometry of each
+ * attention kernel, which mirrors its template.
+ *
+ * A new kernel joins here with one row. The backward, for example, is one
+ * row (op FGI_KOP_ATTENTION_BWD, variant portable) whose templates are
+ * attention/attention_common.cuh and attention/attention_bwd.cuh, whose
+ * pieces add the score_mod derivative to the mod and its split, whose
+ * entries are fg_attention_bwd_pre, fg_attention_bwd_dkdv and
+ * fg_attention_bwd_dq (one module, three functions), and whose geometry
+ * answers per entry point; attention/ then loads it as a fg_kernel and
+ * launches its three entry points in order.
+ */
+#include "codegen/kernels.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ---- which configs the Hopper kernel takes ---------------------------------- */
+
+/* What the Hopper kernel takes, on a config with its defaults filled in:
+ * wgmma tiles of 64 rows per warp group and 128-column K/V tiles, the head
+ * dim one or two 128-byte swizzle rows, code for sm_90a only. A NULL ctx
+ * records nothing. */
+static fg_status sm90_check(fg_ctx *ctx, const fg_kernel_config *c) {
+    if (c->head_dim != 64 && c->head_dim != 128)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "head dim %d: the Hopper kernel supports 64 and 128 (the portable "
+                         "kernel, FG_KERNEL_ATTENTION_FWD, takes every multiple of 16 to 256)",
+                         c->head_dim);
+    if (c->q_block < 128 || c->kv_block < 128)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "blocks %d x %d: the Hopper kernel needs q and kv blocks of at least 128",
+                         c->q_block, c->kv_block);
+    if (c->arch && strcmp(c->arch, "sm_90a") != 0)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "arch %s: the Hopper kernel compiles only for sm_90a",
+                         c->arch);
+    return FG_OK;
+}
+
+/* ---- launch geometry ----------------------------------------------------------- */
+
+/* The portable forward (templates/attention/attention_fwd.cuh): four warps
+ * of `mt` 16-row slabs; two slabs for head dims up to 128 unless the kernel
+ * is configured for q blocks under 128 rows; K/V tiles of 32 rows over head
+ * dim 128, else 64; shared memory is the Q tile plus two stages of K and V,
+ * rows padded by 8 elements, then two buffers of 16-byte mask column parts
+ * per K/V row. */
+static fgi_kernel_geom fwd_geometry(const fg_kernel_config *c, int entry) {
+    (void)entry;
+    fgi_kernel_geom g;
+    int mt = c->head_dim <= 128 && c->q_block >= 128 ? 2 : 1;
+    g.block_m = 64 * mt;
+    g.block_n = c->head_dim > 128 ? 32 : 64;
+    g.threads = 128;
+    size_t row = (size_t)(c->head_dim + 8) * 2;
+    g.smem = (size_t)g.block_m * row + 4 * (size_t)g.block_n * row + 2 * (size_t)g.block_n * 16;
+    return g;
+}
+
+/* The Hopper forward (templates/attention/attention_fwd_sm90.cuh): a
+ * producer warp group and two consumer warp groups of 64 rows (a 128-row q
+ * tile), 128-row K/V tiles, head dim 64 or 128; shared memory holds Q, two
+ * stages of K and three of V in 128-byte-swizzled rows, 128 bytes of
+ * mbarriers, 8 KB of mask column parts, and 1 KB so the kernel can align
+ * the base to the swizzle pattern. */
+static fgi_kernel_geom fwd_sm90_geometry(const fg_kernel_config *c, int entry) {
+    (void)entry;
+    fgi_kernel_geom g;
+    g.block_m = 128;
+    g.block_n = 128;
+    g.threads = 384;
+    size_t tile = (size_t)128 * (size_t)c->head_dim * 2;
+    g.smem = tile * (1 + 2 + 3) + 128 + 4 * 128 * 16 + 1024;
+    return g;
+}
+
+/* ---- the rows ------------------------------------------------------------------- */
+
+#define ATTENTION_CONFIG (FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_BLOCKS)
+
+static const fgi_kernel_entry registry[] = {
+    {
+        .kind = FG_KERNEL_ATTENTION_FWD,
+        .op = FGI_KOP_ATTENTION_FWD,
+        .variant = FGI_VARIANT_PORTABLE,
+        .label = "attention_fwd",
+        .macro = "FG_KERNEL_ATTENTION_FWD",
+        .what = "forward attention (portable, mma.sync)",
+        .templates = {"attention/attention_common.cuh", "attention/attention_fwd.cuh"},
+        .pieces = FGI_PIECE_MOD | FGI_PIECE_SPLIT,
+        /* the template sizes its q tile from FG_Q_BLOCK */
+        .source_config = ATTENTION_CONFIG,
+        .name_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM,
+        .entries = {"fg_attention_fwd"},
+        .min_cc = 80,
+        .geometry = fwd_geometry,
+    },
+    {
+        .kind = FG_KERNEL_BLOCK_MASK,
+        .op = FGI_KOP_BLOCK_MASK,
+        .variant = FGI_VARIANT_PORTABLE,
+        .label = "blockmask",
+        .macro = "FG_KERNEL_BLOCK_MASK",
+        .what = "block-mask builder (fg_block_mask_classify, fg_block_mask_compact)",
+        .templates = {"blockmask/blockmask.cuh"},
+        .pieces = FGI_PIECE_MOD,
+        .source_config = FGI_CFG_BLOCKS,
+        .name_config = FGI_CFG_BLOCKS,
+        .entries = {"fg_block_mask_classify", "fg_block_mask_compact"},
+        .min_cc = 80,
+    },
+    {
+        .kind = FG_KERNEL_ATTENTION_FWD_SM90,
+        .op = FGI_KOP_ATTENTION_FWD,
+        .variant = FGI_VARIANT_SM90,
+        .label = "attention_fwd_sm90",
+        .macro = "FG_KERNEL_ATTENTION_FWD_SM90",
+        .what = "forward attention (Hopper, wgmma)",
+        .templates = {"attention/attention_common.cuh", "attention/attention_fwd_sm90.cuh"},
+        .pieces = FGI_PIECE_MOD | FGI_PIECE_SPLIT,
+        .source_config = ATTENTION_CONFIG,
+        .name_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM,
+        .entries = {"fg_attention_fwd"},
+        .arch = "sm_90a",
+        .min_cc = 90,
+        .check = sm90_check,
+        .geometry = fwd_sm90_geometry,
+    },
+};
+
+#define NROWS (sizeof registry / sizeof registry[0])
+_Static_assert(NROWS <= FGI_KERNEL_SLOTS, "raise FGI_KERNEL_SLOTS");
+
+const fgi_kernel_entry *fgi_kernel_find(fg_kernel_kind kind) {
+    if (kind == 0) return NULL;
+    for (size_t i = 0; i < NROWS; i++)
+        if (registry[i].kind == kind) return &registry[i];
+    return NULL;
+}
+
+const fgi_kernel_entry *fgi_kernel_lookup(fgi_kernel_op op, fgi_kernel_variant variant) {
+    for (size_t i = 0; i < NROWS; i++)
+        if (registry[i].op == op && registry[i].variant == variant) return &registry[i];
+    return NULL;
+}
+
+size_t fgi_kernel_index(const fgi_kernel_entry *e) { return (size_t)(e - registry); }
+
+void fgi_kernel_kinds_text(fgi_kernel_op op, char *out, size_t cap) {
+    const fgi_kernel_entry *pick[NROWS];
+    size_t n = 0;
+    for (size_t i = 0; i < NROWS; i++)
+        if (registry[i].kind != 0 && (op == 0 || registry[i].op == op)) pick[n++] = &registry[i];
+    size_t len = 0;
+    out[0] = 0;
+    for (size_t i = 0; i < n && len < cap; i++) {
+        const char *sep = i == 0 ? "" : i + 1 == n ? " or " : ", ";
+        int w = snprintf(out + len, cap - len, "%s%s", sep, pick[i]->macro);
+        if (w < 0) break;
+        len += (size_t)w;
+    }
+}
+
+const char *fgi_variant_name(fgi_kernel_variant v) { return v == FGI_VARIANT_SM90 ? "Hopper" : "portable"; }
+
+bool fgi_kernel_applies(const fgi_kernel_entry *e, const fg_kernel_config *config) {
+    if (!e->check) return true;
+    fg_kernel_config c = *config;
+    if (c.head_dim == 0) c.head_dim = 128;
+    if (c.q_block == 0) c.q_block = 128;
+    if (c.kv_block == 0) c.kv_block = 128;
+    if (c.arch && !*c.arch) c.arch = NULL;
+    return e->check(NULL, &c) == FG_OK;
+}

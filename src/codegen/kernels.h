@@ -1,0 +1,122 @@
+/*
+ * kernels.h -- the registry of generated kernels (kernels.c): one row per
+ * operation x variant, and everything the library knows about a kernel is
+ * in its row.
+ *
+ * An operation is what a kernel computes (forward attention, the block-mask
+ * builder; later the backward's kernels, split-KV decode and its merge); a
+ * variant is how (portable CUDA with mma.sync for sm_80 and newer, or
+ * Hopper's wgmma and TMA for sm_90a). A row says:
+ *   - its public fg_kernel_kind, if callers can name it, and its label (in
+ *     file names, cache keys and the generated header);
+ *   - the source: the templates after common.cuh, in order, the last one
+ *     the kernel's own; which emitted pieces go between common.cuh and the
+ *     templates; which config values the source reads (they make the key
+ *     and the macros) and which name it;
+ *   - its entry points, the one arch it is compiled for (or none), the
+ *     oldest device it runs on, and which configs it takes beyond the
+ *     general rules (the Hopper kernel's head dims and blocks);
+ *   - its launch geometry for a config: tile sizes, threads, shared memory,
+ *     mirroring the template.
+ * Source assembly (source.c) and the attention launcher (attention/) read
+ * all of it from the row, so a new kernel is a row here plus its template;
+ * only its host-side arguments (its argument block, grid and launch order)
+ * are written for it, beside the operation's public entry point.
+ */
+#ifndef FLEXGEN_KERNELS_H
+#define FLEXGEN_KERNELS_H
+
+#include "internal.h"
+
+typedef enum fgi_kernel_op {
+    FGI_KOP_ATTENTION_FWD = 1, /* out (and lse) from q, k, v and the mods  */
+    FGI_KOP_BLOCK_MASK = 2     /* the GPU block-mask builder               */
+} fgi_kernel_op;
+
+typedef enum fgi_kernel_variant {
+    FGI_VARIANT_PORTABLE = 1, /* mma.sync and cp.async: sm_80 and newer   */
+    FGI_VARIANT_SM90 = 2      /* wgmma, TMA, warp specialisation: sm_90a  */
+} fgi_kernel_variant;
+
+/* The emitted pieces a source takes after common.cuh; they are printed in
+ * this order (source.c's table of emitters). */
+enum {
+    FGI_PIECE_MOD = 1u << 0,  /* the mod (fgi_emit_mod_named): fg_mod_params,
+                                 fg_mask_mod, fg_score_mod, FG_HAS_*        */
+    FGI_PIECE_SPLIT = 1u << 1 /* the mods split by dependency (fgi_emit_split):
+                                 fg_mask_head/_row/_col, fg_mask_split, and
+                                 the same for score_mod                     */
+};
+
+/* Config values a source can read. In the key and the macros (source_config):
+ * FG_DTYPE_BF16 / FG_DTYPE_FP16, FG_HEAD_DIM, FG_Q_BLOCK and FG_KV_BLOCK; in
+ * the name and the header comment (name_config): "bf16" / "bf16 inputs",
+ * "d128" / "head dim 128", "q128-kv128" / "blocks of 128 x 128". A value
+ * a kernel does not read is in neither. */
+enum {
+    FGI_CFG_DTYPE = 1u << 0,
+    FGI_CFG_HEAD_DIM = 1u << 1,
+    FGI_CFG_BLOCKS = 1u << 2
+};
+
+#define FGI_KERNEL_MAX_TEMPLATES 4
+#define FGI_KERNEL_MAX_ENTRIES 4
+#define FGI_KERNEL_SLOTS 16 /* rows the registry may have (per-row memos) */
+
+/* How one entry point is launched: the tile a thread block covers (q rows x
+ * kv rows, where that means something), threads per block (one dimension)
+ * and dynamic shared memory in bytes. */
+typedef struct fgi_kernel_geom {
+    int block_m, block_n, threads;
+    size_t smem;
+} fgi_kernel_geom;
+
+typedef struct fgi_kernel_entry {
+    fg_kernel_kind kind;   /* the public kind, or 0 for an internal kernel  */
+    fgi_kernel_op op;
+    fgi_kernel_variant variant;
+    const char *label;     /* "attention_fwd": names and keys               */
+    const char *macro;     /* defined to 1 in the source                    */
+    const char *what;      /* the header's "Kernel: ..." and messages       */
+    /* templates/ files after common.cuh, in order, NULL-terminated; the
+     * last is the kernel's own (named in the key and the header). */
+    const char *templates[FGI_KERNEL_MAX_TEMPLATES + 1];
+    unsigned pieces;        /* FGI_PIECE_*                                  */
+    unsigned source_config; /* FGI_CFG_*: in the key and the macros         */
+    unsigned name_config;   /* FGI_CFG_*: in the name and the header        */
+    /* Entry points, NULL-terminated; [0] is the one a spec loads unless
+     * told otherwise. */
+    const char *entries[FGI_KERNEL_MAX_ENTRIES + 1];
+    const char *arch;       /* the only arch it compiles for, or NULL       */
+    int min_cc;             /* oldest compute capability it runs on (80)    */
+    /* Whether the kernel takes config `c` (defaults filled in, general
+     * rules checked): FG_ERR_NOT_SUPPORTED with the reason recorded on ctx
+     * (which may be NULL) when not. NULL: every config. */
+    fg_status (*check)(fg_ctx *ctx, const fg_kernel_config *c);
+    /* The launch geometry of entry point `entry` under config `c` (defaults
+     * filled in). NULL: the kernel is launched by its own module with its
+     * own geometry (the block-mask builder). */
+    fgi_kernel_geom (*geometry)(const fg_kernel_config *c, int entry);
+} fgi_kernel_entry;
+
+/* The block-mask builder's entry points, in its row's order. */
+enum { FGI_BM_CLASSIFY = 0, FGI_BM_COMPACT = 1 };
+
+/* The row of public kind `kind`, or NULL. */
+const fgi_kernel_entry *fgi_kernel_find(fg_kernel_kind kind);
+/* The row of (op, variant), or NULL. */
+const fgi_kernel_entry *fgi_kernel_lookup(fgi_kernel_op op, fgi_kernel_variant variant);
+/* A row's index, in [0, FGI_KERNEL_SLOTS). */
+size_t fgi_kernel_index(const fgi_kernel_entry *e);
+/* The public kinds of operation `op` (0: of every operation) as a phrase
+ * for messages: "FG_KERNEL_ATTENTION_FWD, FG_KERNEL_BLOCK_MASK or
+ * FG_KERNEL_ATTENTION_FWD_SM90". */
+void fgi_kernel_kinds_text(fgi_kernel_op op, char *out, size_t cap);
+/* "portable" or "Hopper", for messages. */
+const char *fgi_variant_name(fgi_kernel_variant v);
+
+/* Whether `e` takes `config` with the defaults fgi_codegen_init fills in
+ * (head dim and blocks 128, arch "" as none). */
+bool fgi_kernel_applies(const fgi_kernel_entry *e, const fg_kernel_config *config);
+
+#endif
