@@ -26,12 +26,33 @@
  *  - A context is not shared between threads without external locking, except
  *    for its kernel cache, which is thread-safe: several contexts (one per
  *    thread) created over one fg_cache share compiled kernels.
+ *  - Argument structs that may grow (fg_kernel_config, fg_block_mask_desc,
+ *    fg_attention_args) end in `size_t struct_size`, which says the layout
+ *    the caller was compiled with: sizeof of the struct in the caller's
+ *    header, as the FG_..._INIT initialisers and the fg_..._init functions
+ *    set it. 0 stands for the layout of version 0.1 (every field before
+ *    struct_size), so a 0.1 initialiser, positional or designated, keeps its
+ *    meaning. New fields are only ever added after struct_size, and the
+ *    library reads a struct this way:
+ *      - the fields the caller's size covers are taken as given, every field
+ *        past it as zero (which always means "the default");
+ *      - a struct larger than the library's own (a newer header, an older
+ *        library) is taken when every byte past the library's layout is
+ *        zero, and refused with FG_ERR_NOT_SUPPORTED when one is not: the
+ *        caller asks for something this library cannot do;
+ *      - a non-zero size smaller than the 0.1 layout, or over 4096 bytes,
+ *        is FG_ERR_INVALID_ARGUMENT: a struct_size nobody set, mostly.
+ *    So zero the whole struct before filling it (an initialiser, `= {0}` or
+ *    memset): struct_size is read even when the fields are set one by one.
+ *    A struct the library fills (fg_block_mask_get_desc) gets this header's
+ *    layout with struct_size set, so it can be passed back as it is.
  */
 #ifndef FLEXGEN_H
 #define FLEXGEN_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -295,7 +316,9 @@ typedef enum fg_kernel_kind {
                                         q and kv blocks of 128 or more)   */
 } fg_kernel_kind;
 
-/* Everything that selects a compiled kernel besides the mods. */
+/* Everything that selects a compiled kernel besides the mods. Growable
+ * (see Conventions): FG_KERNEL_CONFIG_INIT or fg_kernel_config_init(), or
+ * a 0.1 initialiser with struct_size left 0. */
 typedef struct fg_kernel_config {
     fg_kernel_kind kind;
     fg_dtype dtype;      /* attention: input dtype (default FG_BF16)        */
@@ -303,7 +326,22 @@ typedef struct fg_kernel_config {
     int q_block;         /* block-mask block sizes (default 128)            */
     int kv_block;
     const char *arch;    /* NULL: the context's arch                        */
+    size_t struct_size;  /* sizeof(fg_kernel_config), or 0 for the 0.1
+                            layout; fields after it arrive in later versions */
 } fg_kernel_config;
+
+#ifdef __cplusplus
+#define FG_KERNEL_CONFIG_INIT fg_kernel_config_init()
+#else
+#define FG_KERNEL_CONFIG_INIT {.struct_size = sizeof(fg_kernel_config)}
+#endif
+/* Every field zero (the defaults), struct_size set. */
+static inline fg_kernel_config fg_kernel_config_init(void) {
+    fg_kernel_config c;
+    memset(&c, 0, sizeof c);
+    c.struct_size = sizeof c;
+    return c;
+}
 
 /* The complete, self-contained CUDA source of the kernel for `mod` under
  * `config` (what `flexgen --mask FILE` prints). */
@@ -359,11 +397,29 @@ FG_API void fg_cache_forget_memory(void);
  * (so b = h = 0 when broadcasting). */
 typedef struct fg_block_mask fg_block_mask;
 
+/* The shape of a block mask. Growable (see Conventions):
+ * FG_BLOCK_MASK_DESC_INIT or fg_block_mask_desc_init(), or a 0.1
+ * initialiser with struct_size left 0. */
 typedef struct fg_block_mask_desc {
     int batch, heads;     /* 1 = broadcast                                 */
     int q_len, kv_len;
     int q_block, kv_block;/* 0 = 128                                       */
+    size_t struct_size;   /* sizeof(fg_block_mask_desc), or 0 for the 0.1
+                             layout                                        */
 } fg_block_mask_desc;
+
+#ifdef __cplusplus
+#define FG_BLOCK_MASK_DESC_INIT fg_block_mask_desc_init()
+#else
+#define FG_BLOCK_MASK_DESC_INIT {.struct_size = sizeof(fg_block_mask_desc)}
+#endif
+/* Every field zero, struct_size set. */
+static inline fg_block_mask_desc fg_block_mask_desc_init(void) {
+    fg_block_mask_desc d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    return d;
+}
 
 typedef enum fg_block_mask_array {
     FG_BM_KV_NUM_BLOCKS = 1,      /* int32 [B][H][q_blocks]               */
@@ -401,6 +457,8 @@ FG_API fg_status fg_block_mask_from_kv_blocks(fg_ctx *ctx, const fg_block_mask_d
                                               const int32_t *full_kv_indices, fg_block_mask **out);
 FG_API void fg_block_mask_destroy(fg_block_mask *mask);
 
+/* The mask's shape with its block sizes filled in; struct_size is set to
+ * sizeof(fg_block_mask_desc). */
 FG_API fg_status fg_block_mask_get_desc(const fg_block_mask *mask, fg_block_mask_desc *desc);
 /* Copy host arrays to the device / device arrays to the host (synchronous). */
 FG_API fg_status fg_block_mask_upload(fg_ctx *ctx, fg_block_mask *mask);
@@ -426,7 +484,9 @@ FG_API fg_status fg_block_mask_picture(const fg_block_mask *mask, int max_rows, 
  * out: [B, Hq, Q_LEN, D], lse: [B, Hq, Q_LEN] float32 (natural log; may be
  * NULL). Strides are in elements for the index order (b, h, s, d); the last
  * must be 1; all zero means contiguous BHSD. BSHD works by strides.
- * Hq must be a multiple of Hkv (GQA / MQA). */
+ * Hq must be a multiple of Hkv (GQA / MQA). Growable (see Conventions):
+ * FG_ATTENTION_ARGS_INIT or fg_attention_args_init(), or `= {0}` with
+ * struct_size left 0 as in 0.1. */
 typedef struct fg_attention_args {
     int batch, heads_q, heads_kv, q_len, kv_len, head_dim;
     fg_dtype dtype;
@@ -440,7 +500,22 @@ typedef struct fg_attention_args {
     const fg_binding *binds;
     size_t nbinds;
     void *stream;                    /* CUstream; NULL: default stream    */
+    size_t struct_size;              /* sizeof(fg_attention_args), or 0 for
+                                        the 0.1 layout                     */
 } fg_attention_args;
+
+#ifdef __cplusplus
+#define FG_ATTENTION_ARGS_INIT fg_attention_args_init()
+#else
+#define FG_ATTENTION_ARGS_INIT {.struct_size = sizeof(fg_attention_args)}
+#endif
+/* Every field zero (dense, default scale, default stream), struct_size set. */
+static inline fg_attention_args fg_attention_args_init(void) {
+    fg_attention_args a;
+    memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    return a;
+}
 
 /* A compiled forward kernel for one mod and configuration, fetched once (from
  * the cache, compiling on a miss) and launched many times. */

@@ -83,9 +83,20 @@ class _ParamInfo(ctypes.Structure):  # also the layout of fg_param_decl
                 ("type", ctypes.c_int), ("default_value", ctypes.c_double)]
 
 
-class _BlockMaskDesc(ctypes.Structure):
+class _Growable(ctypes.Structure):
+    """A public argument struct that may grow (flexgen.h, Conventions): its
+    last field, struct_size, tells the library which layout this mirror has,
+    so a library newer than the mirror reads its later fields as defaults."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.struct_size = ctypes.sizeof(type(self))
+
+
+class _BlockMaskDesc(_Growable):
     _fields_ = [("batch", ctypes.c_int), ("heads", ctypes.c_int), ("q_len", ctypes.c_int),
-                ("kv_len", ctypes.c_int), ("q_block", ctypes.c_int), ("kv_block", ctypes.c_int)]
+                ("kv_len", ctypes.c_int), ("q_block", ctypes.c_int), ("kv_block", ctypes.c_int),
+                ("struct_size", ctypes.c_size_t)]
 
 
 class _CacheStats(ctypes.Structure):
@@ -94,15 +105,16 @@ class _CacheStats(ctypes.Structure):
                 ("compile_ms", ctypes.c_double), ("load_ms", ctypes.c_double)]
 
 
-class _KernelConfig(ctypes.Structure):
+class _KernelConfig(_Growable):
     _fields_ = [("kind", ctypes.c_int), ("dtype", ctypes.c_int), ("head_dim", ctypes.c_int),
-                ("q_block", ctypes.c_int), ("kv_block", ctypes.c_int), ("arch", ctypes.c_char_p)]
+                ("q_block", ctypes.c_int), ("kv_block", ctypes.c_int), ("arch", ctypes.c_char_p),
+                ("struct_size", ctypes.c_size_t)]
 
 
 _Stride = ctypes.c_int64 * 4
 
 
-class _AttentionArgs(ctypes.Structure):
+class _AttentionArgs(_Growable):
     _fields_ = [
         ("batch", ctypes.c_int), ("heads_q", ctypes.c_int), ("heads_kv", ctypes.c_int),
         ("q_len", ctypes.c_int), ("kv_len", ctypes.c_int), ("head_dim", ctypes.c_int),
@@ -115,6 +127,7 @@ class _AttentionArgs(ctypes.Structure):
         ("block_mask", ctypes.c_void_p),
         ("binds", ctypes.POINTER(_Binding)), ("nbinds", ctypes.c_size_t),
         ("stream", ctypes.c_void_p),
+        ("struct_size", ctypes.c_size_t),
     ]
 
 

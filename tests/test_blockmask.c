@@ -346,6 +346,7 @@ static const char *const property_mods[] = {CAUSAL, SLIDING, PREFIX, DOCUMENT,
 
 static void random_desc(uint64_t *rng, fg_block_mask_desc *d) {
     static const int lens[] = {1, 2, 15, 63, 64, 65, 127, 128, 129, 200, 257, 333, 511};
+    memset(d, 0, sizeof *d); /* struct_size 0: the 0.1 layout */
     d->batch = 1 + (int)(tu_rand_u64(rng) % 2);
     d->heads = 1 + (int)(tu_rand_u64(rng) % 3);
     d->q_len = lens[tu_rand_u64(rng) % (sizeof lens / sizeof lens[0])];

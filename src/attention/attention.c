@@ -2,19 +2,25 @@
  * attention.c -- the argument checks every attention entry point shares:
  * the GPU launchers (forward.c) and the CPU references (reference/).
  *
- * They look only at the struct the caller passed -- the shapes, the
- * strides, the offsets -- never at where the tensors live, so the
+ * They look only at the struct the caller passed -- its size, the shapes,
+ * the strides, the offsets -- never at where the tensors live, so the
  * references run them on host pointers and the launchers add the device's
  * own checks (alignment, the block mask's geometry against the kernel's
  * tiles) after them.
  */
 #include "attention/attention.h"
 
+#include "base/growable.h"
+
 #include <limits.h>
 #include <math.h>
 #include <string.h>
 
 /* ---- argument checks shared with the reference ------------------------- */
+
+fg_status fgi_attn_args_in(fg_ctx *ctx, const fg_attention_args *in, fg_attention_args *out) {
+    return FGI_STRUCT_IN(ctx, fg_attention_args, in, out);
+}
 
 float fgi_attn_scale(const fg_attention_args *args) {
     return args->scale != 0.f ? args->scale : 1.0f / sqrtf((float)args->head_dim);
@@ -51,6 +57,9 @@ fg_status fgi_attn_check_args(fg_ctx *ctx, const fg_mod *mod, const fg_attention
                               fgi_attn_strides *st) {
     FGI_CHECK_ARG(ctx, mod, "NULL mod");
     FGI_CHECK_ARG(ctx, a, "NULL attention arguments");
+    fg_attention_args in;
+    FGI_TRY(fgi_attn_args_in(ctx, a, &in));
+    a = &in;
     FGI_CHECK_ARG(ctx, a->dtype == FG_BF16 || a->dtype == FG_FP16,
                   "dtype %d is not FG_BF16 or FG_FP16", (int)a->dtype);
     if (a->head_dim < 16 || a->head_dim > 256 || a->head_dim % 16 != 0)

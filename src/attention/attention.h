@@ -36,9 +36,10 @@ _Static_assert(sizeof(fgi_attn_abi) == 240, "fgi_attn_abi must match fga_args");
 /* The effective scale: args->scale, or 1/sqrt(head_dim) when it is 0. */
 float fgi_attn_scale(const fg_attention_args *args);
 
-/* The checks that do not depend on where the tensors live: dtype, head
- * dim, sizes, GQA ratio, strides (last 1, none negative), offsets that keep
- * every index the mods see inside int, the scale. `strides` receives the
+/* The checks that do not depend on where the tensors live: the struct's
+ * size (fgi_attn_args_in), dtype, head dim, sizes, GQA ratio, strides (last
+ * 1, none negative), offsets that keep every index the mods see inside int,
+ * the scale. `strides` receives the
  * effective (b, h, s) strides of q, k, v, out (contiguous BHSD when all four
  * of a tensor's strides are zero). */
 typedef struct fgi_attn_strides {
@@ -46,6 +47,14 @@ typedef struct fgi_attn_strides {
 } fgi_attn_strides;
 fg_status fgi_attn_check_args(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
                               fgi_attn_strides *strides);
+
+/* The caller's fg_attention_args in this library's layout (flexgen.h,
+ * Conventions: struct_size). Every public entry point that takes the struct
+ * reads it through this once; fgi_attn_check_args checks it as well, so
+ * the references, which read the caller's struct, refuse what the GPU
+ * entry points refuse (every field they read is a 0.1 field, which every
+ * accepted struct has where 0.1 put it). */
+fg_status fgi_attn_args_in(fg_ctx *ctx, const fg_attention_args *in, fg_attention_args *out);
 
 /* ---- the kernel object (kernel.c) ----------------------------------------- */
 

@@ -23,6 +23,7 @@
  */
 #include "attention/attention.h"
 
+#include "base/growable.h"
 #include "blockmask/blockmask.h"
 
 #include <string.h>
@@ -92,11 +93,10 @@ static fg_status kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_conf
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, mod && out, "NULL mod or output pointer");
     *out = NULL;
-    fg_kernel_config cfg;
-    memset(&cfg, 0, sizeof cfg);
+    fg_kernel_config cfg = fg_kernel_config_init();
     const fgi_kernel_entry *asked;
     if (config) {
-        cfg = *config;
+        FGI_TRY(FGI_STRUCT_IN(ctx, fg_kernel_config, config, &cfg));
         asked = fgi_kernel_find(cfg.kind);
         if (!asked || asked->op != FGI_KOP_ATTENTION_FWD) {
             char kinds[160];
@@ -190,7 +190,7 @@ static fg_status encode_maps(fg_ctx *ctx, const fg_attention_args *a, const fgi_
     return FG_OK;
 }
 
-/* One forward launch. */
+/* One forward launch of `a`, already in this library's layout. */
 static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
     fgi_attn_strides st;
     FGI_TRY(fgi_attn_check_args(ctx, &k->params, a, &st));
@@ -224,17 +224,19 @@ fg_status fg_kernel_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, k, "NULL kernel");
     FGI_CHECK_ARG(ctx, a, "NULL attention arguments");
-    return launch(ctx, k, a);
+    fg_attention_args args;
+    FGI_TRY(fgi_attn_args_in(ctx, a, &args));
+    return launch(ctx, k, &args);
 }
 
 fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, mod && args, "NULL mod or arguments");
-    const fg_attention_args a = *args;
+    fg_attention_args a;
+    FGI_TRY(fgi_attn_args_in(ctx, args, &a));
     fgi_attn_strides st;
     FGI_TRY(fgi_attn_check_args(ctx, mod, &a, &st));
-    fg_kernel_config cfg;
-    memset(&cfg, 0, sizeof cfg);
+    fg_kernel_config cfg = fg_kernel_config_init();
     cfg.kind = FG_KERNEL_ATTENTION_FWD;
     cfg.dtype = a.dtype;
     cfg.head_dim = a.head_dim;

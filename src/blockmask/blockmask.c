@@ -31,6 +31,7 @@
  */
 #include "blockmask/blockmask.h"
 
+#include "base/growable.h"
 #include "codegen/codegen.h"
 #include "driver/cudrv.h"
 
@@ -47,6 +48,9 @@ static bool is_block_size(int n) { return n >= 16 && n <= 256 && (n & (n - 1)) =
 
 fg_status fgi_bm_normalise(fg_ctx *ctx, const fg_block_mask_desc *desc, fg_block_mask_desc *norm) {
     FGI_CHECK_ARG(ctx, desc && norm, "NULL block-mask description");
+    fg_block_mask_desc in; /* the caller's struct in this library's layout */
+    FGI_TRY(FGI_STRUCT_IN(ctx, fg_block_mask_desc, desc, &in));
+    desc = &in;
     *norm = *desc;
     if (norm->q_block == 0) norm->q_block = 128;
     if (norm->kv_block == 0) norm->kv_block = 128;

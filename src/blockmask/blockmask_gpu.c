@@ -41,8 +41,7 @@ static fg_status mask_spec(fg_ctx *ctx, const fg_mod *mod, fg_block_mask *m, fgi
         return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (block mask)");
     fgi_codegen_free(m->cg);
     m->cg_mod = NULL;
-    fg_kernel_config cfg;
-    memset(&cfg, 0, sizeof cfg);
+    fg_kernel_config cfg = fg_kernel_config_init();
     cfg.q_block = m->desc.q_block;
     cfg.kv_block = m->desc.kv_block;
     FGI_TRY(fgi_codegen_init_kernel(ctx, mod, fgi_kernel_lookup(FGI_KOP_BLOCK_MASK, FGI_VARIANT_PORTABLE),

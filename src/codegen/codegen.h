@@ -39,7 +39,8 @@ typedef struct fgi_codegen {
     char *name;              /* owned */
     const fg_mod *mod;
     const fgi_kernel_entry *kernel; /* the kernel's row in the registry     */
-    fg_kernel_config config; /* with defaults filled in                     */
+    fg_kernel_config config; /* with defaults filled in (the caller's struct
+                                read as flexgen.h's Conventions say)       */
 } fgi_codegen;
 
 /* Validate config (NULL: all defaults; kind 0: FG_KERNEL_ATTENTION_FWD;

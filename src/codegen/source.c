@@ -27,6 +27,8 @@
  */
 #include "codegen/codegen.h"
 
+#include "base/growable.h"
+
 #include <stdatomic.h>
 
 #include <stdio.h>
@@ -50,13 +52,14 @@ typedef struct gen_state {
 
 static bool pow2_in(int v, int lo, int hi) { return v >= lo && v <= hi && (v & (v - 1)) == 0; }
 
-/* The caller's config (NULL: all defaults) with its row: the row of `kernel` when given (an internal kernel has no public
+/* The caller's config (NULL: all defaults) in the library's layout, with
+ * its row: the row of `kernel` when given (an internal kernel has no public
  * kind to name it by), else the row of the config's kind. Defaults filled
  * in, general rules and the row's own checked. */
 static fg_status fill_config(fg_ctx *ctx, const fgi_kernel_entry *kernel, const fg_kernel_config *in,
                              fg_kernel_config *c, const fgi_kernel_entry **row) {
-    if (in) *c = *in;
-    else memset(c, 0, sizeof *c);
+    if (in) FGI_TRY(FGI_STRUCT_IN(ctx, fg_kernel_config, in, c));
+    else *c = fg_kernel_config_init();
     if (kernel) {
         c->kind = kernel->kind;
     } else {
