@@ -382,6 +382,12 @@ void fgi_emit_float(fgi_buf *out, float f);
  * _col with their _init functions and fg_mask_split, the same for score_mod,
  * and FG_HAS_SPLIT_MODS; for the attention kernel, after fgi_emit_mod. */
 fg_status fgi_emit_split(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out);
+/* Append the derivatives of score_mod for the backward kernels (emit.c, from
+ * mod/deriv.c's trees): struct fg_mod_grads, fg_score_grad, per float buffer
+ * read fg_grad_indexK / fg_grad_valueK, and fg_accumulate_grads; #line
+ * directives end with the generated file `generated_name` (NULL:
+ * "flexgen.cu"). */
+fg_status fgi_emit_grad(fg_ctx *ctx, const fg_mod *mod, const char *generated_name, fgi_buf *out);
 
 /* Embedded templates (generated at build time from templates/\*.cuh). */
 typedef struct fgi_template {

@@ -30,6 +30,7 @@
  * the generated file its own numbering back.
  */
 #include "codegen/codegen.h"
+#include "mod/deriv.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -349,4 +350,83 @@ fg_status fgi_emit_mod_named(fg_ctx *ctx, const fg_mod *mod, const char *generat
 
 fg_status fgi_emit_mod(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out) {
     return fgi_emit_mod_named(ctx, mod, NULL, out);
+}
+
+/* ---- the derivatives, for the backward kernels ------------------------------------- */
+
+/* A function of score_mod's arguments returning `ret`: the body of one of
+ * deriv.c's trees, with #line back to score_mod. */
+static void emit_score_shaped(emitter *em, const char *ret, const char *name, int k, const fgi_func *fn) {
+    fgi_buf_printf(em->out, "__device__ __forceinline__ %s %s", ret, name);
+    if (k >= 0) fgi_buf_printf(em->out, "%d", k);
+    fgi_buf_puts(em->out, "(" SCORE_ARGS ") {\n");
+    emit_body(em, fn);
+    fgi_buf_puts(em->out, "}\n\n");
+}
+
+/* The gradient struct: one float pointer and length per buffer that gets a
+ * gradient, laid out as fgi_grad_layout_compute says (the host packs it). */
+static void emit_grad_struct(emitter *em, const fgi_grad_layout *L) {
+    fgi_buf *out = em->out;
+    fgi_buf_puts(out, "/* Where the gradients of the float buffers score_mod reads go (fp32,\n"
+                      " * added with atomics; NULL: not wanted). The host packs the same layout\n"
+                      " * (fgi_grad_layout_compute). */\n"
+                      "struct __align__(8) fg_mod_grads {\n");
+    for (int k = 0; k < L->n; k++) {
+        const char *n = em->mod->params[L->param[k]].name;
+        fgi_buf_printf(out, "    float *__restrict__ %s;\n    long long fg_len_%s;\n", n, n);
+    }
+    fgi_buf_puts(out, "    int fg_pad; /* never empty */\n};\n");
+    for (int k = 0; k < L->n; k++) {
+        const char *n = em->mod->params[L->param[k]].name;
+        fgi_buf_printf(out, "static_assert(fg_offsetof(fg_mod_grads, %s) == %zu, \"%s\");\n", n,
+                       L->offset[k], n);
+    }
+    fgi_buf_printf(out, "static_assert(sizeof(fg_mod_grads) == %zu, \"fg_mod_grads size\");\n\n", L->size);
+}
+
+fg_status fgi_emit_grad(fg_ctx *ctx, const fg_mod *mod, const char *generated_name, fgi_buf *out) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    FGI_CHECK_ARG(ctx, mod && out, "NULL mod or output buffer");
+    fgi_mod_grad g;
+    FGI_TRY(fgi_mod_derive(ctx, mod, &g));
+    emitter em = {ctx, mod, out, generated_name && *generated_name ? generated_name
+                                                                   : DEFAULT_GENERATED_NAME,
+                  FG_OK};
+    fgi_grad_layout L;
+    fgi_grad_layout_compute(&g, &L);
+    fgi_buf_puts(out, "/* ---- the derivatives of score_mod (src/mod/deriv.c), emitted from its\n"
+                      " * checked tree: d score_mod / d score, and for each float buffer read the\n"
+                      " * element read and d score_mod / d (the value read). */\n");
+    emit_grad_struct(&em, &L);
+    if (g.d_score) {
+        emit_score_shaped(&em, "float", "fg_score_grad", -1, g.d_score);
+    } else {
+        fgi_buf_puts(out, "/* No score_mod: the score is used as it is, its derivative is 1. */\n"
+                          "__device__ __forceinline__ float fg_score_grad(" SCORE_ARGS ") {\n"
+                          "    return 1.0f;\n}\n\n");
+    }
+    for (int k = 0; k < g.nsites && em.st == FG_OK; k++) {
+        emit_score_shaped(&em, "int", "fg_grad_index", k, g.sites[k].index);
+        emit_score_shaped(&em, "float", "fg_grad_value", k, g.sites[k].grad);
+    }
+    fgi_buf_puts(out, "/* Add ds * d score_mod / d buf[i] to the gradient of every buffer read. */\n"
+                      "__device__ __forceinline__ void fg_accumulate_grads(const fg_mod_params &p, "
+                      "const fg_mod_grads &g, float ds, float score, int b, int h, int q_idx, int kv_idx) {\n");
+    for (int k = 0; k < g.nsites; k++) {
+        const char *n = mod->params[g.sites[k].param].name;
+        fgi_buf_printf(out,
+                       "    if (g.%s) {\n"
+                       "        const int i = fg_grad_index%d(p, score, b, h, q_idx, kv_idx);\n"
+                       "        if (i >= 0 && (long long)i < g.fg_len_%s)\n"
+                       "            atomicAdd(g.%s + i, ds * fg_grad_value%d(p, score, b, h, q_idx, kv_idx));\n"
+                       "    }\n",
+                       n, k, n, n, k);
+    }
+    if (g.nsites == 0) fgi_buf_puts(out, "    (void)p, (void)g, (void)ds, (void)score, (void)b, (void)h, (void)q_idx, (void)kv_idx;\n");
+    fgi_buf_puts(out, "}\n\n");
+    fgi_mod_grad_free(&g);
+    if (em.st != FG_OK) return em.st;
+    if (out->oom) return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory emitting the derivatives");
+    return FG_OK;
 }

@@ -315,6 +315,20 @@ static void collect_sites(const fg_mod *mod, const fgi_expr *e, const fgi_expr *
     if (e->kind == FGI_E_INDEX && e->type == FGI_T_FLOAT && *n < cap) sites[(*n)++] = e;
 }
 
+void fgi_grad_layout_compute(const fgi_mod_grad *g, fgi_grad_layout *layout) {
+    memset(layout, 0, sizeof *layout);
+    bool used[FGI_MAX_PARAMS] = {0};
+    for (int k = 0; k < g->nsites; k++)
+        if (g->sites[k].param >= 0 && g->sites[k].param < FGI_MAX_PARAMS) used[g->sites[k].param] = true;
+    for (int i = 0; i < FGI_MAX_PARAMS && layout->n < FGI_MAX_GRAD_BUFFERS; i++)
+        if (used[i]) {
+            layout->param[layout->n] = i;
+            layout->offset[layout->n] = (size_t)layout->n * 16;
+            layout->n++;
+        }
+    layout->size = ((size_t)layout->n * 16 + 4 + 7) & ~(size_t)7;
+}
+
 void fgi_mod_grad_free(fgi_mod_grad *g) {
     if (!g) return;
     fgi_arena_free(&g->arena);

@@ -44,4 +44,18 @@ typedef struct fgi_mod_grad {
 fg_status fgi_mod_derive(fg_ctx *ctx, const fg_mod *mod, fgi_mod_grad *out);
 void fgi_mod_grad_free(fgi_mod_grad *g);
 
+/* The by-value struct the backward kernel takes for the gradients
+ * (fg_mod_grads in the emitted source): one entry per float buffer parameter
+ * some read of which gets a gradient, in parameter order, each a float
+ * pointer and its length as int64 (16 bytes, aligned to 8); then an int32
+ * fg_pad; the size rounded up to 8. */
+#define FGI_MAX_GRAD_BUFFERS 64
+typedef struct fgi_grad_layout {
+    int n;
+    int param[FGI_MAX_GRAD_BUFFERS];     /* the parameter of entry k       */
+    size_t offset[FGI_MAX_GRAD_BUFFERS]; /* of its pointer; length at + 8  */
+    size_t size;
+} fgi_grad_layout;
+void fgi_grad_layout_compute(const fgi_mod_grad *g, fgi_grad_layout *layout);
+
 #endif
