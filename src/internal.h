@@ -46,7 +46,7 @@
 #include <stdint.h>
 
 /* ------------------------------------------------------------------------- */
-/* Arena (core.c): bump allocation, freed all at once.                       */
+/* Arena (base/base.c): bump allocation, freed all at once.                  */
 /* ------------------------------------------------------------------------- */
 
 typedef struct fgi_arena_chunk fgi_arena_chunk;
@@ -62,7 +62,7 @@ char *fgi_arena_strndup(fgi_arena *a, const char *s, size_t n);
 char *fgi_arena_strdup(fgi_arena *a, const char *s);
 
 /* ------------------------------------------------------------------------- */
-/* Growable string (core.c)                                                  */
+/* Growable string (base/base.c)                                             */
 /* ------------------------------------------------------------------------- */
 
 typedef struct fgi_buf {
@@ -82,7 +82,7 @@ void fgi_buf_free(fgi_buf *b);
 char *fgi_buf_take(fgi_buf *b);
 
 /* ------------------------------------------------------------------------- */
-/* Context and errors (core.c)                                               */
+/* Context (api/ctx.c) and errors (base/base.c)                              */
 /* ------------------------------------------------------------------------- */
 
 struct fgi_cuda_state; /* cuda.c */
@@ -105,7 +105,7 @@ struct fg_ctx {
     int hopper_kernel;        /* 0/1: FG_OPT_HOPPER_KERNEL                 */
     int64_t cache_max_bytes;
     int max_source, max_depth, max_locals;
-    /* lazily initialised CUDA state (cuda.c) */
+    /* lazily initialised CUDA state (driver/cuda.c) */
     struct fgi_cuda_state *cuda;
 };
 
@@ -284,7 +284,7 @@ struct fg_mod {
 };
 
 /* ------------------------------------------------------------------------- */
-/* Front end: lex.c parse.c check.c print.c mod.c                            */
+/* Front end: mod/ (lex.c parse.c check.c print.c mod.c ast.c builtins.c)  */
 /* ------------------------------------------------------------------------- */
 
 /* Parse + check `text` into a new mod (the whole fg_mod_from_source). */
@@ -305,7 +305,7 @@ const char *fgi_builtin_name(fgi_builtin fn);
 extern const char *const fgi_canonical_arg_names[5];
 
 /* ------------------------------------------------------------------------- */
-/* Bound parameter values (core.c)                                           */
+/* Bound parameter values (mod/bind.c)                                       */
 /* ------------------------------------------------------------------------- */
 
 typedef struct fgi_value {
@@ -360,15 +360,16 @@ fg_status fgi_eval_func(fg_ctx *ctx, const fg_mod *mod, const fgi_func *fn, cons
                         int b, int h, int q0, int nq, int kv0, int nk, const float *in, void *out);
 
 /* ------------------------------------------------------------------------- */
-/* Emitter (emit.c) and source assembly (codegen.c)                          */
+/* Emitters (codegen/emit.c, emit_split.c, cuda_expr.c)                     */
 /* ------------------------------------------------------------------------- */
 
 /* Append the CUDA for a mod: `struct fg_mod_params`, `fg_mask_mod`,
  * `fg_score_mod` (identity / always-true when absent), FG_HAS_MASK_MOD and
  * FG_HAS_SCORE_MOD, with #line directives back to the mod's files. */
 fg_status fgi_emit_mod(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out);
-/* The spellings emit.c prints, shared with emit_split.c so that the split
- * functions compute each value with exactly the same operations:
+/* The spellings of codegen/cuda_expr.c, the one printer both emitters use,
+ * so that the split functions compute each value with exactly the same
+ * operations:
  * the helper of an arithmetic operator by operand type (NULL: none), the
  * infix text of a comparison / logical / bitwise operator (NULL: none), the
  * CUDA function of a builtin by result type, a C type name, and a float
@@ -399,7 +400,7 @@ extern const fgi_template fgi_templates[];
 extern const size_t fgi_template_count;
 
 /* ------------------------------------------------------------------------- */
-/* CUDA driver (cuda.c): libcuda through dlopen                              */
+/* CUDA driver (driver/cuda.c): libcuda through dlopen                       */
 /* ------------------------------------------------------------------------- */
 
 /* Make sure libcuda is loaded, cuInit done, and ctx's device's primary context
@@ -410,7 +411,7 @@ fg_status fgi_cuda_ready(fg_ctx *ctx);
 fg_status fgi_cuda_arch(fg_ctx *ctx, int *major, int *minor);
 
 /* ------------------------------------------------------------------------- */
-/* JIT and cache (nvrtc.c, cache.c)                                          */
+/* JIT and cache (jit/nvrtc.c, jit/cache.c)                                 */
 /* ------------------------------------------------------------------------- */
 
 /* The arch to compile for ("sm_90a"...): option, else the device's, else

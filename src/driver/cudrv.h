@@ -80,7 +80,7 @@ fg_status fgi_cuda_current(fg_ctx *ctx, CUcontext *cu, uint64_t *id);
 /* True when `cu` is a device's primary context that flexgen keeps retained
  * for the life of the process, so modules loaded into it stay valid. */
 bool fgi_cuda_context_is_pinned(CUcontext cu);
-/* Per-context CUDA state (core.c calls it from fg_ctx_destroy). */
+/* Per-context CUDA state (api/ctx.c calls it from fg_ctx_destroy). */
 void fgi_cuda_state_free(struct fgi_cuda_state *s);
 
 #define FGI_CU_TRY(ctx, call, what)                                   \
