@@ -5,7 +5,7 @@
  *
  * For every gallery mod, and mods that read float buffers in several places,
  * the source a backward kernel is made of (common.cuh, the emitted mod, its
- * derivatives, the backward template) compiles for sm_80 and sm_90a in bf16
+ * derivatives, mma_sm80.cuh, the backward template) compiles for sm_80 and sm_90a in bf16
  * and fp16 at head dims 64 and 128 (and one odd head dim) without an NVRTC
  * warning and without a spill. Then the text: which buffers get gradient
  * slots, the derivative functions present, and #line back to the mod.
@@ -39,9 +39,12 @@ static char *bwd_source(fg_ctx *ctx, const fg_mod *mod, const char *dtype, int d
     fgi_buf_puts(&b, fgi_template_find("common.cuh")->text);
     assert_int_equal(fgi_emit_mod_named(ctx, mod, "bwd.cu", &b), FG_OK);
     assert_int_equal(fgi_emit_grad(ctx, mod, "bwd.cu", &b), FG_OK);
-    const fgi_template *t = fgi_template_find("attention/attention_bwd.cuh");
-    assert_non_null(t);
-    fgi_buf_puts(&b, t->text);
+    const char *const tmpl[] = {"attention/mma_sm80.cuh", "attention/attention_bwd.cuh"};
+    for (int i = 0; i < 2; i++) {
+        const fgi_template *t = fgi_template_find(tmpl[i]);
+        assert_non_null(t);
+        fgi_buf_puts(&b, t->text);
+    }
     return fgi_buf_take(&b);
 }
 

@@ -88,7 +88,7 @@ static const fgi_kernel_entry registry[] = {
         .label = "attention_fwd",
         .macro = "FG_KERNEL_ATTENTION_FWD",
         .what = "forward attention (portable, mma.sync)",
-        .templates = {"attention/attention_common.cuh", "attention/attention_fwd.cuh"},
+        .templates = {"attention/attention_common.cuh", "attention/mma_sm80.cuh", "attention/attention_fwd.cuh"},
         .pieces = FGI_PIECE_MOD | FGI_PIECE_SPLIT,
         /* the template sizes its q tile from FG_Q_BLOCK */
         .source_config = ATTENTION_CONFIG,

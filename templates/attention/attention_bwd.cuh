@@ -39,6 +39,9 @@
  * (fg_mod_grads, fg_accumulate_grads) are emitted from the checked tree by
  * src/codegen/emit_grad.c; without a score_mod the derivative is 1.
  *
+ * The source puts templates/attention/mma_sm80.cuh (cp.async, ldmatrix,
+ * mma.sync) before this file.
+ *
  * Head dims over 128 split the output columns of dK, dV and dQ over
  * FGB_DSPLIT thread blocks, each recomputing S and dP over the whole head
  * dim, so no thread holds more than 2 x 128 accumulator columns.
@@ -90,43 +93,12 @@ static_assert(sizeof(fgb_args) == 384, "fgb_args must match fgi_attn_bwd_abi");
 #define FGB_NEG_INF __int_as_float(0xff800000)
 #define FGB_LOG2E 1.4426950408889634f
 
-/* ---- PTX wrappers --------------------------------------------------------- */
+/* ---- PTX wrappers (besides mma_sm80.cuh's) --------------------------------- */
 
 static __device__ __forceinline__ fg_u32 fgb_smem_addr(const void *p) {
     fg_u32 r;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
     return r;
-}
-static __device__ __forceinline__ void fgb_cp16(fg_u32 dst, const void *src, bool valid) {
-    int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
-}
-static __device__ __forceinline__ void fgb_cp_wait_all() {
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
-}
-static __device__ __forceinline__ void fgb_ldsm4(fg_u32 addr, fg_u32 (&r)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-static __device__ __forceinline__ void fgb_ldsm4t(fg_u32 addr, fg_u32 (&r)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-/* c += a * b for one m16n8k16 tile, fp32 accumulation. */
-static __device__ __forceinline__ void fgb_mma(float (&c)[4], const fg_u32 (&a)[4], fg_u32 b0, fg_u32 b1) {
-#if defined(FG_DTYPE_FP16)
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
 }
 static __device__ __forceinline__ float fgb_exp2(float x) {
     float r;
@@ -145,7 +117,7 @@ static __device__ __forceinline__ void fgb_load_tile(fg_u32 smem, const fg_u16 *
         const int r = c / FGB_CHUNKS, ch = c % FGB_CHUNKS;
         const bool ok = r0 + r < len;
         const fg_u16 *src = ok ? base + (fg_i64)(r0 + r) * row_stride + ch * 8 : base;
-        fgb_cp16(smem + (fg_u32)((r * FGB_ROW + ch * 8) * 2), src, ok);
+        fga_cp16(smem + (fg_u32)((r * FGB_ROW + ch * 8) * 2), src, ok);
     }
 }
 
@@ -297,7 +269,8 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                 s_lse[i] = in ? ((const float *)a.lse)[row_base + q0 + i] : FGB_NEG_INF;
                 s_delta[i] = in ? ((const float *)a.delta)[row_base + q0 + i] : 0.f;
             }
-            fgb_cp_wait_all();
+            fga_cp_commit();
+            fga_cp_wait<0>();
             __syncthreads();
 
             /* S^T = K Q^T for this warp's 16 kv rows. */
@@ -307,13 +280,13 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
 #pragma unroll
             for (int kk = 0; kk < FGB_KSTEPS; kk++) {
                 fg_u32 af[4];
-                fgb_ldsm4(sK + (fg_u32)(((warp * 16 + a_row) * FGB_ROW + kk * 16 + a_col) * 2), af);
+                fga_ldsm4(sK + (fg_u32)(((warp * 16 + a_row) * FGB_ROW + kk * 16 + a_col) * 2), af[0], af[1], af[2], af[3]);
 #pragma unroll
                 for (int np = 0; np < FGB_MTILES / 2; np++) {
                     fg_u32 bf[4];
-                    fgb_ldsm4(sQ + (fg_u32)(((np * 16 + bn_row) * FGB_ROW + kk * 16 + bn_col) * 2), bf);
-                    fgb_mma(s[2 * np], af, bf[0], bf[1]);
-                    fgb_mma(s[2 * np + 1], af, bf[2], bf[3]);
+                    fga_ldsm4(sQ + (fg_u32)(((np * 16 + bn_row) * FGB_ROW + kk * 16 + bn_col) * 2), bf[0], bf[1], bf[2], bf[3]);
+                    fga_mma(s[2 * np], af, bf[0], bf[1]);
+                    fga_mma(s[2 * np + 1], af, bf[2], bf[3]);
                 }
             }
 
@@ -324,13 +297,13 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
 #pragma unroll
             for (int kk = 0; kk < FGB_KSTEPS; kk++) {
                 fg_u32 af[4];
-                fgb_ldsm4(sV + (fg_u32)(((warp * 16 + a_row) * FGB_ROW + kk * 16 + a_col) * 2), af);
+                fga_ldsm4(sV + (fg_u32)(((warp * 16 + a_row) * FGB_ROW + kk * 16 + a_col) * 2), af[0], af[1], af[2], af[3]);
 #pragma unroll
                 for (int np = 0; np < FGB_MTILES / 2; np++) {
                     fg_u32 bf[4];
-                    fgb_ldsm4(sO + (fg_u32)(((np * 16 + bn_row) * FGB_ROW + kk * 16 + bn_col) * 2), bf);
-                    fgb_mma(dp[2 * np], af, bf[0], bf[1]);
-                    fgb_mma(dp[2 * np + 1], af, bf[2], bf[3]);
+                    fga_ldsm4(sO + (fg_u32)(((np * 16 + bn_row) * FGB_ROW + kk * 16 + bn_col) * 2), bf[0], bf[1], bf[2], bf[3]);
+                    fga_mma(dp[2 * np], af, bf[0], bf[1]);
+                    fga_mma(dp[2 * np + 1], af, bf[2], bf[3]);
                 }
             }
 
@@ -372,12 +345,12 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                 for (int dpair = 0; dpair < FGB_DCTILES / 2; dpair++) {
                     fg_u32 of[4], qf[4];
                     const int col = dc0 + dpair * 16 + bk_col;
-                    fgb_ldsm4t(sO + (fg_u32)(((kc * 16 + bk_row) * FGB_ROW + col) * 2), of);
-                    fgb_ldsm4t(sQ + (fg_u32)(((kc * 16 + bk_row) * FGB_ROW + col) * 2), qf);
-                    fgb_mma(dv[2 * dpair], pa, of[0], of[1]);
-                    fgb_mma(dv[2 * dpair + 1], pa, of[2], of[3]);
-                    fgb_mma(dk[2 * dpair], ra, qf[0], qf[1]);
-                    fgb_mma(dk[2 * dpair + 1], ra, qf[2], qf[3]);
+                    fga_ldsm4t(sO + (fg_u32)(((kc * 16 + bk_row) * FGB_ROW + col) * 2), of[0], of[1], of[2], of[3]);
+                    fga_ldsm4t(sQ + (fg_u32)(((kc * 16 + bk_row) * FGB_ROW + col) * 2), qf[0], qf[1], qf[2], qf[3]);
+                    fga_mma(dv[2 * dpair], pa, of[0], of[1]);
+                    fga_mma(dv[2 * dpair + 1], pa, of[2], of[3]);
+                    fga_mma(dk[2 * dpair], ra, qf[0], qf[1]);
+                    fga_mma(dk[2 * dpair + 1], ra, qf[2], qf[3]);
                 }
             }
 
@@ -402,13 +375,13 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
 #pragma unroll
                 for (int kc = 0; kc < FGB_BLOCK_N / 16; kc++) {
                     fg_u32 af[4];
-                    fgb_ldsm4t(sS + (fg_u32)(((kc * 16 + bn_row) * FGB_SROW + slab * 16 + bn_col) * 2), af);
+                    fga_ldsm4t(sS + (fg_u32)(((kc * 16 + bn_row) * FGB_SROW + slab * 16 + bn_col) * 2), af[0], af[1], af[2], af[3]);
 #pragma unroll
                     for (int dpair = 0; dpair < FGB_QCOLS / 16; dpair++) {
                         fg_u32 kf[4];
-                        fgb_ldsm4t(sK + (fg_u32)(((kc * 16 + bk_row) * FGB_ROW + qcol0 + dpair * 16 + bk_col) * 2), kf);
-                        fgb_mma(dq[2 * dpair], af, kf[0], kf[1]);
-                        fgb_mma(dq[2 * dpair + 1], af, kf[2], kf[3]);
+                        fga_ldsm4t(sK + (fg_u32)(((kc * 16 + bk_row) * FGB_ROW + qcol0 + dpair * 16 + bk_col) * 2), kf[0], kf[1], kf[2], kf[3]);
+                        fga_mma(dq[2 * dpair], af, kf[0], kf[1]);
+                        fga_mma(dq[2 * dpair + 1], af, kf[2], kf[3]);
                     }
                 }
 #pragma unroll
