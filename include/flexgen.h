@@ -311,9 +311,13 @@ typedef enum fg_kernel_kind {
                                         fg_kernel_get picks the Hopper one
                                         for it where that one applies     */
     FG_KERNEL_BLOCK_MASK = 2,        /* the GPU block-mask builder       */
-    FG_KERNEL_ATTENTION_FWD_SM90 = 3 /* the Hopper forward kernel (wgmma,
+    FG_KERNEL_ATTENTION_FWD_SM90 = 3,/* the Hopper forward kernel (wgmma,
                                         sm_90a only; head dim 64 or 128,
                                         q and kv blocks of 128 or more)   */
+    FG_KERNEL_ATTENTION_BWD = 4      /* the backward attention kernels
+                                        (portable, mma.sync, sm_80+): one
+                                        module with the preprocess, dK/dV,
+                                        dQ and conversion entry points    */
 } fg_kernel_kind;
 
 /* Everything that selects a compiled kernel besides the mods. Growable
@@ -517,8 +521,10 @@ static inline fg_attention_args fg_attention_args_init(void) {
     return a;
 }
 
-/* A compiled forward kernel for one mod and configuration, fetched once (from
- * the cache, compiling on a miss) and launched many times. */
+/* A compiled attention kernel for one mod and configuration, fetched once
+ * (from the cache, compiling on a miss) and launched many times: the forward
+ * (kind FG_KERNEL_ATTENTION_FWD or _SM90, fg_kernel_launch) or the backward
+ * (FG_KERNEL_ATTENTION_BWD, fg_kernel_launch_backward). */
 typedef struct fg_kernel fg_kernel;
 FG_API fg_status fg_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *config,
                                fg_kernel **out);
@@ -531,6 +537,78 @@ FG_API fg_kernel_kind fg_kernel_kind_of(const fg_kernel *kernel);
  * stream. Uses fg_kernel_get internally (a memory-cache hit after the first). */
 FG_API fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args);
 FG_API fg_status fg_kernel_launch(fg_ctx *ctx, fg_kernel *kernel, const fg_attention_args *args);
+
+/* ---- the backward pass ---- */
+
+/* The backward of one attention call: d loss / d q, k, v (and the float
+ * buffers score_mod reads) from d loss / d out. `fwd` is the forward call's
+ * arguments as they were (shapes, strides, q, k, v, out, scale, offsets,
+ * block mask, binds, stream); its lse is required: the backward reuses the
+ * forward's log-sum-exp instead of recomputing it. dout has out's shape and
+ * dtype; dq, dk and dv have q's, k's and v's shapes and the dtype, and are
+ * written, not accumulated (dk and dv summed over the query heads of a GQA
+ * group). Strides as in fg_attention_args (all zero: contiguous BHSD).
+ *
+ * Buffer gradients: for each float buffer parameter of score_mod whose
+ * gradient is wanted, a float buffer binding (fg_bind_float_buffer) of the
+ * parameter's name whose data is a device fp32 array of at least the bound
+ * buffer's length; it receives d loss / d buf[i], overwritten like dq. A
+ * binding that names an int buffer, a scalar or a buffer score_mod's value
+ * does not depend on is FG_ERR_UNBOUND (nothing could be written there).
+ *
+ * Determinism: dQ is summed over kv tiles and buffer gradients over all
+ * pairs. By default dQ goes through fp32 atomics (one pass over K/V) and
+ * buffer gradients through fp32 atomics, so the last bits may differ from
+ * run to run. deterministic = 1 gives bit-reproducible results: dQ from a
+ * pass of its own over the kv tiles of each q tile (no atomics; the S and
+ * dP products are computed twice), buffer gradients summed exactly in a
+ * fixed-point accumulator (integer atomics commute; contributions below
+ * 2^-64 in magnitude are dropped, the sum is kept within +-2^63) and rounded
+ * to fp32 once.
+ *
+ * The library needs fp32 workspace of (B * Hq * Q_LEN) * (D + 1) floats
+ * (D + 1 without deterministic, 1 with it) and 32 bytes per buffer-gradient
+ * element with deterministic; it is taken from the stream's memory pool
+ * (cuMemAllocAsync) and given back on the stream. Growable (see
+ * Conventions): FG_ATTENTION_BWD_ARGS_INIT or fg_attention_bwd_args_init(). */
+typedef struct fg_attention_bwd_args {
+    const fg_attention_args *fwd;
+    const void *dout;
+    void *dq, *dk, *dv;
+    int64_t dout_stride[4], dq_stride[4], dk_stride[4], dv_stride[4];
+    const fg_binding *grad_binds;
+    size_t ngrad_binds;
+    int deterministic;
+    size_t struct_size; /* sizeof(fg_attention_bwd_args); 0 means the layout
+                           of the version that introduced it (every field
+                           before struct_size)                             */
+} fg_attention_bwd_args;
+
+#ifdef __cplusplus
+#define FG_ATTENTION_BWD_ARGS_INIT fg_attention_bwd_args_init()
+#else
+#define FG_ATTENTION_BWD_ARGS_INIT {.struct_size = sizeof(fg_attention_bwd_args)}
+#endif
+static inline fg_attention_bwd_args fg_attention_bwd_args_init(void) {
+    fg_attention_bwd_args a;
+    memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    return a;
+}
+
+/* Run the backward pass on the GPU (device pointers), asynchronous on
+ * fwd->stream. fg_kernel_launch_backward takes a kernel from fg_kernel_get
+ * with kind FG_KERNEL_ATTENTION_BWD (fetched once, launched many times). */
+FG_API fg_status fg_attention_backward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args);
+FG_API fg_status fg_kernel_launch_backward(fg_ctx *ctx, fg_kernel *kernel, const fg_attention_bwd_args *args);
+
+/* The CPU reference backward in float64, with host pointers: fwd's q, k, v
+ * (its out and lse are not read: the reference recomputes the forward),
+ * dout in the dtype; dq, dk, dv as double arrays, contiguous BHSD; each
+ * gradient binding's data a double array of the buffer's length. Also
+ * checks what fg_attention_backward checks. */
+FG_API fg_status fg_attention_reference_backward(fg_ctx *ctx, const fg_mod *mod,
+                                                 const fg_attention_bwd_args *args);
 
 /* The CPU reference: same arguments with host pointers (q/k/v in args->dtype,
  * out as double [B, Hq, Q_LEN, D] contiguous, lse as double [B, Hq, Q_LEN]
