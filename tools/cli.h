@@ -2,7 +2,8 @@
  * cli.h -- what the subcommands of the flexgen tool share (cli_util.c,
  * random.c): exit codes, error reporting, the options that name a mod
  * (--mask, --score, --expr-mask, --expr-score, --param), the options that
- * give its parameters values (--set, --buffer), and random numbers.
+ * give its parameters values (--set, --buffer), which buffers get
+ * gradients in the backward pass, and random numbers.
  *
  * A subcommand adds FG_CLI_MOD_LONGOPTS (and FG_CLI_BIND_LONGOPTS) to its
  * getopt_long table and passes every option it does not know itself to
@@ -137,6 +138,15 @@ void fg_cli_bindings_free(fg_cli_bindings *b);
 
 /* Read a numbers file as above into a malloc'd int32_t or float array. */
 int fg_cli_read_numbers(const char *path, fg_type type, void **data, int64_t *count);
+
+/* ---- the backward pass --------------------------------------------------- */
+
+/* The float buffer parameters of mod whose gradients the backward computes:
+ * those score_mod's value depends on (the ones a gradient binding may name),
+ * in parameter order. Their names (owned by mod) go to names[0 .. *n);
+ * none without a score_mod. Returns a library status, the error recorded
+ * on ctx (FG_ERR_NOT_SUPPORTED when there are more than `max`). */
+fg_status fg_cli_grad_buffers(fg_ctx *ctx, const fg_mod *mod, const char **names, int max, int *n);
 
 /* ---- random numbers (random.c) ------------------------------------------ */
 

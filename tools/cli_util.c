@@ -9,6 +9,8 @@
  */
 #include "cli.h"
 
+#include "mod/deriv.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -448,4 +450,27 @@ void fg_cli_bindings_free(fg_cli_bindings *b) {
     if (!b) return;
     for (size_t i = 0; i < FG_CLI_MAX_ITEMS; i++) free(b->owned[i]);
     memset(b, 0, sizeof *b);
+}
+
+/* ---- the backward pass -------------------------------------------------------- */
+
+/* The library decides which buffers get gradients from the derivative of
+ * score_mod (a read under a comparison or a cast to int has none); asking
+ * the same derivation gives the tool exactly the set the backward accepts. */
+fg_status fg_cli_grad_buffers(fg_ctx *ctx, const fg_mod *mod, const char **names, int max, int *n) {
+    *n = 0;
+    fgi_mod_grad g;
+    FGI_TRY(fgi_mod_derive(ctx, mod, &g));
+    fgi_grad_layout layout;
+    fgi_grad_layout_compute(&g, &layout);
+    fgi_mod_grad_free(&g);
+    if (layout.n > max)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "%d float buffers get gradients, more than the %d this tool takes",
+                         layout.n, max);
+    for (int k = 0; k < layout.n; k++) {
+        fg_param_info info;
+        FGI_TRY(fg_mod_param(mod, (size_t)layout.param[k], &info));
+        names[(*n)++] = info.name;
+    }
+    return FG_OK;
 }

@@ -1,12 +1,14 @@
 /*
- * cmd_check.c -- `flexgen check`: run the GPU forward kernel against the CPU
- * reference on fresh random inputs, and optionally time it.
+ * cmd_check.c -- `flexgen check`: run the GPU forward kernel (and with
+ * --backward the backward kernels) against the CPU reference on fresh
+ * random inputs, and optionally time them.
  *
  *   flexgen check --mask FILE [--score FILE] --batch B --heads H [--kv-heads H]
  *                 --q-len N [--kv-len N] --head-dim D --dtype bf16|fp16
  *                 [--set NAME=VALUE] [--buffer NAME=FILE] [--seed N]
  *                 [--dist uniform|normal] [--block-mask] [--block N]
  *                 [--q-offset N] [--kv-offset N] [--scale X] [--time N]
+ *                 [--no-reference] [--backward [--deterministic]]
  *
  * The outputs are poisoned (all bits set: NaN) before the launch, so a value
  * the kernel forgot to write shows up as non-finite. The reference is the
@@ -22,6 +24,19 @@
  * with density the fraction of (q, kv) pairs the mask keeps, measured here
  * at b = 0, h = 0 (through the block mask when there is one: full blocks
  * count whole, partial blocks are evaluated).
+ *
+ * --backward then runs the backward pass on the GPU forward's own out and
+ * lse (the backward reuses the forward's log-sum-exp, so the forward always
+ * runs first) with a random dout, and compares each gradient with the
+ * float64 reference backward: dq, dk, dv, and the gradient of every float
+ * buffer score_mod's value depends on (those are the ones the library
+ * computes; the tool asks the same derivation which they are). The
+ * gradients are poisoned like the outputs. A buffer gradient sums over
+ * every (b, h), so when the reference runs on one slice it is not compared,
+ * only checked for non-finite values. --deterministic runs the
+ * deterministic mode and runs it twice: the two results must be
+ * bit-identical. With --time, the backward's TFLOP/s count 2.5 times the
+ * forward's FLOPs (two matmuls forward, five backward, the usual count).
  *
  * Exit codes: 0 within tolerance, 5 (FG_EXIT_TOLERANCE) over it, 4 without
  * a GPU, and the usual codes for bad options and bad mods (cli.h).
@@ -45,7 +60,7 @@ typedef struct options {
     int batch, heads, kv_heads, q_len, kv_len, head_dim;
     fg_dtype dtype;
     int seed, block, time_n, q_offset, kv_offset;
-    bool block_mask, normal, no_reference;
+    bool block_mask, normal, no_reference, backward, deterministic;
     double scale;
 } options;
 
@@ -56,7 +71,7 @@ static void usage(FILE *f) {
             "                     [--set NAME=VALUE] [--buffer NAME=FILE] [--seed N]\n"
             "                     [--dist uniform|normal] [--block-mask] [--block N]\n"
             "                     [--q-offset N] [--kv-offset N] [--scale X] [--time N]\n"
-            "                     [--no-reference]\n"
+            "                     [--no-reference] [--backward [--deterministic]]\n"
             "Run the GPU forward kernel against the CPU reference (float64) on fresh random\n"
             "inputs and print the relative Frobenius error of out, the largest LSE error and\n"
             "the count of non-finite values. Tolerance: 1e-2 (bf16) / 2e-3 (fp16) on out,\n"
@@ -64,13 +79,19 @@ static void usage(FILE *f) {
             "--block, default 128); --time N also times N launches (median, TFLOP/s);\n"
             "--no-reference skips the CPU reference (timing only; outputs are still\n"
             "checked for unwritten or non-finite values).\n"
+            "--backward also runs the backward pass after the forward, with a random dout,\n"
+            "and compares dq, dk, dv and the gradient of each float buffer score_mod reads\n"
+            "with the reference backward: relative Frobenius error per tensor, tolerance\n"
+            "2e-2 (bf16) / 5e-3 (fp16); --time N times it too (TFLOP/s counted as 2.5x the\n"
+            "forward's FLOPs). --deterministic runs the deterministic backward twice and\n"
+            "also requires the two results to be bit-identical.\n"
             "Exit: 0 within tolerance, 5 over it, 4 no GPU.\n%s%s",
             fg_cli_mod_help, fg_cli_bind_help);
 }
 
 enum { OPT_BATCH = 0x2000, OPT_HEADS, OPT_KV_HEADS, OPT_Q_LEN, OPT_KV_LEN, OPT_HEAD_DIM, OPT_DTYPE,
        OPT_SEED, OPT_DIST, OPT_BLOCK_MASK, OPT_BLOCK, OPT_Q_OFFSET, OPT_KV_OFFSET, OPT_SCALE,
-       OPT_TIME, OPT_NO_REFERENCE };
+       OPT_TIME, OPT_NO_REFERENCE, OPT_BACKWARD, OPT_DETERMINISTIC };
 
 static int *int_option(options *o, int opt, long long *lo, long long *hi) {
     *lo = 1, *hi = 1 << 30;
@@ -111,6 +132,8 @@ static int parse_args(int argc, char **argv, options *o) {
         {"scale", required_argument, 0, OPT_SCALE},
         {"time", required_argument, 0, OPT_TIME},
         {"no-reference", no_argument, 0, OPT_NO_REFERENCE},
+        {"backward", no_argument, 0, OPT_BACKWARD},
+        {"deterministic", no_argument, 0, OPT_DETERMINISTIC},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -146,6 +169,10 @@ static int parse_args(int argc, char **argv, options *o) {
             o->block_mask = true;
         } else if (c == OPT_NO_REFERENCE) {
             o->no_reference = true;
+        } else if (c == OPT_BACKWARD) {
+            o->backward = true;
+        } else if (c == OPT_DETERMINISTIC) {
+            o->deterministic = true;
         } else {
             int r = fg_cli_mod_option(&o->mod, c, optarg);
             if (r < 0) return FG_EXIT_USAGE;
@@ -159,6 +186,8 @@ static int parse_args(int argc, char **argv, options *o) {
     if (!fg_cli_has_mod(&o->mod))
         return fg_cli_error(FG_EXIT_USAGE, "check: needs a mod (--mask FILE and/or --score FILE)");
     if (o->q_len <= 0) return fg_cli_error(FG_EXIT_USAGE, "check: needs --q-len N");
+    if (o->deterministic && !o->backward)
+        return fg_cli_error(FG_EXIT_USAGE, "check: --deterministic is a mode of the backward (add --backward)");
     if (o->kv_len <= 0) o->kv_len = o->q_len;
     if (o->kv_heads <= 0) o->kv_heads = o->heads;
     return FG_EXIT_OK;
@@ -199,6 +228,8 @@ static uint16_t *random_tensor(size_t n, fg_dtype dt, bool normal, uint64_t *s) 
 
 typedef struct device {
     CUdeviceptr q, k, v, out, lse;
+    CUdeviceptr dout, dq, dk, dv; /* the backward's                      */
+    CUdeviceptr grad[FG_CLI_MAX_ITEMS]; /* buffer gradients, fp32        */
     CUdeviceptr buf[FG_CLI_MAX_ITEMS];
     fg_binding binds[FG_CLI_MAX_ITEMS];
     size_t nbinds;
@@ -223,11 +254,13 @@ static fg_status device_binds(fg_ctx *ctx, const fg_cli_bindings *host, device *
 }
 
 static void device_free(device *d) {
-    CUdeviceptr all[5] = {d->q, d->k, d->v, d->out, d->lse};
-    for (int i = 0; i < 5; i++)
+    CUdeviceptr all[9] = {d->q, d->k, d->v, d->out, d->lse, d->dout, d->dq, d->dk, d->dv};
+    for (int i = 0; i < 9; i++)
         if (all[i]) fgi_cu()->cuMemFree(all[i]);
     for (size_t i = 0; i < d->nbinds; i++)
         if (d->buf[i]) fgi_cu()->cuMemFree(d->buf[i]);
+    for (size_t i = 0; i < FG_CLI_MAX_ITEMS; i++)
+        if (d->grad[i]) fgi_cu()->cuMemFree(d->grad[i]);
 }
 
 /* ---- comparison ---------------------------------------------------------------- */
@@ -238,18 +271,23 @@ typedef struct result {
     int checked_batch, checked_heads;
 } result;
 
-/* Reference on batch 0 x the query heads of kv head 0 when the whole
- * problem is over budget, else on everything. */
-static fg_status compare(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *run, const options *o,
-                         const uint16_t *hq, const uint16_t *hk, const uint16_t *hv, const uint16_t *gout,
-                         const float *glse, result *r) {
-    fg_attention_args a = *run;
-    a.q = hq, a.k = hk, a.v = hv, a.lse = NULL, a.block_mask = NULL, a.stream = NULL;
-    double work = (double)o->batch * o->heads * o->q_len * (double)o->kv_len * o->head_dim;
-    if (work > CHECK_BUDGET) {
-        a.batch = 1;
-        a.heads_q = o->heads / o->kv_heads;
-        a.heads_kv = 1;
+/* Whether the reference, spending `factor` times the forward's work, is
+ * over budget on the whole problem and runs on one slice instead. */
+static bool over_budget(const options *o, double factor) {
+    return factor * o->batch * o->heads * o->q_len * (double)o->kv_len * o->head_dim > CHECK_BUDGET;
+}
+
+/* The reference's arguments: run's with the host inputs and no block mask,
+ * on batch 0 x the query heads of kv head 0 when `slice`, else on
+ * everything. */
+static void reference_args(const options *o, const fg_attention_args *run, bool slice, const uint16_t *hq,
+                           const uint16_t *hk, const uint16_t *hv, fg_attention_args *a) {
+    *a = *run;
+    a->q = hq, a->k = hk, a->v = hv, a->lse = NULL, a->block_mask = NULL, a->stream = NULL;
+    if (slice) {
+        a->batch = 1;
+        a->heads_q = o->heads / o->kv_heads;
+        a->heads_kv = 1;
     }
     /* Contiguous BHSD: the slice is the first rows of every tensor, with
      * the full problem's strides. */
@@ -257,8 +295,15 @@ static fg_status compare(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args
                            o->head_dim, 1};
     const int64_t ks[4] = {(int64_t)o->kv_heads * o->kv_len * o->head_dim,
                            (int64_t)o->kv_len * o->head_dim, o->head_dim, 1};
-    memcpy(a.q_stride, qs, sizeof qs), memcpy(a.out_stride, qs, sizeof qs);
-    memcpy(a.k_stride, ks, sizeof ks), memcpy(a.v_stride, ks, sizeof ks);
+    memcpy(a->q_stride, qs, sizeof qs), memcpy(a->out_stride, qs, sizeof qs);
+    memcpy(a->k_stride, ks, sizeof ks), memcpy(a->v_stride, ks, sizeof ks);
+}
+
+static fg_status compare(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *run, const options *o,
+                         const uint16_t *hq, const uint16_t *hk, const uint16_t *hv, const uint16_t *gout,
+                         const float *glse, result *r) {
+    fg_attention_args a;
+    reference_args(o, run, over_budget(o, 1.0), hq, hk, hv, &a);
     const size_t rows = (size_t)a.batch * a.heads_q * o->q_len, D = (size_t)o->head_dim;
     double *rout = malloc(sizeof(double) * rows * D), *rlse = malloc(sizeof(double) * rows);
     if (!rout || !rlse) {
@@ -354,8 +399,11 @@ static int cmp_float(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static fg_status time_runs(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a, int n, double *median_ms) {
-    fg_kernel_config cfg = {.kind = FG_KERNEL_ATTENTION_FWD, .dtype = a->dtype, .head_dim = a->head_dim};
+/* The forward (bwd NULL) or the backward of `a`, launched n times. */
+static fg_status time_runs(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a,
+                           const fg_attention_bwd_args *bwd, int n, double *median_ms) {
+    fg_kernel_config cfg = {.kind = bwd ? FG_KERNEL_ATTENTION_BWD : FG_KERNEL_ATTENTION_FWD, .dtype = a->dtype,
+                            .head_dim = a->head_dim};
     fg_kernel *k;
     FGI_TRY(fg_kernel_get(ctx, mod, &cfg, &k));
     CUevent e0 = NULL, e1 = NULL;
@@ -363,10 +411,11 @@ static fg_status time_runs(fg_ctx *ctx, const fg_mod *mod, const fg_attention_ar
     fg_status st = ms ? FG_OK : FG_ERR_OUT_OF_MEMORY;
     if (st == FG_OK) st = fgi_cu_status(ctx, fgi_cu()->cuEventCreate(&e0, CU_EVENT_DEFAULT), "cuEventCreate");
     if (st == FG_OK) st = fgi_cu_status(ctx, fgi_cu()->cuEventCreate(&e1, CU_EVENT_DEFAULT), "cuEventCreate");
-    for (int i = 0; st == FG_OK && i < 3; i++) st = fg_kernel_launch(ctx, k, a);
+    for (int i = 0; st == FG_OK && i < 3; i++)
+        st = bwd ? fg_kernel_launch_backward(ctx, k, bwd) : fg_kernel_launch(ctx, k, a);
     for (int i = 0; st == FG_OK && i < n; i++) {
         st = fgi_cu_status(ctx, fgi_cu()->cuEventRecord(e0, (CUstream)a->stream), "cuEventRecord");
-        if (st == FG_OK) st = fg_kernel_launch(ctx, k, a);
+        if (st == FG_OK) st = bwd ? fg_kernel_launch_backward(ctx, k, bwd) : fg_kernel_launch(ctx, k, a);
         if (st == FG_OK) st = fgi_cu_status(ctx, fgi_cu()->cuEventRecord(e1, (CUstream)a->stream), "cuEventRecord");
         if (st == FG_OK) st = fgi_cu_status(ctx, fgi_cu()->cuEventSynchronize(e1), "cuEventSynchronize");
         if (st == FG_OK) st = fgi_cu_status(ctx, fgi_cu()->cuEventElapsedTime(&ms[i], e0, e1), "cuEventElapsedTime");
@@ -382,6 +431,70 @@ static fg_status time_runs(fg_ctx *ctx, const fg_mod *mod, const fg_attention_ar
     return st;
 }
 
+/* ---- the backward pass ------------------------------------------------------------ */
+
+/* One gradient the backward writes: dq, dk or dv (16-bit, the dtype) or a
+ * float buffer's (fp32, the buffer's length). */
+typedef struct grad {
+    char name[80];      /* "dq", "dk", "dv", or "d(NAME)" for buffer NAME    */
+    size_t n;           /* elements                                          */
+    bool fp32;
+    CUdeviceptr *dev;   /* its device memory, owned by `device`             */
+    void *gpu, *again;  /* host copies of the GPU's first and second run    */
+    double *ref;        /* the reference's first nref elements; NULL: none  */
+    size_t nref;
+    double rel;
+    long nonfinite, differ;
+} grad;
+
+typedef struct backward {
+    grad g[3 + FG_CLI_MAX_ITEMS];
+    int n;
+    fg_binding binds[FG_CLI_MAX_ITEMS];     /* gradient bindings, device memory */
+    fg_binding ref_binds[FG_CLI_MAX_ITEMS]; /* the same for the reference       */
+    size_t nbinds;
+    uint16_t *hdout;
+    fg_attention_bwd_args args;             /* the GPU call                     */
+    bool sliced;                            /* the reference ran on one slice   */
+} backward;
+
+static void backward_free(backward *b) {
+    for (int i = 0; i < b->n; i++) free(b->g[i].gpu), free(b->g[i].again), free(b->g[i].ref);
+    free(b->hdout);
+}
+
+static size_t grad_bytes(const grad *t) { return t->n * (t->fp32 ? 4 : 2); }
+
+/* Element i of a host copy of t. */
+static double grad_value(const grad *t, const void *p, fg_dtype dt, size_t i) {
+    return t->fp32 ? ((const float *)p)[i] : from16(dt, ((const uint16_t *)p)[i]);
+}
+
+static grad *add_grad(backward *b, const char *name, size_t n, bool fp32, CUdeviceptr *dev) {
+    grad *t = &b->g[b->n++];
+    memset(t, 0, sizeof *t);
+    if (fp32) snprintf(t->name, sizeof t->name, "d(%s)", name);
+    else snprintf(t->name, sizeof t->name, "%s", name);
+    t->n = n, t->fp32 = fp32, t->dev = dev;
+    return t;
+}
+
+/* Poison every gradient (all bits set: NaN), run the backward, wait for it
+ * and copy each gradient to the host (to `again` for the second run). */
+static fg_status backward_run(fg_ctx *ctx, const fg_mod *mod, backward *b, bool second, double *ms) {
+    for (int i = 0; i < b->n; i++)
+        FGI_CU_TRY(ctx, fgi_cu()->cuMemsetD8(*b->g[i].dev, 0xff, grad_bytes(&b->g[i])), "cuMemsetD8");
+    double t0 = fgi_now_ms();
+    FGI_TRY(fg_attention_backward(ctx, mod, &b->args));
+    FGI_CU_TRY(ctx, fgi_cu()->cuCtxSynchronize(), "kernel execution");
+    *ms = fgi_now_ms() - t0;
+    for (int i = 0; i < b->n; i++)
+        FGI_CU_TRY(ctx, fgi_cu()->cuMemcpyDtoH(second ? b->g[i].again : b->g[i].gpu, *b->g[i].dev,
+                                               grad_bytes(&b->g[i])),
+                   "cuMemcpyDtoH");
+    return FG_OK;
+}
+
 /* ---- the command ------------------------------------------------------------------ */
 
 typedef struct state {
@@ -394,7 +507,159 @@ typedef struct state {
     fg_block_mask *bm;
     uint16_t *hq, *hk, *hv, *gout;
     float *glse;
+    backward bw;
 } state;
+
+/* The gradients to write, a random dout, their device memory and the GPU
+ * call on the forward call `a`. The dout is drawn after the forward's
+ * inputs, so a seed gives the same q, k and v with or without --backward. */
+static fg_status backward_setup(state *s, const fg_attention_args *a, uint64_t *seed) {
+    const options *o = &s->o;
+    fg_ctx *ctx = s->ctx;
+    backward *b = &s->bw;
+    device *dv = &s->dev;
+    const size_t D = (size_t)o->head_dim;
+    const size_t nq = (size_t)o->batch * o->heads * o->q_len * D;
+    const size_t nk = (size_t)o->batch * o->kv_heads * o->kv_len * D;
+    const char *names[FG_CLI_MAX_ITEMS];
+    int nnames = 0;
+    FGI_TRY(fg_cli_grad_buffers(ctx, s->mod, names, FG_CLI_MAX_ITEMS, &nnames));
+    add_grad(b, "dq", nq, false, &dv->dq);
+    add_grad(b, "dk", nk, false, &dv->dk);
+    add_grad(b, "dv", nk, false, &dv->dv);
+    for (int k = 0; k < nnames; k++) {
+        const fg_binding *hb = NULL;
+        for (size_t i = 0; i < s->hb.n && !hb; i++)
+            if (!strcmp(s->hb.binds[i].name, names[k])) hb = &s->hb.binds[i];
+        /* Unbound, the forward has refused already; empty, there is
+         * nothing to write. */
+        if (!hb || hb->kind != FG_PARAM_BUFFER || hb->value.buffer.length <= 0) continue;
+        add_grad(b, names[k], (size_t)hb->value.buffer.length, true, &dv->grad[b->nbinds]);
+        b->binds[b->nbinds++] = fg_bind_float_buffer(names[k], NULL, hb->value.buffer.length);
+    }
+    b->hdout = random_tensor(nq, o->dtype, o->normal, seed);
+    bool host_ok = b->hdout != NULL;
+    for (int i = 0; i < b->n; i++) {
+        b->g[i].gpu = malloc(grad_bytes(&b->g[i]));
+        if (o->deterministic) b->g[i].again = malloc(grad_bytes(&b->g[i]));
+        host_ok = host_ok && b->g[i].gpu && (b->g[i].again || !o->deterministic);
+    }
+    if (!host_ok) return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of host memory for the gradients");
+    FGI_TRY(upload(ctx, &dv->dout, b->hdout, nq * 2));
+    for (int i = 0; i < b->n; i++) FGI_TRY(upload(ctx, b->g[i].dev, NULL, grad_bytes(&b->g[i])));
+    for (size_t k = 0; k < b->nbinds; k++) b->binds[k].value.buffer.data = (const void *)(uintptr_t)dv->grad[k];
+
+    fg_attention_bwd_args *ba = &b->args;
+    *ba = fg_attention_bwd_args_init();
+    ba->fwd = a;
+    ba->dout = (const void *)(uintptr_t)dv->dout;
+    ba->dq = (void *)(uintptr_t)dv->dq, ba->dk = (void *)(uintptr_t)dv->dk, ba->dv = (void *)(uintptr_t)dv->dv;
+    ba->grad_binds = b->binds, ba->ngrad_binds = b->nbinds;
+    ba->deterministic = o->deterministic;
+    return FG_OK;
+}
+
+/* The float64 reference backward on the host copies of the forward's
+ * inputs (`host`: the forward call with host bindings), into each
+ * gradient's ref. On a slice (batch 0, the query heads of kv head 0) the
+ * reference's dq, dk and dv are the first rows of the GPU's (contiguous
+ * BHSD), and buffer gradients, sums over every (b, h), are left out. */
+static fg_status backward_reference(state *s, const fg_attention_args *host) {
+    const options *o = &s->o;
+    backward *b = &s->bw;
+    b->sliced = over_budget(o, 2.5);
+    fg_attention_args ra;
+    reference_args(o, host, b->sliced, s->hq, s->hk, s->hv, &ra);
+    /* Not read (the reference recomputes the forward), but required. */
+    ra.out = s->gout, ra.lse = s->glse;
+    const size_t D = (size_t)o->head_dim;
+    b->g[0].nref = (size_t)ra.batch * ra.heads_q * o->q_len * D;
+    b->g[1].nref = b->g[2].nref = (size_t)ra.batch * ra.heads_kv * o->kv_len * D;
+    for (int i = 3; i < b->n; i++) b->g[i].nref = b->sliced ? 0 : b->g[i].n;
+    for (int i = 0; i < b->n; i++) {
+        if (!b->g[i].nref) continue;
+        b->g[i].ref = malloc(sizeof(double) * b->g[i].nref);
+        if (!b->g[i].ref) return fgi_error(s->ctx, FG_ERR_OUT_OF_MEMORY, "out of host memory for the reference");
+    }
+    fg_attention_bwd_args rb = fg_attention_bwd_args_init();
+    rb.fwd = &ra;
+    rb.dout = b->hdout;
+    memcpy(rb.dout_stride, ra.out_stride, sizeof rb.dout_stride);
+    rb.dq = b->g[0].ref, rb.dk = b->g[1].ref, rb.dv = b->g[2].ref;
+    for (size_t k = 0; k < b->nbinds && !b->sliced; k++) {
+        /* The reference's gradient bindings take double arrays. */
+        b->ref_binds[k] = b->binds[k];
+        b->ref_binds[k].value.buffer.data = b->g[3 + k].ref;
+    }
+    rb.grad_binds = b->ref_binds, rb.ngrad_binds = b->sliced ? 0 : b->nbinds;
+    return fg_attention_reference_backward(s->ctx, s->mod, &rb);
+}
+
+/* Compare and print a line per gradient; whether all are within tolerance. */
+static bool backward_report(state *s, double first_ms) {
+    const options *o = &s->o;
+    backward *b = &s->bw;
+    const double tol = o->dtype == FG_BF16 ? 2e-2 : 5e-3;
+    bool ok = true;
+    long differ = 0;
+    size_t total = 0;
+    printf("backward%s: first call %.1f ms, random dout\n", o->deterministic ? " (deterministic)" : "", first_ms);
+    if (!o->no_reference && b->sliced)
+        printf("backward checked against the reference: batch 0, query heads 0..%d, kv head 0 (the whole problem "
+               "is large)\n",
+               o->heads / o->kv_heads - 1);
+    for (int i = 0; i < b->n; i++) {
+        grad *t = &b->g[i];
+        for (size_t j = 0; j < t->n; j++) t->nonfinite += !isfinite(grad_value(t, t->gpu, o->dtype, j));
+        if (t->again)
+            for (size_t j = 0, w = t->fp32 ? 4 : 2; j < t->n; j++)
+                t->differ += memcmp((const char *)t->gpu + j * w, (const char *)t->again + j * w, w) != 0;
+        differ += t->differ, total += t->n;
+        ok = ok && t->nonfinite == 0;
+        if (t->ref) {
+            double num = 0, den = 0;
+            for (size_t j = 0; j < t->nref; j++) {
+                double g = grad_value(t, t->gpu, o->dtype, j), x = t->ref[j];
+                num += (g - x) * (g - x);
+                den += x * x;
+            }
+            t->rel = den > 0 ? sqrt(num / den) : sqrt(num);
+            ok = ok && t->rel <= tol; /* false for NaN too */
+            printf("%s: relative Frobenius error %.3e (tolerance %.0e), non-finite %ld\n", t->name, t->rel, tol,
+                   t->nonfinite);
+        } else if (o->no_reference) {
+            printf("%s: non-finite %ld\n", t->name, t->nonfinite);
+        } else {
+            printf("%s: not compared (a sum over every (b, h), the reference ran on a slice), non-finite %ld\n",
+                   t->name, t->nonfinite);
+        }
+    }
+    if (o->deterministic) {
+        if (differ == 0) printf("deterministic: a second run is bit-identical\n");
+        else printf("deterministic: a second run differs in %ld of %zu values\n", differ, total);
+        ok = ok && differ == 0;
+    }
+    return ok;
+}
+
+/* The backward after the forward call `a` (its out and lse on the device):
+ * run, check, report. An exit code, FG_EXIT_OK to go on; *ok says whether
+ * the gradients are within tolerance. */
+static int check_backward(state *s, const fg_attention_args *a, const fg_attention_args *host, uint64_t *seed,
+                          bool *ok) {
+    fg_ctx *ctx = s->ctx;
+    double first_ms = 0, again_ms;
+    fg_status st = backward_setup(s, a, seed);
+    if (st == FG_OK) st = backward_run(ctx, s->mod, &s->bw, false, &first_ms);
+    if (st == FG_OK && s->o.deterministic) st = backward_run(ctx, s->mod, &s->bw, true, &again_ms);
+    if (st != FG_OK) return fg_cli_fail(ctx, st, "check: backward");
+    if (!s->o.no_reference) {
+        st = backward_reference(s, host);
+        if (st != FG_OK) return fg_cli_fail(ctx, st, "check: reference backward");
+    }
+    *ok = backward_report(s, first_ms);
+    return FG_EXIT_OK;
+}
 
 static int run_check(state *s) {
     options *o = &s->o;
@@ -474,7 +739,7 @@ static int run_check(state *s) {
         if (st != FG_OK) return fg_cli_fail(ctx, st, "check: reference");
     }
     const double tol = o->dtype == FG_BF16 ? 1e-2 : 2e-3;
-    const bool ok = r.rel <= tol && r.lse_err <= 1e-3 && r.nonfinite == 0 && r.lse_mismatch == 0;
+    bool ok = r.rel <= tol && r.lse_err <= 1e-3 && r.nonfinite == 0 && r.lse_mismatch == 0;
     printf("mod %s: B=%d Hq=%d Hkv=%d Q=%d KV=%d D=%d %s%s (first call %.1f ms)\n", fg_mod_name(s->mod),
            o->batch, o->heads, o->kv_heads, o->q_len, o->kv_len, o->head_dim,
            o->dtype == FG_BF16 ? "bf16" : "fp16", s->bm ? ", GPU block mask" : "", first_ms);
@@ -489,15 +754,28 @@ static int run_check(state *s) {
     }
     printf("non-finite values: %ld\n", r.nonfinite);
 
+    bool bwd_ok = true;
+    if (o->backward) {
+        rc = check_backward(s, &a, &host, &seed, &bwd_ok);
+        if (rc) return rc;
+    }
+
     if (o->time_n > 0) {
         double density, ms;
         st = density_of(ctx, s->mod, &s->hb, s->bm, o, &density);
-        if (st == FG_OK) st = time_runs(ctx, s->mod, &a, o->time_n, &ms);
+        if (st == FG_OK) st = time_runs(ctx, s->mod, &a, NULL, o->time_n, &ms);
         if (st != FG_OK) return fg_cli_fail(ctx, st, "check: timing");
         double flops = 4.0 * o->batch * o->heads * (double)o->q_len * o->kv_len * o->head_dim * density;
         printf("time: median %.3f ms over %d launches, density %.4f, %.1f TFLOP/s\n", ms, o->time_n,
                density, flops / (ms * 1e-3) / 1e12);
+        if (o->backward) {
+            st = time_runs(ctx, s->mod, &a, &s->bw.args, o->time_n, &ms);
+            if (st != FG_OK) return fg_cli_fail(ctx, st, "check: timing the backward");
+            printf("time backward%s: median %.3f ms over %d launches, %.1f TFLOP/s (2.5x the forward's FLOPs)\n",
+                   o->deterministic ? " (deterministic)" : "", ms, o->time_n, 2.5 * flops / (ms * 1e-3) / 1e12);
+        }
     }
+    ok = ok && bwd_ok;
     printf("%s\n", ok ? "PASS" : "FAIL: outside tolerance");
     return ok ? FG_EXIT_OK : FG_EXIT_TOLERANCE;
 }
@@ -513,6 +791,7 @@ int fg_cmd_check(int argc, char **argv) {
     fg_block_mask_destroy(s.bm);
     if (s.have_hb) fg_cli_bindings_free(&s.hb);
     fg_mod_destroy(s.mod);
+    backward_free(&s.bw);
     free(s.hq), free(s.hk), free(s.hv), free(s.gout), free(s.glse);
     fg_ctx_destroy(s.ctx);
     return rc;

@@ -8,7 +8,8 @@
  *   inputs.c     what the kernels read, in device memory: random q, k, v
  *                and the parameter values;
  *   timing.c     the event-timed loop and its median;
- *   measure.c    one case: block mask, first calls, forward speed;
+ *   measure.c    one case: block mask, first calls, forward speed, and
+ *                with --backward the backward's speed;
  *   accuracy.c   one case's output against the float64 CPU reference;
  *   report.c     the table and the JSON.
  */
@@ -71,6 +72,7 @@ typedef struct bench_opts {
     fg_dtype dtype;
     int warmup, iters, check_seq;
     bool check;
+    bool backward, deterministic; /* also time the backward, in this mode   */
     const char *json;
     bench_case cases[BENCH_MAX_CASES];
     int ncases;
@@ -105,9 +107,11 @@ uint16_t *bench_random_halves(size_t n, fg_dtype dt, uint64_t seed);
 /* A new device copy of n 16-bit values. */
 fg_status bench_upload_halves(fg_ctx *ctx, const uint16_t *h, size_t n, CUdeviceptr *out);
 
-/* The timed runs' q, k, v (random), out and lse, shared by every case. */
+/* The timed runs' q, k, v (random), out and lse, shared by every case;
+ * with --backward also dout (random), dq, dk and dv. */
 typedef struct bench_inputs {
     CUdeviceptr q, k, v, out, lse;
+    CUdeviceptr dout, dq, dk, dv;
 } bench_inputs;
 
 fg_status bench_inputs_alloc(fg_ctx *ctx, const bench_opts *o, bench_inputs *in);
@@ -130,6 +134,15 @@ typedef struct bench_fwd_arg {
 
 fg_status bench_launch_forward(fg_ctx *ctx, void *arg);
 
+/* bench_launch_backward's argument: one backward pass (args.fwd points at
+ * the forward's arguments). */
+typedef struct bench_bwd_arg {
+    const fg_mod *mod;
+    fg_attention_bwd_args args;
+} bench_bwd_arg;
+
+fg_status bench_launch_backward(fg_ctx *ctx, void *arg);
+
 /* bench_launch_rebuild's argument: one in-place GPU rebuild of a block mask. */
 typedef struct bench_rebuild_arg {
     fg_block_mask *mask;
@@ -147,6 +160,7 @@ typedef struct bench_result {
     char mod_name[128];
     double density;
     double fwd_ms, tflops;
+    double bwd_ms, bwd_tflops; /* with --backward                        */
     double bm_first_ms, bm_rebuild_ms;
     double cold_ms, nvrtc_ms, disk_ms, disk_load_ms, mem_hit_us;
     double err_out, err_lse;
@@ -165,7 +179,8 @@ fg_status bench_run_case(fg_ctx *ctx, const bench_opts *o, const bench_case *c, 
 fg_status bench_check_case(fg_ctx *ctx, const bench_opts *o, const bench_case *c, const fg_mod *mod,
                            bench_result *r);
 
-void bench_print_table(FILE *f, const bench_result *r, int n);
+/* The table; `backward` adds the backward's columns. */
+void bench_print_table(FILE *f, const bench_result *r, int n, bool backward);
 /* The results as JSON, with the command line, the device and the shape. */
 void bench_write_json(FILE *f, const bench_opts *o, int argc, char **argv, const char *device,
                       const bench_result *r, int n);

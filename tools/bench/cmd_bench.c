@@ -1,6 +1,7 @@
 /*
  * cmd_bench.c -- `flexgen bench`: speed, first-call costs and accuracy of
- * the forward kernel for each mod, for users without Python.
+ * the forward kernel for each mod (and with --backward the backward's
+ * speed), for users without Python.
  *
  * It measures what bench/compare_torch.py measures on the flexgen side, the
  * same way, so the two agree where they overlap:
@@ -10,6 +11,13 @@
  *                  outputs and run faster than real data);
  *   TFLOP/s        4 * B * H * S * S * D * density, FlexAttention's count,
  *                  density = 1 - block sparsity of the mod's block mask;
+ *   backward       with --backward: the median of event-timed backward
+ *                  passes on the forward's out and lse and a random dout,
+ *                  writing dq, dk, dv and the gradient of every float buffer
+ *                  score_mod's value depends on; TFLOP/s counted as 2.5
+ *                  times the forward's FLOPs (five matmuls to the forward's
+ *                  two, FlashAttention's convention); --deterministic times
+ *                  that mode;
  *   block mask     the GPU builder's first build (its kernel compiled with an
  *                  empty cache) and the median of in-place rebuilds, which is
  *                  what a training loop pays per batch;
@@ -49,7 +57,8 @@ static void usage(FILE *f) {
             "usage: flexgen bench [--mask FILE [--score FILE]]... [options]\n"
             "\n"
             "Forward speed, block-mask build time, first-call costs and accuracy of\n"
-            "flexgen's kernels for each mod (the gallery in mods/ by default).\n"
+            "flexgen's kernels for each mod (the gallery in mods/ by default), and with\n"
+            "--backward the backward's speed.\n"
             "\n"
             "  --mask FILE          a mod file (repeat for several cases)\n"
             "  --score FILE         a score_mod file for the preceding --mask (or alone)\n"
@@ -62,6 +71,10 @@ static void usage(FILE *f) {
             "  --iters N            timed launches (default 30)   --warmup N (default 5)\n"
             "  --check-seq N        sequence length of the accuracy check (default min(S,1024))\n"
             "  --no-check           skip the accuracy check against the CPU reference\n"
+            "  --backward           also time the backward pass (dq, dk, dv and the gradient of\n"
+            "                       each float buffer score_mod reads; TFLOP/s counted as 2.5x\n"
+            "                       the forward's FLOPs); its accuracy: flexgen check --backward\n"
+            "  --deterministic      time the backward's deterministic mode\n"
             "  --json FILE          also write the results as JSON ('-' for stdout)\n"
             "  -h, --help           this text\n"
             "\n"
@@ -129,7 +142,8 @@ static void case_name_from_files(bench_case *c) {
 /* 0 ok, -1 help printed, else an exit code (message printed). */
 static int parse_opts(int argc, char **argv, bench_opts *o, char **owned, int *nowned) {
     enum { O_MASK = 256, O_SCORE, O_MODS, O_GALLERY, O_BATCH, O_HEADS, O_SEQ, O_HEAD_DIM, O_DTYPE,
-           O_SET, O_BUFFER, O_ITERS, O_WARMUP, O_CHECK_SEQ, O_NO_CHECK, O_JSON };
+           O_SET, O_BUFFER, O_ITERS, O_WARMUP, O_CHECK_SEQ, O_NO_CHECK, O_JSON, O_BACKWARD,
+           O_DETERMINISTIC };
     static const struct option longopts[] = {
         {"mask", required_argument, 0, O_MASK},       {"score", required_argument, 0, O_SCORE},
         {"mods", required_argument, 0, O_MODS},       {"gallery", required_argument, 0, O_GALLERY},
@@ -140,6 +154,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o, char **owned, int *n
         {"iters", required_argument, 0, O_ITERS},     {"warmup", required_argument, 0, O_WARMUP},
         {"check-seq", required_argument, 0, O_CHECK_SEQ}, {"no-check", no_argument, 0, O_NO_CHECK},
         {"json", required_argument, 0, O_JSON},       {"help", no_argument, 0, 'h'},
+        {"backward", no_argument, 0, O_BACKWARD},     {"deterministic", no_argument, 0, O_DETERMINISTIC},
         {0, 0, 0, 0}};
     const char *mods = NULL, *dir = NULL;
     bool last_was_mask = false;
@@ -193,6 +208,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o, char **owned, int *n
         case O_CHECK_SEQ: ok = !fg_cli_parse_int(optarg, "--check-seq", 1, 1 << 16, &o->check_seq); break;
         case O_NO_CHECK: o->check = false; break;
         case O_JSON: o->json = optarg; break;
+        case O_BACKWARD: o->backward = true; break;
+        case O_DETERMINISTIC: o->deterministic = true; break;
         case 'h': usage(stdout); return -1;
         default: usage(stderr); return FG_EXIT_USAGE;
         }
@@ -208,6 +225,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o, char **owned, int *n
         if (strcmp(argv[i], "bench") == 0) continue; /* the subcommand itself */
         return fg_cli_error(FG_EXIT_USAGE, "bench: unexpected argument '%s'", argv[i]);
     }
+    if (o->deterministic && !o->backward)
+        return fg_cli_error(FG_EXIT_USAGE, "bench: --deterministic is a mode of the backward (add --backward)");
     for (int i = 0; i < o->ncases; i++) case_name_from_files(&o->cases[i]);
     if ((o->nsets || o->nbuffers) && o->ncases == 0)
         return fg_cli_error(FG_EXIT_USAGE, "bench: --set and --buffer give values to --mask / --score "
@@ -249,9 +268,10 @@ int fg_cmd_bench(int argc, char **argv) {
     if (st == FG_OK) {
         CUdevice dev;
         if (fgi_cu()->cuCtxGetDevice(&dev) == CUDA_SUCCESS) fgi_cu()->cuDeviceGetName(device, sizeof device, dev);
-        printf("# flexgen %s bench on %s: B=%d H=%d S=%d D=%d %s, %d warm-up + %d timed launches\n",
+        printf("# flexgen %s bench on %s: B=%d H=%d S=%d D=%d %s, %d warm-up + %d timed launches%s\n",
                fg_version_string(), device, o.batch, o.heads, o.seq, o.head_dim,
-               o.dtype == FG_BF16 ? "bf16" : "fp16", o.warmup, o.iters);
+               o.dtype == FG_BF16 ? "bf16" : "fp16", o.warmup, o.iters,
+               !o.backward ? "" : o.deterministic ? ", forward and deterministic backward" : ", forward and backward");
         fflush(stdout);
         st = bench_inputs_alloc(ctx, &o, &in);
     }
@@ -262,7 +282,7 @@ int fg_cmd_bench(int argc, char **argv) {
             fg_status cs = bench_run_case(ctx, &o, &o.cases[i], &in, &res[i]);
             if (cs != FG_OK && rc == 0) rc = fg_cli_exit_code(cs);
         }
-        bench_print_table(stdout, res, o.ncases);
+        bench_print_table(stdout, res, o.ncases, o.backward);
         if (o.json) {
             FILE *f = strcmp(o.json, "-") == 0 ? stdout : fopen(o.json, "w");
             if (!f) {

@@ -1,8 +1,9 @@
 /*
  * inputs.c -- what the kernels of `flexgen bench` read, in device memory:
  * random normal q, k and v (never zeros, which hide unwritten outputs and
- * run faster than real data), the out and lse they write, and the
- * parameter values of a case.
+ * run faster than real data), the out and lse they write (with --backward
+ * also a random normal dout and the dq, dk and dv the backward writes), and
+ * the parameter values of a case.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -39,10 +40,11 @@ fg_status bench_upload_halves(fg_ctx *ctx, const uint16_t *h, size_t n, CUdevice
 fg_status bench_inputs_alloc(fg_ctx *ctx, const bench_opts *o, bench_inputs *in) {
     size_t n = (size_t)o->batch * o->heads * o->seq * o->head_dim;
     memset(in, 0, sizeof *in);
-    for (int t = 0; t < 3; t++) {
+    CUdeviceptr *random[4] = {&in->q, &in->k, &in->v, &in->dout};
+    for (int t = 0; t < (o->backward ? 4 : 3); t++) {
         uint16_t *h = bench_random_halves(n, o->dtype, 1 + (uint64_t)t);
         if (!h) return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of host memory for the inputs");
-        CUdeviceptr *p = t == 0 ? &in->q : t == 1 ? &in->k : &in->v;
+        CUdeviceptr *p = random[t];
         fg_status st = bench_upload_halves(ctx, h, n, p);
         free(h);
         FGI_TRY(st);
@@ -50,11 +52,16 @@ fg_status bench_inputs_alloc(fg_ctx *ctx, const bench_opts *o, bench_inputs *in)
     FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&in->out, n * 2), "cuMemAlloc");
     FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&in->lse, sizeof(float) * (size_t)o->batch * o->heads * o->seq),
                "cuMemAlloc");
+    if (o->backward) {
+        FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&in->dq, n * 2), "cuMemAlloc");
+        FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&in->dk, n * 2), "cuMemAlloc");
+        FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&in->dv, n * 2), "cuMemAlloc");
+    }
     return FG_OK;
 }
 
 void bench_inputs_free(const bench_inputs *in) {
-    const CUdeviceptr p[] = {in->q, in->k, in->v, in->out, in->lse};
+    const CUdeviceptr p[] = {in->q, in->k, in->v, in->out, in->lse, in->dout, in->dq, in->dk, in->dv};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         if (p[i]) fgi_cu()->cuMemFree(p[i]);
 }

@@ -1,8 +1,9 @@
 /*
  * measure.c -- one case of `flexgen bench`, from its mod files to a row of
  * results: the block mask's first build and in-place rebuilds, the first
- * calls (cold, from disk, memory hit), the forward speed, then the accuracy
- * check. Each case gets its own empty cache folder, so "cold" means cold.
+ * calls (cold, from disk, memory hit), the forward speed, with --backward
+ * the backward speed, then the accuracy check. Each case gets its own empty
+ * cache folder, so "cold" means cold.
  */
 #include <errno.h>
 #include <ftw.h>
@@ -34,6 +35,54 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
 static void remove_cache_dir(const char *dir) {
     if (nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
         fg_cli_error(0, "bench: could not remove %s", dir);
+}
+
+/* ---- the backward ----------------------------------------------------------- */
+
+/* The backward's speed on the forward's out and lse (the timed forward
+ * runs left them in place): dq, dk, dv and the gradient of every float
+ * buffer score_mod's value depends on, as a training step with learnable
+ * buffers computes them. TFLOP/s count 2.5 times the forward's FLOPs (two
+ * matmuls forward, five backward). */
+static fg_status time_backward(fg_ctx *ctx, const bench_opts *o, const bench_fwd_arg *fa,
+                               const bench_dev_params *d, const bench_inputs *in, bench_result *r) {
+    const char *names[BENCH_MAX_PARAMS];
+    int nnames = 0;
+    FGI_TRY(fg_cli_grad_buffers(ctx, fa->mod, names, BENCH_MAX_PARAMS, &nnames));
+    fg_binding binds[BENCH_MAX_PARAMS];
+    CUdeviceptr mem[BENCH_MAX_PARAMS] = {0};
+    size_t nb = 0;
+    fg_status st = FG_OK;
+    for (int k = 0; st == FG_OK && k < nnames; k++) {
+        const fg_binding *b = NULL;
+        for (size_t i = 0; i < d->n && !b; i++)
+            if (strcmp(d->binds[i].name, names[k]) == 0) b = &d->binds[i];
+        if (!b || b->kind != FG_PARAM_BUFFER || b->value.buffer.length <= 0) continue; /* nothing to write */
+        const int64_t len = b->value.buffer.length;
+        st = fgi_cu_status(ctx, fgi_cu()->cuMemAlloc(&mem[nb], (size_t)len * 4), "cuMemAlloc");
+        if (st == FG_OK) binds[nb] = fg_bind_float_buffer(names[k], (const float *)(uintptr_t)mem[nb], len), nb++;
+    }
+    bench_bwd_arg ba;
+    memset(&ba, 0, sizeof ba);
+    ba.mod = fa->mod;
+    ba.args = fg_attention_bwd_args_init();
+    ba.args.fwd = &fa->args;
+    ba.args.dout = (const void *)(uintptr_t)in->dout;
+    ba.args.dq = (void *)(uintptr_t)in->dq, ba.args.dk = (void *)(uintptr_t)in->dk;
+    ba.args.dv = (void *)(uintptr_t)in->dv;
+    ba.args.grad_binds = binds, ba.args.ngrad_binds = nb;
+    ba.args.deterministic = o->deterministic;
+    /* One untimed call first: it compiles the backward kernels, which must
+     * not happen between two events even with --warmup 0. */
+    if (st == FG_OK) st = bench_launch_backward(ctx, &ba);
+    if (st == FG_OK) st = bench_sync(ctx);
+    if (st == FG_OK) st = bench_time_median(ctx, bench_launch_backward, &ba, o->warmup, o->iters, &r->bwd_ms);
+    if (st == FG_OK)
+        r->bwd_tflops = 2.5 * 4.0 * o->batch * o->heads * (double)o->seq * o->seq * o->head_dim * r->density /
+                        (r->bwd_ms * 1e-3) / 1e12;
+    for (size_t i = 0; i < BENCH_MAX_PARAMS; i++)
+        if (mem[i]) fgi_cu()->cuMemFree(mem[i]);
+    return st;
 }
 
 /* ---- one case --------------------------------------------------------------- */
@@ -152,6 +201,7 @@ fg_status bench_run_case(fg_ctx *ctx, const bench_opts *o, const bench_case *c, 
     if (st == FG_OK) st = bench_time_median(ctx, bench_launch_forward, &fa, o->warmup, o->iters, &r->fwd_ms);
     if (st == FG_OK)
         r->tflops = 4.0 * B * H * (double)S * S * D * r->density / (r->fwd_ms * 1e-3) / 1e12;
+    if (st == FG_OK && o->backward) st = time_backward(ctx, o, &fa, &d, in, r);
 
     fg_block_mask_destroy(bm);
     bench_dev_params_free(&d);

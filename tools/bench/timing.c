@@ -3,8 +3,8 @@
  * then `iters` launches each between two CUDA events on the default
  * stream, one synchronisation at the end, and the median of the event
  * times (the mean of the middle two for an even count), which a stray slow
- * launch does not move. The launches it times are a forward pass and a
- * block-mask rebuild.
+ * launch does not move. The launches it times are a forward pass, a
+ * backward pass and a block-mask rebuild.
  */
 #include <stdlib.h>
 
@@ -53,6 +53,11 @@ fg_status bench_sync(fg_ctx *ctx) {
 fg_status bench_launch_forward(fg_ctx *ctx, void *p) {
     bench_fwd_arg *a = p;
     return fg_attention_forward(ctx, a->mod, &a->args);
+}
+
+fg_status bench_launch_backward(fg_ctx *ctx, void *p) {
+    bench_bwd_arg *a = p;
+    return fg_attention_backward(ctx, a->mod, &a->args);
 }
 
 fg_status bench_launch_rebuild(fg_ctx *ctx, void *p) {
