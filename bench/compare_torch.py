@@ -28,6 +28,21 @@ for every system in one process:
                  measuring on a different shape; and flexgen against flex on
                  the whole output.
 
+With --backward, the same for the backward pass, on the same inputs and one
+random dout shared by every system:
+
+  backward time  the backward alone: torch.autograd.grad(out, (q, k, v),
+                 dout, retain_graph=True) on an out computed once (flexgen's
+                 autograd function, flex's compiled backward, SDPA's
+                 FlashAttention-2 and cuDNN backward kernels);
+  TFLOP/s        2.5 times the forward count (the five S x S products of
+                 the backward against the forward's two), same density;
+  accuracy       the largest of the dq, dk, dv errors ||g - ref|| / ||ref||
+                 against float64 gradients of the two (b, h) heads (autograd
+                 through the reference computation, a chunk of query rows at
+                 a time: exact, since each row's softmax is whole), and
+                 flexgen against flex on the whole gradients.
+
 Inputs are random normal (never zeros), drawn once and shared by all systems.
 The gallery's torch equivalents live in torch_mods.py; `--mask FILE [--score
 FILE] --torch-mods FILE` adds a mod of your own (see torch_mods.load_file).
@@ -116,21 +131,57 @@ def reference_rows(q, k, v, b, h, rows, mask_mod, score_mod, scale):
     (b and h as 1x1 tensors, q_idx a column, kv_idx a row). A fully masked
     row gives 0, as both kernels define it."""
     hk = h // (q.shape[1] // k.shape[1])
-    dev = q.device
-    qd = q[b, h, rows].double()
-    kd = k[b, hk].double()
-    vd = v[b, hk].double()
+    return _attend(q[b, h, rows].double(), k[b, hk].double(), v[b, hk].double(), b, h, rows,
+                   mask_mod, score_mod, scale)
+
+
+def reference_grads(q, k, v, dout, b, h, mask_mod, score_mod, scale, wrt=(), chunk=1024):
+    """The float64 gradients through query head (b, h) of sum(out * dout):
+    dq[b, h] (Q_LEN x D), this head's share of dk and dv of its k/v head
+    (KV_LEN x D: the whole of them without GQA), and a float64 gradient for
+    each tensor in `wrt` (tensors the torch mods capture, requiring grad;
+    zeros when the head does not reach one). Autograd through reference_rows'
+    computation, one chunk of query rows at a time: each row's softmax is
+    whole within its chunk, so the sums over chunks are exact and only a
+    chunk x KV_LEN score matrix is held."""
+    hk = h // (q.shape[1] // k.shape[1])
+    S = q.shape[2]
+    kd = k[b, hk].detach().double().requires_grad_()
+    vd = v[b, hk].detach().double().requires_grad_()
+    dq = torch.empty(S, q.shape[3], dtype=torch.float64, device=q.device)
+    dk, dv = torch.zeros_like(kd), torch.zeros_like(vd)
+    dw = [torch.zeros(w.shape, dtype=torch.float64, device=w.device) for w in wrt]
+    for r0 in range(0, S, chunk):
+        rows = torch.arange(r0, min(S, r0 + chunk), device=q.device)
+        qd = q[b, h, rows].detach().double().requires_grad_()
+        with torch.enable_grad():
+            out = _attend(qd, kd, vd, b, h, rows, mask_mod, score_mod, scale)
+            g = torch.autograd.grad(out, [qd, kd, vd, *wrt], dout[b, h, rows].double(),
+                                    allow_unused=True)
+        dq[rows] = g[0]
+        dk += g[1]
+        dv += g[2]
+        for acc, gw in zip(dw, g[3:]):
+            if gw is not None:
+                acc += gw.double()
+    return dq, dk, dv, dw
+
+
+def _attend(qd, kd, vd, b, h, rows, mask_mod, score_mod, scale):
+    """softmax(mods(qd kd^T * scale)) vd for the query rows `rows` of head
+    (b, h), differentiable (the row maximum is a constant shift)."""
+    dev = qd.device
     s = (qd @ kd.T) * scale
     bi = torch.tensor(b, device=dev).view(1, 1)
     hi = torch.tensor(h, device=dev).view(1, 1)
     qi = rows.view(-1, 1)
-    ki = torch.arange(k.shape[2], device=dev).view(1, -1)
+    ki = torch.arange(kd.shape[0], device=dev).view(1, -1)
     if score_mod is not None:
         s = score_mod(s, bi, hi, qi, ki)
     if mask_mod is not None:
         keep = torch.broadcast_to(mask_mod(bi, hi, qi, ki), s.shape)
         s = s.masked_fill(~keep, -math.inf)
-    mx = s.amax(dim=-1, keepdim=True)
+    mx = s.detach().amax(dim=-1, keepdim=True)
     mx = torch.where(torch.isinf(mx), torch.zeros_like(mx), mx)
     p = torch.exp(s - mx)
     den = p.sum(dim=-1, keepdim=True)
@@ -215,10 +266,11 @@ def nvrtc_process_warmup(device):
 # One case
 # ---------------------------------------------------------------------------
 
-def run_case(spec, inputs, opts, first=None):
+def run_case(spec, inputs, opts, first=None, dout=None):
     """Measure one mod for every system that applies; failures of one system
     are recorded in the row and do not stop the others. `first`: flexgen's
-    first-call figures from flexgen_first_calls."""
+    first-call figures from flexgen_first_calls. `dout`: the gradient of
+    out for the backward measurements (with --backward)."""
     q, k, v = inputs
     B, H, S, D = q.shape
     dev = q.device
@@ -232,7 +284,9 @@ def run_case(spec, inputs, opts, first=None):
            "buffers": {n: [str(t.dtype), list(t.shape)] for n, t in buffers.items()},
            "ms": {}, "tflops": {}, "block_mask_ms": {}, "first_call_ms": {}, "error": {},
            "failures": {}}
-    outs = {}
+    if opts.backward:
+        row.update({"bwd_ms": {}, "bwd_tflops": {}, "bwd_error": {}})
+    outs, grads = {}, {}
 
     def attempt(system, fn):
         try:
@@ -241,6 +295,22 @@ def run_case(spec, inputs, opts, first=None):
             row["failures"][system] = f"{type(e).__name__}: {e}"
             print(f"[{spec.name}] {system} failed:", file=sys.stderr)
             traceback.print_exc()
+
+    def backward(system, forward):
+        """Time the backward alone of out = forward(q, k, v) on leaves that
+        share q, k, v's storage, and keep its gradients for the accuracy."""
+        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+        out = forward(*leaves)
+
+        def call():
+            return torch.autograd.grad(out, leaves, dout, retain_graph=True)
+        row["first_call_ms"][system + "_backward"], _ = wall_ms(call)
+        row["bwd_ms"][system] = bench_ms(call, opts.warmup, opts.rep)
+        grads[system] = call()
+
+    def attempt_backward(system, forward):
+        if opts.backward:
+            attempt(system + "_backward", lambda: backward(system, forward))
 
     # --- flexgen -----------------------------------------------------------
     def run_flexgen():
@@ -271,6 +341,8 @@ def run_case(spec, inputs, opts, first=None):
         # The same kernel without the per-call Python argument handling.
         prepared = flexgen.prepare(q, k, v, mod, None, params, buffers, block_mask=bm)
         row["ms"]["flexgen_prepared"] = bench_ms(prepared, opts.warmup, opts.rep)
+        attempt_backward("flexgen", lambda q, k, v: flexgen.attention(
+            q, k, v, mod, None, params, buffers, block_mask=bm, deterministic=opts.deterministic))
 
     # --- FlexAttention -----------------------------------------------------
     def run_flex():
@@ -291,6 +363,8 @@ def run_case(spec, inputs, opts, first=None):
         row["first_call_ms"]["flex"], _ = wall_ms(call)
         row["ms"]["flex"] = bench_ms(call, opts.warmup, opts.rep)
         outs["flex"] = call()
+        attempt_backward("flex", lambda q, k, v: compiled(q, k, v, score_mod=t_score,
+                                                          block_mask=bm, scale=scale))
 
     # --- SDPA --------------------------------------------------------------
     def run_sdpa(system, backend):
@@ -298,12 +372,16 @@ def run_case(spec, inputs, opts, first=None):
         be = getattr(SDPBackend, backend)
         causal = spec.sdpa == "causal"
 
-        def call():
+        def sdpa(q, k, v):
             with sdpa_kernel(be):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+        def call():
+            return sdpa(q, k, v)
         call()
         row["ms"][system] = bench_ms(call, opts.warmup, opts.rep)
         outs[system] = call()
+        attempt_backward(system, sdpa)  # the backend is chosen by the forward
 
     if "flexgen" in opts.systems:
         attempt("flexgen", run_flexgen)
@@ -324,6 +402,13 @@ def run_case(spec, inputs, opts, first=None):
             row["tflops"][system] = flops / (ms * 1e-3) / 1e12
     if "flexgen" in row["tflops"] and "flex" in row["tflops"]:
         row["ratio_flexgen_over_flex"] = row["tflops"]["flexgen"] / row["tflops"]["flex"]
+    if opts.backward and density is not None:
+        flops = 2.5 * 4.0 * B * H * S * S * D * density
+        for system, ms in row["bwd_ms"].items():
+            row["bwd_tflops"][system] = flops / (ms * 1e-3) / 1e12
+        if "flexgen" in row["bwd_tflops"] and "flex" in row["bwd_tflops"]:
+            row["ratio_bwd_flexgen_over_flex"] = (row["bwd_tflops"]["flexgen"]
+                                                  / row["bwd_tflops"]["flex"])
 
     # --- accuracy ----------------------------------------------------------
     def accuracy():
@@ -337,7 +422,22 @@ def run_case(spec, inputs, opts, first=None):
         if "flexgen" in outs and "flex" in outs:
             row["error"]["flexgen_vs_flex"] = rel_err(outs["flexgen"], outs["flex"].double())
     attempt("accuracy", accuracy)
-    outs.clear()  # free the outputs before the next case
+
+    def grad_accuracy():
+        for b, h in sorted({(0, 0), (B - 1, H - 1)}):
+            ref = reference_grads(q, k, v, dout, b, h, t_mask, t_score, scale)[:3]
+            for system, g in grads.items():
+                errs = row["bwd_error"].setdefault(system, {})
+                for name, x, r in zip(("dq", "dk", "dv"), g, ref):
+                    errs[name] = max(errs.get(name, 0.0), rel_err(x[b, h], r))
+        if "flexgen" in grads and "flex" in grads:
+            row["bwd_error"]["flexgen_vs_flex"] = {
+                name: rel_err(x, y.double())
+                for name, x, y in zip(("dq", "dk", "dv"), grads["flexgen"], grads["flex"])}
+    if grads:
+        attempt("grad_accuracy", grad_accuracy)
+    outs.clear()  # free the outputs and gradients before the next case
+    grads.clear()
     torch.cuda.empty_cache()
     return row
 
@@ -351,12 +451,24 @@ def fmt(x, spec="{:.1f}"):
 
 
 def table(rows):
+    """The markdown table: forward TFLOP/s, block masks, first calls and
+    errors, then (when the rows have them) the backward's TFLOP/s and
+    errors, each error the largest of dq, dk and dv."""
     head = ["mod", "dens", "flexgen", "flex", "fg/flex", "sdpa-fa", "cudnn",
             "bm fg ms", "bm flex ms", "1st fg cold", "1st fg disk", "1st flex",
             "err fg", "err flex", "fg~flex"]
+    backward = any("bwd_ms" in r for r in rows)
+    if backward:
+        head += ["bwd fg", "bwd flex", "bwd fg/flex", "bwd sdpa-fa", "bwd cudnn",
+                 "bwd err fg", "bwd err flex", "bwd fg~flex"]
+
+    def worst(errors, system):
+        e = errors.get(system)
+        return max(e.values()) if e else None
     lines = []
     for r in rows:
         t, bm, fc, er = r["tflops"], r["block_mask_ms"], r["first_call_ms"], r["error"]
+        bt, be = r.get("bwd_tflops", {}), r.get("bwd_error", {})
         lines.append([
             r["name"], fmt(r.get("density"), "{:.3f}"),
             fmt(t.get("flexgen")), fmt(t.get("flex")),
@@ -367,7 +479,13 @@ def table(rows):
             fmt(fc.get("flex"), "{:.0f}"),
             fmt(er.get("flexgen"), "{:.1e}"), fmt(er.get("flex"), "{:.1e}"),
             fmt(er.get("flexgen_vs_flex"), "{:.1e}"),
-        ])
+        ] + ([
+            fmt(bt.get("flexgen")), fmt(bt.get("flex")),
+            fmt(r.get("ratio_bwd_flexgen_over_flex"), "{:.2f}"),
+            fmt(bt.get("sdpa_flash")), fmt(bt.get("sdpa_cudnn")),
+            fmt(worst(be, "flexgen"), "{:.1e}"), fmt(worst(be, "flex"), "{:.1e}"),
+            fmt(worst(be, "flexgen_vs_flex"), "{:.1e}"),
+        ] if backward else []))
     widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h)
               for i, h in enumerate(head)]
     out = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |",
@@ -378,22 +496,23 @@ def table(rows):
     return "\n".join(out)
 
 
-def chart(rows, meta, path):
+def chart(rows, meta, path, key="tflops", what="forward"):
+    """Bars of rows[i][key] (TFLOP/s) per mod and system."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     names = [r["name"] for r in rows]
-    systems = [s for s in SYSTEMS if any(s in r["tflops"] for r in rows)]
+    systems = [s for s in SYSTEMS if any(s in r.get(key, {}) for r in rows)]
     width = 0.8 / max(1, len(systems))
     fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(names)), 4.5))
     for i, s in enumerate(systems):
         xs = [j + (i - (len(systems) - 1) / 2) * width for j in range(len(names))]
-        ys = [r["tflops"].get(s, 0.0) for r in rows]
+        ys = [r.get(key, {}).get(s, 0.0) for r in rows]
         bars = ax.bar(xs, ys, width, label=s)
         ax.bar_label(bars, labels=[f"{y:.0f}" if y else "" for y in ys], fontsize=6)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=30, ha="right")
-    ax.set_ylabel("forward TFLOP/s")
+    ax.set_ylabel(f"{what} TFLOP/s")
     sh = meta["shape"]
     ax.set_title(f"{meta['device']}  B={sh['B']} H={sh['H']} S={sh['S']} D={sh['D']} "
                  f"{meta['dtype']}  ({meta['date']})", fontsize=9)
@@ -420,17 +539,24 @@ def parse_args(argv):
     p.add_argument("--torch-mods", help="extra mod: the Python file with its torch equivalents")
     p.add_argument("--name", help="extra mod: its name in the table")
     p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--backward", action="store_true",
+                   help="also time the backward pass and check the gradients")
+    p.add_argument("--deterministic", action="store_true",
+                   help="with --backward: flexgen's deterministic backward")
     p.add_argument("--warmup", type=float, default=25, help="warm-up per timing, ms")
     p.add_argument("--rep", type=float, default=100, help="timed repetitions per timing, ms")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--label", help="recorded in the JSON (e.g. the commit the build came from)")
     p.add_argument("--json", help="write the results here")
-    p.add_argument("--png", help="draw the TFLOP/s chart here")
+    p.add_argument("--png", help="draw the TFLOP/s chart here (with --backward, also "
+                   "the backward's beside it, as NAME_bwd.png)")
     a = p.parse_args(argv)
     a.systems = set(s for s in a.systems.split(",") if s)
     unknown = a.systems - set(SYSTEMS)
     if unknown:
         p.error(f"unknown systems: {sorted(unknown)}")
+    if a.deterministic and not a.backward:
+        p.error("--deterministic is an option of --backward")
     if (a.mask or a.score) and not a.torch_mods:
         p.error("--mask/--score need --torch-mods FILE with the torch equivalents")
     return a
@@ -456,6 +582,7 @@ def main(argv=None):
     g = torch.Generator(device=dev).manual_seed(opts.seed)
     shape = (opts.batch, opts.heads, opts.seq, opts.head_dim)
     inputs = tuple(torch.randn(shape, generator=g, device=dev, dtype=dtype) for _ in range(3))
+    dout = torch.randn(shape, generator=g, device=dev, dtype=dtype) if opts.backward else None
     try:
         import triton
         triton_version = triton.__version__
@@ -474,6 +601,15 @@ def main(argv=None):
         "flops": "4*B*H*S*S*D*density, density = 1 - block sparsity (flex's block mask)",
         "error": "||out-ref||/||ref|| vs float64 on rows of (b,h) in {(0,0),(B-1,H-1)}",
     }
+    if opts.backward:
+        meta["backward"] = {
+            "timing": "torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), "
+                      "the backward alone, median",
+            "flops": "2.5 * 4*B*H*S*S*D*density",
+            "error": "||g-ref||/||ref|| for g in dq, dk, dv vs float64 autograd gradients "
+                     "of the heads (b,h) in {(0,0),(B-1,H-1)}",
+            "flexgen_deterministic": opts.deterministic,
+        }
     print(f"# {meta['device']}  torch {meta['torch']}  flexgen {meta['flexgen']}  "
           f"B={opts.batch} H={opts.heads} S={opts.seq} D={opts.head_dim} {opts.dtype}", flush=True)
     rows, firsts = [], {}
@@ -487,7 +623,7 @@ def main(argv=None):
                 traceback.print_exc()
     for spec in specs:
         t0 = time.perf_counter()
-        rows.append(run_case(spec, inputs, opts, firsts.get(spec.name)))
+        rows.append(run_case(spec, inputs, opts, firsts.get(spec.name), dout))
         print(f"# {spec.name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     print(table(rows))
     failures = {r["name"]: r["failures"] for r in rows if r["failures"]}
@@ -499,6 +635,9 @@ def main(argv=None):
     if opts.png:
         try:
             chart(rows, meta, opts.png)
+            if opts.backward:
+                stem, ext = os.path.splitext(opts.png)
+                chart(rows, meta, stem + "_bwd" + (ext or ".png"), "bwd_tflops", "backward")
         except ImportError as e:
             print(f"compare_torch: no chart ({e})", file=sys.stderr)
     return 1 if failures else 0

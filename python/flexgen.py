@@ -18,6 +18,14 @@ calls attention() with the same mods thousands of times:
     tensor with new ids is a new key;
   - kernels are cached by the library itself (memory, then disk).
 
+attention() is differentiable: when grad is enabled and q, k, v or a float
+buffer requires grad, the forward also writes the log-sum-exp, and the
+backward runs fg_attention_backward on torch's current stream
+(_AttentionFunction). Which float buffers have a gradient is the library's
+to say: one it refuses (score_mod's value does not depend on it) gets
+zeros, and the refusal is remembered per mod (_run_backward). Without
+grad nothing changes: no lse is allocated and no autograd node is made.
+
 Checks that need no library call (types, ranks, dtypes, shapes, GQA ratios,
 strides, devices, parameter names and types) run first, in that order, in
 Python, so their messages name the Python argument and they work on a
@@ -44,8 +52,8 @@ except ImportError:  # pragma: no cover - exercised on machines without torch
 __all__ = [
     "FlexgenError", "LibraryNotFound", "Mod", "BlockMask", "Prepared", "attention", "prepare",
     "block_mask",
-    "load_mod", "reference", "cache_stats", "reset_cache_stats", "forget_memory_cache",
-    "set_cache_dir", "cache_dir", "library_path", "version",
+    "load_mod", "reference", "reference_backward", "cache_stats", "reset_cache_stats",
+    "forget_memory_cache", "set_cache_dir", "cache_dir", "library_path", "version",
 ]
 
 # ---------------------------------------------------------------------------
@@ -53,11 +61,13 @@ __all__ = [
 # ---------------------------------------------------------------------------
 
 FG_OK = 0
+FG_ERR_UNBOUND = 18
 FG_PARAM_SCALAR, FG_PARAM_BUFFER = 1, 2
 FG_TYPE_BOOL, FG_TYPE_INT, FG_TYPE_FLOAT = 1, 2, 3
 FG_MASK_MOD, FG_SCORE_MOD = 1, 2
 FG_BF16, FG_FP16 = 1, 2
 FG_KERNEL_ATTENTION_FWD = 1
+FG_KERNEL_ATTENTION_BWD = 4
 FG_OPT_DEVICE, FG_OPT_ARCH, FG_OPT_CACHE_DIR, FG_OPT_DISK_CACHE = 1, 2, 3, 4
 FG_BM_ARRAYS = {
     "kv_num_blocks": 1, "kv_indices": 2, "full_kv_num_blocks": 3, "full_kv_indices": 4,
@@ -131,6 +141,19 @@ class _AttentionArgs(_Growable):
     ]
 
 
+class _AttentionBwdArgs(_Growable):
+    _fields_ = [
+        ("fwd", ctypes.POINTER(_AttentionArgs)),
+        ("dout", ctypes.c_void_p),
+        ("dq", ctypes.c_void_p), ("dk", ctypes.c_void_p), ("dv", ctypes.c_void_p),
+        ("dout_stride", _Stride), ("dq_stride", _Stride), ("dk_stride", _Stride),
+        ("dv_stride", _Stride),
+        ("grad_binds", ctypes.POINTER(_Binding)), ("ngrad_binds", ctypes.c_size_t),
+        ("deterministic", ctypes.c_int),
+        ("struct_size", ctypes.c_size_t),
+    ]
+
+
 _P = ctypes.c_void_p
 _PP = ctypes.POINTER(ctypes.c_void_p)
 _SIGNATURES = {
@@ -188,11 +211,19 @@ _SIGNATURES = {
     "fg_kernel_release": (None, [_P]),
     "fg_attention_reference": (ctypes.c_int, [_P, _P, ctypes.POINTER(_AttentionArgs),
                                               ctypes.c_void_p, ctypes.c_void_p]),
+    "fg_attention_backward": (ctypes.c_int, [_P, _P, ctypes.POINTER(_AttentionBwdArgs)]),
+    "fg_kernel_launch_backward": (ctypes.c_int, [_P, _P, ctypes.POINTER(_AttentionBwdArgs)]),
+    "fg_attention_reference_backward": (ctypes.c_int, [_P, _P,
+                                                       ctypes.POINTER(_AttentionBwdArgs)]),
     "fg_cache_get_stats": (None, [ctypes.POINTER(_CacheStats)]),
     "fg_cache_reset_stats": (None, []),
     "fg_cache_forget_memory": (None, []),
     "fg_cache_clear": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_size_t)]),
 }
+# Functions a library built before the backward pass lacks: every other call
+# works without them, and the calls that need them say what is missing.
+_OPTIONAL = {"fg_attention_backward", "fg_kernel_launch_backward",
+             "fg_attention_reference_backward"}
 
 
 class LibraryNotFound(OSError):
@@ -254,13 +285,26 @@ def _load():
                 errors.append(f"{path}: {e}")
                 continue
             for name, (res, args) in _SIGNATURES.items():
-                fn = getattr(lib, name)
+                fn = getattr(lib, name, None)
+                if fn is None and name in _OPTIONAL:
+                    continue
+                if fn is None:
+                    fn = getattr(lib, name)  # the loader's own error names the symbol
                 fn.restype = res
                 fn.argtypes = args
             _lib, _lib_path = lib, path
             return lib
         raise LibraryNotFound("libflexgen not found; set FLEXGEN_LIB to the path of "
                               "libflexgen.so (tried: " + "; ".join(errors) + ")")
+
+
+def _function(name):
+    """A library function that older builds lack (_OPTIONAL), or a clear error."""
+    fn = getattr(_load(), name, None)
+    if fn is None:
+        raise NotImplementedError(f"{_lib_path} has no {name}: it was built before the "
+                                  f"backward pass; rebuild libflexgen")
+    return fn
 
 
 def library_path():
@@ -351,6 +395,9 @@ class Mod:
         self.hash = int(lib.fg_mod_hash(handle))
         self.has_mask = bool(lib.fg_mod_has_mask(handle))
         self.has_score = bool(lib.fg_mod_has_score(handle))
+        # Float buffers the backward refused (FG_ERR_UNBOUND): score_mod's
+        # value does not depend on them, their gradient is zero.
+        self._no_gradient = set()
         self.params = OrderedDict()
         for i in range(lib.fg_mod_param_count(handle)):
             info = _ParamInfo()
@@ -886,6 +933,26 @@ def _check_params(params, buffers):
             raise TypeError(f"buffer '{name}' must be a torch tensor, not {type(buf).__name__}")
         if buf.dtype not in (torch.int32, torch.float32):
             raise TypeError(f"buffer '{name}' must be int32 or float32, not {buf.dtype}")
+    if _grad_enabled():
+        for name, value in (params or {}).items():
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                raise ValueError(
+                    f"parameter '{name}' is a scalar, which gets no gradient, but the tensor "
+                    f"given for it requires grad: pass a number or a detached tensor, or "
+                    f"declare it as a one-element buffer (const float *{name};) to learn it")
+
+
+def _grad_enabled():
+    return torch is not None and torch.is_grad_enabled()
+
+
+def _wants_grad(q, k, v, buffers):
+    """Whether autograd must record the call: grad is enabled and q, k, v
+    or a buffer requires grad (an int32 tensor never does)."""
+    if not _grad_enabled():
+        return False
+    tensors = [q, k, v] + (list(buffers.values()) if isinstance(buffers, dict) else [])
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
 def _mask_dims(mod, B, H):
@@ -915,7 +982,8 @@ def _fill_args(args, q, k, v, out, lse, scale, bm, binds, stream):
 
 
 def attention(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None, scale=None,
-              enable_gqa=False, return_lse=False, block_size=128, block_mask=None):
+              enable_gqa=False, return_lse=False, block_size=128, block_mask=None,
+              deterministic=False):
     """softmax(score_mod(q k^T * scale) masked by mask_mod) v, like
     FlexAttention's flex_attention.
 
@@ -927,10 +995,32 @@ def attention(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None,
     block_mask(), else built (and cached) here. Runs on torch's current
     stream. Returns out (B, Hq, Q_LEN, D) contiguous, and with return_lse
     also lse (B, Hq, Q_LEN) float32 (natural log; -inf for a fully masked
-    row, whose output is 0)."""
-    call = prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa,
-                   return_lse, block_size, block_mask)
-    return call()
+    row, whose output is 0).
+
+    Differentiable with respect to q, k, v and the float32 buffers that
+    score_mod reads: when grad is enabled and one of them requires grad, the
+    forward also keeps the log-sum-exp and out.backward() runs the
+    library's backward pass on torch's current stream. A float buffer
+    score_mod's value does not depend on (read only by mask_mod, under a
+    comparison or through a cast to int) gets a zero gradient.
+    deterministic=True makes dq and the buffer gradients bit-reproducible
+    from run to run (no floating-point atomics; somewhat slower). Not
+    differentiable, each an error rather than a silently missing gradient:
+    a scalar parameter given as a tensor that requires grad (make it a
+    one-element float buffer), the returned lse (its gradient raises
+    NotImplementedError in backward), and a second derivative."""
+    if not isinstance(deterministic, int) or deterministic not in (0, 1):
+        raise TypeError(f"deterministic must be a bool, not {deterministic!r}")
+    deterministic = bool(deterministic)
+    if not _wants_grad(q, k, v, buffers):
+        return _prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa,
+                        return_lse, block_size, block_mask)()
+    call = _prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa,
+                    True, block_size, block_mask)
+    names = list(call.binds.buffers)
+    out, lse = _AttentionFunction.apply(call, deterministic, names, q, k, v,
+                                        *(call.binds.buffers[n] for n in names))
+    return (out, lse) if return_lse else out
 
 
 class Prepared:
@@ -938,11 +1028,13 @@ class Prepared:
     and its kernel fetched once (fg_kernel_get): calling it only launches
     (fg_kernel_launch) on torch's current stream, writing the same `out`
     (and `lse`). For loops that call the same attention on tensors updated
-    in place, and for timing the kernel without the per-call host work."""
+    in place, and for timing the kernel without the per-call host work.
+    It runs outside autograd: its out carries no gradient."""
 
-    def __init__(self, mod, args, out, lse, keep, index):
+    def __init__(self, mod, args, out, lse, tensors, block_mask, binds, index):
         self.mod, self.out, self.lse = mod, out, lse
-        self._args, self._keep, self._index = args, keep, index
+        self.block_mask, self.binds = block_mask, binds
+        self._args, self._keep, self._index = args, tensors, index
         self._ctx = _ctx(index)
         self._lib = _load()
         self._kernel = ctypes.c_void_p()
@@ -981,7 +1073,20 @@ class Prepared:
 def prepare(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None, scale=None,
             enable_gqa=False, return_lse=False, block_size=128, block_mask=None):
     """attention()'s checks, mod, block mask and output allocation, without
-    the launch: returns a Prepared call (same arguments as attention)."""
+    the launch: returns a Prepared call (same arguments as attention, less
+    deterministic). A Prepared call launches outside autograd, so with grad
+    enabled an input that requires grad is refused (ValueError) rather than
+    silently detached: use attention() to differentiate, or detach."""
+    if _wants_grad(q, k, v, buffers):
+        raise ValueError("prepare() launches outside autograd and an input requires grad: "
+                         "use attention() to get gradients, or detach the inputs (or call "
+                         "under torch.no_grad())")
+    return _prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa,
+                    return_lse, block_size, block_mask)
+
+
+def _prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa, return_lse,
+             block_size, block_mask):
     _check_qkv(q, k, v, enable_gqa)
     _check_params(params, buffers)
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
@@ -1013,13 +1118,140 @@ def prepare(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None, s
     lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device) if return_lse else None
     args = _AttentionArgs()
     _fill_args(args, q, k, v, out, lse, scale, bm, binds, None)
-    return Prepared(mod, args, out, lse, (q, k, v, bm, binds), index)
+    return Prepared(mod, args, out, lse, (q, k, v), bm, binds, index)
 
 
-def reference(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None, scale=None,
-              enable_gqa=False):
-    """The library's CPU reference (float64 accumulation, mods through the
-    evaluator) on CPU tensors: returns (out float64, lse float64)."""
+# ---------------------------------------------------------------------------
+# The backward pass.
+# ---------------------------------------------------------------------------
+
+def _grad_bindings(grads):
+    """An fg_binding array naming, for each {name: tensor}, the float
+    buffer whose gradient goes into the tensor (fp32 on the device for the
+    GPU backward, float64 on the host for the reference); and the name
+    bytes it points to, which the caller keeps alive."""
+    names = [n.encode() for n in grads]
+    rows = []
+    for nb, t in zip(names, grads.values()):
+        b = _Binding()
+        b.name, b.kind, b.type = nb, FG_PARAM_BUFFER, FG_TYPE_FLOAT
+        b.value.buffer.data = t.data_ptr() if t.numel() else None
+        b.value.buffer.length = t.numel()
+        rows.append(b)
+    return (_Binding * max(1, len(rows)))(*rows), names
+
+
+def _run_backward(c, mod, bwd, grads):
+    """fg_attention_backward, asking for the gradient of each float buffer
+    in `grads` ({name: fp32 tensor}) that the library has not refused for
+    this mod before; returns the names left out, whose gradient is zero.
+
+    Which buffers have a gradient is the library's to say: its derivative
+    pass drops a read whose derivative is zero everywhere (under a
+    comparison, through a cast to int), which a look at the mod text could
+    not tell. A binding for a buffer score_mod's value does not depend on is
+    refused with FG_ERR_UNBOUND before any launch; the refused names are
+    found (the one asked for, or with several, each tried alone), the call
+    is made again without them, and once that succeeds they are remembered
+    on the mod, so the extra calls happen once per mod."""
+    fn = _function("fg_attention_backward")
+
+    def launch(names):
+        arr, keep = _grad_bindings({n: grads[n] for n in names})
+        bwd.grad_binds = ctypes.cast(arr, ctypes.POINTER(_Binding))
+        bwd.ngrad_binds = len(names)
+        st = fn(c.handle, mod.handle, ctypes.byref(bwd))
+        del arr, keep
+        return st
+
+    ask = [n for n in grads if n not in mod._no_gradient]
+    with c.lock:
+        st = launch(ask)
+        if st == FG_ERR_UNBOUND and ask:
+            refused = ask if len(ask) == 1 else [n for n in ask if launch([n]) == FG_ERR_UNBOUND]
+            rest = [n for n in ask if n not in refused]
+            st = launch(rest)  # also renews the error message if it fails again
+            if st == FG_OK:
+                mod._no_gradient.update(refused)
+                ask = rest
+        c.check(st)
+    return [n for n in grads if n not in ask]
+
+
+def _backward(ctx, q, k, v, out, lse, dout, grads):
+    """dq, dk, dv (shaped and strided like q, k, v where those are dense)
+    from dout; fills the buffer gradients in `grads`."""
+    if dout.dtype != out.dtype:
+        dout = dout.to(out.dtype)
+    # The library takes any strides with a contiguous last dimension; a
+    # broadcast dout (stride 0, as out.sum() gives) is made dense.
+    if dout.stride(3) != 1 or any(s == 0 and n > 1 for s, n in zip(dout.stride(), dout.shape)):
+        dout = dout.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    stream = torch.cuda.current_stream(ctx.index).cuda_stream
+    fwd = _AttentionArgs()
+    _fill_args(fwd, q, k, v, out, lse, ctx.scale, ctx.block_mask, ctx.binds, stream)
+    bwd = _AttentionBwdArgs()
+    bwd.fwd = ctypes.pointer(fwd)
+    bwd.dout = dout.data_ptr()
+    bwd.dq, bwd.dk, bwd.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+    bwd.dout_stride = _Stride(*dout.stride())
+    bwd.dq_stride = _Stride(*dq.stride())
+    bwd.dk_stride = _Stride(*dk.stride())
+    bwd.dv_stride = _Stride(*dv.stride())
+    bwd.deterministic = 1 if ctx.deterministic else 0
+    for name in _run_backward(_ctx(ctx.index), ctx.mod, bwd, grads):
+        grads[name].zero_()
+    return dq, dk, dv
+
+
+if torch is not None:
+    from torch.autograd.function import once_differentiable
+
+    class _AttentionFunction(torch.autograd.Function):
+        """attention() under autograd. forward launches the prepared call
+        (lse included) and saves q, k, v, out, lse and every buffer, so
+        that autograd's version check catches a tensor changed in place
+        before backward; the mod, the block mask and the bindings stay on
+        ctx (they hold no output, so no reference cycle). backward returns
+        dq, dk, dv and a gradient for each float buffer that requires grad,
+        in apply's argument order."""
+
+        @staticmethod
+        def forward(ctx, call, deterministic, names, q, k, v, *buffers):
+            out, lse = call()
+            ctx.set_materialize_grads(False)
+            ctx.mod, ctx.block_mask, ctx.binds = call.mod, call.block_mask, call.binds
+            ctx.index, ctx.scale = call._index, call._args.scale
+            ctx.deterministic, ctx.names = deterministic, names
+            ctx.save_for_backward(q, k, v, out, lse, *buffers)
+            return out, lse
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, dout, dlse):
+            if dlse is not None:
+                raise NotImplementedError(
+                    "flexgen.attention: the gradient of the returned lse is not computed; "
+                    "only out is differentiable (detach lse where it enters the loss)")
+            q, k, v, out, lse, *buffers = ctx.saved_tensors
+            if dout is None:
+                return (None,) * (6 + len(buffers))
+            need = ctx.needs_input_grad
+            grads = {n: torch.empty_like(b)
+                     for n, b, wanted in zip(ctx.names, buffers, need[6:]) if wanted}
+            dq, dk, dv = _backward(ctx, q, k, v, out, lse, dout, grads)
+            return (None, None, None, dq if need[3] else None, dk if need[4] else None,
+                    dv if need[5] else None, *(grads.get(n) for n in ctx.names))
+
+
+# ---------------------------------------------------------------------------
+# The CPU references.
+# ---------------------------------------------------------------------------
+
+def _reference_args(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa):
+    """The checks and the fg_attention_args of a reference call on CPU
+    tensors: (mod, bindings, contiguous q, k, v, args without out / lse)."""
     _need_torch()
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
@@ -1032,10 +1264,8 @@ def reference(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None,
         raise ValueError("q heads must equal k/v heads (or be a multiple with enable_gqa=True)")
     mod = load_mod(mask_mod, score_mod, params, buffers)
     binds = _Bindings(mod, params, buffers, host=True)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    q, k, v = (t.detach().contiguous() for t in (q, k, v))
     B, Hq, S, D = q.shape
-    out = torch.empty((B, Hq, S, D), dtype=torch.float64)
-    lse = torch.empty((B, Hq, S), dtype=torch.float64)
     args = _AttentionArgs()
     args.batch, args.heads_q, args.heads_kv = B, Hq, k.shape[1]
     args.q_len, args.kv_len, args.head_dim = S, k.shape[2], D
@@ -1044,16 +1274,79 @@ def reference(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None,
     args.q_stride = _Stride(*q.stride())
     args.k_stride = _Stride(*k.stride())
     args.v_stride = _Stride(*v.stride())
-    args.out_stride = _Stride(*out.stride())
-    args.out, args.lse = out.data_ptr(), lse.data_ptr()  # (the results go to out / lse below)
     args.scale = 0.0 if scale is None else float(scale)
     args.binds = ctypes.cast(binds.array, ctypes.POINTER(_Binding))
     args.nbinds = binds.count
+    return mod, binds, q, k, v, args
+
+
+def reference(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None, scale=None,
+              enable_gqa=False):
+    """The library's CPU reference (float64 accumulation, mods through the
+    evaluator) on CPU tensors: returns (out float64, lse float64)."""
+    mod, binds, q, k, v, args = _reference_args(q, k, v, mask_mod, score_mod, params, buffers,
+                                                scale, enable_gqa)
+    B, Hq, S, D = q.shape
+    out = torch.empty((B, Hq, S, D), dtype=torch.float64)
+    lse = torch.empty((B, Hq, S), dtype=torch.float64)
+    args.out_stride = _Stride(*out.stride())
+    args.out, args.lse = out.data_ptr(), lse.data_ptr()  # (the results go to out / lse below)
     c = _ctx(None)
     with c.lock:
         c.check(_load().fg_attention_reference(c.handle, mod.handle, ctypes.byref(args),
                                                out.data_ptr(), lse.data_ptr()))
     return out, lse
+
+
+def reference_backward(q, k, v, dout, mask_mod=None, score_mod=None, params=None, buffers=None,
+                       scale=None, enable_gqa=False, grad_buffers=()):
+    """The library's CPU reference backward (float64 accumulation; score_mod
+    and its derivative through the evaluator) on CPU tensors: the gradients
+    of q, k, v for d loss / d out = dout (shaped like q, in q's dtype), as
+    float64 (dq, dk, dv, {name: gradient}) with a float64 gradient, shaped
+    like the buffer, for each float buffer named in grad_buffers. Naming a
+    buffer score_mod's value does not depend on is FG_ERR_UNBOUND."""
+    mod, binds, q, k, v, args = _reference_args(q, k, v, mask_mod, score_mod, params, buffers,
+                                                scale, enable_gqa)
+    if not isinstance(dout, torch.Tensor) or dout.device.type != "cpu":
+        raise ValueError("dout must be a CPU tensor for the reference")
+    if dout.shape != q.shape or dout.dtype != q.dtype:
+        raise ValueError(f"dout must have q's shape {tuple(q.shape)} and dtype {q.dtype}, "
+                         f"got {tuple(dout.shape)} {dout.dtype}")
+    if isinstance(grad_buffers, str):
+        grad_buffers = (grad_buffers,)
+    grads = {}
+    for name in grad_buffers:
+        if name not in binds.buffers or mod.params.get(name, ("",))[:2] != ("buffer", "float"):
+            raise ValueError(f"grad_buffers: '{name}' is not a float buffer given in buffers=")
+        grads[name] = torch.empty(_numel(binds.buffers[name]), dtype=torch.float64)
+    dout = dout.detach().contiguous()
+    B, Hq, S, D = q.shape
+    out = torch.empty((B, Hq, S, D), dtype=q.dtype)  # not read: the reference recomputes
+    lse = torch.empty((B, Hq, S), dtype=torch.float32)
+    args.out, args.lse = out.data_ptr(), lse.data_ptr()
+    args.out_stride = _Stride(*out.stride())
+    dq = torch.empty(q.shape, dtype=torch.float64)
+    dk = torch.empty(k.shape, dtype=torch.float64)
+    dv = torch.empty(v.shape, dtype=torch.float64)
+    bwd = _AttentionBwdArgs()
+    bwd.fwd = ctypes.pointer(args)
+    bwd.dout = dout.data_ptr()
+    bwd.dq, bwd.dk, bwd.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+    bwd.dout_stride = _Stride(*dout.stride())  # the gradients: all zero, contiguous
+    arr, keep = _grad_bindings(grads)
+    bwd.grad_binds = ctypes.cast(arr, ctypes.POINTER(_Binding))
+    bwd.ngrad_binds = len(grads)
+    fn = _function("fg_attention_reference_backward")
+    c = _ctx(None)
+    with c.lock:
+        c.check(fn(c.handle, mod.handle, ctypes.byref(bwd)))
+    del keep
+    shaped = {}
+    for name, g in grads.items():
+        buf = binds.buffers[name]
+        shaped[name] = g.reshape(buf.shape) if isinstance(buf, torch.Tensor) else g
+    return dq, dk, dv, shaped
 
 
 # ---------------------------------------------------------------------------

@@ -10,7 +10,14 @@ Three layers, each run where it can be:
     same mask and score as its gallery mod under flexgen's evaluator;
   - the GPU: one attention call per gallery mod against the float64
     reference and torch's flex_attention, plus LSE, GQA, strides and the
-    block-mask cache.
+    block-mask cache;
+  - the backward: for every gallery mod (and a learned bias table), the
+    gradients of q, k, v and of the float buffers, measured against float64
+    autograd gradients, must be within 1.5 times (plus 1e-3) the error of
+    torch.compile'd flex_attention's on the same inputs; deterministic runs
+    repeat bit for bit; GQA, strides, buffers without a gradient, and the
+    errors for what cannot be differentiated. The library's CPU reference
+    backward is checked against float64 autograd without a GPU.
 
 Run directly (python3 python/test_flexgen.py [-v]) or through meson (suite
 cpu). Exit status: 0 when everything ran and passed, 1 on a failure, 77
@@ -58,6 +65,16 @@ def gallery_file(name):
 needs_torch = unittest.skipIf(torch is None, "torch is not importable")
 needs_lib = unittest.skipIf(not HAVE_LIB, "libflexgen not found (set FLEXGEN_LIB)")
 needs_gpu = unittest.skipIf(not HAVE_GPU, "no CUDA device")
+
+
+def _has_backward():
+    try:
+        return hasattr(flexgen._load(), "fg_attention_reference_backward")
+    except flexgen.LibraryNotFound:
+        return False
+
+
+needs_backward = unittest.skipIf(not _has_backward(), "libflexgen has no backward pass")
 
 
 # ---------------------------------------------------------------------------
@@ -110,6 +127,14 @@ def _bad_calls():
         ("block_mask not a BlockMask", lambda: A(q, k, k, block_mask="causal"), TypeError,
          "block_mask must be a flexgen.BlockMask"),
         ("CPU tensors", lambda: A(q, k, k), ValueError, "must be a CUDA tensor"),
+        ("deterministic a string", lambda: A(q, k, k, deterministic="yes"), TypeError,
+         "deterministic must be a bool"),
+        ("a scalar tensor requiring grad",
+         lambda: A(q, k, k, params={"SOFTCAP": torch.tensor(20.0, requires_grad=True)}),
+         ValueError, "gets no gradient"),
+        ("prepare() on an input requiring grad",
+         lambda: flexgen.prepare(_t(1, 4, 32, 64).requires_grad_(), k, k), ValueError,
+         "outside autograd"),
     ]
 
 
@@ -128,6 +153,15 @@ class ArgumentChecks(unittest.TestCase):
         with self.assertRaises(ValueError) as cm:
             flexgen.attention(q, kv, kv, enable_gqa=True, scale=0.1, block_size=(64, 128))
         self.assertIn("CUDA", str(cm.exception))
+
+    def test_without_grad_a_tensor_scalar_is_only_a_value(self):
+        q, k = _t(1, 4, 32, 64).requires_grad_(), _t(1, 4, 32, 64)
+        cap = torch.tensor(20.0, requires_grad=True)
+        for call in (lambda: flexgen.attention(q, k, k, params={"SOFTCAP": cap}),
+                     lambda: flexgen.prepare(q, k, k, params={"SOFTCAP": cap})):
+            with torch.no_grad(), self.assertRaises(ValueError) as cm:
+                call()
+            self.assertIn("CUDA", str(cm.exception))
 
 
 # ---------------------------------------------------------------------------
@@ -351,6 +385,54 @@ class CpuReference(unittest.TestCase):
                     torch.testing.assert_close(out[0, h], ref, rtol=1e-5, atol=1e-6)
 
 
+@needs_lib
+@needs_torch
+@needs_backward
+class CpuReferenceBackward(unittest.TestCase):
+    """The library's float64 reference backward (score_mod's derivative
+    through the evaluator) against float64 autograd through the torch mods."""
+
+    def test_reference_backward_matches_torch_float64_autograd(self):
+        import compare_torch as ct
+        B, H, S, D = 1, 2, 96, 32
+        g = torch.Generator().manual_seed(4)
+        q, k, v, dout = (torch.randn(B, H, S, D, generator=g).bfloat16() for _ in range(4))
+        for name in ("causal", "alibi", "softcap", "document"):
+            spec = GALLERY[name]
+            st = spec.setup(B, H, S, "cpu")
+            floats = [n for n, t in st["buffers"].items() if t.is_floating_point()]
+            with self.subTest(name):
+                dq, dk, dv, dbuf = flexgen.reference_backward(
+                    q, k, v, dout, spec.mask_file, params=st["params"], buffers=st["buffers"],
+                    grad_buffers=floats)
+                wrt = [st["buffers"][n].requires_grad_() for n in floats]
+                want = [torch.zeros(t.shape, dtype=torch.float64) for t in (q, k, v, *wrt)]
+                for b in range(B):
+                    for h in range(H):
+                        gq, gk, gv, gw = ct.reference_grads(q, k, v, dout, b, h,
+                                                            st.get("mask_mod"),
+                                                            st.get("score_mod"),
+                                                            1 / math.sqrt(D), wrt)
+                        want[0][b, h] = gq
+                        want[1][b, h] += gk
+                        want[2][b, h] += gv
+                        for acc, x in zip(want[3:], gw):
+                            acc += x
+                got = [dq, dk, dv] + [dbuf[n] for n in floats]
+                for label, x, y in zip(("dq", "dk", "dv", *floats), got, want):
+                    # float32 inside the mods, float64 everywhere else
+                    torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5, msg=label)
+
+    def test_reference_backward_refuses_what_has_no_gradient(self):
+        B, H, S, D = 1, 2, 64, 32
+        q, k, v, dout = (torch.randn(B, H, S, D).bfloat16() for _ in range(4))
+        gate = torch.tensor([1.0, -1.0])
+        with self.assertRaises(flexgen.FlexgenError) as cm:
+            flexgen.reference_backward(q, k, v, dout, GATED_SCORE, buffers={"gate": gate,
+                                       "gain": torch.ones(2)}, grad_buffers=["gate"])
+        self.assertEqual(cm.exception.status_name, "FG_ERR_UNBOUND")
+
+
 # ---------------------------------------------------------------------------
 # The GPU
 # ---------------------------------------------------------------------------
@@ -480,6 +562,237 @@ class Gpu(unittest.TestCase):
         self.assertEqual(cm.exception.status_name, "FG_ERR_NAME")
         with self.assertRaises(ValueError):
             flexgen.attention(q, k, v, gallery_file("document"))  # buffer not given
+
+
+# ---------------------------------------------------------------------------
+# The backward
+# ---------------------------------------------------------------------------
+
+# A learned relative-position bias: one value per head and distance (T5,
+# Swin), read at an index computed from q_idx and kv_idx.
+REL_BIAS = """
+const float *bias;  /* [heads][2 * SPAN - 1]: by head and kv_idx - q_idx */
+int SPAN = 256;
+
+float score_mod(float score, int b, int h, int q_idx, int kv_idx) {
+    return score + bias[h * (2 * SPAN - 1) + kv_idx - q_idx + SPAN - 1];
+}
+
+bool mask_mod(int b, int h, int q_idx, int kv_idx) {
+    return q_idx >= kv_idx;
+}
+"""
+
+# Float buffers of which only `gain` has a gradient: `gate` is only
+# compared, `reach` only read by mask_mod.
+GATED_SCORE = """
+const float *gain;  /* [heads]: scales the scores of the open heads */
+const float *gate;  /* [heads]: > 0 opens a head                    */
+
+float score_mod(float score, int b, int h, int q_idx, int kv_idx) {
+    return gate[h] > 0.0 ? score * gain[h] : score;
+}
+"""
+GATED = GATED_SCORE + """
+const float *reach; /* [heads]: how far past itself a query sees    */
+
+bool mask_mod(int b, int h, int q_idx, int kv_idx) {
+    return (float)(kv_idx - q_idx) <= reach[h];
+}
+"""
+
+
+def _float_buffers(st):
+    """The setup's float buffers, made leaves that require grad: the torch
+    mods capture these very tensors, so flex and the float64 reference
+    differentiate them too."""
+    return {n: t.requires_grad_() for n, t in st["buffers"].items() if t.is_floating_point()}
+
+
+@needs_gpu
+class GpuBackward(unittest.TestCase):
+    B, H, S, D = 2, 4, 256, 64
+
+    def leaves(self, seed, B=None, H=None, Hkv=None, S=None, D=None, dtype=None):
+        """q, k, v requiring grad, and a dout, random normal."""
+        B, H, S, D = B or self.B, H or self.H, S or self.S, D or self.D
+        dtype = dtype or torch.bfloat16
+        g = torch.Generator(device="cuda").manual_seed(seed)
+
+        def r(h):
+            return torch.randn(B, h, S, D, device="cuda", dtype=dtype, generator=g)
+        q, k, v = r(H).requires_grad_(), r(Hkv or H).requires_grad_(), r(Hkv or H).requires_grad_()
+        return q, k, v, r(H)
+
+    def reference(self, q, k, v, dout, st, wrt):
+        """float64 gradients of q, k, v and `wrt` through the torch mods."""
+        import compare_torch as ct
+        B, H, _, D = q.shape
+        group = H // k.shape[1]
+        want = [torch.zeros(t.shape, dtype=torch.float64, device="cuda") for t in (q, k, v, *wrt)]
+        for b in range(B):
+            for h in range(H):
+                gq, gk, gv, gw = ct.reference_grads(q, k, v, dout, b, h, st.get("mask_mod"),
+                                                    st.get("score_mod"), 1 / math.sqrt(D), wrt)
+                want[0][b, h] = gq
+                want[1][b, h // group] += gk
+                want[2][b, h // group] += gv
+                for acc, x in zip(want[3:], gw):
+                    acc += x
+        return want
+
+    def flex(self, q, k, v, dout, st, wrt, enable_gqa=False):
+        """torch.compile'd flex_attention's gradients of q, k, v and `wrt`."""
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        torch._dynamo.reset()  # past dynamo's recompile limit flex would run eagerly
+        bm = None
+        if st.get("mask_mod") is not None:
+            bm = create_block_mask(st["mask_mod"], st.get("mask_b"), st.get("mask_h"),
+                                   q.shape[2], k.shape[2], device="cuda")
+        out = torch.compile(flex_attention, dynamic=False)(
+            q, k, v, score_mod=st.get("score_mod"), block_mask=bm, enable_gqa=enable_gqa)
+        return torch.autograd.grad(out, [q, k, v, *wrt], dout)
+
+    def assert_as_good_as_flex(self, label, names, ours, theirs, ref):
+        for name, x, y, r in zip(names, ours, theirs, ref):
+            self.assertFalse(x.isnan().any(), f"{label} {name}: NaN")
+            e_ours, e_flex = _rel(x, r), _rel(y, r)
+            self.assertLessEqual(e_ours, 1.5 * e_flex + 1e-3,
+                                 f"{label} {name}: flexgen {e_ours:.2e}, flex {e_flex:.2e}")
+
+    def test_every_gallery_mod_as_good_as_flex(self):
+        q, k, v, dout = self.leaves(11)
+        for name, spec in GALLERY.items():
+            with self.subTest(name):
+                st = spec.setup(self.B, self.H, self.S, "cuda")
+                bufs = _float_buffers(st)
+                wrt = list(bufs.values())
+                out = flexgen.attention(q, k, v, spec.mask_file, spec.score_file, st["params"],
+                                        st["buffers"])
+                ours = torch.autograd.grad(out, [q, k, v, *wrt], dout)
+                theirs = self.flex(q, k, v, dout, st, wrt)
+                ref = self.reference(q, k, v, dout, st, wrt)
+                self.assert_as_good_as_flex(name, ("dq", "dk", "dv", *bufs), ours, theirs, ref)
+
+    def test_a_learned_bias_table(self):
+        H, S = self.H, self.S
+        q, k, v, dout = self.leaves(12)
+        g = torch.Generator(device="cuda").manual_seed(13)
+        bias = (0.5 * torch.randn(H * (2 * S - 1), device="cuda", generator=g)).requires_grad_()
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + bias[h * (2 * S - 1) + kv_idx - q_idx + (S - 1)]
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return q_idx >= kv_idx
+        st = {"mask_mod": mask_mod, "score_mod": score_mod}
+        out = flexgen.attention(q, k, v, REL_BIAS, params={"SPAN": S}, buffers={"bias": bias})
+        ours = torch.autograd.grad(out, [q, k, v, bias], dout)
+        self.assertEqual(ours[3].shape, bias.shape)
+        theirs = self.flex(q, k, v, dout, st, [bias])
+        ref = self.reference(q, k, v, dout, st, [bias])
+        self.assert_as_good_as_flex("bias table", ("dq", "dk", "dv", "bias"), ours, theirs, ref)
+
+    def test_gqa(self):
+        spec = GALLERY["alibi"]  # a slope per query head
+        q, k, v, dout = self.leaves(16, H=8, Hkv=2)
+        st = spec.setup(self.B, 8, self.S, "cuda")
+        bufs = _float_buffers(st)
+        wrt = list(bufs.values())
+        out = flexgen.attention(q, k, v, spec.mask_file, params=st["params"],
+                                buffers=st["buffers"], enable_gqa=True)
+        ours = torch.autograd.grad(out, [q, k, v, *wrt], dout)
+        self.assertEqual((ours[1].shape, ours[2].shape), (k.shape, v.shape))
+        theirs = self.flex(q, k, v, dout, st, wrt, enable_gqa=True)
+        ref = self.reference(q, k, v, dout, st, wrt)
+        self.assert_as_good_as_flex("gqa", ("dq", "dk", "dv", *bufs), ours, theirs, ref)
+
+    def test_deterministic_gradients_repeat_bit_for_bit(self):
+        spec = GALLERY["alibi"]
+        S = 1000  # not a multiple of the blocks
+        q, k, v, dout = self.leaves(15, S=S)
+        st = spec.setup(self.B, self.H, S, "cuda")
+        bufs = _float_buffers(st)
+        names = ("dq", "dk", "dv", *bufs)
+
+        def run(deterministic):
+            out = flexgen.attention(q, k, v, spec.mask_file, params=st["params"],
+                                    buffers=st["buffers"], deterministic=deterministic)
+            return torch.autograd.grad(out, [q, k, v, *bufs.values()], dout)
+        first, second = run(True), run(True)
+        for name, x, y in zip(names, first, second):
+            self.assertTrue(torch.equal(x, y), f"{name} differs between two runs")
+        for name, x, y in zip(names, first, run(False)):
+            self.assertLess(_rel(y, x), 1e-2, name)
+
+    def test_buffers_without_a_gradient_get_zeros(self):
+        q, k, v, dout = self.leaves(14)
+        gain = torch.tensor([1.5, 0.5, 1.25, 0.75], device="cuda", requires_grad=True)
+        gate = torch.tensor([1.0, -1.0, 1.0, -1.0], device="cuda", requires_grad=True)
+        reach = torch.tensor([0.0, 16.0, 64.0, 300.0], device="cuda", requires_grad=True)
+
+        def twins(gain, gate, reach):
+            def score_mod(score, b, h, q_idx, kv_idx):
+                return torch.where(gate[h] > 0, score * gain[h], score)
+
+            def mask_mod(b, h, q_idx, kv_idx):
+                return (kv_idx - q_idx).float() <= reach[h]
+            return {"score_mod": score_mod, "mask_mod": mask_mod}
+        ref = self.reference(q, k, v, dout, twins(gain, gate, reach), [gain, gate, reach])
+        theirs = self.flex(q, k, v, dout, twins(gain, gate.detach(), reach.detach()), [gain])
+        runs = []
+        for _ in range(2):  # the first call finds the refused buffers, the second knows them
+            out = flexgen.attention(q, k, v, GATED, buffers={"gain": gain, "gate": gate,
+                                                             "reach": reach},
+                                    deterministic=True)
+            runs.append(torch.autograd.grad(out, [q, k, v, gain, gate, reach], dout))
+        for ours in runs:
+            self.assertTrue(torch.equal(ours[4], torch.zeros_like(gate)))
+            self.assertTrue(torch.equal(ours[5], torch.zeros_like(reach)))
+            self.assert_as_good_as_flex("gated", ("dq", "dk", "dv", "gain"), ours[:4], theirs,
+                                        ref[:4])
+        for x, y in zip(*runs):
+            self.assertTrue(torch.equal(x, y))
+
+    def test_bshd_views_fp16_and_a_strided_dout(self):
+        spec = GALLERY["softcap"]
+        q, k, v, dout = self.leaves(17, dtype=torch.float16)
+        st = spec.setup(self.B, self.H, self.S, "cuda")
+
+        def run(q, k, v, dout):
+            out = flexgen.attention(q, k, v, spec.mask_file, params=st["params"],
+                                    deterministic=True)
+            return torch.autograd.grad(out, [q, k, v], dout)
+        base = run(q, k, v, dout)
+        bshd = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]
+        views = [t.transpose(1, 2) for t in bshd]
+        self.assertNotEqual(views[0].stride(), q.stride())
+        wide = torch.zeros(*dout.shape[:3], 2 * dout.shape[3], dtype=dout.dtype, device="cuda")
+        wide[..., ::2] = dout
+        for name, x, y in zip(("dq", "dk", "dv"), base, run(*views, wide[..., ::2])):
+            self.assertTrue(torch.equal(x, y), name)
+
+    def test_what_cannot_be_differentiated_raises(self):
+        q, k, v, _ = self.leaves(18, B=1, H=2, S=128)
+        causal = gallery_file("causal")
+        out, lse = flexgen.attention(q, k, v, causal, return_lse=True)
+        self.assertIsNotNone(out.grad_fn)
+        with self.assertRaises(NotImplementedError) as cm:
+            torch.autograd.grad(lse.sum(), [q], retain_graph=True)
+        self.assertIn("lse", str(cm.exception))
+        # out alone is differentiable beside a returned lse; out.sum()'s dout
+        # is a broadcast (stride 0) tensor.
+        (dq,) = torch.autograd.grad(out.sum(), [q], retain_graph=True)
+        self.assertTrue(dq.isfinite().all())
+        # No second derivative.
+        dout = torch.randn_like(out, requires_grad=True)
+        (dq,) = torch.autograd.grad(out, [q], dout, create_graph=True)
+        with self.assertRaisesRegex(RuntimeError, "once_differentiable"):
+            torch.autograd.grad(dq.sum(), [dout])
+        # Without grad, no autograd node.
+        with torch.no_grad():
+            self.assertIsNone(flexgen.attention(q, k, v, causal).grad_fn)
+
 
 
 def main():
