@@ -86,3 +86,87 @@ fg_status fgi_attn_check_args(fg_ctx *ctx, const fg_mod *mod, const fg_attention
     FGI_TRY(tensor_strides(ctx, "out", a->out_stride, a->heads_q, a->q_len, D, st->o));
     return FG_OK;
 }
+
+/* ---- the backward's checks ------------------------------------------------ */
+
+fg_status fgi_attn_bwd_args_in(fg_ctx *ctx, const fg_attention_bwd_args *in, fg_attention_bwd_args *out,
+                               fg_attention_args *fwd) {
+    FGI_CHECK_ARG(ctx, in, "NULL backward arguments");
+    FGI_TRY(FGI_STRUCT_IN(ctx, fg_attention_bwd_args, in, out));
+    FGI_CHECK_ARG(ctx, out->fwd, "NULL forward arguments (fg_attention_bwd_args.fwd)");
+    FGI_TRY(fgi_attn_args_in(ctx, out->fwd, fwd));
+    out->fwd = fwd;
+    return FG_OK;
+}
+
+fg_status fgi_attn_check_bwd_args(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *b,
+                                  fgi_attn_strides *st, fgi_attn_bwd_strides *bst) {
+    const fg_attention_args *a = b->fwd;
+    FGI_TRY(fgi_attn_check_args(ctx, mod, a, st));
+    FGI_CHECK_ARG(ctx, b->dout && b->dq && b->dk && b->dv, "NULL dout, dq, dk or dv");
+    FGI_CHECK_ARG(ctx, b->grad_binds || b->ngrad_binds == 0, "NULL gradient bindings with a non-zero count");
+    const int64_t D = a->head_dim;
+    FGI_TRY(tensor_strides(ctx, "dout", b->dout_stride, a->heads_q, a->q_len, D, bst->dout));
+    FGI_TRY(tensor_strides(ctx, "dq", b->dq_stride, a->heads_q, a->q_len, D, bst->dq));
+    FGI_TRY(tensor_strides(ctx, "dk", b->dk_stride, a->heads_kv, a->kv_len, D, bst->dk));
+    FGI_TRY(tensor_strides(ctx, "dv", b->dv_stride, a->heads_kv, a->kv_len, D, bst->dv));
+    return FG_OK;
+}
+
+fg_status fgi_attn_grad_binds(fg_ctx *ctx, const fg_mod *mod, const fgi_grad_layout *L,
+                              const fg_binding *binds, size_t nbinds, const fgi_value *bound,
+                              const void *out[FGI_MAX_GRAD_BUFFERS], int64_t len[FGI_MAX_GRAD_BUFFERS]) {
+    for (int k = 0; k < FGI_MAX_GRAD_BUFFERS; k++) out[k] = NULL, len[k] = 0;
+    for (size_t i = 0; i < nbinds; i++) {
+        const fg_binding *g = &binds[i];
+        FGI_CHECK_ARG(ctx, g->name, "gradient binding %zu has a NULL name", i);
+        int p = -1;
+        for (int j = 0; j < mod->nparams; j++)
+            if (strcmp(mod->params[j].name, g->name) == 0) p = j;
+        if (p < 0)
+            return fgi_error(ctx, FG_ERR_UNBOUND, "gradient binding '%s' names no parameter of the mod",
+                             g->name);
+        const fgi_param *pp = &mod->params[p];
+        if (pp->kind != FG_PARAM_BUFFER || pp->type != FGI_T_FLOAT)
+            return fgi_error(ctx, FG_ERR_UNBOUND,
+                             "gradient binding '%s': only float buffers get gradients ('%s' is %s %s)",
+                             g->name, g->name, pp->type == FGI_T_FLOAT ? "a float" : "an int",
+                             pp->kind == FG_PARAM_BUFFER ? "buffer" : "scalar");
+        int k = -1;
+        for (int j = 0; j < L->n; j++)
+            if (L->param[j] == p) k = j;
+        if (k < 0)
+            return fgi_error(ctx, FG_ERR_UNBOUND,
+                             "gradient binding '%s': score_mod's value does not depend on '%s' (it is "
+                             "read only by mask_mod, under a comparison or cast to int, or not at "
+                             "all), so its gradient is zero",
+                             g->name, g->name);
+        if (out[k])
+            return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT, "gradient binding '%s' given twice", g->name);
+        if (g->kind != FG_PARAM_BUFFER || g->type != FG_TYPE_FLOAT)
+            return fgi_error(ctx, FG_ERR_UNBOUND,
+                             "gradient binding '%s' must be a float buffer binding (fg_bind_float_buffer)",
+                             g->name);
+        FGI_CHECK_ARG(ctx, g->value.buffer.data, "gradient binding '%s' has NULL data", g->name);
+        if (g->value.buffer.length < bound[p].length)
+            return fgi_error(ctx, FG_ERR_SHAPE,
+                             "gradient binding '%s' has %lld elements; the buffer bound to '%s' has %lld",
+                             g->name, (long long)g->value.buffer.length, g->name,
+                             (long long)bound[p].length);
+        out[k] = g->value.buffer.data;
+        len[k] = bound[p].length;
+    }
+    return FG_OK;
+}
+
+fg_status fgi_attn_check_aligned(fg_ctx *ctx, const char *name, const void *p, const int64_t st[3],
+                                 unsigned align) {
+    const unsigned elems = align / 2;
+    if ((uintptr_t)p % align != 0)
+        return fgi_error(ctx, FG_ERR_SHAPE, "%s: the pointer must be %u-byte aligned", name, align);
+    for (int d = 0; d < 3; d++)
+        if (st[d] % elems != 0)
+            return fgi_error(ctx, FG_ERR_SHAPE, "%s: stride %lld of dimension %d must be a multiple of %u elements",
+                             name, (long long)st[d], d, elems);
+    return FG_OK;
+}

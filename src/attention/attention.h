@@ -20,6 +20,7 @@
 #include "codegen/kernels.h"
 #include "driver/cudrv.h"
 #include "internal.h"
+#include "mod/deriv.h"
 
 /* The first kernel argument (fga_args in the template), row by row from
  * abi.def, which the template's copy is printed from as well. */
@@ -56,6 +57,50 @@ fg_status fgi_attn_check_args(fg_ctx *ctx, const fg_mod *mod, const fg_attention
  * accepted struct has where 0.1 put it). */
 fg_status fgi_attn_args_in(fg_ctx *ctx, const fg_attention_args *in, fg_attention_args *out);
 
+/* The first argument of the backward kernels, from abi_bwd.def as
+ * fgi_attn_abi is from abi.def. */
+typedef struct fgi_attn_bwd_abi {
+#define FGI_ABI_ROW(T, ...) fgi_abi_##T __VA_ARGS__;
+#include "attention/abi_bwd.def"
+} fgi_attn_bwd_abi;
+_Static_assert(sizeof(fgi_attn_bwd_abi) == 424, "fgi_attn_bwd_abi must match fgb_args");
+
+/* A 16-bit tensor the kernels move `align` bytes at a time: the pointer
+ * aligned to it and its (b, h, s) strides multiples of align / 2 elements
+ * (FG_ERR_SHAPE otherwise). */
+fg_status fgi_attn_check_aligned(fg_ctx *ctx, const char *name, const void *p, const int64_t st[3],
+                                 unsigned align);
+
+/* fg_kernel_get's inside (forward.c): `allow_hopper` false keeps the
+ * portable row. */
+fg_status fgi_attn_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *config,
+                              bool allow_hopper, fg_kernel **out);
+
+/* The caller's fg_attention_bwd_args and the forward arguments it points at,
+ * both in this library's layout: out->fwd points at *fwd. */
+fg_status fgi_attn_bwd_args_in(fg_ctx *ctx, const fg_attention_bwd_args *in, fg_attention_bwd_args *out,
+                               fg_attention_args *fwd);
+
+/* The backward's checks besides the forward's (fgi_attn_check_args on
+ * b->fwd): dout, dq, dk and dv given, their strides (effective ones in
+ * `bst`), the gradient bindings' pointer. */
+typedef struct fgi_attn_bwd_strides {
+    int64_t dout[3], dq[3], dk[3], dv[3];
+} fgi_attn_bwd_strides;
+fg_status fgi_attn_check_bwd_args(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *b,
+                                  fgi_attn_strides *st, fgi_attn_bwd_strides *bst);
+
+/* The gradient bindings of a backward call resolved against the mod's
+ * gradient layout `L`: out[k] receives the data pointer of the binding for
+ * layout entry k (NULL: not wanted) and len[k] its length. A binding must
+ * name a float buffer parameter score_mod's value depends on (in L), be a
+ * float buffer binding with non-NULL data, at least `bound[param].length`
+ * long, and not repeat a name: FG_ERR_UNBOUND, FG_ERR_SHAPE or
+ * FG_ERR_INVALID_ARGUMENT otherwise. */
+fg_status fgi_attn_grad_binds(fg_ctx *ctx, const fg_mod *mod, const fgi_grad_layout *L,
+                              const fg_binding *binds, size_t nbinds, const fgi_value *bound,
+                              const void *out[FGI_MAX_GRAD_BUFFERS], int64_t len[FGI_MAX_GRAD_BUFFERS]);
+
 /* ---- the kernel object (kernel.c) ----------------------------------------- */
 
 /* A compiled attention-family kernel: one registry row for one mod and
@@ -73,6 +118,8 @@ struct fg_kernel {
     CUfunction fn[FGI_KERNEL_MAX_ENTRIES];
     fgi_kernel_geom geom[FGI_KERNEL_MAX_ENTRIES];
     uint64_t cu_id;                  /* the CUDA context fn was loaded in  */
+    fgi_grad_layout grads;           /* a row with FGI_PIECE_GRAD: the
+                                        struct fg_mod_grads it takes       */
 };
 
 /* The row of `asked`'s operation that serves `config` on this device

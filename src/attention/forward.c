@@ -33,24 +33,10 @@
 /* cp.async moves 16-byte chunks of q, k and v rows; out is written two
  * elements (4 bytes) at a time. */
 static fg_status check_alignment(fg_ctx *ctx, const fg_attention_args *a, const fgi_attn_strides *st) {
-    struct {
-        const char *name;
-        const void *p;
-        const int64_t *s;
-        unsigned align;
-    } t[4] = {{"q", a->q, st->q, 16}, {"k", a->k, st->k, 16}, {"v", a->v, st->v, 16},
-              {"out", a->out, st->o, 4}};
-    for (int i = 0; i < 4; i++) {
-        unsigned elems = t[i].align / 2;
-        if ((uintptr_t)t[i].p % t[i].align != 0)
-            return fgi_error(ctx, FG_ERR_SHAPE, "%s: the pointer must be %u-byte aligned", t[i].name,
-                             t[i].align);
-        for (int d = 0; d < 3; d++)
-            if (t[i].s[d] % elems != 0)
-                return fgi_error(ctx, FG_ERR_SHAPE,
-                                 "%s: stride %lld of dimension %d must be a multiple of %u elements",
-                                 t[i].name, (long long)t[i].s[d], d, elems);
-    }
+    FGI_TRY(fgi_attn_check_aligned(ctx, "q", a->q, st->q, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "k", a->k, st->k, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "v", a->v, st->v, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "out", a->out, st->o, 4));
     if (a->lse && (uintptr_t)a->lse % 4 != 0)
         return fgi_error(ctx, FG_ERR_SHAPE, "lse: the pointer must be 4-byte aligned");
     return FG_OK;
@@ -86,9 +72,10 @@ static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_atten
 
 /* ---- the kernel ----------------------------------------------------------- */
 
-/* The forward kernel for `config` (NULL: the defaults) on this device: the
- * Hopper row where it applies and `allow_hopper`, else the row asked for. */
-static fg_status kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *config,
+/* The attention kernel for `config` (NULL: the forward's defaults) on this
+ * device: the Hopper row of its operation where one applies and
+ * `allow_hopper`, else the row asked for. */
+fg_status fgi_attn_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *config,
                             bool allow_hopper, fg_kernel **out) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, mod && out, "NULL mod or output pointer");
@@ -98,12 +85,13 @@ static fg_status kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_conf
     if (config) {
         FGI_TRY(FGI_STRUCT_IN(ctx, fg_kernel_config, config, &cfg));
         asked = fgi_kernel_find(cfg.kind);
-        if (!asked || asked->op != FGI_KOP_ATTENTION_FWD) {
-            char kinds[160];
-            fgi_kernel_kinds_text(FGI_KOP_ATTENTION_FWD, kinds, sizeof kinds);
+        if (!asked || (asked->op != FGI_KOP_ATTENTION_FWD && asked->op != FGI_KOP_ATTENTION_BWD)) {
+            char fwd[160], bwd[80];
+            fgi_kernel_kinds_text(FGI_KOP_ATTENTION_FWD, fwd, sizeof fwd);
+            fgi_kernel_kinds_text(FGI_KOP_ATTENTION_BWD, bwd, sizeof bwd);
             return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
-                             "fg_kernel_get makes attention kernels (kind %s), got kind %d", kinds,
-                             (int)cfg.kind);
+                             "fg_kernel_get makes attention kernels (kind %s, or %s), got kind %d", fwd,
+                             bwd, (int)cfg.kind);
         }
     } else {
         cfg.kind = FG_KERNEL_ATTENTION_FWD;
@@ -119,7 +107,7 @@ static fg_status kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_conf
 fg_status fg_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *config,
                         fg_kernel **out) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
-    return kernel_get(ctx, mod, config, ctx->hopper_kernel != 0, out);
+    return fgi_attn_kernel_get(ctx, mod, config, ctx->hopper_kernel != 0, out);
 }
 
 /* ---- launch ----------------------------------------------------------- */
@@ -192,6 +180,11 @@ static fg_status encode_maps(fg_ctx *ctx, const fg_attention_args *a, const fgi_
 
 /* One forward launch of `a`, already in this library's layout. */
 static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
+    if (k->kernel->op != FGI_KOP_ATTENTION_FWD)
+        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
+                         "fg_kernel_launch runs forward kernels; this one is the %s "
+                         "(fg_kernel_launch_backward runs it)",
+                         k->kernel->what);
     fgi_attn_strides st;
     FGI_TRY(fgi_attn_check_args(ctx, &k->params, a, &st));
     if (a->dtype != k->config.dtype || a->head_dim != k->config.head_dim)
@@ -255,7 +248,7 @@ fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attentio
     if (retry) {
         /* A layout TMA cannot describe: the portable kernel takes any
          * layout the argument checks accept. */
-        s = kernel_get(ctx, mod, &cfg, false, &k);
+        s = fgi_attn_kernel_get(ctx, mod, &cfg, false, &k);
         if (s != FG_OK) return s;
         s = launch(ctx, k, &a);
         fg_kernel_release(k);

@@ -119,6 +119,14 @@ fg_status fgi_kernel_make(fg_ctx *ctx, const fg_mod *mod, const fgi_kernel_entry
         }
         st = copy_params(ctx, mod, &k->params);
     }
+    if (st == FG_OK && (row->pieces & FGI_PIECE_GRAD)) {
+        fgi_mod_grad g;
+        st = fgi_mod_derive(ctx, mod, &g);
+        if (st == FG_OK) {
+            fgi_grad_layout_compute(&g, &k->grads);
+            fgi_mod_grad_free(&g);
+        }
+    }
     for (int i = 0; st == FG_OK && i < k->nentries; i++) {
         fgi_kernel_spec spec = cg.spec;
         spec.entry = row->entries[i];

@@ -368,15 +368,16 @@ static void emit_score_shaped(emitter *em, const char *ret, const char *name, in
  * gradient, laid out as fgi_grad_layout_compute says (the host packs it). */
 static void emit_grad_struct(emitter *em, const fgi_grad_layout *L) {
     fgi_buf *out = em->out;
-    fgi_buf_puts(out, "/* Where the gradients of the float buffers score_mod reads go (fp32,\n"
-                      " * added with atomics; NULL: not wanted). The host packs the same layout\n"
-                      " * (fgi_grad_layout_compute). */\n"
+    fgi_buf_puts(out, "/* Where the gradients of the float buffers score_mod reads go (NULL: not\n"
+                      " * wanted): fp32 added with atomics, or with fg_fixed set, the backward\n"
+                      " * template's fixed-point accumulators (fg_grad_add). The host packs the\n"
+                      " * same layout (fgi_grad_layout_compute). */\n"
                       "struct __align__(8) fg_mod_grads {\n");
     for (int k = 0; k < L->n; k++) {
         const char *n = em->mod->params[L->param[k]].name;
         fgi_buf_printf(out, "    float *__restrict__ %s;\n    long long fg_len_%s;\n", n, n);
     }
-    fgi_buf_puts(out, "    int fg_pad; /* never empty */\n};\n");
+    fgi_buf_puts(out, "    int fg_fixed; /* 1: fixed-point accumulators (deterministic) */\n};\n");
     for (int k = 0; k < L->n; k++) {
         const char *n = em->mod->params[L->param[k]].name;
         fgi_buf_printf(out, "static_assert(fg_offsetof(fg_mod_grads, %s) == %zu, \"%s\");\n", n,
@@ -410,7 +411,9 @@ fg_status fgi_emit_grad(fg_ctx *ctx, const fg_mod *mod, const char *generated_na
         emit_score_shaped(&em, "int", "fg_grad_index", k, g.sites[k].index);
         emit_score_shaped(&em, "float", "fg_grad_value", k, g.sites[k].grad);
     }
-    fgi_buf_puts(out, "/* Add ds * d score_mod / d buf[i] to the gradient of every buffer read. */\n"
+    fgi_buf_puts(out, "/* Add ds * d score_mod / d buf[i] to the gradient of every buffer read\n"
+                      " * (fg_grad_add: the backward template's, float or fixed-point). */\n"
+                      "__device__ __forceinline__ void fg_grad_add(bool fixed, float *base, int i, float v);\n"
                       "__device__ __forceinline__ void fg_accumulate_grads(const fg_mod_params &p, "
                       "const fg_mod_grads &g, float ds, float score, int b, int h, int q_idx, int kv_idx) {\n");
     for (int k = 0; k < g.nsites; k++) {
@@ -419,7 +422,7 @@ fg_status fgi_emit_grad(fg_ctx *ctx, const fg_mod *mod, const char *generated_na
                        "    if (g.%s) {\n"
                        "        const int i = fg_grad_index%d(p, score, b, h, q_idx, kv_idx);\n"
                        "        if (i >= 0 && (long long)i < g.fg_len_%s)\n"
-                       "            atomicAdd(g.%s + i, ds * fg_grad_value%d(p, score, b, h, q_idx, kv_idx));\n"
+                       "            fg_grad_add(g.fg_fixed, g.%s, i, ds * fg_grad_value%d(p, score, b, h, q_idx, kv_idx));\n"
                        "    }\n",
                        n, k, n, n, k);
     }

@@ -5,12 +5,11 @@
  *
  * A new kernel joins here with one row. The backward, for example, is one
  * row (op FGI_KOP_ATTENTION_BWD, variant portable) whose templates are
- * attention/attention_common.cuh and attention/attention_bwd.cuh, whose
- * pieces add the score_mod derivative to the mod and its split, whose
- * entries are fg_attention_bwd_pre, fg_attention_bwd_dkdv and
- * fg_attention_bwd_dq (one module, three functions), and whose geometry
- * answers per entry point; attention/ then loads it as a fg_kernel and
- * launches its three entry points in order.
+ * attention/mma_sm80.cuh and attention/attention_bwd.cuh, whose pieces add
+ * the score_mod derivative (FGI_PIECE_GRAD) to the mod, whose entries are
+ * its five functions in one module, and whose geometry answers per entry
+ * point; attention/backward.c loads it as a fg_kernel and launches the
+ * entry points in order.
  */
 #include "codegen/kernels.h"
 
@@ -54,6 +53,7 @@ static fgi_kernel_geom fwd_geometry(const fg_kernel_config *c, int entry) {
     g.block_m = 64 * mt;
     g.block_n = c->head_dim > 128 ? 32 : 64;
     g.threads = 128;
+    g.bands = 1;
     size_t row = (size_t)(c->head_dim + 8) * 2;
     g.smem = (size_t)g.block_m * row + 4 * (size_t)g.block_n * row + 2 * (size_t)g.block_n * 16;
     return g;
@@ -71,8 +71,36 @@ static fgi_kernel_geom fwd_sm90_geometry(const fg_kernel_config *c, int entry) {
     g.block_m = 128;
     g.block_n = 128;
     g.threads = 384;
+    g.bands = 1;
     size_t tile = (size_t)128 * (size_t)c->head_dim * 2;
     g.smem = tile * (1 + 2 + 3) + 128 + 4 * 128 * 16 + 1024;
+    return g;
+}
+
+/* The portable backward (templates/attention/attention_bwd.cuh), four warps
+ * per block for every entry point. Its rows are padded by 8 elements.
+ *   pre, dq: a warp per query row, no shared memory;
+ *   dkdv: 64 kv rows (K, V kept) against q steps of FGB_BLOCK_M rows (64 to
+ *     head dim 64, else 32) of Q and dO, then dR^T ([kv][q], rows of
+ *     FGB_BLOCK_M + 8) and the step's lse and delta;
+ *   dq_tiles: 64 q rows (Q, dO kept) against kv steps of 64 rows (32 over
+ *     head dim 128) of K and V;
+ *   fixed_to_float: a thread per gradient element. */
+static fgi_kernel_geom bwd_geometry(const fg_kernel_config *c, int entry) {
+    /* bands: head dims past 128 split dK, dV and dQ's columns over two
+     * thread blocks (FGB_DSPLIT). */
+    fgi_kernel_geom g = {.threads = 128, .bands = c->head_dim > 128 ? 2 : 1};
+    const size_t row = (size_t)(c->head_dim + 8) * 2;
+    if (entry == FGI_BWD_DKDV) {
+        g.block_n = 64;
+        g.block_m = c->head_dim > 64 ? 32 : 64;
+        g.smem = (size_t)(2 * g.block_n + 2 * g.block_m) * row + (size_t)g.block_n * (g.block_m + 8) * 2 +
+                 2 * (size_t)g.block_m * 4;
+    } else if (entry == FGI_BWD_DQ_TILES) {
+        g.block_m = 64;
+        g.block_n = c->head_dim > 128 ? 32 : 64;
+        g.smem = (size_t)(2 * g.block_m + 2 * g.block_n) * row;
+    }
     return g;
 }
 
@@ -127,6 +155,23 @@ static const fgi_kernel_entry registry[] = {
         .min_cc = 90,
         .check = sm90_check,
         .geometry = fwd_sm90_geometry,
+    },
+    {
+        .kind = FG_KERNEL_ATTENTION_BWD,
+        .op = FGI_KOP_ATTENTION_BWD,
+        .variant = FGI_VARIANT_PORTABLE,
+        .label = "attention_bwd",
+        .macro = "FG_KERNEL_ATTENTION_BWD",
+        .what = "backward attention (portable, mma.sync)",
+        .templates = {"attention/mma_sm80.cuh", "attention/attention_bwd.cuh"},
+        .pieces = FGI_PIECE_MOD | FGI_PIECE_GRAD,
+        /* the tiles follow the head dim; block sizes are read at run time */
+        .source_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM,
+        .name_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM,
+        .entries = {"fg_attention_bwd_pre", "fg_attention_bwd_dkdv", "fg_attention_bwd_dq",
+                    "fg_attention_bwd_dq_tiles", "fg_attention_bwd_fixed_to_float"},
+        .min_cc = 80,
+        .geometry = bwd_geometry,
     },
 };
 

@@ -30,7 +30,9 @@
 
 typedef enum fgi_kernel_op {
     FGI_KOP_ATTENTION_FWD = 1, /* out (and lse) from q, k, v and the mods  */
-    FGI_KOP_BLOCK_MASK = 2     /* the GPU block-mask builder               */
+    FGI_KOP_BLOCK_MASK = 2,    /* the GPU block-mask builder               */
+    FGI_KOP_ATTENTION_BWD = 3  /* dq, dk, dv (and buffer gradients) from
+                                  dout, the forward's out and lse           */
 } fgi_kernel_op;
 
 typedef enum fgi_kernel_variant {
@@ -43,9 +45,12 @@ typedef enum fgi_kernel_variant {
 enum {
     FGI_PIECE_MOD = 1u << 0,  /* the mod (fgi_emit_mod_named): fg_mod_params,
                                  fg_mask_mod, fg_score_mod, FG_HAS_*        */
-    FGI_PIECE_SPLIT = 1u << 1 /* the mods split by dependency (fgi_emit_split):
+    FGI_PIECE_SPLIT = 1u << 1,/* the mods split by dependency (fgi_emit_split):
                                  fg_mask_head/_row/_col, fg_mask_split, and
                                  the same for score_mod                     */
+    FGI_PIECE_GRAD = 1u << 2  /* score_mod's derivatives (fgi_emit_grad):
+                                 fg_mod_grads, fg_score_grad,
+                                 fg_accumulate_grads                        */
 };
 
 /* Config values a source can read. In the key and the macros (source_config):
@@ -60,15 +65,17 @@ enum {
 };
 
 #define FGI_KERNEL_MAX_TEMPLATES 4
-#define FGI_KERNEL_MAX_ENTRIES 4
+#define FGI_KERNEL_MAX_ENTRIES 6
 #define FGI_KERNEL_SLOTS 16 /* rows the registry may have (per-row memos) */
 
 /* How one entry point is launched: the tile a thread block covers (q rows x
- * kv rows, where that means something), threads per block (one dimension)
- * and dynamic shared memory in bytes. */
+ * kv rows, where that means something), threads per block (one dimension),
+ * dynamic shared memory in bytes, and the thread blocks per tile (bands of
+ * output columns; 1 for the forward). */
 typedef struct fgi_kernel_geom {
     int block_m, block_n, threads;
     size_t smem;
+    int bands;
 } fgi_kernel_geom;
 
 typedef struct fgi_kernel_entry {
@@ -101,6 +108,14 @@ typedef struct fgi_kernel_entry {
 
 /* The block-mask builder's entry points, in its row's order. */
 enum { FGI_BM_CLASSIFY = 0, FGI_BM_COMPACT = 1 };
+/* The backward's entry points, in its row's order. */
+enum {
+    FGI_BWD_PRE = 0,        /* delta, dq_accum zeroed                      */
+    FGI_BWD_DKDV = 1,       /* dK, dV (dQ with atomics), buffer gradients  */
+    FGI_BWD_DQ = 2,         /* dq = scale * dq_accum                       */
+    FGI_BWD_DQ_TILES = 3,   /* dq on its own (deterministic)               */
+    FGI_BWD_FIXED = 4       /* fixed-point buffer gradients to fp32        */
+};
 
 /* The row of public kind `kind`, or NULL. */
 const fgi_kernel_entry *fgi_kernel_find(fg_kernel_kind kind);

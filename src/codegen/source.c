@@ -240,12 +240,17 @@ static fg_status emit_split(fg_ctx *ctx, const fg_mod *mod, const char *file, fg
     return fgi_emit_split(ctx, mod, b);
 }
 
+static fg_status emit_grad(fg_ctx *ctx, const fg_mod *mod, const char *file, fgi_buf *b) {
+    return fgi_emit_grad(ctx, mod, file, b);
+}
+
 static const struct {
     unsigned piece;
     fg_status (*emit)(fg_ctx *ctx, const fg_mod *mod, const char *file, fgi_buf *b);
 } pieces[] = {
     {FGI_PIECE_MOD, emit_mod},
     {FGI_PIECE_SPLIT, emit_split},
+    {FGI_PIECE_GRAD, emit_grad},
 };
 
 static fg_status gen_source(fg_ctx *ctx, void *arg, char **source) {

@@ -62,7 +62,7 @@
     X(cuMemsetD8) X(cuMemsetD32) X(cuMemsetD8Async) X(cuMemsetD32Async) X(cuStreamCreate)      \
     X(cuStreamDestroy) X(cuStreamSynchronize) X(cuEventCreate) X(cuEventDestroy)               \
     X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime) X(cuPointerGetAttribute)
-#define FGI_CU_OPTIONAL(X) X(cuCtxGetId) X(cuTensorMapEncodeTiled)
+#define FGI_CU_OPTIONAL(X) X(cuCtxGetId) X(cuTensorMapEncodeTiled) X(cuMemAllocAsync) X(cuMemFreeAsync)
 
 typedef struct fgi_cu_sym {
     const char *name;

@@ -58,9 +58,12 @@ typedef struct fgi_cu_api {
     FGI_CU_FN(cuEventSynchronize);
     FGI_CU_FN(cuEventElapsedTime);
     FGI_CU_FN(cuPointerGetAttribute);
-    /* Optional (NULL when the driver predates CUDA 12.0). */
+    /* Optional (NULL when the driver predates CUDA 12.0, or 11.2 for the
+     * stream-ordered allocator). */
     FGI_CU_FN(cuCtxGetId);
     FGI_CU_FN(cuTensorMapEncodeTiled);
+    FGI_CU_FN(cuMemAllocAsync);
+    FGI_CU_FN(cuMemFreeAsync);
 } fgi_cu_api;
 #undef FGI_CU_FN
 

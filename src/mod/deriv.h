@@ -48,7 +48,8 @@ void fgi_mod_grad_free(fgi_mod_grad *g);
  * (fg_mod_grads in the emitted source): one entry per float buffer parameter
  * some read of which gets a gradient, in parameter order, each a float
  * pointer and its length as int64 (16 bytes, aligned to 8); then an int32
- * fg_pad; the size rounded up to 8. */
+ * fg_fixed (1: the pointers are fixed-point accumulators, for the
+ * deterministic backward); the size rounded up to 8. */
 #define FGI_MAX_GRAD_BUFFERS 64
 typedef struct fgi_grad_layout {
     int n;

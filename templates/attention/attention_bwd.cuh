@@ -27,6 +27,14 @@
  *                          its derivative added to the buffer's gradient;
  *   fg_attention_bwd_dq    dQ = scale * accumulator, in the input dtype.
  *
+ * The deterministic variant (dq_atomic 0) keeps the order of every sum fixed:
+ * the dK/dV pass leaves dQ alone, and fg_attention_bwd_dq_tiles computes it
+ * with one thread block per (q tile, query head, batch) walking the block
+ * mask's own arrays (per q block, its kv blocks), recomputing S and dP there
+ * as FlashAttention-2's separate dQ pass does; the buffer gradients go into
+ * fixed-point accumulators with integer atomics, which commute, and
+ * fg_attention_bwd_fixed_to_float rounds them to fp32 once.
+ *
  * The mods. Where the forward keeps a pair (FlexAttention's rules: an empty
  * block drops it, a full block keeps it without asking mask_mod, a partial
  * block asks mask_mod; positions past Q_LEN / KV_LEN are always dropped and
@@ -88,7 +96,7 @@
 struct fgb_args {
 /* @abi src/attention/abi_bwd.def */
 };
-static_assert(sizeof(fgb_args) == 384, "fgb_args must match fgi_attn_bwd_abi");
+static_assert(sizeof(fgb_args) == 424, "fgb_args must match fgi_attn_bwd_abi");
 
 #define FGB_NEG_INF __int_as_float(0xff800000)
 #define FGB_LOG2E 1.4426950408889634f
@@ -104,6 +112,56 @@ static __device__ __forceinline__ float fgb_exp2(float x) {
     float r;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
     return r;
+}
+
+/* ---- buffer gradients: fp32 atomics, or exact fixed point ----------------- */
+
+/* The fixed-point accumulator of one gradient element: four int64 limbs,
+ * limb k counting units of 2^(32 k - 64), so it holds every multiple of
+ * 2^-64 up to about 2^95 exactly. A float's 24-bit significand lands in at
+ * most two limbs as chunks under 2^32, so a limb takes 2^31 additions
+ * before it could overflow. Integer addition commutes: the sum, and the
+ * fp32 it is rounded to, do not depend on the order of the additions.
+ * Contributions under 2^-64 in magnitude are dropped; those of 2^63 or
+ * more are clamped there. */
+#define FGB_FIXED_LIMBS 4
+
+static __device__ __forceinline__ void fgb_fixed_add(long long *acc, float v) {
+    if (!(v != 0.f)) return; /* zero, or a NaN that has no fixed-point form */
+    const bool neg = v < 0.f;
+    float m = fabsf(v);
+    if (m >= 9.223372036854775807e18f) m = 9.223372036854775807e18f * 0.99999994f;
+    const unsigned bits = __float_as_uint(m);
+    const int ex = (int)(bits >> 23);
+    if (ex == 0) return;                          /* subnormal: under 2^-126  */
+    const unsigned long long sig = (bits & 0x7fffffu) | 0x800000u;
+    /* m = sig * 2^(ex - 150); in units of 2^-64: sig << (ex - 86). */
+    const int sh = ex - 86;
+    if (sh <= -24) return;                        /* under 2^-64              */
+    unsigned long long lo, hi;                    /* the 128-bit value        */
+    if (sh < 0) {
+        lo = sig >> -sh;
+        hi = 0;
+    } else if (sh < 64) {
+        lo = sig << sh;
+        hi = sh == 0 ? 0 : sig >> (64 - sh);
+    } else {
+        lo = 0;
+        hi = sig << (sh - 64);
+    }
+    const unsigned long long chunk[4] = {lo & 0xffffffffull, lo >> 32, hi & 0xffffffffull, hi >> 32};
+#pragma unroll
+    for (int k = 0; k < FGB_FIXED_LIMBS; k++)
+        if (chunk[k])
+            atomicAdd((unsigned long long *)(acc + k),
+                      neg ? (unsigned long long)(-(long long)chunk[k]) : chunk[k]);
+}
+
+__device__ __forceinline__ void fg_grad_add(bool fixed, float *base, int i, float v) {
+    if (fixed)
+        fgb_fixed_add((long long *)base + (fg_i64)i * FGB_FIXED_LIMBS, v);
+    else
+        atomicAdd(base + i, v);
 }
 
 /* Rows [r0, r0 + ROWS) of a [len, D] slab into shared memory (padded rows);
@@ -140,8 +198,22 @@ fg_attention_bwd_pre(const __grid_constant__ fgb_args a) {
     for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     const fg_i64 r = ((fg_i64)b * a.heads_q + h) * a.q_len + row;
     if (lane == 0) ((float *)a.delta)[r] = acc;
+    if (!a.dq_atomic) return;
     float *dq = (float *)a.dq_accum + r * FGB_D;
     for (int c = lane; c < FGB_D; c += 32) dq[c] = 0.f;
+}
+
+/* One thread per gradient element: the fixed-point sum rounded to fp32
+ * (the limbs converted and added in double, smallest first: the same
+ * operations in the same order every time). Grid ceil(n / 128). */
+extern "C" __global__ void __launch_bounds__(FGB_THREADS)
+fg_attention_bwd_fixed_to_float(const long long *__restrict__ acc, float *__restrict__ out, long long n) {
+    const long long i = (long long)blockIdx.x * FGB_THREADS + threadIdx.x;
+    if (i >= n) return;
+    double v = 0.0;
+#pragma unroll
+    for (int k = 0; k < FGB_FIXED_LIMBS; k++) v += (double)acc[i * FGB_FIXED_LIMBS + k] * ldexp(1.0, 32 * k - 64);
+    out[i] = (float)v;
 }
 
 /* One warp per query row: dQ = scale * accumulator, rounded to the dtype.
@@ -160,46 +232,60 @@ fg_attention_bwd_dq(const __grid_constant__ fgb_args a) {
 
 /* ---- dK, dV and dQ ----------------------------------------------------------------- */
 
-/* The q tiles one kv tile visits for query head h: items [0, n_partial *
- * per_block) are q tiles of partial blocks (mask_mod evaluated), the rest of
- * full ones. Without a block mask every q tile, partial when the mod has a
- * mask_mod. */
+/* The tiles one thread block visits, from one row of a block mask's index
+ * arrays: the dK/dV pass walks the transposed row of its kv block (q tiles
+ * of FGB_BLOCK_M), the dQ pass the row of its q block (kv tiles). Items
+ * [0, n_partial * per_block) are tiles of partial blocks (mask_mod
+ * evaluated), the rest of full ones. Without a block mask every tile of
+ * the other side, partial when the mod has a mask_mod. */
 struct fgb_plan {
     const int *part, *full;
-    int n_partial, n_items, per_block, q_block;
+    int n_partial, n_items, per_block, block, tile;
 };
 
-static __device__ __forceinline__ fgb_plan fgb_plan_make(const fgb_args &a, int b, int h, int kv0) {
+/* num, idx, full_num, full_idx: the four arrays of one direction (device
+ * pointers, [bm_batch][bm_heads][rows][cols]); row: the block-mask row this
+ * block reads; cols: the other side's block count; block: the other side's
+ * block size; tile: the tile the kernel steps by; len: the other side's
+ * length (no block mask). */
+static __device__ __forceinline__ fgb_plan fgb_plan_make(const fgb_args &a, fg_u64 num, fg_u64 idx,
+                                                         fg_u64 full_num, fg_u64 full_idx, fg_i64 row,
+                                                         int cols, int block, int tile, int len) {
     fgb_plan pl;
+    pl.tile = tile;
     if (a.has_block_mask) {
-        const int mb = a.bm_batch == 1 ? 0 : b, mh = a.bm_heads == 1 ? 0 : h;
-        const fg_i64 row = ((fg_i64)mb * a.bm_heads + mh) * a.bm_kv_blocks + kv0 / a.bm_kv_block;
-        pl.part = (const int *)a.q_idx + row * a.bm_q_blocks;
-        pl.full = (const int *)a.full_q_idx + row * a.bm_q_blocks;
-        pl.n_partial = ((const int *)a.q_num)[row];
-        pl.per_block = a.bm_q_block / FGB_BLOCK_M;
-        pl.q_block = a.bm_q_block;
-        pl.n_items = (pl.n_partial + ((const int *)a.full_q_num)[row]) * pl.per_block;
+        pl.part = (const int *)idx + row * cols;
+        pl.full = (const int *)full_idx + row * cols;
+        pl.n_partial = ((const int *)num)[row];
+        pl.per_block = block / tile;
+        pl.block = block;
+        pl.n_items = (pl.n_partial + ((const int *)full_num)[row]) * pl.per_block;
     } else {
         pl.part = pl.full = 0;
         pl.n_partial = 0;
         pl.per_block = 1;
-        pl.q_block = FGB_BLOCK_M;
-        pl.n_items = (a.q_len + FGB_BLOCK_M - 1) / FGB_BLOCK_M;
+        pl.block = tile;
+        pl.n_items = (len + tile - 1) / tile;
     }
     return pl;
 }
 
+/* The block-mask row of (b, h) and block `blk` of the rows' side. */
+static __device__ __forceinline__ fg_i64 fgb_bm_row(const fgb_args &a, int b, int h, int blk, int rows) {
+    const int mb = a.bm_batch == 1 ? 0 : b, mh = a.bm_heads == 1 ? 0 : h;
+    return ((fg_i64)mb * a.bm_heads + mh) * rows + blk;
+}
+
 /* The first row of item j and whether it is partial. */
-static __device__ __forceinline__ int fgb_item_q0(const fgb_plan &pl, int j, bool &partial) {
+static __device__ __forceinline__ int fgb_item_start(const fgb_plan &pl, int j, bool &partial) {
     if (!pl.part) {
         partial = FG_HAS_MASK_MOD;
-        return j * FGB_BLOCK_M;
+        return j * pl.tile;
     }
     const int blk = j / pl.per_block, sub = j % pl.per_block;
     partial = blk < pl.n_partial;
-    const int qb = partial ? pl.part[blk] : pl.full[blk - pl.n_partial];
-    return qb * pl.q_block + sub * FGB_BLOCK_M;
+    const int ob = partial ? pl.part[blk] : pl.full[blk - pl.n_partial];
+    return ob * pl.block + sub * pl.tile;
 }
 
 /* Pack two accumulator n8 tiles (columns 16 kc .. 16 kc + 15) into one A
@@ -211,8 +297,10 @@ static __device__ __forceinline__ void fgb_to_a(fg_u32 (&f)[4], const float (&c0
     f[3] = fg_pack2(c1[2], c1[3]);
 }
 
-/* Grid (kv_tiles * FGB_DSPLIT, Hkv, B). */
-extern "C" __global__ void __launch_bounds__(FGB_THREADS)
+/* Grid (kv_tiles * FGB_DSPLIT, Hkv, B). Two blocks per SM at most: the
+ * register budget is 255 a thread (with the bound on threads alone, ptxas
+ * aims at three blocks and spills at some head dims). */
+extern "C" __global__ void __launch_bounds__(FGB_THREADS, 2)
 fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant__ fg_mod_params p,
                       const __grid_constant__ fg_mod_grads gr) {
     extern __shared__ __align__(128) unsigned char fgb_smem[];
@@ -257,10 +345,15 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
         const fg_u16 *qp = (const fg_u16 *)a.q + (fg_i64)b * a.q_stride[0] + (fg_i64)h * a.q_stride[1];
         const fg_u16 *op = (const fg_u16 *)a.dout + (fg_i64)b * a.do_stride[0] + (fg_i64)h * a.do_stride[1];
         const fg_i64 row_base = ((fg_i64)b * a.heads_q + h) * a.q_len;
-        const fgb_plan pl = fgb_plan_make(a, b, h, kv0);
+        const fgb_plan pl =
+            a.has_block_mask
+                ? fgb_plan_make(a, a.q_num, a.q_idx, a.full_q_num, a.full_q_idx,
+                                fgb_bm_row(a, b, h, kv0 / a.bm_kv_block, a.bm_kv_blocks), a.bm_q_blocks,
+                                a.bm_q_block, FGB_BLOCK_M, a.q_len)
+                : fgb_plan_make(a, 0, 0, 0, 0, 0, 0, 0, FGB_BLOCK_M, a.q_len);
         for (int j = 0; j < pl.n_items; j++) {
             bool partial;
-            const int q0 = fgb_item_q0(pl, j, partial);
+            const int q0 = fgb_item_start(pl, j, partial);
             __syncthreads(); /* the previous step is done with Q, dO, dR^T */
             fgb_load_tile<FGB_BLOCK_M>(sQ, qp, a.q_stride[2], q0, a.q_len);
             fgb_load_tile<FGB_BLOCK_M>(sO, op, a.do_stride[2], q0, a.q_len);
@@ -326,7 +419,7 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                             if (pr != 0.f) {
                                 const float ds = pr * (dp[i][e] - s_delta[qc]);
                                 dr = ds * fg_score_grad(p, raw, b, h, qi, ki);
-                                fg_accumulate_grads(p, gr, ds, raw, b, h, qi, ki);
+                                if (FGB_DSPLIT == 1 || dc0 == 0) fg_accumulate_grads(p, gr, ds, raw, b, h, qi, ki);
                             }
                         }
                     }
@@ -353,6 +446,8 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                     fga_mma(dk[2 * dpair + 1], ra, qf[2], qf[3]);
                 }
             }
+
+            if (!a.dq_atomic) continue; /* dQ has a pass of its own */
 
             /* dR^T to shared memory for dQ = dR K. */
 #pragma unroll
@@ -409,5 +504,152 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             *(fg_u32 *)(dkp + (fg_i64)kv * a.dk_stride[2] + c) =
                 fg_pack2(dk[i][2 * half] * a.scale, dk[i][2 * half + 1] * a.scale);
             *(fg_u32 *)(dvp + (fg_i64)kv * a.dv_stride[2] + c) = fg_pack2(dv[i][2 * half], dv[i][2 * half + 1]);
+        }
+}
+
+/* ---- dQ on its own (the deterministic pass) ------------------------------------- */
+
+#define FGQ_BLOCK_M 64                     /* q rows per thread block: 16 a warp  */
+#if FG_HEAD_DIM > 128
+#define FGQ_BLOCK_N 32                     /* kv rows per step                    */
+#else
+#define FGQ_BLOCK_N 64
+#endif
+#define FGQ_NTILES (FGQ_BLOCK_N / 8)       /* n8 tiles of S (kv columns)          */
+
+/* One thread block per (q tile, query head, batch), times FGB_DSPLIT column
+ * bands over head dims past 128. Q and dO stay in shared memory, the dQ
+ * rows of each warp in registers, while the kv tiles the block mask lists
+ * for the q block stream past: per kv tile
+ *     S  = Q K^T, P = exp(mods(S) - lse), dP = dO V^T,
+ *     dR = P (dP - delta) d score_mod / d score,  dQ += dR K,
+ * in the same order every run; dQ is scaled and written at the end. The
+ * pairs kept, the mods' arguments and the guards are the dK/dV pass's.
+ * Grid (q_tiles * FGB_DSPLIT, Hq, B); registers as for the dK/dV pass. */
+extern "C" __global__ void __launch_bounds__(FGB_THREADS, 2)
+fg_attention_bwd_dq_tiles(const __grid_constant__ fgb_args a, const __grid_constant__ fg_mod_params p) {
+    extern __shared__ __align__(128) unsigned char fgb_smem[];
+    const fg_u32 sQ = fgb_smem_addr(fgb_smem);
+    const fg_u32 sO = sQ + FGQ_BLOCK_M * FGB_ROW * 2; /* dO */
+    const fg_u32 sK = sO + FGQ_BLOCK_M * FGB_ROW * 2;
+    const fg_u32 sV = sK + FGQ_BLOCK_N * FGB_ROW * 2;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int qt = blockIdx.x / FGB_DSPLIT, dc0 = (blockIdx.x % FGB_DSPLIT) * FGB_DC;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int hk = h / (a.heads_q / a.heads_kv);
+    const int q0 = qt * FGQ_BLOCK_M;
+
+    const fg_u16 *qp = (const fg_u16 *)a.q + (fg_i64)b * a.q_stride[0] + (fg_i64)h * a.q_stride[1];
+    const fg_u16 *op = (const fg_u16 *)a.dout + (fg_i64)b * a.do_stride[0] + (fg_i64)h * a.do_stride[1];
+    const fg_u16 *kp = (const fg_u16 *)a.k + (fg_i64)b * a.k_stride[0] + (fg_i64)hk * a.k_stride[1];
+    const fg_u16 *vp = (const fg_u16 *)a.v + (fg_i64)b * a.v_stride[0] + (fg_i64)hk * a.v_stride[1];
+    fgb_load_tile<FGQ_BLOCK_M>(sQ, qp, a.q_stride[2], q0, a.q_len);
+    fgb_load_tile<FGQ_BLOCK_M>(sO, op, a.do_stride[2], q0, a.q_len);
+
+    /* This warp's q rows qr0 + {0, 8}, their lse and delta. */
+    const int qr0 = q0 + warp * 16 + g;
+    const fg_i64 row_base = ((fg_i64)b * a.heads_q + h) * a.q_len;
+    /* scalars, not arrays: an array indexed in a loop the compiler leaves
+     * rolled would go to local memory */
+    const bool in0 = qr0 < a.q_len, in1 = qr0 + 8 < a.q_len;
+    const float lse0 = in0 ? ((const float *)a.lse)[row_base + qr0] : FGB_NEG_INF;
+    const float lse1 = in1 ? ((const float *)a.lse)[row_base + qr0 + 8] : FGB_NEG_INF;
+    const float delta0 = in0 ? ((const float *)a.delta)[row_base + qr0] : 0.f;
+    const float delta1 = in1 ? ((const float *)a.delta)[row_base + qr0 + 8] : 0.f;
+
+    const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
+    const int bn_row = (lane & 7) + (lane >> 4) * 8, bn_col = ((lane >> 3) & 1) * 8;
+    const int bk_row = (lane & 7) + ((lane >> 3) & 1) * 8, bk_col = (lane >> 4) * 8;
+
+    float dq[FGB_DCTILES][4];
+#pragma unroll
+    for (int i = 0; i < FGB_DCTILES; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+
+    const fgb_plan pl = a.has_block_mask
+                            ? fgb_plan_make(a, a.kv_num, a.kv_idx, a.full_kv_num, a.full_kv_idx,
+                                            fgb_bm_row(a, b, h, q0 / a.bm_q_block, a.bm_q_blocks),
+                                            a.bm_kv_blocks, a.bm_kv_block, FGQ_BLOCK_N, a.kv_len)
+                            : fgb_plan_make(a, 0, 0, 0, 0, 0, 0, 0, FGQ_BLOCK_N, a.kv_len);
+    for (int j = 0; j < pl.n_items; j++) {
+        bool partial;
+        const int kv0 = fgb_item_start(pl, j, partial);
+        __syncthreads(); /* the previous step is done with K and V */
+        fgb_load_tile<FGQ_BLOCK_N>(sK, kp, a.k_stride[2], kv0, a.kv_len);
+        fgb_load_tile<FGQ_BLOCK_N>(sV, vp, a.v_stride[2], kv0, a.kv_len);
+        fga_cp_commit();
+        fga_cp_wait<0>();
+        __syncthreads();
+
+        /* S = Q K^T and dP = dO V^T for this warp's 16 q rows. */
+        float s[FGQ_NTILES][4], dp[FGQ_NTILES][4];
+#pragma unroll
+        for (int i = 0; i < FGQ_NTILES; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < FGB_KSTEPS; kk++) {
+            fg_u32 qf[4], of[4];
+            fga_ldsm4(sQ + (fg_u32)(((warp * 16 + a_row) * FGB_ROW + kk * 16 + a_col) * 2), qf[0], qf[1], qf[2], qf[3]);
+            fga_ldsm4(sO + (fg_u32)(((warp * 16 + a_row) * FGB_ROW + kk * 16 + a_col) * 2), of[0], of[1], of[2], of[3]);
+#pragma unroll
+            for (int np = 0; np < FGQ_NTILES / 2; np++) {
+                fg_u32 kf[4], vf[4];
+                fga_ldsm4(sK + (fg_u32)(((np * 16 + bn_row) * FGB_ROW + kk * 16 + bn_col) * 2), kf[0], kf[1], kf[2], kf[3]);
+                fga_ldsm4(sV + (fg_u32)(((np * 16 + bn_row) * FGB_ROW + kk * 16 + bn_col) * 2), vf[0], vf[1], vf[2], vf[3]);
+                fga_mma(s[2 * np], qf, kf[0], kf[1]);
+                fga_mma(s[2 * np + 1], qf, kf[2], kf[3]);
+                fga_mma(dp[2 * np], of, vf[0], vf[1]);
+                fga_mma(dp[2 * np + 1], of, vf[2], vf[3]);
+            }
+        }
+
+        /* dR in place of S. Element e of tile i sits at q row qr0 + 8 (e >> 1),
+         * kv column kv0 + 8 i + 2 t4 + (e & 1). */
+#pragma unroll
+        for (int i = 0; i < FGQ_NTILES; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = e >> 1, q = qr0 + 8 * r, kv = kv0 + 8 * i + 2 * t4 + (e & 1);
+                const float lse = r ? lse1 : lse0, delta = r ? delta1 : delta0;
+                float dr = 0.f;
+                if (q < a.q_len && kv < a.kv_len && lse != FGB_NEG_INF) {
+                    const int qi = q + a.q_offset, ki = kv + a.kv_offset;
+                    if (!partial || fg_mask_mod(p, b, h, qi, ki)) {
+                        const float raw = s[i][e] * a.scale;
+                        const float sc = fg_score_mod(p, raw, b, h, qi, ki);
+                        const float pr = fgb_exp2(sc * FGB_LOG2E - lse * FGB_LOG2E);
+                        if (pr != 0.f) dr = pr * (dp[i][e] - delta) * fg_score_grad(p, raw, b, h, qi, ki);
+                    }
+                }
+                s[i][e] = dr;
+            }
+
+        /* dQ += dR K over this block's columns: A from dR's accumulator
+         * layout, B from K ([kv][d], transposed). */
+#pragma unroll
+        for (int kc = 0; kc < FGQ_BLOCK_N / 16; kc++) {
+            fg_u32 ra[4];
+            fgb_to_a(ra, s[2 * kc], s[2 * kc + 1]);
+#pragma unroll
+            for (int dpair = 0; dpair < FGB_DCTILES / 2; dpair++) {
+                fg_u32 kf[4];
+                fga_ldsm4t(sK + (fg_u32)(((kc * 16 + bk_row) * FGB_ROW + dc0 + dpair * 16 + bk_col) * 2), kf[0], kf[1], kf[2], kf[3]);
+                fga_mma(dq[2 * dpair], ra, kf[0], kf[1]);
+                fga_mma(dq[2 * dpair + 1], ra, kf[2], kf[3]);
+            }
+        }
+    }
+
+    fg_elem *dqp = (fg_elem *)a.dq + (fg_i64)b * a.dq_stride[0] + (fg_i64)h * a.dq_stride[1];
+#pragma unroll
+    for (int i = 0; i < FGB_DCTILES; i++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int q = qr0 + 8 * r, c = dc0 + 8 * i + 2 * t4;
+            if (q >= a.q_len || (FGB_DSPLIT > 1 && c >= FGB_D)) continue;
+            *(fg_u32 *)(dqp + (fg_i64)q * a.dq_stride[2] + c) =
+                fg_pack2(dq[i][2 * r] * a.scale, dq[i][2 * r + 1] * a.scale);
         }
 }

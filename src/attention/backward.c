@@ -1,0 +1,333 @@
+/*
+ * backward.c -- the backward attention run API: fg_attention_backward,
+ * fg_kernel_launch_backward, and the reference's public entry.
+ *
+ * A backward launch is kernel.c's sequence with the backward's own parts:
+ *   1. the checks every entry point shares (the forward's on bwd->fwd, then
+ *      dout, dq, dk, dv and the gradient bindings), then the kernel's: its
+ *      dtype and head dim, the grid's limits, alignment for cp.async (q, k,
+ *      v, dout) and for the paired stores (dq, dk, dv);
+ *   2. the CUDA context the kernel was loaded in;
+ *   3. the argument block (fgi_attn_bwd_abi, abi_bwd.def), with both
+ *      directions of the block mask checked against the kernels' tiles;
+ *   4. the mod's parameters, and the gradient struct (fg_mod_grads) of the
+ *      buffers whose gradients are wanted;
+ *   5. workspace from the stream's pool: delta, the fp32 dQ accumulator
+ *      (not in deterministic mode) and the fixed-point accumulators of the
+ *      buffer gradients (deterministic mode only);
+ *   6. on the caller's stream, in order: the gradient outputs zeroed,
+ *      fg_attention_bwd_pre (delta, accumulator zeroed), fg_attention_bwd_dkdv
+ *      (dK, dV, buffer gradients; dQ through atomics), then either
+ *      fg_attention_bwd_dq (dQ from the accumulator) or, deterministic,
+ *      fg_attention_bwd_dq_tiles and fg_attention_bwd_fixed_to_float per
+ *      buffer; the workspace given back on the stream.
+ * Nothing synchronises (except where the driver has no stream-ordered
+ * allocator: then the workspace is freed after a stream synchronisation).
+ */
+#include "attention/attention.h"
+
+#include "base/growable.h"
+#include "blockmask/blockmask.h"
+#include "reference/reference.h"
+
+#include <string.h>
+
+/* ---- workspace --------------------------------------------------------------- */
+
+/* Device memory for one call, taken from and given back to the stream's
+ * memory pool; a driver without cuMemAllocAsync gets cuMemAlloc and a
+ * synchronised free. */
+typedef struct workspace {
+    CUdeviceptr base;
+    bool async;
+} workspace;
+
+static fg_status ws_alloc(fg_ctx *ctx, workspace *w, size_t bytes, void *stream) {
+    w->base = 0;
+    w->async = fgi_cu()->cuMemAllocAsync && fgi_cu()->cuMemFreeAsync;
+    if (bytes == 0) return FG_OK;
+    if (w->async) {
+        FGI_CU_TRY(ctx, fgi_cu()->cuMemAllocAsync(&w->base, bytes, (CUstream)stream), "cuMemAllocAsync");
+    } else {
+        FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&w->base, bytes), "cuMemAlloc");
+    }
+    return FG_OK;
+}
+
+static fg_status ws_free(fg_ctx *ctx, workspace *w, void *stream) {
+    if (!w->base) return FG_OK;
+    CUdeviceptr p = w->base;
+    w->base = 0;
+    if (w->async) {
+        FGI_CU_TRY(ctx, fgi_cu()->cuMemFreeAsync(p, (CUstream)stream), "cuMemFreeAsync");
+    } else {
+        FGI_CU_TRY(ctx, fgi_cu()->cuStreamSynchronize((CUstream)stream), "cuStreamSynchronize");
+        FGI_CU_TRY(ctx, fgi_cu()->cuMemFree(p), "cuMemFree");
+    }
+    return FG_OK;
+}
+
+static size_t round_up(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* ---- checks -------------------------------------------------------------------- */
+
+static fg_status check_alignment(fg_ctx *ctx, const fg_attention_bwd_args *b, const fgi_attn_strides *st,
+                                 const fgi_attn_bwd_strides *bs) {
+    const fg_attention_args *a = b->fwd;
+    FGI_TRY(fgi_attn_check_aligned(ctx, "q", a->q, st->q, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "k", a->k, st->k, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "v", a->v, st->v, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "dout", b->dout, bs->dout, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "out", a->out, st->o, 2));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "dq", b->dq, bs->dq, 4));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "dk", b->dk, bs->dk, 4));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "dv", b->dv, bs->dv, 4));
+    if ((uintptr_t)a->lse % 4 != 0) return fgi_error(ctx, FG_ERR_SHAPE, "lse: the pointer must be 4-byte aligned");
+    return FG_OK;
+}
+
+/* Both directions of the block mask against the tiles of the passes that
+ * walk them: the dK/dV pass steps through a kv block's q blocks by its
+ * q tile and covers 64 kv rows, the dQ pass (deterministic) steps through a
+ * q block's kv blocks by its kv tile and covers 64 q rows. */
+static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_attention_args *a,
+                                 fgi_attn_bwd_abi *abi) {
+    fg_block_mask *m = (fg_block_mask *)a->block_mask; /* uploading is a cache fill */
+    const fg_block_mask_desc *d = &m->desc;
+    const fgi_kernel_geom *kv = &k->geom[FGI_BWD_DKDV], *q = &k->geom[FGI_BWD_DQ_TILES];
+    const int qmul = kv->block_m > q->block_m ? kv->block_m : q->block_m;
+    const int kvmul = kv->block_n > q->block_n ? kv->block_n : q->block_n;
+    if (d->q_block % qmul != 0 || d->kv_block % kvmul != 0)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "block mask blocks %d x %d: the backward kernels (head dim %d) need q blocks "
+                         "that are multiples of %d and kv blocks multiples of %d",
+                         d->q_block, d->kv_block, k->config.head_dim, qmul, kvmul);
+    FGI_TRY(fgi_block_mask_check(ctx, m, a->batch, a->heads_q, a->q_len, a->kv_len, d->q_block,
+                                 d->kv_block));
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_Q_NUM_BLOCKS, &abi->q_num));
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_Q_INDICES, &abi->q_idx));
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_FULL_Q_NUM_BLOCKS, &abi->full_q_num));
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_FULL_Q_INDICES, &abi->full_q_idx));
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_KV_NUM_BLOCKS, &abi->kv_num));
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_KV_INDICES, &abi->kv_idx));
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_FULL_KV_NUM_BLOCKS, &abi->full_kv_num));
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_FULL_KV_INDICES, &abi->full_kv_idx));
+    abi->has_block_mask = 1;
+    abi->bm_batch = d->batch;
+    abi->bm_heads = d->heads;
+    abi->bm_q_blocks = m->q_blocks;
+    abi->bm_kv_blocks = m->kv_blocks;
+    abi->bm_q_block = d->q_block;
+    abi->bm_kv_block = d->kv_block;
+    return FG_OK;
+}
+
+static void fill_abi(const fg_kernel *k, const fg_attention_bwd_args *b, const fgi_attn_strides *st,
+                     const fgi_attn_bwd_strides *bs, fgi_attn_bwd_abi *abi) {
+    const fg_attention_args *a = b->fwd;
+    abi->q = (uint64_t)(uintptr_t)a->q;
+    abi->k = (uint64_t)(uintptr_t)a->k;
+    abi->v = (uint64_t)(uintptr_t)a->v;
+    abi->out = (uint64_t)(uintptr_t)a->out;
+    abi->lse = (uint64_t)(uintptr_t)a->lse;
+    abi->dout = (uint64_t)(uintptr_t)b->dout;
+    abi->dq = (uint64_t)(uintptr_t)b->dq;
+    abi->dk = (uint64_t)(uintptr_t)b->dk;
+    abi->dv = (uint64_t)(uintptr_t)b->dv;
+    memcpy(abi->q_stride, st->q, sizeof st->q);
+    memcpy(abi->k_stride, st->k, sizeof st->k);
+    memcpy(abi->v_stride, st->v, sizeof st->v);
+    memcpy(abi->o_stride, st->o, sizeof st->o);
+    memcpy(abi->do_stride, bs->dout, sizeof bs->dout);
+    memcpy(abi->dq_stride, bs->dq, sizeof bs->dq);
+    memcpy(abi->dk_stride, bs->dk, sizeof bs->dk);
+    memcpy(abi->dv_stride, bs->dv, sizeof bs->dv);
+    abi->batch = a->batch;
+    abi->heads_q = a->heads_q;
+    abi->heads_kv = a->heads_kv;
+    abi->q_len = a->q_len;
+    abi->kv_len = a->kv_len;
+    abi->q_offset = a->q_offset;
+    abi->kv_offset = a->kv_offset;
+    abi->scale = fgi_attn_scale(a);
+    abi->scale_log2 = (float)((double)abi->scale * 1.4426950408889634);
+    const int bn = k->geom[FGI_BWD_DKDV].block_n, bm = k->geom[FGI_BWD_DQ_TILES].block_m;
+    abi->kv_tiles = (a->kv_len + bn - 1) / bn;
+    abi->q_tiles = (a->q_len + bm - 1) / bm;
+    abi->dq_atomic = b->deterministic ? 0 : 1;
+}
+
+/* ---- launch -------------------------------------------------------------------- */
+
+/* The kernels after the workspace is in place: every launch queued on the
+ * stream, in order. `grads` are the gradient outputs (fp32) per layout
+ * entry, `fixed` their fixed-point accumulators (deterministic) or 0. */
+static fg_status run_passes(fg_ctx *ctx, const fg_kernel *k, const fg_attention_bwd_args *b,
+                            fgi_attn_bwd_abi *abi, fgi_param_blob *blob, unsigned char *gblob,
+                            const void *const grads[], const int64_t glen[], const CUdeviceptr fixed[]) {
+    const fg_attention_args *a = b->fwd;
+    void *stream = a->stream;
+    const fgi_grad_layout *L = &k->grads;
+    for (int i = 0; i < L->n; i++) {
+        if (!grads[i]) continue;
+        if (fixed[i])
+            FGI_CU_TRY(ctx, fgi_cu()->cuMemsetD8Async(fixed[i], 0, (size_t)glen[i] * 32, (CUstream)stream),
+                       "cuMemsetD8Async");
+        else
+            FGI_CU_TRY(ctx,
+                       fgi_cu()->cuMemsetD32Async((CUdeviceptr)(uintptr_t)grads[i], 0, (size_t)glen[i],
+                                                  (CUstream)stream),
+                       "cuMemsetD32Async");
+    }
+    const int bands = k->geom[FGI_BWD_DKDV].bands;
+    const unsigned rows[3] = {(unsigned)((a->q_len + 3) / 4), (unsigned)a->heads_q, (unsigned)a->batch};
+    void *pre_args[1] = {abi};
+    FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_PRE, rows, pre_args, stream));
+    const unsigned kv_grid[3] = {(unsigned)(abi->kv_tiles * bands), (unsigned)a->heads_kv, (unsigned)a->batch};
+    void *dkdv_args[3] = {abi, blob->bytes, gblob};
+    FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_DKDV, kv_grid, dkdv_args, stream));
+    if (abi->dq_atomic) {
+        void *dq_args[1] = {abi};
+        FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_DQ, rows, dq_args, stream));
+        return FG_OK;
+    }
+    const unsigned q_grid[3] = {(unsigned)(abi->q_tiles * bands), (unsigned)a->heads_q, (unsigned)a->batch};
+    void *dqt_args[2] = {abi, blob->bytes};
+    FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_DQ_TILES, q_grid, dqt_args, stream));
+    for (int i = 0; i < L->n; i++) {
+        if (!grads[i]) continue;
+        CUdeviceptr acc = fixed[i], out = (CUdeviceptr)(uintptr_t)grads[i];
+        long long n = glen[i];
+        void *fx_args[3] = {&acc, &out, &n};
+        const unsigned g[3] = {(unsigned)((n + 127) / 128), 1, 1};
+        FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_FIXED, g, fx_args, stream));
+    }
+    return FG_OK;
+}
+
+/* One backward launch of `b`, already in this library's layout. */
+static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *b) {
+    if (k->kernel->op != FGI_KOP_ATTENTION_BWD)
+        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
+                         "fg_kernel_launch_backward runs backward kernels (kind FG_KERNEL_ATTENTION_BWD); "
+                         "this one is the %s",
+                         k->kernel->what);
+    const fg_attention_args *a = b->fwd;
+    fgi_attn_strides st;
+    fgi_attn_bwd_strides bs;
+    FGI_TRY(fgi_attn_check_bwd_args(ctx, &k->params, b, &st, &bs));
+    if (a->dtype != k->config.dtype || a->head_dim != k->config.head_dim)
+        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
+                         "the kernel was compiled for %s, head dim %d; the call has %s, head dim %d",
+                         k->config.dtype == FG_FP16 ? "fp16" : "bf16", k->config.head_dim,
+                         a->dtype == FG_FP16 ? "fp16" : "bf16", a->head_dim);
+    FGI_CHECK_ARG(ctx, a->lse, "the backward needs the forward's lse (fg_attention_args.lse is NULL)");
+    if (a->heads_q > 65535 || a->batch > 65535)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "heads_q %d and batch %d must be <= 65535", a->heads_q,
+                         a->batch);
+    FGI_TRY(check_alignment(ctx, b, &st, &bs));
+    FGI_TRY(fgi_kernel_check_context(ctx, k));
+
+    fgi_attn_bwd_abi abi;
+    memset(&abi, 0, sizeof abi);
+    fill_abi(k, b, &st, &bs, &abi);
+    if (a->block_mask) FGI_TRY(block_mask_args(ctx, k, a, &abi));
+
+    fgi_param_blob blob;
+    FGI_TRY(fgi_kernel_pack_params(ctx, k, a->binds, a->nbinds, &blob));
+    fgi_value bound[FGI_MAX_PARAMS];
+    FGI_TRY(fgi_bind(ctx, &k->params, a->binds, a->nbinds, bound));
+    const fgi_grad_layout *L = &k->grads;
+    const void *grads[FGI_MAX_GRAD_BUFFERS];
+    int64_t glen[FGI_MAX_GRAD_BUFFERS];
+    FGI_TRY(fgi_attn_grad_binds(ctx, &k->params, L, b->grad_binds, b->ngrad_binds, bound, grads, glen));
+
+    /* Workspace: delta, the dQ accumulator, the fixed-point accumulators. */
+    const size_t rows = (size_t)a->batch * (size_t)a->heads_q * (size_t)a->q_len;
+    size_t off_accum = round_up(rows * 4), total = off_accum;
+    if (abi.dq_atomic) total += round_up(rows * (size_t)a->head_dim * 4);
+    size_t off_fixed[FGI_MAX_GRAD_BUFFERS] = {0};
+    for (int i = 0; i < L->n; i++)
+        if (grads[i] && b->deterministic) {
+            off_fixed[i] = total;
+            total += round_up((size_t)glen[i] * 32);
+        }
+    workspace w;
+    FGI_TRY(ws_alloc(ctx, &w, total, a->stream));
+    abi.delta = w.base;
+    abi.dq_accum = abi.dq_atomic ? w.base + off_accum : 0;
+    CUdeviceptr fixed[FGI_MAX_GRAD_BUFFERS] = {0};
+    _Alignas(16) unsigned char gblob[FGI_MAX_GRAD_BUFFERS * 16 + 16];
+    memset(gblob, 0, sizeof gblob);
+    for (int i = 0; i < L->n; i++) {
+        if (!grads[i]) continue;
+        if (b->deterministic) fixed[i] = w.base + off_fixed[i];
+        uint64_t ptr = b->deterministic ? (uint64_t)fixed[i] : (uint64_t)(uintptr_t)grads[i];
+        int64_t len = glen[i];
+        memcpy(gblob + L->offset[i], &ptr, 8);
+        memcpy(gblob + L->offset[i] + 8, &len, 8);
+    }
+    const int32_t fixed_flag = b->deterministic ? 1 : 0;
+    memcpy(gblob + (size_t)L->n * 16, &fixed_flag, 4);
+
+    fg_status s = run_passes(ctx, k, b, &abi, &blob, gblob, grads, glen, fixed);
+    fg_status f = ws_free(ctx, &w, a->stream);
+    return s != FG_OK ? s : f;
+}
+
+fg_status fg_kernel_launch_backward(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *args) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    FGI_CHECK_ARG(ctx, k, "NULL kernel");
+    fg_attention_bwd_args b;
+    fg_attention_args fwd;
+    FGI_TRY(fgi_attn_bwd_args_in(ctx, args, &b, &fwd));
+    return launch(ctx, k, &b);
+}
+
+fg_status fg_attention_backward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    FGI_CHECK_ARG(ctx, mod, "NULL mod");
+    fg_attention_bwd_args b;
+    fg_attention_args fwd;
+    FGI_TRY(fgi_attn_bwd_args_in(ctx, args, &b, &fwd));
+    fgi_attn_strides st;
+    fgi_attn_bwd_strides bs;
+    FGI_TRY(fgi_attn_check_bwd_args(ctx, mod, &b, &st, &bs));
+    fg_kernel_config cfg = fg_kernel_config_init();
+    cfg.kind = FG_KERNEL_ATTENTION_BWD;
+    cfg.dtype = fwd.dtype;
+    cfg.head_dim = fwd.head_dim;
+    fg_kernel *k;
+    FGI_TRY(fg_kernel_get(ctx, mod, &cfg, &k));
+    fg_status s = launch(ctx, k, &b);
+    fg_kernel_release(k);
+    return s;
+}
+
+/* ---- the reference ----------------------------------------------------------------- */
+
+fg_status fg_attention_reference_backward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    FGI_CHECK_ARG(ctx, mod, "NULL mod");
+    fg_attention_bwd_args b;
+    fg_attention_args fwd;
+    FGI_TRY(fgi_attn_bwd_args_in(ctx, args, &b, &fwd));
+    fgi_attn_strides st;
+    fgi_attn_bwd_strides bs;
+    FGI_TRY(fgi_attn_check_bwd_args(ctx, mod, &b, &st, &bs));
+    fgi_value bound[FGI_MAX_PARAMS];
+    FGI_TRY(fgi_bind(ctx, mod, fwd.binds, fwd.nbinds, bound));
+    fgi_mod_grad g;
+    FGI_TRY(fgi_mod_derive(ctx, mod, &g));
+    fgi_grad_layout L;
+    fgi_grad_layout_compute(&g, &L);
+    fgi_mod_grad_free(&g);
+    const void *grads[FGI_MAX_GRAD_BUFFERS];
+    int64_t glen[FGI_MAX_GRAD_BUFFERS];
+    FGI_TRY(fgi_attn_grad_binds(ctx, mod, &L, b.grad_binds, b.ngrad_binds, bound, grads, glen));
+    double *per_param[FGI_MAX_PARAMS] = {0};
+    for (int i = 0; i < L.n; i++) per_param[L.param[i]] = (double *)grads[i];
+    fgi_ref_bwd_out out = {.dout = b.dout, .dq = b.dq, .dk = b.dk, .dv = b.dv, .buf_grads = per_param};
+    memcpy(out.dout_stride, b.dout_stride, sizeof out.dout_stride);
+    return fgi_attention_reference_backward(ctx, mod, &fwd, &out);
+}

@@ -1,0 +1,504 @@
+/* gpu_attention_bwd.c -- the backward kernels against the CPU reference.
+ *
+ * Every case draws fresh random q, k, v and dout, runs the GPU forward for
+ * out and lse, poisons dq, dk, dv and the buffer gradients (all-ones bits:
+ * NaN in bf16, fp16 and fp32), runs fg_attention_backward and compares with
+ * fg_attention_reference_backward (float64) on the same inputs:
+ *     ||g - ref||_F / ||ref||_F <= 2e-2 (bf16), 5e-3 (fp16)
+ * for dq, dk, dv and every buffer gradient; no non-finite value anywhere;
+ * padding between rows (BSHD with padding) never written. Where the
+ * reference gradient is all zero (a single key: dS is exactly 0) the error is
+ * the absolute one, under the same bound.
+ * The table: every gallery mod x {D 64, 128} x {bf16, fp16} over lengths 1,
+ * 17, 127, 129, 1000 and Q_LEN != KV_LEN, with and without block masks;
+ * then GQA 4:1 and MQA, offsets, fully masked rows, B / H broadcast of the
+ * block mask, BSHD, odd head dims (16 to 256), buffer gradients (ALiBi
+ * slopes, a relative-bias table, a per-head temperature), and every case
+ * once more in deterministic mode, which must also give the same bits
+ * twice. Errors only a device call meets close it.
+ * FLEXGEN_TEST_QUICK=1 runs a reduced table (for compute-sanitizer). */
+#include "gpu_cases.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A relative-bias table and a per-head temperature: two float buffers that
+ * get gradients, read at computed indices (clamped into the table). */
+#define BIAS_SRC                                                                          \
+    "const float *bias;\nconst float *temp;\nint SPAN = 64;\n"                             \
+    "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"              \
+    "    int d = clamp(q_idx - kv_idx, -SPAN, SPAN);\n"                                    \
+    "    return score / temp[h] + bias[d + SPAN];\n}\n"                                    \
+    "bool mask_mod(int b, int h, int q_idx, int kv_idx) { return q_idx + 8 >= kv_idx; }\n"
+#define CAUSAL_SRC "bool mask_mod(int b, int h, int q_idx, int kv_idx) { return q_idx >= kv_idx; }\n"
+#define LATE_SRC                                                                   \
+    "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"                       \
+    "    return q_idx >= 70 && kv_idx <= q_idx;\n}\n"
+#define BH_SRC                                                                     \
+    "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"                       \
+    "    return (q_idx + b + 2 * h) % 3 != 0 || kv_idx == 0;\n}\n"                 \
+    "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"        \
+    "    return score * (1.0 + 0.25 * (float)h) - 0.5 * (float)b;\n}\n"
+
+static int failures = 0;
+static int deterministic = 0; /* the mode of the running test */
+
+static bool quick(void) {
+    const char *q = getenv("FLEXGEN_TEST_QUICK");
+    return q && *q && strcmp(q, "0") != 0;
+}
+
+/* The case's parameters: the gallery's, or BIAS_SRC's two tables. */
+static void case_binds(const acase *c, binds *bb) {
+    gallery_binds(c->mod, c, bb);
+    if (!c->src || strcmp(c->src, BIAS_SRC) != 0) return;
+    float *bias = malloc(sizeof *bias * 129), *temp = malloc(sizeof *temp * (size_t)c->hq);
+    for (int i = 0; i < 129; i++) bias[i] = (float)normal();
+    for (int h = 0; h < c->hq; h++) temp[h] = 0.5f + (float)tu_rand_uniform(&rng);
+    add_buffer(bb, "bias", FG_TYPE_FLOAT, bias, 129);
+    add_buffer(bb, "temp", FG_TYPE_FLOAT, temp, c->hq);
+}
+
+/* The float buffers of the case that get gradients. */
+static bool wants_grad(const acase *c, const char *name) {
+    if (c->mod && !strcmp(c->mod, "alibi")) return !strcmp(name, "slopes");
+    return c->src && !strcmp(c->src, BIAS_SRC) && (!strcmp(name, "bias") || !strcmp(name, "temp"));
+}
+
+typedef struct grads {
+    int n;
+    const char *name[4];
+    int len[4];
+    CUdeviceptr dev[4];
+    fg_binding gdev[4], gref[4];
+    double *ref[4];
+    float *got[4], *again[4];
+} grads;
+
+static double rel_err16(const acase *c, const uint16_t *g, const double *ref, int h, int s, const int64_t st[4],
+                        long *nonfinite, long *pad_written) {
+    double num = 0, den = 0;
+    for (int b = 0; b < c->b; b++)
+        for (int hh = 0; hh < h; hh++)
+            for (int i = 0; i < s; i++) {
+                const uint16_t *row = g + b * st[0] + hh * st[1] + i * st[2];
+                const double *rr = ref + (((size_t)b * h + hh) * s + i) * c->d;
+                for (int d = 0; d < c->d; d++) {
+                    const double x = from16(c->dtype, row[d]), y = rr[d];
+                    if (!isfinite(x)) (*nonfinite)++;
+                    num += (x - y) * (x - y);
+                    den += y * y;
+                }
+                if (c->layout == BSHD)
+                    for (int d = c->d; d < c->d + c->pad; d++) *pad_written += row[d] != 0xffff;
+            }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static double rel_err32(const float *g, const double *ref, int n, long *nonfinite) {
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(g[i])) (*nonfinite)++;
+        num += ((double)g[i] - ref[i]) * ((double)g[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void run_case(fg_ctx *ctx, const acase *c) {
+    char name[256];
+    case_name(c, name, sizeof name);
+    const double t_start = fgi_now_ms();
+    fg_mod *mod = case_mod(ctx, c);
+    binds bb;
+    case_binds(c, &bb);
+
+    fg_attention_args a;
+    memset(&a, 0, sizeof a);
+    a.batch = c->b, a.heads_q = c->hq, a.heads_kv = c->hkv, a.q_len = c->q, a.kv_len = c->kv;
+    a.head_dim = c->d, a.dtype = c->dtype, a.scale = c->scale;
+    a.q_offset = c->q_offset, a.kv_offset = c->kv_offset;
+    size_t nq, nk, no;
+    strides_of(c, c->hq, c->q, a.q_stride, &nq);
+    strides_of(c, c->hkv, c->kv, a.k_stride, &nk);
+    memcpy(a.v_stride, a.k_stride, sizeof a.k_stride);
+    strides_of(c, c->hq, c->q, a.out_stride, &no);
+    uint16_t *hq = random_tensor(c, c->hq, c->q, a.q_stride, nq, true);
+    uint16_t *hk = random_tensor(c, c->hkv, c->kv, a.k_stride, nk, true);
+    uint16_t *hv = random_tensor(c, c->hkv, c->kv, a.k_stride, nk, false);
+    uint16_t *hdo = random_tensor(c, c->hq, c->q, a.out_stride, no, true);
+    const size_t nlse = (size_t)c->b * c->hq * c->q;
+    CUdeviceptr dq = upload(hq, nq * 2), dk = upload(hk, nk * 2), dv = upload(hv, nk * 2);
+    CUdeviceptr ddo = upload(hdo, no * 2), dout, dlse, gq, gk, gv;
+    assert_int_equal(fgi_cu()->cuMemAlloc(&dout, no * 2), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemAlloc(&dlse, nlse * 4), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemAlloc(&gq, nq * 2), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemAlloc(&gk, nk * 2), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemAlloc(&gv, nk * 2), CUDA_SUCCESS);
+
+    fg_block_mask *bm = NULL;
+    if (c->bm != BM_NONE) {
+        fg_block_mask_desc desc = {c->bm_b ? c->bm_b : c->b, c->bm_h ? c->bm_h : c->hq, c->q, c->kv,
+                                   c->q_block, c->kv_block};
+        fg_status st = c->bm == BM_CPU
+                           ? fg_block_mask_create(ctx, mod, &desc, bb.host, (size_t)bb.n, &bm)
+                           : fg_block_mask_create_gpu(ctx, mod, &desc, bb.dev, (size_t)bb.n, NULL, &bm);
+        if (st != FG_OK) print_error("%s: block mask: %s\n", name, fg_errmsg(ctx));
+        assert_int_equal(st, FG_OK);
+        if (c->bm == BM_GPU) assert_int_equal(fg_block_mask_download(ctx, bm), FG_OK);
+    }
+    a.block_mask = bm;
+    a.q = (const void *)(uintptr_t)dq, a.k = (const void *)(uintptr_t)dk, a.v = (const void *)(uintptr_t)dv;
+    a.out = (void *)(uintptr_t)dout, a.lse = (float *)(uintptr_t)dlse;
+    a.binds = bb.dev, a.nbinds = (size_t)bb.n;
+    fg_status st = fg_attention_forward(ctx, mod, &a);
+    if (st != FG_OK) print_error("%s: forward: %s\n", name, fg_errmsg(ctx));
+    assert_int_equal(st, FG_OK);
+
+    /* The gradient outputs of the buffers that get one. */
+    grads gr;
+    memset(&gr, 0, sizeof gr);
+    for (int i = 0; i < bb.n; i++) {
+        if (bb.host[i].kind != FG_PARAM_BUFFER || !wants_grad(c, bb.host[i].name)) continue;
+        const int k = gr.n++, len = (int)bb.host[i].value.buffer.length;
+        gr.name[k] = bb.host[i].name;
+        gr.len[k] = len;
+        assert_int_equal(fgi_cu()->cuMemAlloc(&gr.dev[k], 4 * (size_t)len), CUDA_SUCCESS);
+        gr.gdev[k] = fg_bind_float_buffer(gr.name[k], (const float *)(uintptr_t)gr.dev[k], len);
+        gr.ref[k] = malloc(sizeof(double) * (size_t)len);
+        gr.gref[k] = fg_bind_float_buffer(gr.name[k], (const float *)gr.ref[k], len);
+        gr.got[k] = malloc(4 * (size_t)len);
+        gr.again[k] = malloc(4 * (size_t)len);
+    }
+
+    fg_attention_bwd_args b = FG_ATTENTION_BWD_ARGS_INIT;
+    b.fwd = &a;
+    b.dout = (const void *)(uintptr_t)ddo;
+    b.dq = (void *)(uintptr_t)gq, b.dk = (void *)(uintptr_t)gk, b.dv = (void *)(uintptr_t)gv;
+    memcpy(b.dout_stride, a.out_stride, sizeof b.dout_stride);
+    memcpy(b.dq_stride, a.q_stride, sizeof b.dq_stride);
+    memcpy(b.dk_stride, a.k_stride, sizeof b.dk_stride);
+    memcpy(b.dv_stride, a.k_stride, sizeof b.dv_stride);
+    b.grad_binds = gr.gdev, b.ngrad_binds = (size_t)gr.n;
+    b.deterministic = deterministic;
+
+    uint16_t *out_q = malloc(nq * 2), *out_k = malloc(nk * 2), *out_v = malloc(nk * 2);
+    long differs = 0;
+    const int runs = deterministic ? 2 : 1;
+    const double t_gpu = fgi_now_ms();
+    for (int run = 0; run < runs; run++) {
+        /* poison every output */
+        assert_int_equal(fgi_cu()->cuMemsetD8(gq, 0xff, nq * 2), CUDA_SUCCESS);
+        assert_int_equal(fgi_cu()->cuMemsetD8(gk, 0xff, nk * 2), CUDA_SUCCESS);
+        assert_int_equal(fgi_cu()->cuMemsetD8(gv, 0xff, nk * 2), CUDA_SUCCESS);
+        for (int k = 0; k < gr.n; k++)
+            assert_int_equal(fgi_cu()->cuMemsetD8(gr.dev[k], 0xff, 4 * (size_t)gr.len[k]), CUDA_SUCCESS);
+        st = fg_attention_backward(ctx, mod, &b);
+        if (st != FG_OK) print_error("%s: backward: %s: %s\n%s", name, fg_status_string(st), fg_errmsg(ctx),
+                                     fg_compile_log(ctx));
+        assert_int_equal(st, FG_OK);
+        assert_int_equal(fgi_cu()->cuCtxSynchronize(), CUDA_SUCCESS);
+        uint16_t *tq = run ? malloc(nq * 2) : out_q, *tk = run ? malloc(nk * 2) : out_k,
+                 *tv = run ? malloc(nk * 2) : out_v;
+        assert_int_equal(fgi_cu()->cuMemcpyDtoH(tq, gq, nq * 2), CUDA_SUCCESS);
+        assert_int_equal(fgi_cu()->cuMemcpyDtoH(tk, gk, nk * 2), CUDA_SUCCESS);
+        assert_int_equal(fgi_cu()->cuMemcpyDtoH(tv, gv, nk * 2), CUDA_SUCCESS);
+        for (int k = 0; k < gr.n; k++)
+            assert_int_equal(fgi_cu()->cuMemcpyDtoH(run ? gr.again[k] : gr.got[k], gr.dev[k], 4 * (size_t)gr.len[k]),
+                             CUDA_SUCCESS);
+        if (run) {
+            differs += memcmp(tq, out_q, nq * 2) != 0;
+            differs += memcmp(tk, out_k, nk * 2) != 0;
+            differs += memcmp(tv, out_v, nk * 2) != 0;
+            for (int k = 0; k < gr.n; k++) differs += memcmp(gr.got[k], gr.again[k], 4 * (size_t)gr.len[k]) != 0;
+            free(tq), free(tk), free(tv);
+        }
+    }
+
+    /* The reference on the same host arrays. */
+    const double t_ref = fgi_now_ms();
+    double *rq = malloc(sizeof(double) * nlse * (size_t)c->d);
+    double *rk = malloc(sizeof(double) * (size_t)c->b * c->hkv * c->kv * (size_t)c->d);
+    double *rv = malloc(sizeof(double) * (size_t)c->b * c->hkv * c->kv * (size_t)c->d);
+    fg_attention_args ha = a;
+    ha.q = hq, ha.k = hk, ha.v = hv, ha.binds = bb.host;
+    ha.out = hq; /* not read by the reference */
+    fg_attention_bwd_args hb = b;
+    hb.fwd = &ha;
+    hb.dout = hdo, hb.dq = rq, hb.dk = rk, hb.dv = rv;
+    memset(hb.dq_stride, 0, sizeof hb.dq_stride);
+    memset(hb.dk_stride, 0, sizeof hb.dk_stride);
+    memset(hb.dv_stride, 0, sizeof hb.dv_stride);
+    hb.grad_binds = gr.gref;
+    st = fg_attention_reference_backward(ctx, mod, &hb);
+    if (st != FG_OK) print_error("%s: reference: %s\n", name, fg_errmsg(ctx));
+    assert_int_equal(st, FG_OK);
+
+    long nonfinite = 0, pad_written = 0;
+    const double eq = rel_err16(c, out_q, rq, c->hq, c->q, a.q_stride, &nonfinite, &pad_written);
+    const double ek = rel_err16(c, out_k, rk, c->hkv, c->kv, a.k_stride, &nonfinite, &pad_written);
+    const double ev = rel_err16(c, out_v, rv, c->hkv, c->kv, a.k_stride, &nonfinite, &pad_written);
+    double eg[4] = {0};
+    for (int k = 0; k < gr.n; k++) eg[k] = rel_err32(gr.got[k], gr.ref[k], gr.len[k], &nonfinite);
+    const double tol = c->dtype == FG_BF16 ? 2e-2 : 5e-3;
+    bool ok = eq <= tol && ek <= tol && ev <= tol && nonfinite == 0 && pad_written == 0 && differs == 0;
+    for (int k = 0; k < gr.n; k++) ok &= eg[k] <= tol;
+    const double t_end = fgi_now_ms();
+    printf("%-4s %s%s: dq %.2e dk %.2e dv %.2e", ok ? "ok" : "FAIL", deterministic ? "[deterministic] " : "",
+           name, eq, ek, ev);
+    for (int k = 0; k < gr.n; k++) printf(" d%s %.2e", gr.name[k], eg[k]);
+    printf(" (setup %.0f ms, gpu %.0f ms, reference %.0f ms)\n", t_gpu - t_start, t_ref - t_gpu, t_end - t_ref);
+    if (!ok) {
+        printf("     nonfinite %ld, padding written %ld, runs that differ %ld\n", nonfinite, pad_written,
+               differs);
+        failures++;
+    }
+    fflush(stdout);
+
+    for (int k = 0; k < gr.n; k++) {
+        fgi_cu()->cuMemFree(gr.dev[k]);
+        free(gr.ref[k]), free(gr.got[k]), free(gr.again[k]);
+    }
+    free(rq), free(rk), free(rv), free(out_q), free(out_k), free(out_v);
+    free(hq), free(hk), free(hv), free(hdo);
+    CUdeviceptr all[] = {dq, dk, dv, ddo, dout, dlse, gq, gk, gv};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fgi_cu()->cuMemFree(all[i]);
+    fg_block_mask_destroy(bm);
+    binds_free(&bb);
+    fg_mod_destroy(mod);
+}
+
+static fg_ctx *gpu_ctx(void) {
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    assert_int_equal(fgi_cuda_ready(ctx), FG_OK);
+    return ctx;
+}
+
+static int atomic_mode(void **state) {
+    (void)state;
+    deterministic = 0;
+    return 0;
+}
+static int deterministic_mode(void **state) {
+    (void)state;
+    deterministic = 1;
+    return 0;
+}
+
+/* ---- the gallery sweep ------------------------------------------------------ */
+
+static const char *const gallery[] = {"noop",  "causal", "sliding_window", "prefix_lm",
+                                      "document", "jagged", "sasa", "natten",
+                                      "alibi", "softcap", "flamingo"};
+#define NGALLERY (int)(sizeof gallery / sizeof gallery[0])
+
+typedef struct shape {
+    int b, hq, hkv, q, kv;
+} shape;
+static const shape shapes[] = {
+    {1, 2, 2, 1, 1},      {2, 2, 1, 17, 129},   {1, 2, 2, 127, 127}, {1, 1, 1, 129, 1000},
+    {2, 2, 2, 257, 255},  {1, 1, 1, 1000, 17},  {1, 2, 1, 1000, 1000},
+};
+#define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
+
+static void test_gallery(void **state) {
+    (void)state;
+    fg_ctx *ctx = gpu_ctx();
+    const int dims[2] = {64, 128};
+    const fg_dtype dts[2] = {FG_BF16, FG_FP16};
+    int k = 0;
+    for (int m = 0; m < NGALLERY; m++)
+        for (int di = 0; di < 2; di++)
+            for (int ti = 0; ti < 2; ti++, k++) {
+                if ((quick() || deterministic) && (di + ti + m) % 2) continue;
+                const shape *s = &shapes[quick() ? k % 3 : (k * 3 + m) % NSHAPES];
+                acase c = {gallery[m], NULL, dims[di], dts[ti], s->b, s->hq, s->hkv, s->q, s->kv,
+                           0, 0, BHSD, 0, k % 3, 0, 0, k % 2 ? 64 : 128, 128, 0.f, 0};
+                run_case(ctx, &c);
+            }
+    fg_ctx_destroy(ctx);
+    assert_int_equal(failures, 0);
+}
+
+/* ---- the features one at a time --------------------------------------------- */
+
+static const acase features[] = {
+    /* mod  src  D  dtype  B Hq Hkv Q KV  qoff kvoff  layout pad  bm bmB bmH qb kvb scale masked */
+    /* GQA 4:1 and MQA */
+    {"causal", NULL, 128, FG_BF16, 2, 8, 2, 300, 300, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
+    {"alibi", NULL, 64, FG_FP16, 1, 4, 1, 200, 333, 0, 0, BHSD, 0, BM_GPU, 0, 0, 128, 64, 0, 0},
+    {"sliding_window", NULL, 128, FG_BF16, 1, 6, 1, 513, 513, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    /* block masks broadcast over B, over H, over both */
+    {"document", NULL, 64, FG_BF16, 3, 2, 2, 400, 400, 0, 0, BHSD, 0, BM_CPU, 1, 1, 128, 128, 0, 0},
+    {"causal", NULL, 128, FG_FP16, 2, 3, 3, 257, 257, 0, 0, BHSD, 0, BM_GPU, 1, 0, 64, 64, 0, 0},
+    {"prefix_lm", NULL, 64, FG_BF16, 2, 4, 2, 300, 260, 0, 0, BHSD, 0, BM_CPU, 0, 1, 128, 64, 0, 0},
+    {NULL, BH_SRC, 64, FG_BF16, 2, 3, 3, 200, 190, 0, 0, BHSD, 0, BM_CPU, 0, 0, 64, 64, 0, 0},
+    {NULL, BH_SRC, 128, FG_FP16, 2, 2, 1, 129, 300, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    /* offsets */
+    {"causal", NULL, 128, FG_BF16, 1, 2, 2, 64, 700, 636, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {"document", NULL, 64, FG_FP16, 1, 2, 1, 100, 900, 800, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {"sliding_window", NULL, 64, FG_BF16, 1, 1, 1, 300, 300, 37, 5, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    /* fully masked rows, with and without a block mask */
+    {NULL, LATE_SRC, 64, FG_BF16, 1, 2, 2, 200, 200, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 70},
+    {NULL, LATE_SRC, 128, FG_FP16, 2, 1, 1, 200, 150, 0, 0, BHSD, 0, BM_GPU, 0, 0, 64, 64, 0, 70},
+    /* BSHD, padded rows (the padding must stay untouched) */
+    {"causal", NULL, 128, FG_BF16, 2, 4, 2, 190, 190, 0, 0, BSHD, 8, BM_CPU, 0, 0, 128, 128, 0, 0},
+    {"softcap", NULL, 64, FG_FP16, 1, 2, 2, 77, 300, 0, 0, BSHD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    /* a non-default scale */
+    {"noop", NULL, 128, FG_BF16, 1, 2, 2, 100, 100, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0.3f, 0},
+    /* buffer gradients: a relative-bias table and a per-head temperature */
+    {NULL, BIAS_SRC, 64, FG_BF16, 2, 4, 2, 300, 300, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
+    {NULL, BIAS_SRC, 128, FG_FP16, 1, 2, 2, 129, 1000, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {"alibi", NULL, 128, FG_BF16, 2, 8, 8, 1000, 1000, 0, 0, BHSD, 0, BM_GPU, 0, 0, 128, 128, 0, 0},
+    /* odd head dims, 16 to 256 */
+    {"causal", NULL, 32, FG_BF16, 1, 2, 1, 129, 129, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
+    {"alibi", NULL, 48, FG_FP16, 1, 2, 2, 100, 177, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {"document", NULL, 80, FG_BF16, 1, 2, 2, 257, 257, 0, 0, BSHD, 8, BM_GPU, 0, 0, 128, 64, 0, 0},
+    {"noop", NULL, 96, FG_BF16, 2, 2, 2, 127, 127, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {"softcap", NULL, 112, FG_FP16, 1, 2, 1, 200, 200, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
+    {"sliding_window", NULL, 160, FG_BF16, 1, 2, 2, 300, 300, 0, 0, BHSD, 0, BM_GPU, 0, 0, 128, 128, 0, 0},
+    {NULL, BIAS_SRC, 192, FG_BF16, 1, 2, 2, 200, 200, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {"causal", NULL, 256, FG_BF16, 1, 2, 2, 257, 257, 0, 0, BHSD, 0, BM_CPU, 0, 0, 64, 64, 0, 0},
+    {"noop", NULL, 256, FG_FP16, 1, 1, 1, 100, 1000, 0, 0, BSHD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {"natten", NULL, 16, FG_BF16, 1, 1, 1, 300, 300, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    /* Q_LEN != KV_LEN both ways */
+    {"noop", NULL, 128, FG_BF16, 2, 4, 1, 1, 1000, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {"flamingo", NULL, 128, FG_BF16, 1, 2, 2, 1000, 129, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
+};
+
+static void test_features(void **state) {
+    (void)state;
+    fg_ctx *ctx = gpu_ctx();
+    const int n = (int)(sizeof features / sizeof features[0]);
+    for (int i = 0; i < n; i++) {
+        if (quick() && (i % 3 != 0 || (double)features[i].q * features[i].kv > 300.0 * 300.0)) continue;
+        run_case(ctx, &features[i]);
+    }
+    fg_ctx_destroy(ctx);
+    assert_int_equal(failures, 0);
+}
+
+/* ---- errors only a device call meets ----------------------------------------- */
+
+static void test_device_errors(void **state) {
+    (void)state;
+    fg_ctx *ctx = gpu_ctx();
+    fg_mod *mod = tu_gallery_mod(ctx, "alibi");
+    const int S = 256, H = 2, D = 64;
+    const size_t elems = (size_t)H * S * D;
+    CUdeviceptr buf, slopes, gslopes;
+    assert_int_equal(fgi_cu()->cuMemAlloc(&buf, elems * 2 * 8 + (size_t)H * S * 4 + 64), CUDA_SUCCESS);
+    const float host_slopes[2] = {0.5f, 0.25f};
+    slopes = upload(host_slopes, sizeof host_slopes);
+    assert_int_equal(fgi_cu()->cuMemAlloc(&gslopes, 64), CUDA_SUCCESS);
+    fg_binding bind = fg_bind_float_buffer("slopes", (const float *)(uintptr_t)slopes, 2);
+    fg_attention_args a = FG_ATTENTION_ARGS_INIT;
+    a.batch = 1, a.heads_q = H, a.heads_kv = H, a.q_len = S, a.kv_len = S, a.head_dim = D;
+    a.dtype = FG_BF16;
+    a.q = (const void *)(uintptr_t)buf;
+    a.k = (const void *)(uintptr_t)(buf + elems * 2);
+    a.v = (const void *)(uintptr_t)(buf + elems * 4);
+    a.out = (void *)(uintptr_t)(buf + elems * 6);
+    a.lse = (float *)(uintptr_t)(buf + elems * 16);
+    a.binds = &bind, a.nbinds = 1;
+    assert_int_equal(fgi_cu()->cuMemsetD8(buf, 0, elems * 16), CUDA_SUCCESS);
+    assert_int_equal(fg_attention_forward(ctx, mod, &a), FG_OK);
+    fg_attention_bwd_args b = FG_ATTENTION_BWD_ARGS_INIT;
+    b.fwd = &a;
+    b.dout = (const void *)(uintptr_t)(buf + elems * 8);
+    b.dq = (void *)(uintptr_t)(buf + elems * 10);
+    b.dk = (void *)(uintptr_t)(buf + elems * 12);
+    b.dv = (void *)(uintptr_t)(buf + elems * 14);
+    assert_int_equal(fg_attention_backward(ctx, mod, &b), FG_OK);
+    fg_binding g = fg_bind_float_buffer("slopes", (const float *)(uintptr_t)gslopes, 2);
+    b.grad_binds = &g, b.ngrad_binds = 1;
+    assert_int_equal(fg_attention_backward(ctx, mod, &b), FG_OK);
+    assert_int_equal(fgi_cu()->cuCtxSynchronize(), CUDA_SUCCESS);
+
+    /* A kernel object fetched once, launched many times, no recompiles. */
+    fg_kernel_config cfg = FG_KERNEL_CONFIG_INIT;
+    cfg.kind = FG_KERNEL_ATTENTION_BWD, cfg.head_dim = D;
+    fg_kernel *k = NULL;
+    assert_int_equal(fg_kernel_get(ctx, mod, &cfg, &k), FG_OK);
+    assert_int_equal(fg_kernel_kind_of(k), FG_KERNEL_ATTENTION_BWD);
+    fg_cache_stats s0, s1;
+    fg_cache_get_stats(&s0);
+    for (int i = 0; i < 5; i++) assert_int_equal(fg_kernel_launch_backward(ctx, k, &b), FG_OK);
+    fg_cache_get_stats(&s1);
+    assert_int_equal(s1.misses, s0.misses);
+    assert_int_equal(s1.memory_hits, s0.memory_hits);
+    /* a backward kernel is not a forward one, and the reverse */
+    assert_int_equal(fg_kernel_launch(ctx, k, &a), FG_ERR_INVALID_ARGUMENT);
+    fg_kernel *fk = NULL;
+    cfg.kind = FG_KERNEL_ATTENTION_FWD;
+    assert_int_equal(fg_kernel_get(ctx, mod, &cfg, &fk), FG_OK);
+    assert_int_equal(fg_kernel_launch_backward(ctx, fk, &b), FG_ERR_INVALID_ARGUMENT);
+    fg_kernel_release(fk);
+
+    /* Bad calls: each a status, none launches. */
+    fg_attention_bwd_args bad = b;
+    bad.fwd = NULL;
+    assert_int_equal(fg_attention_backward(ctx, mod, &bad), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_attention_backward(ctx, mod, NULL), FG_ERR_INVALID_ARGUMENT);
+    bad = b, bad.dq = NULL;
+    assert_int_equal(fg_attention_backward(ctx, mod, &bad), FG_ERR_INVALID_ARGUMENT);
+    fg_attention_args no_lse = a;
+    no_lse.lse = NULL;
+    bad = b, bad.fwd = &no_lse;
+    assert_int_equal(fg_attention_backward(ctx, mod, &bad), FG_ERR_INVALID_ARGUMENT);
+    bad = b, bad.dout = (const void *)(uintptr_t)(buf + elems * 8 + 2); /* cp.async needs 16 bytes */
+    assert_int_equal(fg_attention_backward(ctx, mod, &bad), FG_ERR_SHAPE);
+    bad = b, bad.dk_stride[3] = 2;
+    assert_int_equal(fg_attention_backward(ctx, mod, &bad), FG_ERR_SHAPE);
+    bad = b, bad.struct_size = 3;
+    assert_int_equal(fg_attention_backward(ctx, mod, &bad), FG_ERR_INVALID_ARGUMENT);
+    /* gradient bindings: unknown name, an int or scalar, too short, twice */
+    fg_binding gb[2] = {fg_bind_float_buffer("nope", (const float *)(uintptr_t)gslopes, 2), g};
+    bad = b, bad.grad_binds = gb, bad.ngrad_binds = 1;
+    assert_int_equal(fg_attention_backward(ctx, mod, &bad), FG_ERR_UNBOUND);
+    gb[0] = fg_bind_float_buffer("slopes", (const float *)(uintptr_t)gslopes, 1);
+    assert_int_equal(fg_attention_backward(ctx, mod, &bad), FG_ERR_SHAPE);
+    gb[0] = g, bad.ngrad_binds = 2;
+    assert_int_equal(fg_attention_backward(ctx, mod, &bad), FG_ERR_INVALID_ARGUMENT);
+    fg_mod *doc = tu_gallery_mod(ctx, "document");
+    gb[0] = fg_bind_float_buffer("document_id", (const float *)(uintptr_t)gslopes, 2);
+    fg_binding ids = fg_bind_int_buffer("document_id", (const int32_t *)(uintptr_t)slopes, 2);
+    fg_attention_args da = a;
+    da.q_len = da.kv_len = 2, da.binds = &ids;
+    bad = b, bad.fwd = &da, bad.grad_binds = gb, bad.ngrad_binds = 1;
+    assert_int_equal(fg_attention_backward(ctx, doc, &bad), FG_ERR_UNBOUND);
+    fg_mod_destroy(doc);
+    /* block masks with blocks under the kernels' tiles */
+    fg_mod *causal = NULL;
+    assert_int_equal(fg_mod_from_source(ctx, "causal", CAUSAL_SRC, (size_t)-1, &causal), FG_OK);
+    fg_block_mask_desc desc = {1, 1, S, S, 32, 32, sizeof(fg_block_mask_desc)};
+    fg_block_mask *bm = NULL;
+    assert_int_equal(fg_block_mask_create(ctx, causal, &desc, NULL, 0, &bm), FG_OK);
+    fg_attention_args ma = a;
+    ma.block_mask = bm, ma.binds = NULL, ma.nbinds = 0;
+    bad = b, bad.fwd = &ma, bad.grad_binds = NULL, bad.ngrad_binds = 0;
+    assert_int_equal(fg_attention_backward(ctx, causal, &bad), FG_ERR_NOT_SUPPORTED);
+    fg_block_mask_destroy(bm);
+    fg_mod_destroy(causal);
+
+    fg_kernel_release(k);
+    fgi_cu()->cuMemFree(buf), fgi_cu()->cuMemFree(slopes), fgi_cu()->cuMemFree(gslopes);
+    fg_mod_destroy(mod);
+    fg_ctx_destroy(ctx);
+}
+
+int main(void) {
+    tu_require_gpu();
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_device_errors, atomic_mode),
+        cmocka_unit_test_setup(test_features, atomic_mode),
+        cmocka_unit_test_setup(test_gallery, atomic_mode),
+        cmocka_unit_test_setup(test_features, deterministic_mode),
+        cmocka_unit_test_setup(test_gallery, deterministic_mode),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

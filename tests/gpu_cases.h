@@ -1,0 +1,56 @@
+/* gpu_cases.h -- what the attention GPU tests share (gpu_cases.c): a case
+ * (mod, shape, layout, block mask), random inputs in bf16 / fp16, the
+ * gallery's parameters on the host and the device, and device uploads. */
+#ifndef FLEXGEN_GPU_CASES_H
+#define FLEXGEN_GPU_CASES_H
+
+#include "testutil.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cudrv.h"
+#include "internal.h"
+
+enum { BM_NONE = 0, BM_CPU = 1, BM_GPU = 2 };
+enum { BHSD = 0, BSHD = 1 };
+
+typedef struct acase {
+    const char *mod;   /* gallery name, or NULL with `src`                */
+    const char *src;
+    int d;
+    fg_dtype dtype;
+    int b, hq, hkv, q, kv;
+    int q_offset, kv_offset;
+    int layout, pad;   /* BSHD with `pad` extra elements after each row   */
+    int bm, bm_b, bm_h, q_block, kv_block; /* bm_b / bm_h 0: B / H        */
+    float scale;
+    int expect_masked_rows; /* rows [0, n) must come out fully masked     */
+} acase;
+
+typedef struct binds {
+    fg_binding host[8], dev[8];
+    void *mem[8];
+    CUdeviceptr dmem[8];
+    int n;
+} binds;
+
+/* The tests' random stream (reseeded by nobody: every run draws the same). */
+extern uint64_t rng;
+
+double normal(void);
+uint16_t to16(fg_dtype dt, float f);
+void add_scalar(binds *bb, fg_binding b);
+void add_buffer(binds *bb, const char *name, fg_type type, void *data, int len);
+void binds_free(binds *bb);
+int32_t *documents(int n, int max_len);
+void gallery_binds(const char *name, const acase *c, binds *bb);
+void strides_of(const acase *c, int h, int s, int64_t st[4], size_t *elems);
+uint16_t *random_tensor(const acase *c, int h, int s, const int64_t st[4], size_t elems,
+                               bool is_normal);
+CUdeviceptr upload(const void *p, size_t bytes);
+double from16(fg_dtype dt, uint16_t h);
+const char *case_name(const acase *c, char *buf, size_t n);
+fg_mod *case_mod(fg_ctx *ctx, const acase *c);
+
+#endif
