@@ -102,7 +102,8 @@ static void test_buffer_slots(void **state) {
     assert_non_null(strstr(text, "fg_grad_index1("));
     assert_null(strstr(text, "fg_grad_index2("));
     assert_non_null(strstr(text, "#line 5 \"two_reads.c\""));
-    assert_non_null(strstr(text, "fg_grad_add(g.fg_fixed, g.bias, i"));
+    assert_non_null(strstr(text, "fg_grad_add(g.fg_fixed, g.bias, c.i"));
+    assert_non_null(strstr(text, "fg_grad_add_warp(g.fg_fixed, g.bias, c.i"));
     free(text);
     char *src = bwd_source(ctx, m, "BF16", 64);
     compile_clean(ctx, "two_reads", src, "sm_80");

@@ -386,6 +386,63 @@ static void emit_grad_struct(emitter *em, const fgi_grad_layout *L) {
     fgi_buf_printf(out, "static_assert(sizeof(fg_mod_grads) == %zu, \"fg_mod_grads size\");\n\n", L->size);
 }
 
+/* The buffer gradients' accumulation. Each thread keeps, per read of
+ * score_mod (a site), the element it last added to and its running sum, and
+ * hands the sum to the template's fg_grad_add only when the element changes
+ * and once at the end (fg_grad_flush, where a warp's threads that hold the
+ * same element combine first): a read at an index that stays put over a
+ * thread's pairs (ALiBi's slopes[h], a per-head temperature) costs one
+ * atomic per warp instead of one per pair. The order of every sum is fixed,
+ * so the deterministic mode stays bit-reproducible. */
+static void emit_grad_accumulate(emitter *em, const fgi_mod_grad *g) {
+    fgi_buf *out = em->out;
+    fgi_buf_puts(out, "/* The template's: add v to gradient element i (fp32 atomics, or with fixed,\n"
+                      " * fixed-point); fg_grad_add_warp first combines the warp's lanes that add\n"
+                      " * to the same element (every lane of the warp calls it). */\n"
+                      "__device__ __forceinline__ void fg_grad_add(bool fixed, float *base, int i, float v);\n"
+                      "__device__ __forceinline__ void fg_grad_add_warp(bool fixed, float *base, int i, float v);\n\n");
+    fgi_buf_puts(out, "/* A thread's pending sums: per buffer read, the element (-1: none) and the sum. */\n"
+                      "struct fg_grad_cache {\n");
+    for (int k = 0; k < g->nsites; k++) fgi_buf_printf(out, "    int i%d;\n    float s%d;\n", k, k);
+    fgi_buf_puts(out, "    int fg_pad;\n};\n\n"
+                      "__device__ __forceinline__ void fg_grad_cache_init(fg_grad_cache &c) {\n");
+    for (int k = 0; k < g->nsites; k++) fgi_buf_printf(out, "    c.i%d = -1;\n    c.s%d = 0.0f;\n", k, k);
+    fgi_buf_puts(out, "    c.fg_pad = 0;\n}\n\n"
+                      "/* Add ds * d score_mod / d buf[i] to the gradient of every buffer read. */\n"
+                      "__device__ __forceinline__ void fg_accumulate_grads(const fg_mod_params &p, const fg_mod_grads &g, "
+                      "fg_grad_cache &c, float ds, float score, int b, int h, int q_idx, int kv_idx) {\n");
+    for (int k = 0; k < g->nsites; k++) {
+        const char *n = em->mod->params[g->sites[k].param].name;
+        fgi_buf_printf(out,
+                       "    if (g.%s) {\n"
+                       "        const int i = fg_grad_index%d(p, score, b, h, q_idx, kv_idx);\n"
+                       "        if (i >= 0 && (long long)i < g.fg_len_%s) {\n"
+                       "            const float v = ds * fg_grad_value%d(p, score, b, h, q_idx, kv_idx);\n"
+                       "            if (i == c.i%d) {\n"
+                       "                c.s%d += v;\n"
+                       "            } else {\n"
+                       "                if (c.i%d >= 0) fg_grad_add(g.fg_fixed, g.%s, c.i%d, c.s%d);\n"
+                       "                c.i%d = i;\n"
+                       "                c.s%d = v;\n"
+                       "            }\n"
+                       "        }\n"
+                       "    }\n",
+                       n, k, n, k, k, k, k, n, k, k, k, k);
+    }
+    if (g->nsites == 0)
+        fgi_buf_puts(out, "    (void)p, (void)g, (void)c, (void)ds, (void)score, (void)b, (void)h, (void)q_idx, "
+                          "(void)kv_idx;\n");
+    fgi_buf_puts(out, "}\n\n"
+                      "/* The pending sums, at the end (every lane of the warp calls it). */\n"
+                      "__device__ __forceinline__ void fg_grad_flush(const fg_mod_grads &g, fg_grad_cache &c) {\n");
+    for (int k = 0; k < g->nsites; k++) {
+        const char *n = em->mod->params[g->sites[k].param].name;
+        fgi_buf_printf(out, "    if (g.%s) fg_grad_add_warp(g.fg_fixed, g.%s, c.i%d, c.s%d);\n", n, n, k, k);
+    }
+    if (g->nsites == 0) fgi_buf_puts(out, "    (void)g, (void)c;\n");
+    fgi_buf_puts(out, "}\n\n");
+}
+
 fg_status fgi_emit_grad(fg_ctx *ctx, const fg_mod *mod, const char *generated_name, fgi_buf *out) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, mod && out, "NULL mod or output buffer");
@@ -411,23 +468,7 @@ fg_status fgi_emit_grad(fg_ctx *ctx, const fg_mod *mod, const char *generated_na
         emit_score_shaped(&em, "int", "fg_grad_index", k, g.sites[k].index);
         emit_score_shaped(&em, "float", "fg_grad_value", k, g.sites[k].grad);
     }
-    fgi_buf_puts(out, "/* Add ds * d score_mod / d buf[i] to the gradient of every buffer read\n"
-                      " * (fg_grad_add: the backward template's, float or fixed-point). */\n"
-                      "__device__ __forceinline__ void fg_grad_add(bool fixed, float *base, int i, float v);\n"
-                      "__device__ __forceinline__ void fg_accumulate_grads(const fg_mod_params &p, "
-                      "const fg_mod_grads &g, float ds, float score, int b, int h, int q_idx, int kv_idx) {\n");
-    for (int k = 0; k < g.nsites; k++) {
-        const char *n = mod->params[g.sites[k].param].name;
-        fgi_buf_printf(out,
-                       "    if (g.%s) {\n"
-                       "        const int i = fg_grad_index%d(p, score, b, h, q_idx, kv_idx);\n"
-                       "        if (i >= 0 && (long long)i < g.fg_len_%s)\n"
-                       "            fg_grad_add(g.fg_fixed, g.%s, i, ds * fg_grad_value%d(p, score, b, h, q_idx, kv_idx));\n"
-                       "    }\n",
-                       n, k, n, n, k);
-    }
-    if (g.nsites == 0) fgi_buf_puts(out, "    (void)p, (void)g, (void)ds, (void)score, (void)b, (void)h, (void)q_idx, (void)kv_idx;\n");
-    fgi_buf_puts(out, "}\n\n");
+    emit_grad_accumulate(&em, &g);
     fgi_mod_grad_free(&g);
     if (em.st != FG_OK) return em.st;
     if (out->oom) return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory emitting the derivatives");

@@ -164,6 +164,19 @@ __device__ __forceinline__ void fg_grad_add(bool fixed, float *base, int i, floa
         atomicAdd(base + i, v);
 }
 
+/* The lanes holding the same element i (-1: nothing) add their sums, in
+ * lane order, and the lowest of them adds the total. Every lane calls it. */
+__device__ __forceinline__ void fg_grad_add_warp(bool fixed, float *base, int i, float v) {
+    const unsigned peers = __match_any_sync(0xffffffffu, i);
+    const int lane = threadIdx.x & 31;
+    float sum = 0.f;
+    for (int src = 0; src < 32; src++) {
+        const float o = __shfl_sync(0xffffffffu, v, src);
+        if ((peers >> src) & 1u) sum += o;
+    }
+    if (i >= 0 && lane == __ffs(peers) - 1) fg_grad_add(fixed, base, i, sum);
+}
+
 /* Rows [r0, r0 + ROWS) of a [len, D] slab into shared memory (padded rows);
  * rows at or past `len` are zero-filled (a zero row times anything is 0,
  * where stale shared memory could hold a NaN). */
@@ -340,6 +353,8 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
 #pragma unroll
         for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.f;
 
+    fg_grad_cache gcache;
+    fg_grad_cache_init(gcache);
     for (int gi = 0; gi < group; gi++) {
         const int h = hk * group + gi;
         const fg_u16 *qp = (const fg_u16 *)a.q + (fg_i64)b * a.q_stride[0] + (fg_i64)h * a.q_stride[1];
@@ -419,7 +434,7 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                             if (pr != 0.f) {
                                 const float ds = pr * (dp[i][e] - s_delta[qc]);
                                 dr = ds * fg_score_grad(p, raw, b, h, qi, ki);
-                                if (FGB_DSPLIT == 1 || dc0 == 0) fg_accumulate_grads(p, gr, ds, raw, b, h, qi, ki);
+                                if (FGB_DSPLIT == 1 || dc0 == 0) fg_accumulate_grads(p, gr, gcache, ds, raw, b, h, qi, ki);
                             }
                         }
                     }
@@ -491,6 +506,8 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             }
         }
     }
+
+    fg_grad_flush(gr, gcache);
 
     /* dK (scaled) and dV of this warp's rows and this block's columns. */
     fg_elem *dkp = (fg_elem *)a.dk + (fg_i64)b * a.dk_stride[0] + (fg_i64)hk * a.dk_stride[1];
