@@ -561,10 +561,10 @@ FG_API fg_status fg_kernel_launch(fg_ctx *ctx, fg_kernel *kernel, const fg_atten
  * buffer gradients through fp32 atomics, so the last bits may differ from
  * run to run. deterministic = 1 gives bit-reproducible results: dQ from a
  * pass of its own over the kv tiles of each q tile (no atomics; the S and
- * dP products are computed twice), buffer gradients summed exactly in a
- * fixed-point accumulator (integer atomics commute; contributions below
- * 2^-64 in magnitude are dropped, the sum is kept within +-2^63) and rounded
- * to fp32 once.
+ * dP products are computed twice), buffer gradients as per-thread partial
+ * sums in a fixed order added exactly into a fixed-point accumulator
+ * (integer atomics commute; parts below 2^-64 in magnitude are dropped, the
+ * sum is kept within +-2^63) and rounded to fp32 once.
  *
  * The library needs fp32 workspace of (B * Hq * Q_LEN) * (D + 1) floats
  * (D + 1 without deterministic, 1 with it) and 32 bytes per buffer-gradient
