@@ -641,17 +641,28 @@ class GpuBackward(unittest.TestCase):
                     acc += x
         return want
 
+    # Inductor's default tiles for some captured buffers that require grad
+    # need more shared memory than an H100 has (seen with the bias table:
+    # 245760 bytes against 232448); fewer stages, then smaller tiles, fit.
+    FLEX_OPTIONS = (None, {"num_stages": 1}, {"num_stages": 1, "BLOCK_M": 64, "BLOCK_N": 64})
+
     def flex(self, q, k, v, dout, st, wrt, enable_gqa=False):
         """torch.compile'd flex_attention's gradients of q, k, v and `wrt`."""
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        torch._dynamo.reset()  # past dynamo's recompile limit flex would run eagerly
         bm = None
         if st.get("mask_mod") is not None:
             bm = create_block_mask(st["mask_mod"], st.get("mask_b"), st.get("mask_h"),
                                    q.shape[2], k.shape[2], device="cuda")
-        out = torch.compile(flex_attention, dynamic=False)(
-            q, k, v, score_mod=st.get("score_mod"), block_mask=bm, enable_gqa=enable_gqa)
-        return torch.autograd.grad(out, [q, k, v, *wrt], dout)
+        for options in self.FLEX_OPTIONS:
+            torch._dynamo.reset()  # past dynamo's recompile limit flex would run eagerly
+            try:
+                out = torch.compile(flex_attention, dynamic=False)(
+                    q, k, v, score_mod=st.get("score_mod"), block_mask=bm,
+                    enable_gqa=enable_gqa, kernel_options=options)
+                return torch.autograd.grad(out, [q, k, v, *wrt], dout)
+            except Exception as e:
+                if "out of resource" not in str(e) or options is self.FLEX_OPTIONS[-1]:
+                    raise
 
     def assert_as_good_as_flex(self, label, names, ours, theirs, ref):
         for name, x, y, r in zip(names, ours, theirs, ref):
@@ -788,7 +799,7 @@ class GpuBackward(unittest.TestCase):
         dout = torch.randn_like(out, requires_grad=True)
         (dq,) = torch.autograd.grad(out, [q], dout, create_graph=True)
         with self.assertRaisesRegex(RuntimeError, "once_differentiable"):
-            torch.autograd.grad(dq.sum(), [dout])
+            dq.sum().backward()
         # Without grad, no autograd node.
         with torch.no_grad():
             self.assertIsNone(flexgen.attention(q, k, v, causal).grad_fn)
