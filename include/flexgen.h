@@ -556,20 +556,22 @@ FG_API fg_status fg_kernel_launch(fg_ctx *ctx, fg_kernel *kernel, const fg_atten
  * binding that names an int buffer, a scalar or a buffer score_mod's value
  * does not depend on is FG_ERR_UNBOUND (nothing could be written there).
  *
- * Determinism: dQ is summed over kv tiles and buffer gradients over all
- * pairs. By default dQ goes through fp32 atomics (one pass over K/V) and
- * buffer gradients through fp32 atomics, so the last bits may differ from
- * run to run. deterministic = 1 gives bit-reproducible results: dQ from a
- * pass of its own over the kv tiles of each q tile (no atomics; the S and
- * dP products are computed twice), buffer gradients as per-thread partial
- * sums in a fixed order added exactly into a fixed-point accumulator
- * (integer atomics commute; parts below 2^-64 in magnitude are dropped, the
- * sum is kept within +-2^63) and rounded to fp32 once.
+ * Determinism: dQ is summed over kv tiles. By default it goes through fp32
+ * atomics (one pass over K/V), so its last bits may differ from run to run;
+ * deterministic = 1 computes dQ in a pass of its own over the kv tiles of
+ * each q tile (no atomics; the S and dP products are computed twice) and is
+ * bit-reproducible. Buffer gradients are bit-reproducible in both modes:
+ * each thread's partial sums, in double and in a fixed order, are added
+ * exactly into a fixed-point accumulator (integer atomics commute; parts
+ * below 2^-64 in magnitude are dropped, the sum is kept within +-2^63),
+ * rounded to fp32 once. (Those gradients cancel heavily -- ALiBi's slope
+ * gradient is sum ds (kv - q) with ds summing to zero along each row -- so
+ * an fp32 sum's order would decide their digits.)
  *
  * The library needs fp32 workspace of (B * Hq * Q_LEN) * (D + 1) floats
  * (D + 1 without deterministic, 1 with it) and 32 bytes per buffer-gradient
- * element with deterministic; it is taken from the stream's memory pool
- * (cuMemAllocAsync) and given back on the stream. Growable (see
+ * element; it is taken from the stream's memory pool (cuMemAllocAsync) and
+ * given back on the stream. Growable (see
  * Conventions): FG_ATTENTION_BWD_ARGS_INIT or fg_attention_bwd_args_init(). */
 typedef struct fg_attention_bwd_args {
     const fg_attention_args *fwd;

@@ -14,13 +14,13 @@
  *      buffers whose gradients are wanted;
  *   5. workspace from the stream's pool: delta, the fp32 dQ accumulator
  *      (not in deterministic mode) and the fixed-point accumulators of the
- *      buffer gradients (deterministic mode only);
- *   6. on the caller's stream, in order: the gradient outputs zeroed,
- *      fg_attention_bwd_pre (delta, accumulator zeroed), fg_attention_bwd_dkdv
- *      (dK, dV, buffer gradients; dQ through atomics), then either
- *      fg_attention_bwd_dq (dQ from the accumulator) or, deterministic,
- *      fg_attention_bwd_dq_tiles and fg_attention_bwd_fixed_to_float per
- *      buffer; the workspace given back on the stream.
+ *      buffer gradients;
+ *   6. on the caller's stream, in order: the fixed-point accumulators
+ *      zeroed, fg_attention_bwd_pre (delta, dQ accumulator zeroed),
+ *      fg_attention_bwd_dkdv (dK, dV, buffer gradients; dQ through atomics),
+ *      then either fg_attention_bwd_dq (dQ from the accumulator) or,
+ *      deterministic, fg_attention_bwd_dq_tiles; fg_attention_bwd_fixed_to_float
+ *      per buffer gradient; the workspace given back on the stream.
  * Nothing synchronises (except where the driver has no stream-ordered
  * allocator: then the workspace is freed after a stream synchronisation).
  */
@@ -161,24 +161,17 @@ static void fill_abi(const fg_kernel *k, const fg_attention_bwd_args *b, const f
 
 /* The kernels after the workspace is in place: every launch queued on the
  * stream, in order. `grads` are the gradient outputs (fp32) per layout
- * entry, `fixed` their fixed-point accumulators (deterministic) or 0. */
+ * entry, `fixed` their fixed-point accumulators. */
 static fg_status run_passes(fg_ctx *ctx, const fg_kernel *k, const fg_attention_bwd_args *b,
                             fgi_attn_bwd_abi *abi, fgi_param_blob *blob, unsigned char *gblob,
                             const void *const grads[], const int64_t glen[], const CUdeviceptr fixed[]) {
     const fg_attention_args *a = b->fwd;
     void *stream = a->stream;
     const fgi_grad_layout *L = &k->grads;
-    for (int i = 0; i < L->n; i++) {
-        if (!grads[i]) continue;
-        if (fixed[i])
+    for (int i = 0; i < L->n; i++)
+        if (grads[i])
             FGI_CU_TRY(ctx, fgi_cu()->cuMemsetD8Async(fixed[i], 0, (size_t)glen[i] * 32, (CUstream)stream),
                        "cuMemsetD8Async");
-        else
-            FGI_CU_TRY(ctx,
-                       fgi_cu()->cuMemsetD32Async((CUdeviceptr)(uintptr_t)grads[i], 0, (size_t)glen[i],
-                                                  (CUstream)stream),
-                       "cuMemsetD32Async");
-    }
     const int bands = k->geom[FGI_BWD_DKDV].bands;
     const unsigned rows[3] = {(unsigned)((a->q_len + 3) / 4), (unsigned)a->heads_q, (unsigned)a->batch};
     void *pre_args[1] = {abi};
@@ -189,11 +182,11 @@ static fg_status run_passes(fg_ctx *ctx, const fg_kernel *k, const fg_attention_
     if (abi->dq_atomic) {
         void *dq_args[1] = {abi};
         FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_DQ, rows, dq_args, stream));
-        return FG_OK;
+    } else {
+        const unsigned q_grid[3] = {(unsigned)(abi->q_tiles * bands), (unsigned)a->heads_q, (unsigned)a->batch};
+        void *dqt_args[2] = {abi, blob->bytes};
+        FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_DQ_TILES, q_grid, dqt_args, stream));
     }
-    const unsigned q_grid[3] = {(unsigned)(abi->q_tiles * bands), (unsigned)a->heads_q, (unsigned)a->batch};
-    void *dqt_args[2] = {abi, blob->bytes};
-    FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_DQ_TILES, q_grid, dqt_args, stream));
     for (int i = 0; i < L->n; i++) {
         if (!grads[i]) continue;
         CUdeviceptr acc = fixed[i], out = (CUdeviceptr)(uintptr_t)grads[i];
@@ -248,7 +241,7 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *
     if (abi.dq_atomic) total += round_up(rows * (size_t)a->head_dim * 4);
     size_t off_fixed[FGI_MAX_GRAD_BUFFERS] = {0};
     for (int i = 0; i < L->n; i++)
-        if (grads[i] && b->deterministic) {
+        if (grads[i]) {
             off_fixed[i] = total;
             total += round_up((size_t)glen[i] * 32);
         }
@@ -261,14 +254,12 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *
     memset(gblob, 0, sizeof gblob);
     for (int i = 0; i < L->n; i++) {
         if (!grads[i]) continue;
-        if (b->deterministic) fixed[i] = w.base + off_fixed[i];
-        uint64_t ptr = b->deterministic ? (uint64_t)fixed[i] : (uint64_t)(uintptr_t)grads[i];
+        fixed[i] = w.base + off_fixed[i];
+        uint64_t ptr = (uint64_t)fixed[i];
         int64_t len = glen[i];
         memcpy(gblob + L->offset[i], &ptr, 8);
         memcpy(gblob + L->offset[i] + 8, &len, 8);
     }
-    const int32_t fixed_flag = b->deterministic ? 1 : 0;
-    memcpy(gblob + (size_t)L->n * 16, &fixed_flag, 4);
 
     fg_status s = run_passes(ctx, k, b, &abi, &blob, gblob, grads, glen, fixed);
     fg_status f = ws_free(ctx, &w, a->stream);

@@ -369,15 +369,15 @@ static void emit_score_shaped(emitter *em, const char *ret, const char *name, in
 static void emit_grad_struct(emitter *em, const fgi_grad_layout *L) {
     fgi_buf *out = em->out;
     fgi_buf_puts(out, "/* Where the gradients of the float buffers score_mod reads go (NULL: not\n"
-                      " * wanted): fp32 added with atomics, or with fg_fixed set, the backward\n"
-                      " * template's fixed-point accumulators (fg_grad_add). The host packs the\n"
-                      " * same layout (fgi_grad_layout_compute). */\n"
+                      " * wanted): the backward template's fixed-point accumulators, FGB_FIXED_LIMBS\n"
+                      " * int64 per element (fg_grad_add). The host packs the same layout\n"
+                      " * (fgi_grad_layout_compute). */\n"
                       "struct __align__(8) fg_mod_grads {\n");
     for (int k = 0; k < L->n; k++) {
         const char *n = em->mod->params[L->param[k]].name;
-        fgi_buf_printf(out, "    float *__restrict__ %s;\n    long long fg_len_%s;\n", n, n);
+        fgi_buf_printf(out, "    long long *__restrict__ %s;\n    long long fg_len_%s;\n", n, n);
     }
-    fgi_buf_puts(out, "    int fg_fixed; /* 1: fixed-point accumulators (deterministic) */\n};\n");
+    fgi_buf_puts(out, "    int fg_pad; /* never empty */\n};\n");
     for (int k = 0; k < L->n; k++) {
         const char *n = em->mod->params[L->param[k]].name;
         fgi_buf_printf(out, "static_assert(fg_offsetof(fg_mod_grads, %s) == %zu, \"%s\");\n", n,
@@ -388,25 +388,24 @@ static void emit_grad_struct(emitter *em, const fgi_grad_layout *L) {
 
 /* The buffer gradients' accumulation. Each thread keeps, per read of
  * score_mod (a site), the element it last added to and its running sum, and
- * hands the sum to the template's fg_grad_add only when the element changes
- * and once at the end (fg_grad_flush, where a warp's threads that hold the
- * same element combine first): a read at an index that stays put over a
- * thread's pairs (ALiBi's slopes[h], a per-head temperature) costs one
- * atomic per warp instead of one per pair. The order of every sum is fixed,
- * so the deterministic mode stays bit-reproducible. */
+ * hands the sum (a double) to the template's fixed-point fg_grad_add only
+ * when the element changes and once at the end (fg_grad_flush, where a
+ * warp's threads that hold the same element combine first): a read at an
+ * index that stays put over a thread's pairs (ALiBi's slopes[h], a per-head
+ * temperature) costs a few atomics per warp instead of one per pair. */
 static void emit_grad_accumulate(emitter *em, const fgi_mod_grad *g) {
     fgi_buf *out = em->out;
-    fgi_buf_puts(out, "/* The template's: add v to gradient element i (fp32 atomics, or with fixed,\n"
-                      " * fixed-point); fg_grad_add_warp first combines the warp's lanes that add\n"
-                      " * to the same element (every lane of the warp calls it). */\n"
-                      "__device__ __forceinline__ void fg_grad_add(bool fixed, float *base, int i, float v);\n"
-                      "__device__ __forceinline__ void fg_grad_add_warp(bool fixed, float *base, int i, float v);\n\n");
+    fgi_buf_puts(out, "/* The template's: add v to gradient element i's accumulator;\n"
+                      " * fg_grad_add_warp first combines the warp's lanes that add to the same\n"
+                      " * element (every lane of the warp calls it). */\n"
+                      "__device__ __forceinline__ void fg_grad_add(long long *acc, int i, double v);\n"
+                      "__device__ __forceinline__ void fg_grad_add_warp(long long *acc, int i, double v);\n\n");
     fgi_buf_puts(out, "/* A thread's pending sums: per buffer read, the element (-1: none) and the sum. */\n"
                       "struct fg_grad_cache {\n");
-    for (int k = 0; k < g->nsites; k++) fgi_buf_printf(out, "    int i%d;\n    float s%d;\n", k, k);
+    for (int k = 0; k < g->nsites; k++) fgi_buf_printf(out, "    int i%d;\n    double s%d;\n", k, k);
     fgi_buf_puts(out, "    int fg_pad;\n};\n\n"
                       "__device__ __forceinline__ void fg_grad_cache_init(fg_grad_cache &c) {\n");
-    for (int k = 0; k < g->nsites; k++) fgi_buf_printf(out, "    c.i%d = -1;\n    c.s%d = 0.0f;\n", k, k);
+    for (int k = 0; k < g->nsites; k++) fgi_buf_printf(out, "    c.i%d = -1;\n    c.s%d = 0.0;\n", k, k);
     fgi_buf_puts(out, "    c.fg_pad = 0;\n}\n\n"
                       "/* Add ds * d score_mod / d buf[i] to the gradient of every buffer read. */\n"
                       "__device__ __forceinline__ void fg_accumulate_grads(const fg_mod_params &p, const fg_mod_grads &g, "
@@ -417,11 +416,11 @@ static void emit_grad_accumulate(emitter *em, const fgi_mod_grad *g) {
                        "    if (g.%s) {\n"
                        "        const int i = fg_grad_index%d(p, score, b, h, q_idx, kv_idx);\n"
                        "        if (i >= 0 && (long long)i < g.fg_len_%s) {\n"
-                       "            const float v = ds * fg_grad_value%d(p, score, b, h, q_idx, kv_idx);\n"
+                       "            const double v = (double)ds * (double)fg_grad_value%d(p, score, b, h, q_idx, kv_idx);\n"
                        "            if (i == c.i%d) {\n"
                        "                c.s%d += v;\n"
                        "            } else {\n"
-                       "                if (c.i%d >= 0) fg_grad_add(g.fg_fixed, g.%s, c.i%d, c.s%d);\n"
+                       "                if (c.i%d >= 0) fg_grad_add(g.%s, c.i%d, c.s%d);\n"
                        "                c.i%d = i;\n"
                        "                c.s%d = v;\n"
                        "            }\n"
@@ -437,7 +436,7 @@ static void emit_grad_accumulate(emitter *em, const fgi_mod_grad *g) {
                       "__device__ __forceinline__ void fg_grad_flush(const fg_mod_grads &g, fg_grad_cache &c) {\n");
     for (int k = 0; k < g->nsites; k++) {
         const char *n = em->mod->params[g->sites[k].param].name;
-        fgi_buf_printf(out, "    if (g.%s) fg_grad_add_warp(g.fg_fixed, g.%s, c.i%d, c.s%d);\n", n, n, k, k);
+        fgi_buf_printf(out, "    if (g.%s) fg_grad_add_warp(g.%s, c.i%d, c.s%d);\n", n, n, k, k);
     }
     if (g->nsites == 0) fgi_buf_puts(out, "    (void)g, (void)c;\n");
     fgi_buf_puts(out, "}\n\n");

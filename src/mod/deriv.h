@@ -47,9 +47,9 @@ void fgi_mod_grad_free(fgi_mod_grad *g);
 /* The by-value struct the backward kernel takes for the gradients
  * (fg_mod_grads in the emitted source): one entry per float buffer parameter
  * some read of which gets a gradient, in parameter order, each a float
- * pointer and its length as int64 (16 bytes, aligned to 8); then an int32
- * fg_fixed (1: the pointers are fixed-point accumulators, for the
- * deterministic backward); the size rounded up to 8. */
+ * pointer (to the element's fixed-point accumulators) and its length as
+ * int64 (16 bytes, aligned to 8); then an int32 fg_pad; the size rounded
+ * up to 8. */
 #define FGI_MAX_GRAD_BUFFERS 64
 typedef struct fgi_grad_layout {
     int n;

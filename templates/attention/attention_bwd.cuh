@@ -114,41 +114,32 @@ static __device__ __forceinline__ float fgb_exp2(float x) {
     return r;
 }
 
-/* ---- buffer gradients: fp32 atomics, or exact fixed point ----------------- */
+/* ---- buffer gradients: exact fixed-point sums ------------------------------- */
 
-/* The fixed-point accumulator of one gradient element: four int64 limbs,
- * limb k counting units of 2^(32 k - 64), so it holds every multiple of
- * 2^-64 up to about 2^95 exactly. A float's 24-bit significand lands in at
- * most two limbs as chunks under 2^32, so a limb takes 2^31 additions
- * before it could overflow. Integer addition commutes: the sum, and the
- * fp32 it is rounded to, do not depend on the order of the additions.
- * Contributions under 2^-64 in magnitude are dropped; those of 2^63 or
- * more are clamped there. */
+/* A buffer gradient sums ds * d score_mod / d buf[i] over every pair that
+ * reads element i, and those terms cancel heavily (ALiBi's slope gradient is
+ * sum ds (kv - q), and ds sums to zero along a row), so the order of an fp32
+ * sum would decide its digits. Each thread keeps a double running sum per
+ * read (fg_grad_cache, emitted with the mod), and the sums go into a
+ * fixed-point accumulator per element: four int64 limbs, limb k counting
+ * units of 2^(32 k - 64), holding every multiple of 2^-64 up to about 2^95
+ * exactly. A part is split into 32-bit chunks, one per limb, so a limb takes
+ * 2^31 additions before it could overflow. Integer addition commutes: the
+ * total does not depend on the order of the atomics, so buffer gradients are
+ * bit-reproducible in both modes. Parts under 2^-64 in magnitude are
+ * dropped, parts of 2^63 or more clamped there; fg_attention_bwd_fixed_to_float
+ * rounds the total to fp32 once. */
 #define FGB_FIXED_LIMBS 4
 
-static __device__ __forceinline__ void fgb_fixed_add(long long *acc, float v) {
-    if (!(v != 0.f)) return; /* zero, or a NaN that has no fixed-point form */
-    const bool neg = v < 0.f;
-    float m = fabsf(v);
-    if (m >= 9.223372036854775807e18f) m = 9.223372036854775807e18f * 0.99999994f;
-    const unsigned bits = __float_as_uint(m);
-    const int ex = (int)(bits >> 23);
-    if (ex == 0) return;                          /* subnormal: under 2^-126  */
-    const unsigned long long sig = (bits & 0x7fffffu) | 0x800000u;
-    /* m = sig * 2^(ex - 150); in units of 2^-64: sig << (ex - 86). */
-    const int sh = ex - 86;
-    if (sh <= -24) return;                        /* under 2^-64              */
-    unsigned long long lo, hi;                    /* the 128-bit value        */
-    if (sh < 0) {
-        lo = sig >> -sh;
-        hi = 0;
-    } else if (sh < 64) {
-        lo = sig << sh;
-        hi = sh == 0 ? 0 : sig >> (64 - sh);
-    } else {
-        lo = 0;
-        hi = sig << (sh - 64);
-    }
+static __device__ __forceinline__ void fgb_fixed_add(long long *acc, double v) {
+    if (!(v != 0.0)) return; /* zero, or a NaN that has no fixed-point form */
+    const bool neg = v < 0.0;
+    double m = fabs(v);
+    if (m >= 9.2233720368547748e18) m = 9.2233720368547748e18; /* 2^63 - 2^10 */
+    /* m in units of 2^-64: hi * 2^64 + lo, truncated */
+    const double whole = floor(m);
+    const unsigned long long hi = (unsigned long long)whole;
+    const unsigned long long lo = (unsigned long long)((m - whole) * 18446744073709551616.0);
     const unsigned long long chunk[4] = {lo & 0xffffffffull, lo >> 32, hi & 0xffffffffull, hi >> 32};
 #pragma unroll
     for (int k = 0; k < FGB_FIXED_LIMBS; k++)
@@ -157,24 +148,25 @@ static __device__ __forceinline__ void fgb_fixed_add(long long *acc, float v) {
                       neg ? (unsigned long long)(-(long long)chunk[k]) : chunk[k]);
 }
 
-__device__ __forceinline__ void fg_grad_add(bool fixed, float *base, int i, float v) {
-    if (fixed)
-        fgb_fixed_add((long long *)base + (fg_i64)i * FGB_FIXED_LIMBS, v);
-    else
-        atomicAdd(base + i, v);
+__device__ __forceinline__ void fg_grad_add(long long *acc, int i, double v) {
+    fgb_fixed_add(acc + (fg_i64)i * FGB_FIXED_LIMBS, v);
 }
 
 /* The lanes holding the same element i (-1: nothing) add their sums, in
  * lane order, and the lowest of them adds the total. Every lane calls it. */
-__device__ __forceinline__ void fg_grad_add_warp(bool fixed, float *base, int i, float v) {
-    const unsigned peers = __match_any_sync(0xffffffffu, i);
+__device__ __forceinline__ void fg_grad_add_warp(long long *acc, int i, double v) {
     const int lane = threadIdx.x & 31;
-    float sum = 0.f;
+    double sum = 0.0;
+    int first = -1;
     for (int src = 0; src < 32; src++) {
-        const float o = __shfl_sync(0xffffffffu, v, src);
-        if ((peers >> src) & 1u) sum += o;
+        const int oi = __shfl_sync(0xffffffffu, i, src);
+        const double o = __shfl_sync(0xffffffffu, v, src);
+        if (oi == i) {
+            sum += o;
+            if (first < 0) first = src;
+        }
     }
-    if (i >= 0 && lane == __ffs(peers) - 1) fg_grad_add(fixed, base, i, sum);
+    if (i >= 0 && lane == first) fg_grad_add(acc, i, sum);
 }
 
 /* Rows [r0, r0 + ROWS) of a [len, D] slab into shared memory (padded rows);
@@ -301,6 +293,41 @@ static __device__ __forceinline__ int fgb_item_start(const fgb_plan &pl, int j, 
     return ob * pl.block + sub * pl.tile;
 }
 
+/* 4 bytes global -> shared; `valid` false zero-fills without reading. */
+static __device__ __forceinline__ void fgb_cp4(fg_u32 dst, const void *src, bool valid) {
+    int n = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+
+/* The dK/dV pass's plan for query head h: the transposed row of its kv
+ * block, q tiles of FGB_BLOCK_M. */
+static __device__ __forceinline__ fgb_plan fgb_dkdv_plan(const fgb_args &a, int b, int h, int kv0) {
+    return a.has_block_mask ? fgb_plan_make(a, a.q_num, a.q_idx, a.full_q_num, a.full_q_idx,
+                                            fgb_bm_row(a, b, h, kv0 / a.bm_kv_block, a.bm_kv_blocks),
+                                            a.bm_q_blocks, a.bm_q_block, FGB_BLOCK_M, a.q_len)
+                            : fgb_plan_make(a, 0, 0, 0, 0, 0, 0, 0, FGB_BLOCK_M, a.q_len);
+}
+
+/* Queue the loads of step j of head h's plan into one stage: Q and dO rows
+ * (cp.async, rows past Q_LEN zero), lse and delta (rows past Q_LEN zero; the
+ * element loop never reads them there). The caller commits. */
+static __device__ __forceinline__ void fgb_dkdv_load(const fgb_args &a, int b, int h, const fgb_plan &pl, int j,
+                                                     fg_u32 sQ, float *rows) {
+    bool partial;
+    const int q0 = fgb_item_start(pl, j, partial);
+    const fg_u16 *qp = (const fg_u16 *)a.q + (fg_i64)b * a.q_stride[0] + (fg_i64)h * a.q_stride[1];
+    const fg_u16 *op = (const fg_u16 *)a.dout + (fg_i64)b * a.do_stride[0] + (fg_i64)h * a.do_stride[1];
+    fgb_load_tile<FGB_BLOCK_M>(sQ, qp, a.q_stride[2], q0, a.q_len);
+    fgb_load_tile<FGB_BLOCK_M>(sQ + FGB_BLOCK_M * FGB_ROW * 2, op, a.do_stride[2], q0, a.q_len);
+    const fg_i64 row_base = ((fg_i64)b * a.heads_q + h) * a.q_len;
+    for (int i = threadIdx.x; i < 2 * FGB_BLOCK_M; i += FGB_THREADS) {
+        const int r = i % FGB_BLOCK_M;
+        const bool in = q0 + r < a.q_len;
+        const float *src = (const float *)(i < FGB_BLOCK_M ? a.lse : a.delta) + (in ? row_base + q0 + r : 0);
+        fgb_cp4(fgb_smem_addr(rows + i), src, in);
+    }
+}
+
 /* Pack two accumulator n8 tiles (columns 16 kc .. 16 kc + 15) into one A
  * fragment of k16. */
 static __device__ __forceinline__ void fgb_to_a(fg_u32 (&f)[4], const float (&c0)[4], const float (&c1)[4]) {
@@ -317,14 +344,14 @@ extern "C" __global__ void __launch_bounds__(FGB_THREADS, 2)
 fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant__ fg_mod_params p,
                       const __grid_constant__ fg_mod_grads gr) {
     extern __shared__ __align__(128) unsigned char fgb_smem[];
+    /* K, V and dR^T, then two stages of (Q, dO) and of (lse, delta): the
+     * next step's tiles load while this one computes. */
     const fg_u32 sK = fgb_smem_addr(fgb_smem);
     const fg_u32 sV = sK + FGB_BLOCK_N * FGB_ROW * 2;
-    const fg_u32 sQ = sV + FGB_BLOCK_N * FGB_ROW * 2;
-    const fg_u32 sO = sQ + FGB_BLOCK_M * FGB_ROW * 2; /* dO */
-    const fg_u32 sS = sO + FGB_BLOCK_M * FGB_ROW * 2; /* dR^T, [kv][q] */
-    float *const s_lse = (float *)(fgb_smem + (2 * FGB_BLOCK_N + 2 * FGB_BLOCK_M) * FGB_ROW * 2 +
-                                   FGB_BLOCK_N * FGB_SROW * 2);
-    float *const s_delta = s_lse + FGB_BLOCK_M;
+    const fg_u32 sS = sV + FGB_BLOCK_N * FGB_ROW * 2; /* dR^T, [kv][q] */
+    const fg_u32 sQ0 = sS + FGB_BLOCK_N * FGB_SROW * 2;
+    const fg_u32 stage_bytes = 2 * FGB_BLOCK_M * FGB_ROW * 2;
+    float *const s_rows0 = (float *)(fgb_smem + (sQ0 - sK) + 2 * stage_bytes); /* [2][2][BM] */
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
@@ -355,155 +382,164 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
 
     fg_grad_cache gcache;
     fg_grad_cache_init(gcache);
-    for (int gi = 0; gi < group; gi++) {
+
+    /* The steps: every q tile of every query head of the group, in order,
+     * the head's plan made when its first tile is reached. */
+    int gi = 0, j = 0, stage = 0;
+    fgb_plan pl = fgb_dkdv_plan(a, b, hk * group, kv0);
+    while (gi < group && pl.n_items == 0)
+        if (++gi < group) pl = fgb_dkdv_plan(a, b, hk * group + gi, kv0);
+    if (gi < group) fgb_dkdv_load(a, b, hk * group + gi, pl, j, sQ0, s_rows0);
+    fga_cp_commit(); /* with K and V */
+
+    while (gi < group) {
         const int h = hk * group + gi;
-        const fg_u16 *qp = (const fg_u16 *)a.q + (fg_i64)b * a.q_stride[0] + (fg_i64)h * a.q_stride[1];
-        const fg_u16 *op = (const fg_u16 *)a.dout + (fg_i64)b * a.do_stride[0] + (fg_i64)h * a.do_stride[1];
+        bool partial;
+        const int q0 = fgb_item_start(pl, j, partial);
         const fg_i64 row_base = ((fg_i64)b * a.heads_q + h) * a.q_len;
-        const fgb_plan pl =
-            a.has_block_mask
-                ? fgb_plan_make(a, a.q_num, a.q_idx, a.full_q_num, a.full_q_idx,
-                                fgb_bm_row(a, b, h, kv0 / a.bm_kv_block, a.bm_kv_blocks), a.bm_q_blocks,
-                                a.bm_q_block, FGB_BLOCK_M, a.q_len)
-                : fgb_plan_make(a, 0, 0, 0, 0, 0, 0, 0, FGB_BLOCK_M, a.q_len);
-        for (int j = 0; j < pl.n_items; j++) {
-            bool partial;
-            const int q0 = fgb_item_start(pl, j, partial);
-            __syncthreads(); /* the previous step is done with Q, dO, dR^T */
-            fgb_load_tile<FGB_BLOCK_M>(sQ, qp, a.q_stride[2], q0, a.q_len);
-            fgb_load_tile<FGB_BLOCK_M>(sO, op, a.do_stride[2], q0, a.q_len);
-            for (int i = tid; i < FGB_BLOCK_M; i += FGB_THREADS) {
-                const bool in = q0 + i < a.q_len;
-                s_lse[i] = in ? ((const float *)a.lse)[row_base + q0 + i] : FGB_NEG_INF;
-                s_delta[i] = in ? ((const float *)a.delta)[row_base + q0 + i] : 0.f;
-            }
+        const fg_u32 sQ = sQ0 + stage * stage_bytes, sO = sQ + FGB_BLOCK_M * FGB_ROW * 2;
+        const float *const s_lse = s_rows0 + stage * 2 * FGB_BLOCK_M, *const s_delta = s_lse + FGB_BLOCK_M;
+
+        /* The next step (the loop's advance, done here so `continue` keeps it). */
+        int ngi = gi, nj = j + 1;
+        while (ngi < group && nj >= pl.n_items) {
+            nj = 0;
+            if (++ngi < group) pl = fgb_dkdv_plan(a, b, hk * group + ngi, kv0);
+        }
+        gi = ngi, j = nj, stage ^= 1;
+
+        __syncthreads(); /* the previous step is done with its stage and dR^T */
+        if (gi < group) {
+            fgb_dkdv_load(a, b, hk * group + gi, pl, j, sQ0 + stage * stage_bytes, s_rows0 + stage * 2 * FGB_BLOCK_M);
             fga_cp_commit();
+            fga_cp_wait<1>();
+        } else {
             fga_cp_wait<0>();
-            __syncthreads();
+        }
+        __syncthreads();
 
-            /* S^T = K Q^T for this warp's 16 kv rows. */
-            float s[FGB_MTILES][4];
+        /* S^T = K Q^T for this warp's 16 kv rows. */
+        float s[FGB_MTILES][4];
 #pragma unroll
-            for (int i = 0; i < FGB_MTILES; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        for (int i = 0; i < FGB_MTILES; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
 #pragma unroll
-            for (int kk = 0; kk < FGB_KSTEPS; kk++) {
-                fg_u32 af[4];
-                fga_ldsm4(sK + (fg_u32)(((warp * 16 + a_row) * FGB_ROW + kk * 16 + a_col) * 2), af[0], af[1], af[2], af[3]);
+        for (int kk = 0; kk < FGB_KSTEPS; kk++) {
+            fg_u32 af[4];
+            fga_ldsm4(sK + (fg_u32)(((warp * 16 + a_row) * FGB_ROW + kk * 16 + a_col) * 2), af[0], af[1], af[2], af[3]);
 #pragma unroll
-                for (int np = 0; np < FGB_MTILES / 2; np++) {
-                    fg_u32 bf[4];
-                    fga_ldsm4(sQ + (fg_u32)(((np * 16 + bn_row) * FGB_ROW + kk * 16 + bn_col) * 2), bf[0], bf[1], bf[2], bf[3]);
-                    fga_mma(s[2 * np], af, bf[0], bf[1]);
-                    fga_mma(s[2 * np + 1], af, bf[2], bf[3]);
-                }
+            for (int np = 0; np < FGB_MTILES / 2; np++) {
+                fg_u32 bf[4];
+                fga_ldsm4(sQ + (fg_u32)(((np * 16 + bn_row) * FGB_ROW + kk * 16 + bn_col) * 2), bf[0], bf[1], bf[2], bf[3]);
+                fga_mma(s[2 * np], af, bf[0], bf[1]);
+                fga_mma(s[2 * np + 1], af, bf[2], bf[3]);
             }
+        }
 
-            /* dP^T = V dO^T, over the whole head dim. */
-            float dp[FGB_MTILES][4];
+        /* dP^T = V dO^T, over the whole head dim. */
+        float dp[FGB_MTILES][4];
 #pragma unroll
-            for (int i = 0; i < FGB_MTILES; i++) dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.f;
+        for (int i = 0; i < FGB_MTILES; i++) dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.f;
 #pragma unroll
-            for (int kk = 0; kk < FGB_KSTEPS; kk++) {
-                fg_u32 af[4];
-                fga_ldsm4(sV + (fg_u32)(((warp * 16 + a_row) * FGB_ROW + kk * 16 + a_col) * 2), af[0], af[1], af[2], af[3]);
+        for (int kk = 0; kk < FGB_KSTEPS; kk++) {
+            fg_u32 af[4];
+            fga_ldsm4(sV + (fg_u32)(((warp * 16 + a_row) * FGB_ROW + kk * 16 + a_col) * 2), af[0], af[1], af[2], af[3]);
 #pragma unroll
-                for (int np = 0; np < FGB_MTILES / 2; np++) {
-                    fg_u32 bf[4];
-                    fga_ldsm4(sO + (fg_u32)(((np * 16 + bn_row) * FGB_ROW + kk * 16 + bn_col) * 2), bf[0], bf[1], bf[2], bf[3]);
-                    fga_mma(dp[2 * np], af, bf[0], bf[1]);
-                    fga_mma(dp[2 * np + 1], af, bf[2], bf[3]);
-                }
+            for (int np = 0; np < FGB_MTILES / 2; np++) {
+                fg_u32 bf[4];
+                fga_ldsm4(sO + (fg_u32)(((np * 16 + bn_row) * FGB_ROW + kk * 16 + bn_col) * 2), bf[0], bf[1], bf[2], bf[3]);
+                fga_mma(dp[2 * np], af, bf[0], bf[1]);
+                fga_mma(dp[2 * np + 1], af, bf[2], bf[3]);
             }
+        }
 
-            /* Element by element: P^T, then dR^T = P^T (dP^T - delta) d score_mod /
-             * d score in place of dP^T, and the buffer gradients. Element e of
-             * tile i sits at kv row kvr0 + 8 (e >> 1), q column 8 i + 2 t4 + (e & 1). */
+        /* Element by element: P^T, then dR^T = P^T (dP^T - delta) d score_mod /
+         * d score in place of dP^T, and the buffer gradients. Element e of
+         * tile i sits at kv row kvr0 + 8 (e >> 1), q column 8 i + 2 t4 + (e & 1). */
 #pragma unroll
-            for (int i = 0; i < FGB_MTILES; i++)
+        for (int i = 0; i < FGB_MTILES; i++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int kv = kvr0 + 8 * (e >> 1), qc = 8 * i + 2 * t4 + (e & 1), q = q0 + qc;
-                    const float lse = s_lse[qc];
-                    float pr = 0.f, dr = 0.f;
-                    if (q < a.q_len && kv < a.kv_len && lse != FGB_NEG_INF) {
-                        const int qi = q + a.q_offset, ki = kv + a.kv_offset;
-                        if (!partial || fg_mask_mod(p, b, h, qi, ki)) {
-                            const float raw = s[i][e] * a.scale;
-                            const float sc = fg_score_mod(p, raw, b, h, qi, ki);
-                            pr = fgb_exp2(sc * FGB_LOG2E - lse * FGB_LOG2E);
-                            if (pr != 0.f) {
-                                const float ds = pr * (dp[i][e] - s_delta[qc]);
-                                dr = ds * fg_score_grad(p, raw, b, h, qi, ki);
-                                if (FGB_DSPLIT == 1 || dc0 == 0) fg_accumulate_grads(p, gr, gcache, ds, raw, b, h, qi, ki);
-                            }
+            for (int e = 0; e < 4; e++) {
+                const int kv = kvr0 + 8 * (e >> 1), qc = 8 * i + 2 * t4 + (e & 1), q = q0 + qc;
+                const float lse = s_lse[qc];
+                float pr = 0.f, dr = 0.f;
+                if (q < a.q_len && kv < a.kv_len && lse != FGB_NEG_INF) {
+                    const int qi = q + a.q_offset, ki = kv + a.kv_offset;
+                    if (!partial || fg_mask_mod(p, b, h, qi, ki)) {
+                        const float raw = s[i][e] * a.scale;
+                        const float sc = fg_score_mod(p, raw, b, h, qi, ki);
+                        pr = fgb_exp2(sc * FGB_LOG2E - lse * FGB_LOG2E);
+                        if (pr != 0.f) {
+                            const float ds = pr * (dp[i][e] - s_delta[qc]);
+                            dr = ds * fg_score_grad(p, raw, b, h, qi, ki);
+                            if (FGB_DSPLIT == 1 || dc0 == 0) fg_accumulate_grads(p, gr, gcache, ds, raw, b, h, qi, ki);
                         }
                     }
-                    s[i][e] = pr;
-                    dp[i][e] = dr;
                 }
-
-            /* dV += P^T dO and dK += dR^T Q over this block's output columns,
-             * P^T and dR^T packed from the accumulator layout to A fragments. */
-#pragma unroll
-            for (int kc = 0; kc < FGB_BLOCK_M / 16; kc++) {
-                fg_u32 pa[4], ra[4];
-                fgb_to_a(pa, s[2 * kc], s[2 * kc + 1]);
-                fgb_to_a(ra, dp[2 * kc], dp[2 * kc + 1]);
-#pragma unroll
-                for (int dpair = 0; dpair < FGB_DCTILES / 2; dpair++) {
-                    fg_u32 of[4], qf[4];
-                    const int col = dc0 + dpair * 16 + bk_col;
-                    fga_ldsm4t(sO + (fg_u32)(((kc * 16 + bk_row) * FGB_ROW + col) * 2), of[0], of[1], of[2], of[3]);
-                    fga_ldsm4t(sQ + (fg_u32)(((kc * 16 + bk_row) * FGB_ROW + col) * 2), qf[0], qf[1], qf[2], qf[3]);
-                    fga_mma(dv[2 * dpair], pa, of[0], of[1]);
-                    fga_mma(dv[2 * dpair + 1], pa, of[2], of[3]);
-                    fga_mma(dk[2 * dpair], ra, qf[0], qf[1]);
-                    fga_mma(dk[2 * dpair + 1], ra, qf[2], qf[3]);
-                }
+                s[i][e] = pr;
+                dp[i][e] = dr;
             }
 
-            if (!a.dq_atomic) continue; /* dQ has a pass of its own */
-
-            /* dR^T to shared memory for dQ = dR K. */
+        /* dV += P^T dO and dK += dR^T Q over this block's output columns,
+         * P^T and dR^T packed from the accumulator layout to A fragments. */
 #pragma unroll
-            for (int i = 0; i < FGB_MTILES; i++) {
-                const int r = warp * 16 + g, c = 8 * i + 2 * t4;
-                *(fg_u32 *)(fgb_smem + (sS - sK) + (r * FGB_SROW + c) * 2) = fg_pack2(dp[i][0], dp[i][1]);
-                *(fg_u32 *)(fgb_smem + (sS - sK) + ((r + 8) * FGB_SROW + c) * 2) = fg_pack2(dp[i][2], dp[i][3]);
+        for (int kc = 0; kc < FGB_BLOCK_M / 16; kc++) {
+            fg_u32 pa[4], ra[4];
+            fgb_to_a(pa, s[2 * kc], s[2 * kc + 1]);
+            fgb_to_a(ra, dp[2 * kc], dp[2 * kc + 1]);
+#pragma unroll
+            for (int dpair = 0; dpair < FGB_DCTILES / 2; dpair++) {
+                fg_u32 of[4], qf[4];
+                const int col = dc0 + dpair * 16 + bk_col;
+                fga_ldsm4t(sO + (fg_u32)(((kc * 16 + bk_row) * FGB_ROW + col) * 2), of[0], of[1], of[2], of[3]);
+                fga_ldsm4t(sQ + (fg_u32)(((kc * 16 + bk_row) * FGB_ROW + col) * 2), qf[0], qf[1], qf[2], qf[3]);
+                fga_mma(dv[2 * dpair], pa, of[0], of[1]);
+                fga_mma(dv[2 * dpair + 1], pa, of[2], of[3]);
+                fga_mma(dk[2 * dpair], ra, qf[0], qf[1]);
+                fga_mma(dk[2 * dpair + 1], ra, qf[2], qf[3]);
             }
-            __syncthreads();
+        }
 
-            /* dQ[slab rows][this warp's columns] = dR K, added to the fp32
-             * accumulator. A from dR^T ([kv][q], transposed), B from K
-             * ([kv][d], transposed). */
-            if (warp / FGB_QSLABS < FGB_QPARTS) {
-                const int slab = warp % FGB_QSLABS, part = warp / FGB_QSLABS;
-                const int qcol0 = dc0 + part * FGB_QCOLS;
-                float dq[FGB_QCOLS / 8][4];
+        if (!a.dq_atomic) continue; /* dQ has a pass of its own */
+
+        /* dR^T to shared memory for dQ = dR K. */
 #pragma unroll
-                for (int i = 0; i < FGB_QCOLS / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+        for (int i = 0; i < FGB_MTILES; i++) {
+            const int r = warp * 16 + g, c = 8 * i + 2 * t4;
+            *(fg_u32 *)(fgb_smem + (sS - sK) + (r * FGB_SROW + c) * 2) = fg_pack2(dp[i][0], dp[i][1]);
+            *(fg_u32 *)(fgb_smem + (sS - sK) + ((r + 8) * FGB_SROW + c) * 2) = fg_pack2(dp[i][2], dp[i][3]);
+        }
+        __syncthreads();
+
+        /* dQ[slab rows][this warp's columns] = dR K, added to the fp32
+         * accumulator. A from dR^T ([kv][q], transposed), B from K
+         * ([kv][d], transposed). */
+        if (warp / FGB_QSLABS < FGB_QPARTS) {
+            const int slab = warp % FGB_QSLABS, part = warp / FGB_QSLABS;
+            const int qcol0 = dc0 + part * FGB_QCOLS;
+            float dq[FGB_QCOLS / 8][4];
 #pragma unroll
-                for (int kc = 0; kc < FGB_BLOCK_N / 16; kc++) {
-                    fg_u32 af[4];
-                    fga_ldsm4t(sS + (fg_u32)(((kc * 16 + bn_row) * FGB_SROW + slab * 16 + bn_col) * 2), af[0], af[1], af[2], af[3]);
+            for (int i = 0; i < FGB_QCOLS / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
 #pragma unroll
-                    for (int dpair = 0; dpair < FGB_QCOLS / 16; dpair++) {
-                        fg_u32 kf[4];
-                        fga_ldsm4t(sK + (fg_u32)(((kc * 16 + bk_row) * FGB_ROW + qcol0 + dpair * 16 + bk_col) * 2), kf[0], kf[1], kf[2], kf[3]);
-                        fga_mma(dq[2 * dpair], af, kf[0], kf[1]);
-                        fga_mma(dq[2 * dpair + 1], af, kf[2], kf[3]);
-                    }
+            for (int kc = 0; kc < FGB_BLOCK_N / 16; kc++) {
+                fg_u32 af[4];
+                fga_ldsm4t(sS + (fg_u32)(((kc * 16 + bn_row) * FGB_SROW + slab * 16 + bn_col) * 2), af[0], af[1], af[2], af[3]);
+#pragma unroll
+                for (int dpair = 0; dpair < FGB_QCOLS / 16; dpair++) {
+                    fg_u32 kf[4];
+                    fga_ldsm4t(sK + (fg_u32)(((kc * 16 + bk_row) * FGB_ROW + qcol0 + dpair * 16 + bk_col) * 2), kf[0], kf[1], kf[2], kf[3]);
+                    fga_mma(dq[2 * dpair], af, kf[0], kf[1]);
+                    fga_mma(dq[2 * dpair + 1], af, kf[2], kf[3]);
                 }
-#pragma unroll
-                for (int i = 0; i < FGB_QCOLS / 8; i++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int q = q0 + slab * 16 + g + 8 * (e >> 1);
-                        if (q < a.q_len && (FGB_DSPLIT == 1 || qcol0 + 8 * i + 2 * t4 < FGB_D))
-                            atomicAdd((float *)a.dq_accum + (row_base + q) * FGB_D + qcol0 + 8 * i + 2 * t4 + (e & 1),
-                                      dq[i][e]);
-                    }
             }
+#pragma unroll
+            for (int i = 0; i < FGB_QCOLS / 8; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int q = q0 + slab * 16 + g + 8 * (e >> 1);
+                    if (q < a.q_len && (FGB_DSPLIT == 1 || qcol0 + 8 * i + 2 * t4 < FGB_D))
+                        atomicAdd((float *)a.dq_accum + (row_base + q) * FGB_D + qcol0 + 8 * i + 2 * t4 + (e & 1),
+                                  dq[i][e]);
+                }
         }
     }
 
