@@ -88,15 +88,16 @@ static fg_status check_alignment(fg_ctx *ctx, const fg_attention_bwd_args *b, co
 
 /* Both directions of the block mask against the tiles of the passes that
  * walk them: the dK/dV pass steps through a kv block's q blocks by its
- * q tile and covers 64 kv rows, the dQ pass (deterministic) steps through a
- * q block's kv blocks by its kv tile and covers 64 q rows. */
+ * q tile and covers 64 or 128 kv rows (kv_rows: 64 for 64-row kv blocks),
+ * the dQ pass (deterministic) steps through a q block's kv blocks by its kv
+ * tile and covers 64 q rows. */
 static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_attention_args *a,
                                  fgi_attn_bwd_abi *abi) {
     fg_block_mask *m = (fg_block_mask *)a->block_mask; /* uploading is a cache fill */
     const fg_block_mask_desc *d = &m->desc;
     const fgi_kernel_geom *kv = &k->geom[FGI_BWD_DKDV], *q = &k->geom[FGI_BWD_DQ_TILES];
     const int qmul = kv->block_m > q->block_m ? kv->block_m : q->block_m;
-    const int kvmul = kv->block_n > q->block_n ? kv->block_n : q->block_n;
+    const int kvmul = 64 > q->block_n ? 64 : q->block_n;
     if (d->q_block % qmul != 0 || d->kv_block % kvmul != 0)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
                          "block mask blocks %d x %d: the backward kernels (head dim %d) need q blocks "
@@ -119,6 +120,10 @@ static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_atten
     abi->bm_kv_blocks = m->kv_blocks;
     abi->bm_q_block = d->q_block;
     abi->bm_kv_block = d->kv_block;
+    if (d->kv_block % abi->kv_rows != 0) {
+        abi->kv_rows = 64;
+        abi->kv_tiles = (a->kv_len + 63) / 64;
+    }
     return FG_OK;
 }
 
@@ -152,6 +157,7 @@ static void fill_abi(const fg_kernel *k, const fg_attention_bwd_args *b, const f
     abi->scale = fgi_attn_scale(a);
     abi->scale_log2 = (float)((double)abi->scale * 1.4426950408889634);
     const int bn = k->geom[FGI_BWD_DKDV].block_n, bm = k->geom[FGI_BWD_DQ_TILES].block_m;
+    abi->kv_rows = bn; /* block_mask_args may halve it */
     abi->kv_tiles = (a->kv_len + bn - 1) / bn;
     abi->q_tiles = (a->q_len + bm - 1) / bm;
     abi->dq_atomic = b->deterministic ? 0 : 1;

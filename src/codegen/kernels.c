@@ -80,9 +80,10 @@ static fgi_kernel_geom fwd_sm90_geometry(const fg_kernel_config *c, int entry) {
 /* The portable backward (templates/attention/attention_bwd.cuh), four warps
  * per block for every entry point. Its rows are padded by 8 elements.
  *   pre, dq: a warp per query row, no shared memory;
- *   dkdv: 64 kv rows (K, V kept), dR^T ([kv][q], rows of FGB_BLOCK_M + 8),
- *     then two stages of the q steps' Q and dO (FGB_BLOCK_M rows: 64 to head
- *     dim 64, else 32) and of their lse and delta;
+ *   dkdv: eight warps and 128 kv rows to head dim 128, four and 64 over
+ *     it (K, V kept), dR^T ([kv][q], rows of FGB_BLOCK_M + 8), then two
+ *     stages of the q steps' Q and dO (FGB_BLOCK_M rows: 64 to head dim 64,
+ *     else 32) and of their lse and delta;
  *   dq_tiles: 64 q rows (Q, dO kept) against kv steps of 64 rows (32 over
  *     head dim 128) of K and V;
  *   fixed_to_float: a thread per gradient element. */
@@ -92,7 +93,8 @@ static fgi_kernel_geom bwd_geometry(const fg_kernel_config *c, int entry) {
     fgi_kernel_geom g = {.threads = 128, .bands = c->head_dim > 128 ? 2 : 1};
     const size_t row = (size_t)(c->head_dim + 8) * 2;
     if (entry == FGI_BWD_DKDV) {
-        g.block_n = 64;
+        g.threads = c->head_dim > 128 ? 128 : 256;
+        g.block_n = g.threads / 2; /* 16 kv rows a warp */
         g.block_m = c->head_dim > 64 ? 32 : 64;
         g.smem = (size_t)(2 * g.block_n + 2 * 2 * g.block_m) * row + (size_t)g.block_n * (g.block_m + 8) * 2 +
                  2 * 2 * (size_t)g.block_m * 4;

@@ -58,7 +58,19 @@
 #define FGB_NWARPS 4
 #define FGB_THREADS (FGB_NWARPS * 32)
 #define FGB_D FG_HEAD_DIM
-#define FGB_BLOCK_N 64                     /* kv rows per thread block: 16 a warp */
+/* The dK/dV pass: a warp per 16 kv rows, eight warps (128 kv rows) to head
+ * dim 128, so each q step's Q and dO loads and dQ atomics serve twice the
+ * kv rows (the pass is bound by L2 traffic, and that is most of it); four
+ * over head dim 128, where eight would not fit an sm_80 block's shared
+ * memory. With a block mask of 64-row kv blocks, a block covers 64 rows
+ * (kv_rows) and the upper warps idle. */
+#if FG_HEAD_DIM > 128
+#define FGB_KV_WARPS 4
+#else
+#define FGB_KV_WARPS 8
+#endif
+#define FGB_KV_THREADS (FGB_KV_WARPS * 32)
+#define FGB_BLOCK_N (16 * FGB_KV_WARPS)    /* kv rows per thread block (at most)  */
 #if FG_HEAD_DIM > 64
 #define FGB_BLOCK_M 32                     /* q rows per step                     */
 #else
@@ -83,8 +95,8 @@
 /* Warps that share a dQ slab, each taking a band of columns (a multiple of
  * 16); where the columns do not split evenly, one warp per slab and the
  * others rest. */
-#if FGB_DC % (16 * (FGB_NWARPS / FGB_QSLABS)) == 0
-#define FGB_QPARTS (FGB_NWARPS / FGB_QSLABS)
+#if FGB_DC % (16 * (FGB_KV_WARPS / FGB_QSLABS)) == 0
+#define FGB_QPARTS (FGB_KV_WARPS / FGB_QSLABS)
 #else
 #define FGB_QPARTS 1
 #endif
@@ -172,11 +184,11 @@ __device__ __forceinline__ void fg_grad_add_warp(long long *acc, int i, double v
 /* Rows [r0, r0 + ROWS) of a [len, D] slab into shared memory (padded rows);
  * rows at or past `len` are zero-filled (a zero row times anything is 0,
  * where stale shared memory could hold a NaN). */
-template <int ROWS>
+template <int ROWS, int THREADS = FGB_THREADS>
 static __device__ __forceinline__ void fgb_load_tile(fg_u32 smem, const fg_u16 *base, fg_i64 row_stride, int r0,
                                                      int len) {
 #pragma unroll 4
-    for (int c = threadIdx.x; c < ROWS * FGB_CHUNKS; c += FGB_THREADS) {
+    for (int c = threadIdx.x; c < ROWS * FGB_CHUNKS; c += THREADS) {
         const int r = c / FGB_CHUNKS, ch = c % FGB_CHUNKS;
         const bool ok = r0 + r < len;
         const fg_u16 *src = ok ? base + (fg_i64)(r0 + r) * row_stride + ch * 8 : base;
@@ -317,10 +329,10 @@ static __device__ __forceinline__ void fgb_dkdv_load(const fgb_args &a, int b, i
     const int q0 = fgb_item_start(pl, j, partial);
     const fg_u16 *qp = (const fg_u16 *)a.q + (fg_i64)b * a.q_stride[0] + (fg_i64)h * a.q_stride[1];
     const fg_u16 *op = (const fg_u16 *)a.dout + (fg_i64)b * a.do_stride[0] + (fg_i64)h * a.do_stride[1];
-    fgb_load_tile<FGB_BLOCK_M>(sQ, qp, a.q_stride[2], q0, a.q_len);
-    fgb_load_tile<FGB_BLOCK_M>(sQ + FGB_BLOCK_M * FGB_ROW * 2, op, a.do_stride[2], q0, a.q_len);
+    fgb_load_tile<FGB_BLOCK_M, FGB_KV_THREADS>(sQ, qp, a.q_stride[2], q0, a.q_len);
+    fgb_load_tile<FGB_BLOCK_M, FGB_KV_THREADS>(sQ + FGB_BLOCK_M * FGB_ROW * 2, op, a.do_stride[2], q0, a.q_len);
     const fg_i64 row_base = ((fg_i64)b * a.heads_q + h) * a.q_len;
-    for (int i = threadIdx.x; i < 2 * FGB_BLOCK_M; i += FGB_THREADS) {
+    for (int i = threadIdx.x; i < 2 * FGB_BLOCK_M; i += FGB_KV_THREADS) {
         const int r = i % FGB_BLOCK_M;
         const bool in = q0 + r < a.q_len;
         const float *src = (const float *)(i < FGB_BLOCK_M ? a.lse : a.delta) + (in ? row_base + q0 + r : 0);
@@ -340,7 +352,7 @@ static __device__ __forceinline__ void fgb_to_a(fg_u32 (&f)[4], const float (&c0
 /* Grid (kv_tiles * FGB_DSPLIT, Hkv, B). Two blocks per SM at most: the
  * register budget is 255 a thread (with the bound on threads alone, ptxas
  * aims at three blocks and spills at some head dims). */
-extern "C" __global__ void __launch_bounds__(FGB_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(FGB_KV_THREADS, FGB_KV_WARPS == 4 ? 2 : 1)
 fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant__ fg_mod_params p,
                       const __grid_constant__ fg_mod_grads gr) {
     extern __shared__ __align__(128) unsigned char fgb_smem[];
@@ -358,12 +370,13 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
     const int kvt = blockIdx.x / FGB_DSPLIT, dc0 = (blockIdx.x % FGB_DSPLIT) * FGB_DC;
     const int hk = blockIdx.y, b = blockIdx.z;
     const int group = a.heads_q / a.heads_kv;
-    const int kv0 = kvt * FGB_BLOCK_N;
+    const int kv0 = kvt * a.kv_rows;
+    const int kv_end = min(a.kv_len, kv0 + a.kv_rows); /* this block's rows end here */
 
     const fg_u16 *kp = (const fg_u16 *)a.k + (fg_i64)b * a.k_stride[0] + (fg_i64)hk * a.k_stride[1];
     const fg_u16 *vp = (const fg_u16 *)a.v + (fg_i64)b * a.v_stride[0] + (fg_i64)hk * a.v_stride[1];
-    fgb_load_tile<FGB_BLOCK_N>(sK, kp, a.k_stride[2], kv0, a.kv_len);
-    fgb_load_tile<FGB_BLOCK_N>(sV, vp, a.v_stride[2], kv0, a.kv_len);
+    fgb_load_tile<FGB_BLOCK_N, FGB_KV_THREADS>(sK, kp, a.k_stride[2], kv0, kv_end);
+    fgb_load_tile<FGB_BLOCK_N, FGB_KV_THREADS>(sV, vp, a.v_stride[2], kv0, kv_end);
 
     /* ldmatrix lane patterns: A from a row-major [m][k] tile; B from a
      * [n][k] tile (no transpose) or a [k][n] tile (transposed); A from a
@@ -462,7 +475,7 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                 const int kv = kvr0 + 8 * (e >> 1), qc = 8 * i + 2 * t4 + (e & 1), q = q0 + qc;
                 const float lse = s_lse[qc];
                 float pr = 0.f, dr = 0.f;
-                if (q < a.q_len && kv < a.kv_len && lse != FGB_NEG_INF) {
+                if (q < a.q_len && kv < kv_end && lse != FGB_NEG_INF) {
                     const int qi = q + a.q_offset, ki = kv + a.kv_offset;
                     if (!partial || fg_mask_mod(p, b, h, qi, ki)) {
                         const float raw = s[i][e] * a.scale;
@@ -553,7 +566,7 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
 #pragma unroll
         for (int half = 0; half < 2; half++) {
             const int kv = kvr0 + 8 * half, c = dc0 + 8 * i + 2 * t4;
-            if (kv >= a.kv_len || (FGB_DSPLIT > 1 && c >= FGB_D)) continue;
+            if (kv >= kv_end || (FGB_DSPLIT > 1 && c >= FGB_D)) continue;
             *(fg_u32 *)(dkp + (fg_i64)kv * a.dk_stride[2] + c) =
                 fg_pack2(dk[i][2 * half] * a.scale, dk[i][2 * half + 1] * a.scale);
             *(fg_u32 *)(dvp + (fg_i64)kv * a.dv_stride[2] + c) = fg_pack2(dv[i][2 * half], dv[i][2 * half + 1]);
