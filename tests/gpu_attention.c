@@ -169,20 +169,6 @@ static int portable_only(void **state) {
 
 /* ---- the gallery sweep ------------------------------------------------------ */
 
-static const char *const gallery[] = {"noop",  "causal", "sliding_window", "prefix_lm",
-                                      "document", "jagged", "sasa", "natten",
-                                      "alibi", "softcap", "flamingo"};
-#define NGALLERY (int)(sizeof gallery / sizeof gallery[0])
-
-typedef struct shape {
-    int b, hq, hkv, q, kv;
-} shape;
-static const shape shapes[] = {
-    {1, 2, 2, 1, 1},     {2, 2, 1, 17, 129},  {1, 2, 2, 127, 127}, {1, 1, 1, 129, 1000},
-    {2, 2, 2, 257, 255}, {1, 1, 1, 1000, 17}, {1, 2, 1, 1000, 1000},
-};
-#define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
-
 static void test_gallery(void **state) {
     (void)state;
     fg_ctx *ctx = gpu_ctx();

@@ -10,6 +10,14 @@
 
 uint64_t rng = 0x5eed1234abcdULL;
 
+const char *const gallery[NGALLERY] = {"noop",     "causal", "sliding_window", "prefix_lm",
+                                       "document", "jagged", "sasa",           "natten",
+                                       "alibi",    "softcap", "flamingo"};
+const shape shapes[NSHAPES] = {
+    {1, 2, 2, 1, 1},     {2, 2, 1, 17, 129},  {1, 2, 2, 127, 127}, {1, 1, 1, 129, 1000},
+    {2, 2, 2, 257, 255}, {1, 1, 1, 1000, 17}, {1, 2, 1, 1000, 1000},
+};
+
 double normal(void) {
     double u = tu_rand_uniform(&rng), v = tu_rand_uniform(&rng);
     return sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v);

@@ -35,6 +35,16 @@ typedef struct binds {
     int n;
 } binds;
 
+/* The gallery's mods, and the shapes the gallery sweeps rotate through
+ * (lengths 1, 17, 127, 129, 1000, Q_LEN != KV_LEN, GQA and MQA). */
+extern const char *const gallery[];
+#define NGALLERY 11
+typedef struct shape {
+    int b, hq, hkv, q, kv;
+} shape;
+extern const shape shapes[];
+#define NSHAPES 7
+
 /* The tests' random stream (reseeded by nobody: every run draws the same). */
 extern uint64_t rng;
 
