@@ -4,12 +4,15 @@
 # Run from the repository root on a machine with a CUDA GPU, PyTorch and
 # Triton, over a release build made elsewhere:
 #     bench/run_compare.sh BUILD_DIR [STEP...]
-# Steps (default: env tests compare128 compare64 cbench):
+# Steps (default: env tests compare128 compare64 cbench; the backward's
+# steps bwd128 bwd64 run when named):
 #     env         the device, driver, clocks and versions
 #     tests       python/test_flexgen.py (the GPU part included)
 #     quick       compare_torch.py on a small shape (B=1 H=8 S=2048), all mods
 #     compare128  compare_torch.py at B=4 H=16 S=8192 D=128 bf16 (the default)
 #     compare64   the same at D=64
+#     bwd128      compare_torch.py --backward on the mods, D=128
+#     bwd64       the same at D=64
 #     cbench      flexgen bench (the C benchmark) at the default shape
 #     cquick      flexgen bench on the small shape
 # $LABEL, when set, is recorded in the comparison's JSON (the commit built).
@@ -66,6 +69,11 @@ for s in $STEPS; do
     compare64)
         step compare64 python3 bench/compare_torch.py --head-dim 64 ${LABEL:+--label "$LABEL"} \
             --json "$OUT/compare_d64.json" --png "$OUT/compare_d64.png"
+        ;;
+    bwd128 | bwd64)
+        step "$s" python3 bench/compare_torch.py --backward --head-dim "${s#bwd}" ${LABEL:+--label "$LABEL"} \
+            --mods noop,causal,sliding_window,document,alibi,softcap \
+            --json "$OUT/backward_d${s#bwd}.json" --png "$OUT/backward_d${s#bwd}.png"
         ;;
     cbench)
         step cbench "$BUILD/tools/flexgen" bench --json "$OUT/bench_c.json"
