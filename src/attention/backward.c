@@ -290,6 +290,8 @@ fg_status fg_attention_backward(fg_ctx *ctx, const fg_mod *mod, const fg_attenti
     fgi_attn_strides st;
     fgi_attn_bwd_strides bs;
     FGI_TRY(fgi_attn_check_bwd_args(ctx, mod, &b, &st, &bs));
+    /* before a compile that could not be used */
+    FGI_CHECK_ARG(ctx, fwd.lse, "the backward needs the forward's lse (fg_attention_args.lse is NULL)");
     fg_kernel_config cfg = fg_kernel_config_init();
     cfg.kind = FG_KERNEL_ATTENTION_BWD;
     cfg.dtype = fwd.dtype;
