@@ -151,9 +151,10 @@ typedef struct fgi_param_blob {
 
 /* Resolve the mod's parameters from `binds` (fgi_bind: defaults for
  * unbound scalars, FG_ERR_UNBOUND for a missing buffer or a wrong binding)
- * and pack them into `blob`. */
+ * and pack them into `blob`; `bound` (FGI_MAX_PARAMS entries, may be NULL)
+ * receives the resolved values. */
 fg_status fgi_kernel_pack_params(fg_ctx *ctx, const fg_kernel *k, const fg_binding *binds, size_t nbinds,
-                                 fgi_param_blob *blob);
+                                 fgi_param_blob *blob, fgi_value *bound);
 
 /* Queue entry point `entry` of k on `stream` (a CUstream; NULL: the default
  * stream) over `grid`, with the block size and dynamic shared memory of the

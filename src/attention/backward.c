@@ -233,9 +233,8 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *
     if (a->block_mask) FGI_TRY(block_mask_args(ctx, k, a, &abi));
 
     fgi_param_blob blob;
-    FGI_TRY(fgi_kernel_pack_params(ctx, k, a->binds, a->nbinds, &blob));
     fgi_value bound[FGI_MAX_PARAMS];
-    FGI_TRY(fgi_bind(ctx, &k->params, a->binds, a->nbinds, bound));
+    FGI_TRY(fgi_kernel_pack_params(ctx, k, a->binds, a->nbinds, &blob, bound));
     const fgi_grad_layout *L = &k->grads;
     const void *grads[FGI_MAX_GRAD_BUFFERS];
     int64_t glen[FGI_MAX_GRAD_BUFFERS];

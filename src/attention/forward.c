@@ -204,7 +204,7 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
     if (a->block_mask) FGI_TRY(block_mask_args(ctx, k, a, &abi));
 
     fgi_param_blob blob;
-    FGI_TRY(fgi_kernel_pack_params(ctx, k, a->binds, a->nbinds, &blob));
+    FGI_TRY(fgi_kernel_pack_params(ctx, k, a->binds, a->nbinds, &blob, NULL));
 
     hopper_maps maps; /* 64-byte aligned, as CUtensorMap is */
     if (k->kernel->variant == FGI_VARIANT_SM90) FGI_TRY(encode_maps(ctx, a, &st, &maps));

@@ -168,8 +168,9 @@ fg_status fgi_kernel_check_context(fg_ctx *ctx, const fg_kernel *k) {
 }
 
 fg_status fgi_kernel_pack_params(fg_ctx *ctx, const fg_kernel *k, const fg_binding *binds, size_t nbinds,
-                                 fgi_param_blob *blob) {
-    fgi_value values[FGI_MAX_PARAMS];
+                                 fgi_param_blob *blob, fgi_value *bound) {
+    fgi_value own[FGI_MAX_PARAMS];
+    fgi_value *values = bound ? bound : own;
     FGI_TRY(fgi_bind(ctx, &k->params, binds, nbinds, values));
     fgi_param_layout layout;
     fgi_param_layout_compute(&k->params, &layout);
