@@ -314,10 +314,16 @@ typedef enum fg_kernel_kind {
     FG_KERNEL_ATTENTION_FWD_SM90 = 3,/* the Hopper forward kernel (wgmma,
                                         sm_90a only; head dim 64 or 128,
                                         q and kv blocks of 128 or more)   */
-    FG_KERNEL_ATTENTION_BWD = 4      /* the backward attention kernels
+    FG_KERNEL_ATTENTION_BWD = 4,     /* the backward attention kernels
                                         (portable, mma.sync, sm_80+): one
                                         module with the preprocess, dK/dV,
-                                        dQ and conversion entry points    */
+                                        dQ and conversion entry points;
+                                        fg_kernel_get picks the Hopper one
+                                        for it where that one applies     */
+    FG_KERNEL_ATTENTION_BWD_SM90 = 5 /* the Hopper backward (its dK/dV
+                                        pass on wgmma and TMA, sm_90a
+                                        only; head dim 64 or 128, kv
+                                        blocks of multiples of 128)       */
 } fg_kernel_kind;
 
 /* Everything that selects a compiled kernel besides the mods. Growable
@@ -524,13 +530,14 @@ static inline fg_attention_args fg_attention_args_init(void) {
 /* A compiled attention kernel for one mod and configuration, fetched once
  * (from the cache, compiling on a miss) and launched many times: the forward
  * (kind FG_KERNEL_ATTENTION_FWD or _SM90, fg_kernel_launch) or the backward
- * (FG_KERNEL_ATTENTION_BWD, fg_kernel_launch_backward). */
+ * (FG_KERNEL_ATTENTION_BWD or _SM90, fg_kernel_launch_backward). */
 typedef struct fg_kernel fg_kernel;
 FG_API fg_status fg_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *config,
                                fg_kernel **out);
 FG_API void fg_kernel_release(fg_kernel *kernel);
 /* Which kernel fg_kernel_get chose: FG_KERNEL_ATTENTION_FWD (the portable
- * one) or FG_KERNEL_ATTENTION_FWD_SM90; 0 for NULL. */
+ * one) or FG_KERNEL_ATTENTION_FWD_SM90, FG_KERNEL_ATTENTION_BWD or
+ * FG_KERNEL_ATTENTION_BWD_SM90; 0 for NULL. */
 FG_API fg_kernel_kind fg_kernel_kind_of(const fg_kernel *kernel);
 
 /* Run the forward pass on the GPU (device pointers). Asynchronous on the

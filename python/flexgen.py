@@ -68,6 +68,7 @@ FG_MASK_MOD, FG_SCORE_MOD = 1, 2
 FG_BF16, FG_FP16 = 1, 2
 FG_KERNEL_ATTENTION_FWD = 1
 FG_KERNEL_ATTENTION_BWD = 4
+FG_KERNEL_ATTENTION_BWD_SM90 = 5
 FG_OPT_DEVICE, FG_OPT_ARCH, FG_OPT_CACHE_DIR, FG_OPT_DISK_CACHE = 1, 2, 3, 4
 FG_BM_ARRAYS = {
     "kv_num_blocks": 1, "kv_indices": 2, "full_kv_num_blocks": 3, "full_kv_indices": 4,

@@ -15,7 +15,10 @@
  * block mask, BSHD, odd head dims (16 to 256), buffer gradients (ALiBi
  * slopes, a relative-bias table, a per-head temperature), and every case
  * once more in deterministic mode, which must also give the same bits
- * twice. Errors only a device call meets close it.
+ * twice. On a Hopper GPU the table runs over the Hopper kernels (head
+ * dims 64 and 128; the others, and kv blocks under 128, take the portable
+ * ones), then once more with FG_OPT_HOPPER_KERNEL 0 over the portable
+ * ones. Errors only a device call meets close it.
  * FLEXGEN_TEST_QUICK=1 runs a reduced table (for compute-sanitizer). */
 #include "gpu_cases.h"
 
@@ -43,7 +46,10 @@
     "    return score * (1.0 + 0.25 * (float)h) - 0.5 * (float)b;\n}\n"
 
 static int failures = 0;
-static int deterministic = 0; /* the mode of the running test */
+static int deterministic = 0;   /* the mode of the running test           */
+static int hopper_allowed = 1;  /* its FG_OPT_HOPPER_KERNEL: 0 keeps the
+                                   portable kernels where the Hopper ones
+                                   would apply (head dims 64 and 128)     */
 
 static bool quick(void) {
     const char *q = getenv("FLEXGEN_TEST_QUICK");
@@ -246,8 +252,8 @@ static void run_case(fg_ctx *ctx, const acase *c) {
     bool ok = eq <= tol && ek <= tol && ev <= tol && nonfinite == 0 && pad_written == 0 && differs == 0;
     for (int k = 0; k < gr.n; k++) ok &= eg[k] <= tol;
     const double t_end = fgi_now_ms();
-    printf("%-4s %s%s: dq %.2e dk %.2e dv %.2e", ok ? "ok" : "FAIL", deterministic ? "[deterministic] " : "",
-           name, eq, ek, ev);
+    printf("%-4s %s%s%s: dq %.2e dk %.2e dv %.2e", ok ? "ok" : "FAIL", deterministic ? "[deterministic] " : "",
+           hopper_allowed ? "" : "[portable] ", name, eq, ek, ev);
     for (int k = 0; k < gr.n; k++) printf(" d%s %.2e", gr.name[k], eg[k]);
     printf(" (setup %.0f ms, gpu %.0f ms, reference %.0f ms)\n", t_gpu - t_start, t_ref - t_gpu, t_end - t_ref);
     if (!ok) {
@@ -274,17 +280,23 @@ static fg_ctx *gpu_ctx(void) {
     fg_ctx *ctx;
     assert_int_equal(fg_ctx_create(&ctx), FG_OK);
     assert_int_equal(fgi_cuda_ready(ctx), FG_OK);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_HOPPER_KERNEL, hopper_allowed), FG_OK);
     return ctx;
 }
 
 static int atomic_mode(void **state) {
     (void)state;
-    deterministic = 0;
+    deterministic = 0, hopper_allowed = 1;
     return 0;
 }
 static int deterministic_mode(void **state) {
     (void)state;
-    deterministic = 1;
+    deterministic = 1, hopper_allowed = 1;
+    return 0;
+}
+static int portable_mode(void **state) {
+    (void)state;
+    deterministic = 0, hopper_allowed = 0;
     return 0;
 }
 
@@ -408,8 +420,11 @@ static void test_device_errors(void **state) {
     fg_kernel_config cfg = FG_KERNEL_CONFIG_INIT;
     cfg.kind = FG_KERNEL_ATTENTION_BWD, cfg.head_dim = D;
     fg_kernel *k = NULL;
+    int major = 0, minor = 0;
+    assert_int_equal(fgi_cuda_arch(ctx, &major, &minor), FG_OK);
+    const bool hopper = major == 9 && minor == 0;
     assert_int_equal(fg_kernel_get(ctx, mod, &cfg, &k), FG_OK);
-    assert_int_equal(fg_kernel_kind_of(k), FG_KERNEL_ATTENTION_BWD);
+    assert_int_equal(fg_kernel_kind_of(k), hopper ? FG_KERNEL_ATTENTION_BWD_SM90 : FG_KERNEL_ATTENTION_BWD);
     fg_cache_stats s0, s1;
     fg_cache_get_stats(&s0);
     for (int i = 0; i < 5; i++) assert_int_equal(fg_kernel_launch_backward(ctx, k, &b), FG_OK);
@@ -423,6 +438,22 @@ static void test_device_errors(void **state) {
     assert_int_equal(fg_kernel_get(ctx, mod, &cfg, &fk), FG_OK);
     assert_int_equal(fg_kernel_launch_backward(ctx, fk, &b), FG_ERR_INVALID_ARGUMENT);
     fg_kernel_release(fk);
+    /* The Hopper backward by name: only on compute capability 9.0, and not
+     * for head dims it does not take; FG_OPT_HOPPER_KERNEL 0 keeps the
+     * portable one. */
+    fg_kernel *hk = NULL;
+    cfg.kind = FG_KERNEL_ATTENTION_BWD_SM90;
+    assert_int_equal(fg_kernel_get(ctx, mod, &cfg, &hk), hopper ? FG_OK : FG_ERR_NOT_SUPPORTED);
+    if (hk) assert_int_equal(fg_kernel_launch_backward(ctx, hk, &b), FG_OK);
+    cfg.head_dim = 96;
+    fg_kernel *h96 = NULL;
+    assert_int_equal(fg_kernel_get(ctx, mod, &cfg, &h96), FG_ERR_NOT_SUPPORTED);
+    cfg.kind = FG_KERNEL_ATTENTION_BWD, cfg.head_dim = D;
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_HOPPER_KERNEL, 0), FG_OK);
+    assert_int_equal(fg_kernel_get(ctx, mod, &cfg, &fk), FG_OK);
+    assert_int_equal(fg_kernel_kind_of(fk), FG_KERNEL_ATTENTION_BWD);
+    fg_kernel_release(fk);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_HOPPER_KERNEL, 1), FG_OK);
 
     /* Bad calls: each a status, none launches. */
     fg_attention_bwd_args bad = b;
@@ -468,6 +499,23 @@ static void test_device_errors(void **state) {
     bad = b, bad.fwd = &ma, bad.grad_binds = NULL, bad.ngrad_binds = 0;
     assert_int_equal(fg_attention_backward(ctx, causal, &bad), FG_ERR_NOT_SUPPORTED);
     fg_block_mask_destroy(bm);
+    /* kv blocks of 64: the Hopper kernel refuses them, fg_attention_backward
+     * falls back to the portable one */
+    fg_block_mask_desc d64 = {1, 1, S, S, 128, 64, sizeof(fg_block_mask_desc)};
+    assert_int_equal(fg_block_mask_create(ctx, causal, &d64, NULL, 0, &bm), FG_OK);
+    ma.block_mask = bm;
+    assert_int_equal(fg_attention_forward(ctx, causal, &ma), FG_OK);
+    assert_int_equal(fg_attention_backward(ctx, causal, &bad), FG_OK);
+    if (hopper) {
+        fg_kernel *ck = NULL;
+        cfg.kind = FG_KERNEL_ATTENTION_BWD_SM90;
+        assert_int_equal(fg_kernel_get(ctx, causal, &cfg, &ck), FG_OK);
+        assert_int_equal(fg_kernel_launch_backward(ctx, ck, &bad), FG_ERR_NOT_SUPPORTED);
+        fg_kernel_release(ck);
+    }
+    assert_int_equal(fgi_cu()->cuCtxSynchronize(), CUDA_SUCCESS);
+    fg_block_mask_destroy(bm);
+    fg_kernel_release(hk);
     fg_mod_destroy(causal);
 
     fg_kernel_release(k);
@@ -485,6 +533,8 @@ int main(void) {
         cmocka_unit_test_setup(test_gallery, atomic_mode),
         cmocka_unit_test_setup(test_features, deterministic_mode),
         cmocka_unit_test_setup(test_gallery, deterministic_mode),
+        cmocka_unit_test_setup(test_features, portable_mode),
+        cmocka_unit_test_setup(test_gallery, portable_mode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

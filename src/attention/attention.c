@@ -170,3 +170,32 @@ fg_status fgi_attn_check_aligned(fg_ctx *ctx, const char *name, const void *p, c
                              name, (long long)st[d], d, elems);
     return FG_OK;
 }
+
+/* ---- tensor maps for the Hopper kernels ----------------------------------- */
+
+fg_status fgi_attn_tensor_map(fg_ctx *ctx, CUtensorMap *map, fg_dtype dtype, const void *ptr, int head_dim, int len,
+                              int heads, int batch, const int64_t st[3], int box_rows, const char *name) {
+    cuuint64_t dims[4] = {(cuuint64_t)head_dim, (cuuint64_t)len, (cuuint64_t)heads, (cuuint64_t)batch};
+    cuuint64_t strides[3] = {(cuuint64_t)st[2] * 2, (cuuint64_t)st[1] * 2, (cuuint64_t)st[0] * 2};
+    /* A dimension of extent 1 is never stepped over; give it a stride the
+     * encoder accepts whatever the caller passed (0, say). */
+    cuuint64_t natural = (cuuint64_t)head_dim * 2;
+    for (int i = 0; i < 3; i++) {
+        if (dims[i + 1] == 1) strides[i] = natural;
+        natural = strides[i] * dims[i + 1];
+    }
+    cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, elem[4] = {1, 1, 1, 1};
+    CUresult r = fgi_cu()->cuTensorMapEncodeTiled(
+        map, dtype == FG_FP16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+        (void *)ptr, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        const char *msg = NULL;
+        fgi_cu()->cuGetErrorString(r, &msg);
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "%s: the Hopper kernels cannot describe this tensor to TMA (strides %lld, %lld, "
+                         "%lld elements): %s; the portable kernels (FG_OPT_HOPPER_KERNEL 0) take it",
+                         name, (long long)st[0], (long long)st[1], (long long)st[2], msg ? msg : "error");
+    }
+    return FG_OK;
+}

@@ -63,13 +63,22 @@ typedef struct fgi_attn_bwd_abi {
 #define FGI_ABI_ROW(T, ...) fgi_abi_##T __VA_ARGS__;
 #include "attention/abi_bwd.def"
 } fgi_attn_bwd_abi;
-_Static_assert(sizeof(fgi_attn_bwd_abi) == 424, "fgi_attn_bwd_abi must match fgb_args");
+_Static_assert(sizeof(fgi_attn_bwd_abi) == 440, "fgi_attn_bwd_abi must match fgb_args");
 
 /* A 16-bit tensor the kernels move `align` bytes at a time: the pointer
  * aligned to it and its (b, h, s) strides multiples of align / 2 elements
  * (FG_ERR_SHAPE otherwise). */
 fg_status fgi_attn_check_aligned(fg_ctx *ctx, const char *name, const void *p, const int64_t st[3],
                                  unsigned align);
+
+/* A [batch, heads, len, D] tensor with (b, h, s) strides `st` (elements) as
+ * a TMA tensor map for the Hopper kernels: boxes of `box_rows` rows x 64
+ * columns (one 128-byte swizzle line per row) that TMA copies into shared
+ * memory in the swizzled layout wgmma reads; rows past len are zero-filled.
+ * A layout TMA cannot describe is FG_ERR_NOT_SUPPORTED (the callers then
+ * fall back to the portable kernels). */
+fg_status fgi_attn_tensor_map(fg_ctx *ctx, CUtensorMap *map, fg_dtype dtype, const void *ptr, int head_dim, int len,
+                              int heads, int batch, const int64_t st[3], int box_rows, const char *name);
 
 /* fg_kernel_get's inside (forward.c): `allow_hopper` false keeps the
  * portable row. */

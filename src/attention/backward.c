@@ -12,17 +12,25 @@
  *      directions of the block mask checked against the kernels' tiles;
  *   4. the mod's parameters, and the gradient struct (fg_mod_grads) of the
  *      buffers whose gradients are wanted;
- *   5. workspace from the stream's pool: delta, the fp32 dQ accumulator
- *      (not in deterministic mode) and the fixed-point accumulators of the
- *      buffer gradients;
- *   6. on the caller's stream, in order: the fixed-point accumulators
- *      zeroed, fg_attention_bwd_pre (delta, dQ accumulator zeroed),
+ *   5. for the Hopper kernel, tensor maps of q, k, v and dout;
+ *   6. workspace from the stream's pool: delta (and lse * log2(e) for the
+ *      Hopper kernel), the fp32 dQ accumulator (not in deterministic mode)
+ *      and the fixed-point accumulators of the buffer gradients;
+ *   7. on the caller's stream, in order: the fixed-point accumulators and
+ *      the dQ accumulator zeroed, fg_attention_bwd_pre (delta),
  *      fg_attention_bwd_dkdv (dK, dV, buffer gradients; dQ through atomics),
  *      then either fg_attention_bwd_dq (dQ from the accumulator) or,
  *      deterministic, fg_attention_bwd_dq_tiles; fg_attention_bwd_fixed_to_float
  *      per buffer gradient; the workspace given back on the stream.
  * Nothing synchronises (except where the driver has no stream-ordered
  * allocator: then the workspace is freed after a stream synchronisation).
+ *
+ * Variants: the portable kernels (templates/attention/attention_bwd.cuh)
+ * and the Hopper one (attention_bwd_sm90.cuh, whose dK/dV pass runs on
+ * wgmma and TMA and takes the tensor maps as a fourth argument) share the
+ * entry points and the argument block; fg_kernel_get chooses. A layout TMA
+ * cannot describe, or a block mask with kv blocks under 128 rows, sends
+ * fg_attention_backward back to the portable kernels.
  */
 #include "attention/attention.h"
 
@@ -103,6 +111,12 @@ static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_atten
                          "block mask blocks %d x %d: the backward kernels (head dim %d) need q blocks "
                          "that are multiples of %d and kv blocks multiples of %d",
                          d->q_block, d->kv_block, k->config.head_dim, qmul, kvmul);
+    if (k->kernel->variant == FGI_VARIANT_SM90 && d->kv_block % kv->block_n != 0)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "block mask kv blocks of %d: the Hopper backward covers %d kv rows per thread "
+                         "block and needs kv blocks that are multiples of it (the portable backward, "
+                         "FG_OPT_HOPPER_KERNEL 0, takes multiples of 64)",
+                         d->kv_block, kv->block_n);
     FGI_TRY(fgi_block_mask_check(ctx, m, a->batch, a->heads_q, a->q_len, a->kv_len, d->q_block,
                                  d->kv_block));
     FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_Q_NUM_BLOCKS, &abi->q_num));
@@ -161,6 +175,29 @@ static void fill_abi(const fg_kernel *k, const fg_attention_bwd_args *b, const f
     abi->kv_tiles = (a->kv_len + bn - 1) / bn;
     abi->q_tiles = (a->q_len + bm - 1) / bm;
     abi->dq_atomic = b->deterministic ? 0 : 1;
+    abi->q_pitch = (a->q_len + 63) / 64 * 64;
+}
+
+/* The Hopper dK/dV pass's fourth argument: q, k, v and dout as tensor maps,
+ * boxes of its q step (64 rows) for q and dout, of its 128 kv rows for k
+ * and v. */
+typedef struct hopper_maps {
+    CUtensorMap q, k, v, dout;
+} hopper_maps;
+
+static fg_status encode_maps(fg_ctx *ctx, const fg_kernel *k, const fg_attention_bwd_args *b,
+                             const fgi_attn_strides *st, const fgi_attn_bwd_strides *bs, hopper_maps *m) {
+    const fg_attention_args *a = b->fwd;
+    const fgi_kernel_geom *g = &k->geom[FGI_BWD_DKDV];
+    FGI_TRY(fgi_attn_tensor_map(ctx, &m->q, a->dtype, a->q, a->head_dim, a->q_len, a->heads_q, a->batch, st->q,
+                                g->block_m, "q"));
+    FGI_TRY(fgi_attn_tensor_map(ctx, &m->k, a->dtype, a->k, a->head_dim, a->kv_len, a->heads_kv, a->batch, st->k,
+                                g->block_n, "k"));
+    FGI_TRY(fgi_attn_tensor_map(ctx, &m->v, a->dtype, a->v, a->head_dim, a->kv_len, a->heads_kv, a->batch, st->v,
+                                g->block_n, "v"));
+    FGI_TRY(fgi_attn_tensor_map(ctx, &m->dout, a->dtype, b->dout, a->head_dim, a->q_len, a->heads_q, a->batch,
+                                bs->dout, g->block_m, "dout"));
+    return FG_OK;
 }
 
 /* ---- launch -------------------------------------------------------------------- */
@@ -169,8 +206,9 @@ static void fill_abi(const fg_kernel *k, const fg_attention_bwd_args *b, const f
  * stream, in order. `grads` are the gradient outputs (fp32) per layout
  * entry, `fixed` their fixed-point accumulators. */
 static fg_status run_passes(fg_ctx *ctx, const fg_kernel *k, const fg_attention_bwd_args *b,
-                            fgi_attn_bwd_abi *abi, fgi_param_blob *blob, unsigned char *gblob,
-                            const void *const grads[], const int64_t glen[], const CUdeviceptr fixed[]) {
+                            fgi_attn_bwd_abi *abi, fgi_param_blob *blob, unsigned char *gblob, hopper_maps *maps,
+                            size_t dq_accum_bytes, const void *const grads[], const int64_t glen[],
+                            const CUdeviceptr fixed[]) {
     const fg_attention_args *a = b->fwd;
     void *stream = a->stream;
     const fgi_grad_layout *L = &k->grads;
@@ -178,12 +216,15 @@ static fg_status run_passes(fg_ctx *ctx, const fg_kernel *k, const fg_attention_
         if (grads[i])
             FGI_CU_TRY(ctx, fgi_cu()->cuMemsetD8Async(fixed[i], 0, (size_t)glen[i] * 32, (CUstream)stream),
                        "cuMemsetD8Async");
+    if (abi->dq_accum)
+        FGI_CU_TRY(ctx, fgi_cu()->cuMemsetD8Async(abi->dq_accum, 0, dq_accum_bytes, (CUstream)stream),
+                   "cuMemsetD8Async");
     const int bands = k->geom[FGI_BWD_DKDV].bands;
     const unsigned rows[3] = {(unsigned)((a->q_len + 3) / 4), (unsigned)a->heads_q, (unsigned)a->batch};
     void *pre_args[1] = {abi};
     FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_PRE, rows, pre_args, stream));
     const unsigned kv_grid[3] = {(unsigned)(abi->kv_tiles * bands), (unsigned)a->heads_kv, (unsigned)a->batch};
-    void *dkdv_args[3] = {abi, blob->bytes, gblob};
+    void *dkdv_args[4] = {abi, blob->bytes, gblob, maps};
     FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_DKDV, kv_grid, dkdv_args, stream));
     if (abi->dq_atomic) {
         void *dq_args[1] = {abi};
@@ -240,10 +281,17 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *
     int64_t glen[FGI_MAX_GRAD_BUFFERS];
     FGI_TRY(fgi_attn_grad_binds(ctx, &k->params, L, b->grad_binds, b->ngrad_binds, bound, grads, glen));
 
-    /* Workspace: delta, the dQ accumulator, the fixed-point accumulators. */
-    const size_t rows = (size_t)a->batch * (size_t)a->heads_q * (size_t)a->q_len;
-    size_t off_accum = round_up(rows * 4), total = off_accum;
-    if (abi.dq_atomic) total += round_up(rows * (size_t)a->head_dim * 4);
+    hopper_maps maps; /* 64-byte aligned, as CUtensorMap is */
+    const bool hopper = k->kernel->variant == FGI_VARIANT_SM90;
+    if (hopper) FGI_TRY(encode_maps(ctx, k, b, &st, &bs, &maps));
+
+    /* Workspace: delta, lse2 (Hopper), the dQ accumulator, the fixed-point
+     * accumulators; every part 256-byte aligned. */
+    const size_t rows = (size_t)a->batch * (size_t)a->heads_q * (size_t)abi.q_pitch;
+    const size_t off_lse2 = round_up(rows * 4);
+    size_t off_accum = hopper ? off_lse2 + round_up(rows * 4) : off_lse2, total = off_accum;
+    const size_t dq_accum_bytes = abi.dq_atomic ? rows * (size_t)a->head_dim * 4 : 0;
+    total += round_up(dq_accum_bytes);
     size_t off_fixed[FGI_MAX_GRAD_BUFFERS] = {0};
     for (int i = 0; i < L->n; i++)
         if (grads[i]) {
@@ -253,6 +301,7 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *
     workspace w;
     FGI_TRY(ws_alloc(ctx, &w, total, a->stream));
     abi.delta = w.base;
+    abi.lse2 = hopper ? w.base + off_lse2 : 0;
     abi.dq_accum = abi.dq_atomic ? w.base + off_accum : 0;
     CUdeviceptr fixed[FGI_MAX_GRAD_BUFFERS] = {0};
     _Alignas(16) unsigned char gblob[FGI_MAX_GRAD_BUFFERS * 16 + 16];
@@ -266,7 +315,7 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *
         memcpy(gblob + L->offset[i] + 8, &len, 8);
     }
 
-    fg_status s = run_passes(ctx, k, b, &abi, &blob, gblob, grads, glen, fixed);
+    fg_status s = run_passes(ctx, k, b, &abi, &blob, gblob, &maps, dq_accum_bytes, grads, glen, fixed);
     fg_status f = ws_free(ctx, &w, a->stream);
     return s != FG_OK ? s : f;
 }
@@ -298,7 +347,16 @@ fg_status fg_attention_backward(fg_ctx *ctx, const fg_mod *mod, const fg_attenti
     fg_kernel *k;
     FGI_TRY(fg_kernel_get(ctx, mod, &cfg, &k));
     fg_status s = launch(ctx, k, &b);
+    const bool retry = s == FG_ERR_NOT_SUPPORTED && k->kernel->variant == FGI_VARIANT_SM90;
     fg_kernel_release(k);
+    if (retry) {
+        /* A layout TMA cannot describe, or kv blocks under 128 rows: the
+         * portable backward takes them (it refuses nothing the Hopper one
+         * accepts, so its error, if any, is the one to report). */
+        FGI_TRY(fgi_attn_kernel_get(ctx, mod, &cfg, false, &k));
+        s = launch(ctx, k, &b);
+        fg_kernel_release(k);
+    }
     return s;
 }
 

@@ -136,45 +136,19 @@ static void fill_abi(const fg_kernel *k, const fg_attention_args *a, const fgi_a
 }
 
 /* The Hopper kernel's third argument: q, k and v as [batch, heads, len, D]
- * tensor maps with the caller's strides, boxes of 128 rows x 64 columns
- * (one 128-byte swizzle line per row) that TMA copies into shared memory in
- * the swizzled layout wgmma reads. Rows past len are zero-filled. */
+ * tensor maps (fgi_attn_tensor_map, boxes of 128 rows). */
 typedef struct hopper_maps {
     CUtensorMap q, k, v;
 } hopper_maps;
 
-static fg_status encode_map(fg_ctx *ctx, CUtensorMap *map, fg_dtype dtype, const void *ptr, int head_dim,
-                            int len, int heads, int batch, const int64_t st[3], const char *name) {
-    cuuint64_t dims[4] = {(cuuint64_t)head_dim, (cuuint64_t)len, (cuuint64_t)heads, (cuuint64_t)batch};
-    cuuint64_t strides[3] = {(cuuint64_t)st[2] * 2, (cuuint64_t)st[1] * 2, (cuuint64_t)st[0] * 2};
-    /* A dimension of extent 1 is never stepped over; give it a stride the
-     * encoder accepts whatever the caller passed (0, say). */
-    cuuint64_t natural = (cuuint64_t)head_dim * 2;
-    for (int i = 0; i < 3; i++) {
-        if (dims[i + 1] == 1) strides[i] = natural;
-        natural = strides[i] * dims[i + 1];
-    }
-    cuuint32_t box[4] = {64, 128, 1, 1}, elem[4] = {1, 1, 1, 1};
-    CUresult r = fgi_cu()->cuTensorMapEncodeTiled(
-        map, dtype == FG_FP16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
-        (void *)ptr, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) {
-        const char *msg = NULL;
-        fgi_cu()->cuGetErrorString(r, &msg);
-        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
-                         "%s: the Hopper kernel cannot describe this tensor to TMA (strides %lld, %lld, "
-                         "%lld elements): %s; the portable kernel (FG_OPT_HOPPER_KERNEL 0) takes it",
-                         name, (long long)st[0], (long long)st[1], (long long)st[2], msg ? msg : "error");
-    }
-    return FG_OK;
-}
-
 static fg_status encode_maps(fg_ctx *ctx, const fg_attention_args *a, const fgi_attn_strides *st,
                              hopper_maps *m) {
-    FGI_TRY(encode_map(ctx, &m->q, a->dtype, a->q, a->head_dim, a->q_len, a->heads_q, a->batch, st->q, "q"));
-    FGI_TRY(encode_map(ctx, &m->k, a->dtype, a->k, a->head_dim, a->kv_len, a->heads_kv, a->batch, st->k, "k"));
-    FGI_TRY(encode_map(ctx, &m->v, a->dtype, a->v, a->head_dim, a->kv_len, a->heads_kv, a->batch, st->v, "v"));
+    FGI_TRY(fgi_attn_tensor_map(ctx, &m->q, a->dtype, a->q, a->head_dim, a->q_len, a->heads_q, a->batch, st->q, 128,
+                                "q"));
+    FGI_TRY(fgi_attn_tensor_map(ctx, &m->k, a->dtype, a->k, a->head_dim, a->kv_len, a->heads_kv, a->batch, st->k,
+                                128, "k"));
+    FGI_TRY(fgi_attn_tensor_map(ctx, &m->v, a->dtype, a->v, a->head_dim, a->kv_len, a->heads_kv, a->batch, st->v,
+                                128, "v"));
     return FG_OK;
 }
 

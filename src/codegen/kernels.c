@@ -3,8 +3,8 @@
  * the configs the Hopper kernel takes, and the launch geometry of each
  * attention kernel, which mirrors its template.
  *
- * A new kernel joins here with one row. The backward, for example, is one
- * row (op FGI_KOP_ATTENTION_BWD, variant portable) whose templates are
+ * A new kernel joins here with one row. The portable backward, for example,
+ * is one row (op FGI_KOP_ATTENTION_BWD, variant portable) whose templates are
  * attention/mma_sm80.cuh and attention/attention_bwd.cuh, whose pieces add
  * the score_mod derivative (FGI_PIECE_GRAD) to the mod, whose entries are
  * its five functions in one module, and whose geometry answers per entry
@@ -34,6 +34,22 @@ static fg_status sm90_check(fg_ctx *ctx, const fg_kernel_config *c) {
                          c->q_block, c->kv_block);
     if (c->arch && strcmp(c->arch, "sm_90a") != 0)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "arch %s: the Hopper kernel compiles only for sm_90a",
+                         c->arch);
+    return FG_OK;
+}
+
+/* What the Hopper backward takes: head dim 64 or 128, code for sm_90a only
+ * (its dK/dV pass covers 128 kv rows, so a block mask's kv blocks must be
+ * multiples of 128: the launch checks that, since the config does not carry
+ * the blocks). */
+static fg_status sm90_bwd_check(fg_ctx *ctx, const fg_kernel_config *c) {
+    if (c->head_dim != 64 && c->head_dim != 128)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "head dim %d: the Hopper backward supports 64 and 128 (the portable "
+                         "backward, FG_KERNEL_ATTENTION_BWD, takes every multiple of 16 to 256)",
+                         c->head_dim);
+    if (c->arch && strcmp(c->arch, "sm_90a") != 0)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "arch %s: the Hopper backward compiles only for sm_90a",
                          c->arch);
     return FG_OK;
 }
@@ -106,6 +122,21 @@ static fgi_kernel_geom bwd_geometry(const fg_kernel_config *c, int entry) {
     return g;
 }
 
+/* The Hopper backward (templates/attention/attention_bwd_sm90.cuh): its
+ * dK/dV pass is a producer warp group and two consumer warp groups over 128
+ * kv rows, q steps of 64 rows; shared memory holds K and V (128 rows), two
+ * stages of Q and dO (64 rows), two dR^T buffers (128 rows of 128 bytes),
+ * two 16 KB dQ tiles, two stages of lse2 and delta (512 bytes each), 64
+ * bytes of mbarriers and 1 KB to align the base to the swizzle's period.
+ * The other entry points are the portable backward's. */
+static fgi_kernel_geom bwd_sm90_geometry(const fg_kernel_config *c, int entry) {
+    if (entry != FGI_BWD_DKDV) return bwd_geometry(c, entry);
+    const size_t kv_tile = (size_t)128 * (size_t)c->head_dim * 2, q_tile = (size_t)64 * (size_t)c->head_dim * 2;
+    fgi_kernel_geom g = {.block_m = 64, .block_n = 128, .threads = 384, .bands = 1};
+    g.smem = 2 * kv_tile + 2 * 2 * q_tile + 2 * 128 * 128 + 2 * 64 * 64 * 4 + 2 * 2 * 64 * 4 + 64 + 1024;
+    return g;
+}
+
 /* ---- the rows ------------------------------------------------------------------- */
 
 #define ATTENTION_CONFIG (FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_BLOCKS)
@@ -148,7 +179,7 @@ static const fgi_kernel_entry registry[] = {
         .label = "attention_fwd_sm90",
         .macro = "FG_KERNEL_ATTENTION_FWD_SM90",
         .what = "forward attention (Hopper, wgmma)",
-        .templates = {"attention/attention_common.cuh", "attention/attention_fwd_sm90.cuh"},
+        .templates = {"attention/attention_common.cuh", "attention/wgmma_sm90.cuh", "attention/attention_fwd_sm90.cuh"},
         .pieces = FGI_PIECE_MOD | FGI_PIECE_SPLIT,
         .source_config = ATTENTION_CONFIG,
         .name_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM,
@@ -174,6 +205,26 @@ static const fgi_kernel_entry registry[] = {
                     "fg_attention_bwd_dq_tiles", "fg_attention_bwd_fixed_to_float"},
         .min_cc = 80,
         .geometry = bwd_geometry,
+    },
+    {
+        .kind = FG_KERNEL_ATTENTION_BWD_SM90,
+        .op = FGI_KOP_ATTENTION_BWD,
+        .variant = FGI_VARIANT_SM90,
+        .label = "attention_bwd_sm90",
+        .macro = "FG_KERNEL_ATTENTION_BWD_SM90",
+        .what = "backward attention (Hopper, wgmma)",
+        /* attention_bwd.cuh's entry points, its dK/dV pass replaced */
+        .templates = {"attention/mma_sm80.cuh", "attention/attention_bwd.cuh", "attention/wgmma_sm90.cuh",
+                      "attention/attention_bwd_sm90.cuh"},
+        .pieces = FGI_PIECE_MOD | FGI_PIECE_GRAD,
+        .source_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM,
+        .name_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM,
+        .entries = {"fg_attention_bwd_pre", "fg_attention_bwd_dkdv", "fg_attention_bwd_dq",
+                    "fg_attention_bwd_dq_tiles", "fg_attention_bwd_fixed_to_float"},
+        .arch = "sm_90a",
+        .min_cc = 90,
+        .check = sm90_bwd_check,
+        .geometry = bwd_sm90_geometry,
     },
 };
 

@@ -4,8 +4,8 @@
  * differentiated exactly as the forward applies them.
  *
  * Three kernels, launched in this order on one stream:
- *   fg_attention_bwd_pre   delta = rowsum(dO * O) per query row (fp32), and
- *                          the fp32 dQ accumulator zeroed;
+ *   fg_attention_bwd_pre   delta = rowsum(dO * O) per query row (fp32; the
+ *                          host has zeroed the fp32 dQ accumulator);
  *   fg_attention_bwd_dkdv  one thread block per (kv tile, kv head, batch):
  *                          K and V stay in shared memory, dK and dV in
  *                          registers, while the q tiles the block mask's
@@ -108,7 +108,7 @@
 struct fgb_args {
 /* @abi src/attention/abi_bwd.def */
 };
-static_assert(sizeof(fgb_args) == 424, "fgb_args must match fgi_attn_bwd_abi");
+static_assert(sizeof(fgb_args) == 440, "fgb_args must match fgi_attn_bwd_abi");
 
 #define FGB_NEG_INF __int_as_float(0xff800000)
 #define FGB_LOG2E 1.4426950408889634f
@@ -209,8 +209,9 @@ static __device__ __forceinline__ void fgb_load_tile(fg_u32 smem, const fg_u16 *
 
 /* ---- delta and the dQ accumulator ---------------------------------------------- */
 
-/* One warp per query row: delta = sum_d dO * O in fp32, and the row of the
- * dQ accumulator zeroed. Grid (ceil(Q_LEN / 4), Hq, B). */
+/* One warp per query row: delta = sum_d dO * O in fp32 (and, for the
+ * Hopper kernel, lse * log2(e) beside it). The host zeroes the dQ
+ * accumulator. Grid (ceil(Q_LEN / 4), Hq, B). */
 extern "C" __global__ void __launch_bounds__(FGB_THREADS)
 fg_attention_bwd_pre(const __grid_constant__ fgb_args a) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -224,11 +225,10 @@ fg_attention_bwd_pre(const __grid_constant__ fgb_args a) {
     for (int c = lane; c < FGB_D; c += 32) acc += fg_elem_to_f32(o[c]) * fg_elem_to_f32(d[c]);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    const fg_i64 r = ((fg_i64)b * a.heads_q + h) * a.q_len + row;
-    if (lane == 0) ((float *)a.delta)[r] = acc;
-    if (!a.dq_atomic) return;
-    float *dq = (float *)a.dq_accum + r * FGB_D;
-    for (int c = lane; c < FGB_D; c += 32) dq[c] = 0.f;
+    const fg_i64 rb = (fg_i64)b * a.heads_q + h, r = rb * a.q_pitch + row;
+    if (lane != 0) return;
+    ((float *)a.delta)[r] = acc;
+    if (a.lse2) ((float *)a.lse2)[r] = ((const float *)a.lse)[rb * a.q_len + row] * FGB_LOG2E;
 }
 
 /* One thread per gradient element: the fixed-point sum rounded to fp32
@@ -244,6 +244,22 @@ fg_attention_bwd_fixed_to_float(const long long *__restrict__ acc, float *__rest
     out[i] = (float)v;
 }
 
+/* Where the dQ accumulator keeps column c of query row `row` of (b, h)
+ * (rb = b * Hq + h). The portable dK/dV pass adds rows of D floats
+ * ([rb][Q_LEN][D]); the Hopper one adds 64 x 64 tiles with the TMA unit
+ * ([rb][q_pitch / 64][D / 64][64 rows][64 columns]), the float pairs of
+ * tile row r permuted (pair p at p ^ 4 (r % 8)) so that the tensor cores'
+ * accumulator rows take different shared-memory banks on their way out. */
+static __device__ __forceinline__ fg_i64 fgb_dq_index(const fgb_args &a, fg_i64 rb, int row, int c) {
+#if defined(FG_KERNEL_ATTENTION_BWD_SM90)
+    const int r = row & 63, cc = c & 63;
+    const int pc = ((((cc >> 1) ^ ((r & 7) << 2))) << 1) | (cc & 1);
+    return (((rb * (a.q_pitch >> 6) + (row >> 6)) * (FGB_D / 64) + (c >> 6)) * 64 + r) * 64 + pc;
+#else
+    return (rb * a.q_len + row) * FGB_D + c;
+#endif
+}
+
 /* One warp per query row: dQ = scale * accumulator, rounded to the dtype.
  * Grid (ceil(Q_LEN / 4), Hq, B). */
 extern "C" __global__ void __launch_bounds__(FGB_THREADS)
@@ -251,11 +267,11 @@ fg_attention_bwd_dq(const __grid_constant__ fgb_args a) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * FGB_NWARPS + warp, h = blockIdx.y, b = blockIdx.z;
     if (row >= a.q_len) return;
-    const fg_i64 r = ((fg_i64)b * a.heads_q + h) * a.q_len + row;
-    const float *acc = (const float *)a.dq_accum + r * FGB_D;
+    const fg_i64 rb = (fg_i64)b * a.heads_q + h;
+    const float *acc = (const float *)a.dq_accum;
     fg_elem *dq = (fg_elem *)a.dq + (fg_i64)b * a.dq_stride[0] + (fg_i64)h * a.dq_stride[1] +
                   (fg_i64)row * a.dq_stride[2];
-    for (int c = lane; c < FGB_D; c += 32) dq[c] = fg_f32_to_elem(acc[c] * a.scale);
+    for (int c = lane; c < FGB_D; c += 32) dq[c] = fg_f32_to_elem(acc[fgb_dq_index(a, rb, row, c)] * a.scale);
 }
 
 /* ---- dK, dV and dQ ----------------------------------------------------------------- */
@@ -342,11 +358,12 @@ static __device__ __forceinline__ void fgb_dkdv_load(const fgb_args &a, int b, i
     const fg_u16 *op = (const fg_u16 *)a.dout + (fg_i64)b * a.do_stride[0] + (fg_i64)h * a.do_stride[1];
     fgb_load_tile<FGB_BLOCK_M, FGB_KV_THREADS>(sQ, qp, a.q_stride[2], q0, a.q_len);
     fgb_load_tile<FGB_BLOCK_M, FGB_KV_THREADS>(sQ + FGB_BLOCK_M * FGB_ROW * 2, op, a.do_stride[2], q0, a.q_len);
-    const fg_i64 row_base = ((fg_i64)b * a.heads_q + h) * a.q_len;
+    const fg_i64 rb = (fg_i64)b * a.heads_q + h;
     for (int i = threadIdx.x; i < 2 * FGB_BLOCK_M; i += FGB_KV_THREADS) {
         const int r = i % FGB_BLOCK_M;
         const bool in = q0 + r < a.q_len;
-        const float *src = (const float *)(i < FGB_BLOCK_M ? a.lse : a.delta) + (in ? row_base + q0 + r : 0);
+        const float *src = i < FGB_BLOCK_M ? (const float *)a.lse + (in ? rb * a.q_len + q0 + r : 0)
+                                           : (const float *)a.delta + (in ? rb * a.q_pitch + q0 + r : 0);
         fgb_cp4(fgb_smem_addr(rows + i), src, in);
     }
 }
@@ -359,6 +376,10 @@ static __device__ __forceinline__ void fgb_to_a(fg_u32 (&f)[4], const float (&c0
     f[2] = fg_pack2(c1[0], c1[1]);
     f[3] = fg_pack2(c1[2], c1[3]);
 }
+
+/* The Hopper source replaces the portable dK/dV pass with its own
+ * (attention_bwd_sm90.cuh) and keeps everything else. */
+#if !defined(FG_KERNEL_ATTENTION_BWD_SM90)
 
 /* Grid (kv_tiles * FGB_DSPLIT, Hkv, B). Two blocks per SM at most: the
  * register budget is 255 a thread (with the bound on threads alone, ptxas
@@ -584,6 +605,8 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
         }
 }
 
+#endif /* !FG_KERNEL_ATTENTION_BWD_SM90 */
+
 /* ---- dQ on its own (the deterministic pass) ------------------------------------- */
 
 #define FGQ_BLOCK_M 64                     /* q rows per thread block: 16 a warp  */
@@ -633,8 +656,9 @@ fg_attention_bwd_dq_tiles(const __grid_constant__ fgb_args a, const __grid_const
     const bool in0 = qr0 < a.q_len, in1 = qr0 + 8 < a.q_len;
     const float lse0 = in0 ? ((const float *)a.lse)[row_base + qr0] : FGB_NEG_INF;
     const float lse1 = in1 ? ((const float *)a.lse)[row_base + qr0 + 8] : FGB_NEG_INF;
-    const float delta0 = in0 ? ((const float *)a.delta)[row_base + qr0] : 0.f;
-    const float delta1 = in1 ? ((const float *)a.delta)[row_base + qr0 + 8] : 0.f;
+    const fg_i64 delta_base = ((fg_i64)b * a.heads_q + h) * a.q_pitch;
+    const float delta0 = in0 ? ((const float *)a.delta)[delta_base + qr0] : 0.f;
+    const float delta1 = in1 ? ((const float *)a.delta)[delta_base + qr0 + 8] : 0.f;
 
     const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
     const int bn_row = (lane & 7) + (lane >> 4) * 8, bn_col = ((lane >> 3) & 1) * 8;

@@ -1,0 +1,394 @@
+/*
+ * attention_bwd_sm90.cuh -- the Hopper dK/dV pass (sm_90a): the portable
+ * pass's algorithm (attention_bwd.cuh) with every matrix product on wgmma
+ * and every load on the TMA unit. The source is attention_bwd.cuh's (its
+ * preprocess, dQ conversion, deterministic dQ pass and fixed-point
+ * conversion are kept; its own dK/dV pass is left out) followed by
+ * wgmma_sm90.cuh and this file.
+ *
+ * Shape. A thread block owns 128 kv rows of one (kv head, batch) and is
+ * three warp groups (384 threads). Warp group 0 is the producer: one thread
+ * loads K and V once, then, for every q step (64 rows) of every query head
+ * of the KV group that the block mask's transposed arrays list, Q, dO and
+ * their lse * log2(e) and delta rows into one of two stages; the group
+ * gives most of its registers to the others (setmaxnreg). Warp groups 1
+ * and 2 are the consumers, 64 kv rows each, holding dK and dV (64 x D fp32)
+ * in registers. Per consumer and q step, with S^T = K Q^T (kv rows, q
+ * columns: dK and dV accumulate straight from wgmma's accumulator layout):
+ *     S^T  = K Q^T,  dP^T = V dO^T           wgmma, A and B in shared memory
+ *     P^T  = exp2(mods(S^T) log2(e) - lse2),
+ *     dR^T = P^T (dP^T - delta) d score_mod / d score
+ *                                            registers, element by element
+ *     dV  += P^T dO,  dK += dR^T Q           wgmma, A in registers, B (dO,
+ *                                            Q) read transposed
+ *     dQ   = dR K                            wgmma, A (dR^T from shared
+ *                                            memory) and B (K) transposed
+ * and dQ goes to the fp32 accumulator through shared memory and one bulk
+ * reduction (cp.reduce.async.bulk .add.f32) per consumer and step: the TMA
+ * unit adds a contiguous 16 KB tile, where per-thread atomics would send
+ * 2048 requests to L2.
+ *
+ * Splitting dQ. At head dim 128 each consumer computes 64 of dQ's 128
+ * columns over all 128 kv rows (so each reads the other's dR^T: the
+ * consumers meet at a named barrier once per step, and dR^T has two
+ * buffers, so one consumer's next step cannot overwrite what the other
+ * still reads); a 64 x 128 dQ per consumer would not fit in registers
+ * beside dK and dV. At head dim 64 each consumer computes dQ over its own
+ * 64 kv rows, and both tiles are added to the same place.
+ *
+ * Pipeline. Each stage has a "full" mbarrier (the producer arms it with the
+ * bytes it expects; the TMA unit completes it) and an "empty" one (each
+ * consumer warp arrives once the stage's last product is done). Inside a
+ * step the work is in order: the element loop needs S^T and dP^T, the
+ * products after it need its results. The two consumers overlap each
+ * other, and the loads of the next step overlap this one.
+ *
+ * Shared memory. K, V, Q and dO tiles are stored in the 128-byte-swizzled
+ * layout wgmma_sm90.cuh describes (regions of 128 rows for K and V, 64 for
+ * Q and dO); dR^T too, one 128-byte line (64 q columns) per kv row. The
+ * dQ staging tile is [64 rows][64 columns] fp32 in the accumulator's own
+ * order with the float pairs permuted per row (fgb_dq_index), which is
+ * also the global layout, so the bulk reduction copies it as it is.
+ *
+ * Everything else -- the block-mask walk, the pairs kept, the mods'
+ * arguments, fully masked rows, GQA, buffer gradients -- is the portable
+ * pass's. The host (src/attention/backward.c) encodes tensor maps of q,
+ * k, v and dout (boxes of 64 columns by 64 rows for q and dout, 128 for k
+ * and v) and passes them as the fourth argument; bwd_sm90_geometry in
+ * src/codegen/kernels.c mirrors the sizes.
+ */
+
+#if FG_HEAD_DIM != 64 && FG_HEAD_DIM != 128
+#error "the Hopper backward supports head dims 64 and 128"
+#endif
+
+#define FGS_THREADS 384                         /* producer + two consumers       */
+#define FGS_BLOCK_N 128                         /* kv rows per block, 64 a consumer */
+#define FGS_BLOCK_M 64                          /* q rows per step                */
+#define FGS_REGIONS (FGB_D / 64)                /* 64-column regions of a row     */
+#define FGS_KV_REGION (FGS_BLOCK_N * 128)       /* one region of K or V: 16 KB   */
+#define FGS_Q_REGION (FGS_BLOCK_M * 128)        /* one region of Q or dO: 8 KB   */
+#define FGS_KV_TILE (FGS_KV_REGION * FGS_REGIONS)
+#define FGS_Q_TILE (FGS_Q_REGION * FGS_REGIONS)
+#define FGS_STAGE_BYTES (2 * FGS_Q_TILE)        /* Q and dO                       */
+#define FGS_DS_BYTES (FGS_BLOCK_N * 128)        /* dR^T: 128 kv rows x 64 q, bf16 */
+#define FGS_DQ_BYTES (64 * 64 * 4)              /* one consumer's dQ tile, fp32  */
+#define FGS_ROWS_BYTES (2 * FGS_BLOCK_M * 4)    /* lse2 and delta of a step       */
+#define FGS_DT (FGB_D / 8)                      /* n8 fragments of dK / dV        */
+#define FGS_PRODUCER_REGS 24
+#define FGS_CONSUMER_REGS 240
+#if FGB_D == 128
+#define FGS_DQ_KSTEPS 8                         /* dQ over all 128 kv rows        */
+#else
+#define FGS_DQ_KSTEPS 4                         /* dQ over the consumer's 64 rows */
+#endif
+/* K, V, two stages, two dR^T buffers, two dQ tiles, two stages of lse2 and
+ * delta, 64 bytes of mbarriers, 1 KB to align the base to the swizzle's
+ * 1024-byte period; bwd_sm90_geometry computes the same. */
+#define FGS_SMEM_BYTES (2 * FGS_KV_TILE + 2 * FGS_STAGE_BYTES + 2 * FGS_DS_BYTES + 2 * FGS_DQ_BYTES + \
+                        2 * FGS_ROWS_BYTES + 64 + 1024)
+
+/* The kernel's fourth argument: q, k, v and dout as [batch, heads, len, D]. */
+struct fgs_maps {
+    fgh_tmap q, k, v, o;
+};
+static_assert(sizeof(fgs_maps) == 512, "fgs_maps must match the host's four CUtensorMaps");
+
+/* D (64 x D, fp32) += A (64 x 16, registers) * B (16 x D, shared, N-major). */
+static __device__ __forceinline__ void fgs_mma_rs(float *d, const fg_u32 *a, fg_u64 db) {
+#if FGB_D == 128
+    fgh_mma_rs_n128(d, a, db);
+#else
+    fgh_mma_rs_n64(d, a, db);
+#endif
+}
+
+/* The element loop of one step for one consumer thread: S^T and dP^T in
+ * wgmma's accumulator layout (n8 fragment i, element e at kv row
+ * kvr0 + 8 (e >> 1), q column 8 i + 2 t4 + (e & 1)) become P^T and dR^T in
+ * place. CHECK false: a tile of a full block inside Q_LEN x kv_end, where
+ * every pair is kept and every row has a finite lse. */
+template <bool CHECK>
+static __device__ __forceinline__ void fgs_elements(float (&s)[8][4], float (&dp)[8][4], const fgb_args &a,
+                                                    const fg_mod_params &p, const fg_mod_grads &gr,
+                                                    fg_grad_cache &gcache, const float *s_lse2,
+                                                    const float *s_delta, int b, int h, int q0, int kvr0,
+                                                    int kv_end, int t4, bool partial) {
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int kv = kvr0 + 8 * (e >> 1), qc = 8 * i + 2 * t4 + (e & 1), q = q0 + qc;
+            const float lse2 = s_lse2[qc];
+            float pr = 0.f, dr = 0.f;
+            if (!CHECK || (q < a.q_len && kv < kv_end && lse2 != FGB_NEG_INF)) {
+                const int qi = q + a.q_offset, ki = kv + a.kv_offset;
+                if (!CHECK || !partial || fg_mask_mod(p, b, h, qi, ki)) {
+                    const float raw = s[i][e] * a.scale;
+#if FG_HAS_SCORE_MOD
+                    pr = fgb_exp2(fg_score_mod(p, raw, b, h, qi, ki) * FGB_LOG2E - lse2);
+#else
+                    pr = fgb_exp2(s[i][e] * a.scale_log2 - lse2);
+#endif
+                    if (pr != 0.f) {
+                        const float ds = pr * (dp[i][e] - s_delta[qc]);
+                        dr = ds * fg_score_grad(p, raw, b, h, qi, ki);
+                        fg_accumulate_grads(p, gr, gcache, ds, raw, b, h, qi, ki);
+                    }
+                }
+            }
+            s[i][e] = pr;
+            dp[i][e] = dr;
+        }
+}
+
+/* The plan of query head h's q steps for the kv block at kv0. */
+static __device__ __forceinline__ fgb_plan fgs_plan(const fgb_args &a, int b, int h, int kv0) {
+    return a.has_block_mask ? fgb_plan_make(a, a.q_num, a.q_idx, a.full_q_num, a.full_q_idx,
+                                            fgb_bm_row(a, b, h, kv0 / a.bm_kv_block, a.bm_kv_blocks),
+                                            a.bm_q_blocks, a.bm_q_block, FGS_BLOCK_M, a.q_len)
+                            : fgb_plan_make(a, 0, 0, 0, 0, 0, 0, 0, FGS_BLOCK_M, a.q_len);
+}
+
+/* Grid (kv_tiles, Hkv, B). */
+extern "C" __global__ void __launch_bounds__(FGS_THREADS, 1)
+fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant__ fg_mod_params p,
+                      const __grid_constant__ fg_mod_grads gr, const __grid_constant__ fgs_maps maps) {
+    extern __shared__ __align__(1024) unsigned char fgs_smem[];
+    const fg_u32 base = fgb_smem_addr(fgs_smem);
+    const fg_u32 sK = (base + 1023u) & ~1023u;
+    const fg_u32 sV = sK + FGS_KV_TILE;
+    const fg_u32 sStage = sV + FGS_KV_TILE;               /* [2] { Q, dO }        */
+    const fg_u32 sDS = sStage + 2 * FGS_STAGE_BYTES;      /* [2] dR^T             */
+    const fg_u32 sDQ = sDS + 2 * FGS_DS_BYTES;            /* [consumer] dQ tile   */
+    const fg_u32 sRows = sDQ + 2 * FGS_DQ_BYTES;          /* [2] { lse2, delta }  */
+    const fg_u32 bar_kv = sRows + 2 * FGS_ROWS_BYTES;     /* K and V landed       */
+    const fg_u32 bar_full = bar_kv + 8, bar_empty = bar_full + 16; /* [2] each    */
+    const float *const rows0 = (const float *)(fgs_smem + (sRows - base));
+
+    const int tid = threadIdx.x, wg = tid >> 7;
+    const int hk = blockIdx.y, b = blockIdx.z;
+    const int group = a.heads_q / a.heads_kv;
+    const int kv0 = blockIdx.x * FGS_BLOCK_N;
+    const int kv_end = min(a.kv_len, kv0 + FGS_BLOCK_N);
+
+    if (tid == 0) {
+        fgh_bar_init(bar_kv, 1);
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            fgh_bar_init(bar_full + 8 * i, 1);
+            fgh_bar_init(bar_empty + 8 * i, 8); /* one arrival per consumer warp */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        /* The producer: step n uses stage n & 1 for the (n >> 1)-th time
+         * and first waits for the release of its previous use. */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FGS_PRODUCER_REGS));
+        if (tid == 0) {
+            fgh_bar_expect(bar_kv, 2 * FGS_KV_TILE);
+#pragma unroll
+            for (int r = 0; r < FGS_REGIONS; r++) {
+                fgh_tma_load(sK + r * FGS_KV_REGION, &maps.k, r * 64, kv0, hk, b, bar_kv);
+                fgh_tma_load(sV + r * FGS_KV_REGION, &maps.v, r * 64, kv0, hk, b, bar_kv);
+            }
+            int n = 0;
+            for (int gi = 0; gi < group; gi++) {
+                const int h = hk * group + gi;
+                const fgb_plan pl = fgs_plan(a, b, h, kv0);
+                const fg_i64 row_base = ((fg_i64)b * a.heads_q + h) * a.q_pitch;
+                for (int j = 0; j < pl.n_items; j++, n++) {
+                    bool partial;
+                    const int q0 = fgb_item_start(pl, j, partial);
+                    const int st = n & 1;
+                    if (n >= 2) fgh_bar_wait(bar_empty + 8 * st, ((n >> 1) - 1) & 1);
+                    const fg_u32 full = bar_full + 8 * st, sQ = sStage + st * FGS_STAGE_BYTES;
+                    fgh_bar_expect(full, FGS_STAGE_BYTES + FGS_ROWS_BYTES);
+#pragma unroll
+                    for (int r = 0; r < FGS_REGIONS; r++) {
+                        fgh_tma_load(sQ + r * FGS_Q_REGION, &maps.q, r * 64, q0, h, b, full);
+                        fgh_tma_load(sQ + FGS_Q_TILE + r * FGS_Q_REGION, &maps.o, r * 64, q0, h, b, full);
+                    }
+                    const fg_u32 rows = sRows + st * FGS_ROWS_BYTES;
+                    fgh_bulk_load(rows, (const float *)a.lse2 + row_base + q0, FGS_BLOCK_M * 4, full);
+                    fgh_bulk_load(rows + FGS_BLOCK_M * 4, (const float *)a.delta + row_base + q0, FGS_BLOCK_M * 4,
+                                  full);
+                }
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FGS_CONSUMER_REGS));
+
+    /* A consumer: kv rows kv0 + 64 cw + [0, 64), this thread's kvr0 + {0, 8}. */
+    const int cw = wg - 1, ctid = tid & 127, warp = ctid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int kvr0 = kv0 + cw * 64 + warp * 16 + g;
+
+    float dk[FGS_DT][4], dv[FGS_DT][4];
+#pragma unroll
+    for (int i = 0; i < FGS_DT; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.f;
+    fg_grad_cache gcache;
+    fg_grad_cache_init(gcache);
+
+#if FGB_D == 128
+    /* dQ's B: K's columns 64 cw .. 64 cw + 63 (one region), all 128 rows;
+     * A: dR^T of both consumers. */
+    const fg_u32 dQ_b_addr = sK + cw * FGS_KV_REGION, dS_off = 0;
+#else
+    /* dQ's B: this consumer's 64 rows of K; A its own rows of dR^T. */
+    const fg_u32 dQ_b_addr = sK + cw * 64 * 128, dS_off = cw * 64 * 128;
+#endif
+    float *const dq_accum = (float *)a.dq_accum;
+    const bool dq_atomic = a.dq_atomic != 0; /* else the deterministic pass computes dQ */
+    fgh_bar_wait(bar_kv, 0);
+
+    int n = 0;
+    for (int gi = 0; gi < group; gi++) {
+        const int h = hk * group + gi;
+        const fgb_plan pl = fgs_plan(a, b, h, kv0);
+        const fg_i64 rb = (fg_i64)b * a.heads_q + h;
+        for (int j = 0; j < pl.n_items; j++, n++) {
+            bool partial;
+            const int q0 = fgb_item_start(pl, j, partial);
+            const int st = n & 1;
+            const fg_u32 sQ = sStage + st * FGS_STAGE_BYTES, sO = sQ + FGS_Q_TILE;
+            const float *const s_lse2 = rows0 + st * 2 * FGS_BLOCK_M, *const s_delta = s_lse2 + FGS_BLOCK_M;
+            fgh_bar_wait(bar_full + 8 * st, (n >> 1) & 1);
+
+            /* S^T = K Q^T and dP^T = V dO^T. */
+            float s[8][4], dp[8][4];
+            /* descriptors made where they are used: kept across the element
+             * loop they would take registers it needs */
+            const fg_u64 dQ_k = fgh_desc_k(sQ), dO_k = fgh_desc_k(sO);
+            /* this consumer's 64 rows of K and V (64 lines into each region) */
+            const fg_u64 dK_a = fgh_desc_k(sK + cw * 64 * 128), dV_a = fgh_desc_k(sV + cw * 64 * 128);
+            fgh_fence();
+#pragma unroll
+            for (int kk = 0; kk < FGB_D / 16; kk++) {
+                const int oa = ((kk >> 2) * FGS_KV_REGION + (kk & 3) * 32) >> 4;
+                const int ob = ((kk >> 2) * FGS_Q_REGION + (kk & 3) * 32) >> 4;
+                fgh_mma_ss_n64<0, 0>(&s[0][0], dK_a + oa, dQ_k + ob, kk > 0);
+            }
+            fgh_commit();
+#pragma unroll
+            for (int kk = 0; kk < FGB_D / 16; kk++) {
+                const int oa = ((kk >> 2) * FGS_KV_REGION + (kk & 3) * 32) >> 4;
+                const int ob = ((kk >> 2) * FGS_Q_REGION + (kk & 3) * 32) >> 4;
+                fgh_mma_ss_n64<0, 0>(&dp[0][0], dV_a + oa, dO_k + ob, kk > 0);
+            }
+            fgh_commit();
+            fgh_wait<0>();
+            fgh_fence_regs<32>(&s[0][0]);
+            fgh_fence_regs<32>(&dp[0][0]);
+
+            const bool edge = q0 + FGS_BLOCK_M > a.q_len || kv0 + FGS_BLOCK_N > kv_end;
+            if (partial || edge)
+                fgs_elements<true>(s, dp, a, p, gr, gcache, s_lse2, s_delta, b, h, q0, kvr0, kv_end, t4, partial);
+            else
+                fgs_elements<false>(s, dp, a, p, gr, gcache, s_lse2, s_delta, b, h, q0, kvr0, kv_end, t4, partial);
+
+            /* P^T and dR^T as A fragments (k steps of 16 q columns), and
+             * (for dQ) dR^T into this step's buffer: row r's 16-byte chunk
+             * i (q columns 8 i .. 8 i + 7) at chunk i ^ (r % 8). */
+            fg_u32 pa[4][4], ra[4][4];
+            const fg_u32 sD = sDS + st * FGS_DS_BYTES;
+#pragma unroll
+            for (int kc = 0; kc < 4; kc++) {
+                fgb_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]);
+                fgb_to_a(ra[kc], dp[2 * kc], dp[2 * kc + 1]);
+            }
+            if (dq_atomic) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const int r = cw * 64 + warp * 16 + g; /* r % 8 == g, also for r + 8 */
+                    const fg_u32 at = sD + r * 128 + ((i ^ g) << 4) + 4 * t4;
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(ra[i >> 1][(i & 1) * 2]) : "memory");
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + 8 * 128), "r"(ra[i >> 1][(i & 1) * 2 + 1])
+                                 : "memory");
+                }
+                fgh_fence_async_smem();
+                /* Before the barrier: the previous step's dQ reduction has
+                 * read this consumer's staging tile, written again below. */
+                if (ctid == 0) fgh_bulk_wait<0, true>();
+#if FGB_D == 128
+                fgh_named_sync(1, 256); /* both consumers' dR^T are in place */
+#else
+                fgh_named_sync(1 + cw, 128);
+#endif
+            }
+
+            /* dV += P^T dO and dK += dR^T Q, then dQ = dR K: one after the
+             * other, so dQ's accumulators never share the registers with
+             * P^T's and dR^T's fragments (the tensor cores run a consumer's
+             * products in order anyway; the other consumer fills the gap). */
+            fgh_fence();
+            const fg_u64 dO_mn = fgh_desc_mn(sO, FGS_Q_REGION), dQ_mn = fgh_desc_mn(sQ, FGS_Q_REGION);
+#pragma unroll
+            for (int kc = 0; kc < 4; kc++) fgs_mma_rs(&dv[0][0], pa[kc], dO_mn + ((kc * 16 * 128) >> 4));
+#pragma unroll
+            for (int kc = 0; kc < 4; kc++) fgs_mma_rs(&dk[0][0], ra[kc], dQ_mn + ((kc * 16 * 128) >> 4));
+            fgh_commit();
+            fgh_wait<0>();
+            fgh_fence_regs<FGS_DT * 4>(&dv[0][0]);
+            fgh_fence_regs<FGS_DT * 4>(&dk[0][0]);
+            if (lane == 0) fgh_bar_arrive(bar_empty + 8 * st); /* the stage is no longer read */
+            if (!dq_atomic) continue; /* dQ has a pass of its own */
+            float dq[8][4];
+            const fg_u64 dS_a = fgh_desc_mn(sD + dS_off, FGS_DS_BYTES);
+            const fg_u64 dQ_b = fgh_desc_mn(dQ_b_addr, FGS_KV_REGION);
+            fgh_fence();
+#pragma unroll
+            for (int kk = 0; kk < FGS_DQ_KSTEPS; kk++)
+                fgh_mma_ss_n64<1, 1>(&dq[0][0], dS_a + ((kk * 16 * 128) >> 4), dQ_b + ((kk * 16 * 128) >> 4), kk > 0);
+            fgh_commit();
+            fgh_wait<0>();
+            fgh_fence_regs<32>(&dq[0][0]);
+
+            /* dQ to the staging tile (pairs permuted as fgb_dq_index says),
+             * then one bulk reduction into the accumulator. */
+            const fg_u32 sT = sDQ + cw * FGS_DQ_BYTES;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int half = 0; half < 2; half++) {
+                    const int r = warp * 16 + g + 8 * half, pc = ((4 * i + t4) ^ (g << 2)) << 1;
+                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sT + (r * 64 + pc) * 4),
+                                 "f"(dq[i][2 * half]), "f"(dq[i][2 * half + 1])
+                                 : "memory");
+                }
+            fgh_fence_async_smem();
+            fgh_named_sync(3 + cw, 128);
+            if (ctid == 0) {
+#if FGB_D == 128
+                const int band = cw;
+#else
+                const int band = 0;
+#endif
+                fgh_bulk_add_f32(dq_accum + fgb_dq_index(a, rb, q0, band * 64), sT, FGS_DQ_BYTES);
+                fgh_bulk_commit();
+            }
+        }
+    }
+    if (ctid == 0) fgh_bulk_wait<0, false>();
+
+    fg_grad_flush(gr, gcache);
+
+    /* dK (scaled) and dV of this thread's rows. */
+    fg_elem *dkp = (fg_elem *)a.dk + (fg_i64)b * a.dk_stride[0] + (fg_i64)hk * a.dk_stride[1];
+    fg_elem *dvp = (fg_elem *)a.dv + (fg_i64)b * a.dv_stride[0] + (fg_i64)hk * a.dv_stride[1];
+#pragma unroll
+    for (int i = 0; i < FGS_DT; i++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int kv = kvr0 + 8 * half, c = 8 * i + 2 * t4;
+            if (kv >= kv_end) continue;
+            *(fg_u32 *)(dkp + (fg_i64)kv * a.dk_stride[2] + c) =
+                fg_pack2(dk[i][2 * half] * a.scale, dk[i][2 * half + 1] * a.scale);
+            *(fg_u32 *)(dvp + (fg_i64)kv * a.dv_stride[2] + c) = fg_pack2(dv[i][2 * half], dv[i][2 * half + 1]);
+        }
+}

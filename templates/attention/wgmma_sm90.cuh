@@ -1,0 +1,193 @@
+/*
+ * wgmma_sm90.cuh -- the PTX wrappers both Hopper attention kernels use
+ * (attention_fwd_sm90.cuh, attention_bwd_sm90.cuh): wgmma and its shared
+ * memory descriptors, mbarriers, TMA tensor and bulk copies, the bulk
+ * reduction, the async-proxy fence and named barriers. sm_90a only.
+ *
+ * Shared-memory operands are stored as the wgmma canonical layout with the
+ * 128-byte swizzle, which is also what TMA writes with
+ * CU_TENSOR_MAP_SWIZZLE_128B: the head dim is cut into 64-element column
+ * blocks ("regions"), each region holds the tile's rows as 128-byte lines,
+ * and the 16-byte chunk c of row r sits at chunk c ^ (r % 8) of its line
+ * (regions start on 1024-byte boundaries). A descriptor plus (bytes >> 4)
+ * addresses `bytes` further: the start-address field cannot carry over,
+ * shared memory being under 256 KB.
+ */
+
+#if defined(FG_DTYPE_FP16)
+#define FGH_AB "f16"
+#else
+#define FGH_AB "bf16"
+#endif
+
+/* A CUtensorMap (cuda.h): 128 opaque bytes, 64-byte aligned. */
+struct __align__(64) fgh_tmap {
+    fg_u64 w[16];
+};
+/* ---- wgmma ------------------------------------------------------------------ */
+
+/* A shared-memory matrix descriptor with the 128-byte swizzle: start
+ * address, leading and stride byte offsets, each stored >> 4. */
+static __device__ __forceinline__ fg_u64 fgh_desc(fg_u32 addr, fg_u32 lead, fg_u32 stride) {
+    return (fg_u64)((addr & 0x3FFFFu) >> 4) | ((fg_u64)((lead & 0x3FFFFu) >> 4) << 16) |
+           ((fg_u64)((stride & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
+}
+/* K-major operand (rows of Q, K, V or dO as stored, k along the row): the
+ * leading offset is unused with this swizzle (1 by convention); 8-row
+ * groups are 1024 bytes apart. */
+static __device__ __forceinline__ fg_u64 fgh_desc_k(fg_u32 addr) { return fgh_desc(addr, 16, 1024); }
+/* MN-major operand (rows of V, dO, Q or K as stored, read transposed: the
+ * row index is k): `lead` bytes from one 64-column swizzle atom to the
+ * next, 8-row groups (k steps of 8) 1024 bytes apart. */
+static __device__ __forceinline__ fg_u64 fgh_desc_mn(fg_u32 addr, fg_u32 lead) { return fgh_desc(addr, lead, 1024); }
+
+static __device__ __forceinline__ void fgh_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void fgh_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void fgh_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* After a wait: the accumulators are defined here, not at the issue. */
+template <int N> static __device__ __forceinline__ void fgh_fence_regs(float *d) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* D (64 x 128, fp32, per warp group) = or += A (64 x 16, shared) * B (16 x 128,
+ * shared), both K-major: one k step of Q K^T. */
+static __device__ __forceinline__ void fgh_mma_ss_n128(float *d, fg_u64 da, fg_u64 db, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." FGH_AB "." FGH_AB " {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+
+/* D (64 x 64, fp32, per warp group) = or += A (64 x 16, shared) * B (16 x 64,
+ * shared); TA / TB 1 read A / B MN-major (transposed), 0 K-major. */
+template <int TA, int TB>
+static __device__ __forceinline__ void fgh_mma_ss_n64(float *d, fg_u64 da, fg_u64 db, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." FGH_AB "." FGH_AB " {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
+}
+
+/* D (64 x 128, fp32, per warp group) += A (64 x 16, registers) * B (16 x 128,
+ * shared, N-major: rows of V or dO as stored, read transposed): one k step
+ * of P V. */
+static __device__ __forceinline__ void fgh_mma_rs_n128(float *d, const fg_u32 *a, fg_u64 db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." FGH_AB "." FGH_AB " {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/* The same with 64 columns. */
+static __device__ __forceinline__ void fgh_mma_rs_n64(float *d, const fg_u32 *a, fg_u64 db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." FGH_AB "." FGH_AB " {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/* ---- mbarriers and TMA ------------------------------------------------------- */
+
+static __device__ __forceinline__ void fgh_bar_init(fg_u32 bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/* Wait until the barrier's phase with this parity has completed. */
+static __device__ __forceinline__ void fgh_bar_wait(fg_u32 bar, int parity) {
+    asm volatile("{\n.reg .pred done;\nFGH_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra FGH_WAIT;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+static __device__ __forceinline__ void fgh_bar_arrive(fg_u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* The producer's arrival, announcing the bytes the TMA unit will deliver. */
+static __device__ __forceinline__ void fgh_bar_expect(fg_u32 bar, int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* One box (its rows x 64 columns, as the tensor map says) of a [batch,
+ * heads, len, D] tensor into shared memory, completing `bar` with its
+ * bytes. */
+static __device__ __forceinline__ void fgh_tma_load(fg_u32 dst, const fgh_tmap *map, int col, int row, int head,
+                                                    int batch, fg_u32 bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"(map), "r"(col), "r"(row), "r"(head), "r"(batch), "r"(bar)
+                 : "memory");
+}
+/* `bytes` (a multiple of 16, both addresses 16-byte aligned) from global
+ * to shared memory, completing `bar` with them. */
+static __device__ __forceinline__ void fgh_bulk_load(fg_u32 dst, const void *src, int bytes, fg_u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+/* dst[i] += src[i] for `bytes` / 4 floats, shared to global, by the TMA
+ * unit (each element added atomically); one bulk group per commit. */
+static __device__ __forceinline__ void fgh_bulk_add_f32(void *dst, fg_u32 src, int bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+                 "r"(bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void fgh_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/* This thread's bulk groups beyond the newest N have read their shared
+ * memory (READ) or are complete. */
+template <int N, bool READ> static __device__ __forceinline__ void fgh_bulk_wait() {
+    if (READ)
+        asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+    else
+        asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+/* Shared-memory writes of this thread made visible to the async proxy
+ * (wgmma and TMA read through it); a barrier after it publishes them. */
+static __device__ __forceinline__ void fgh_fence_async_smem() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+/* Named barrier `id` (1..15) over `threads` threads (a multiple of 32). */
+static __device__ __forceinline__ void fgh_named_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
