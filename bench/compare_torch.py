@@ -41,7 +41,9 @@ random dout shared by every system:
                  against float64 gradients of the two (b, h) heads (autograd
                  through the reference computation, a chunk of query rows at
                  a time: exact, since each row's softmax is whole), and
-                 flexgen against flex on the whole gradients.
+                 flexgen against flex on the whole gradients;
+  train          one training step's attention, forward time + backward
+                 time, as TFLOP/s of 3.5 times the forward count.
 
 Inputs are random normal (never zeros), drawn once and shared by all systems.
 The gallery's torch equivalents live in torch_mods.py; `--mask FILE [--score
@@ -409,6 +411,14 @@ def run_case(spec, inputs, opts, first=None, dout=None):
         if "flexgen" in row["bwd_tflops"] and "flex" in row["bwd_tflops"]:
             row["ratio_bwd_flexgen_over_flex"] = (row["bwd_tflops"]["flexgen"]
                                                   / row["bwd_tflops"]["flex"])
+        # one training step's attention: the forward and the backward, timed
+        # apart on the same inputs, FLOPs 3.5x the forward's
+        row["train_tflops"] = {
+            system: 3.5 * 4.0 * B * H * S * S * D * density / ((row["ms"][system] + bms) * 1e-3) / 1e12
+            for system, bms in row["bwd_ms"].items() if system in row["ms"]}
+        if "flexgen" in row["train_tflops"] and "flex" in row["train_tflops"]:
+            row["ratio_train_flexgen_over_flex"] = (row["train_tflops"]["flexgen"]
+                                                    / row["train_tflops"]["flex"])
 
     # --- accuracy ----------------------------------------------------------
     def accuracy():
@@ -453,14 +463,15 @@ def fmt(x, spec="{:.1f}"):
 def table(rows):
     """The markdown table: forward TFLOP/s, block masks, first calls and
     errors, then (when the rows have them) the backward's TFLOP/s and
-    errors, each error the largest of dq, dk and dv."""
+    errors, each error the largest of dq, dk and dv, and one training step
+    (forward + backward) in TFLOP/s."""
     head = ["mod", "dens", "flexgen", "flex", "fg/flex", "sdpa-fa", "cudnn",
             "bm fg ms", "bm flex ms", "1st fg cold", "1st fg disk", "1st flex",
             "err fg", "err flex", "fg~flex"]
     backward = any("bwd_ms" in r for r in rows)
     if backward:
         head += ["bwd fg", "bwd flex", "bwd fg/flex", "bwd sdpa-fa", "bwd cudnn",
-                 "bwd err fg", "bwd err flex", "bwd fg~flex"]
+                 "bwd err fg", "bwd err flex", "bwd fg~flex", "train fg", "train flex", "train fg/flex"]
 
     def worst(errors, system):
         e = errors.get(system)
@@ -485,6 +496,8 @@ def table(rows):
             fmt(bt.get("sdpa_flash")), fmt(bt.get("sdpa_cudnn")),
             fmt(worst(be, "flexgen"), "{:.1e}"), fmt(worst(be, "flex"), "{:.1e}"),
             fmt(worst(be, "flexgen_vs_flex"), "{:.1e}"),
+            fmt(r.get("train_tflops", {}).get("flexgen")), fmt(r.get("train_tflops", {}).get("flex")),
+            fmt(r.get("ratio_train_flexgen_over_flex"), "{:.2f}"),
         ] if backward else []))
     widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h)
               for i, h in enumerate(head)]

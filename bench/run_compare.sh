@@ -72,7 +72,7 @@ for s in $STEPS; do
         ;;
     bwd128 | bwd64)
         step "$s" python3 bench/compare_torch.py --backward --head-dim "${s#bwd}" ${LABEL:+--label "$LABEL"} \
-            --mods noop,causal,sliding_window,document,alibi,softcap \
+            --mods noop,causal,sliding_window,prefix_lm,document,alibi,softcap \
             --json "$OUT/backward_d${s#bwd}.json" --png "$OUT/backward_d${s#bwd}.png"
         ;;
     cbench)
