@@ -199,9 +199,10 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                 const int h = hk * group + gi;
                 const fgb_plan pl = fgs_plan(a, b, h, kv0);
                 const fg_i64 row_base = ((fg_i64)b * a.heads_q + h) * a.q_pitch;
-                for (int j = 0; j < pl.n_items; j++, n++) {
+                for (int j = 0; j < pl.n_items; j++) {
                     bool partial;
                     const int q0 = fgb_item_start(pl, j, partial);
+                    if (q0 >= a.q_len) continue; /* a block's step past Q_LEN: nothing there */
                     const int st = n & 1;
                     if (n >= 2) fgh_bar_wait(bar_empty + 8 * st, ((n >> 1) - 1) & 1);
                     const fg_u32 full = bar_full + 8 * st, sQ = sStage + st * FGS_STAGE_BYTES;
@@ -215,6 +216,7 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                     fgh_bulk_load(rows, (const float *)a.lse2 + row_base + q0, FGS_BLOCK_M * 4, full);
                     fgh_bulk_load(rows + FGS_BLOCK_M * 4, (const float *)a.delta + row_base + q0, FGS_BLOCK_M * 4,
                                   full);
+                    n++;
                 }
             }
         }
@@ -252,13 +254,17 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
         const int h = hk * group + gi;
         const fgb_plan pl = fgs_plan(a, b, h, kv0);
         const fg_i64 rb = (fg_i64)b * a.heads_q + h;
-        for (int j = 0; j < pl.n_items; j++, n++) {
+        for (int j = 0; j < pl.n_items; j++) {
             bool partial;
             const int q0 = fgb_item_start(pl, j, partial);
-            const int st = n & 1;
+            /* the producer skips these too; past q_pitch the dQ tile would
+             * land outside the accumulator */
+            if (q0 >= a.q_len) continue;
+            const int st = n & 1, phase = (n >> 1) & 1;
+            n++;
             const fg_u32 sQ = sStage + st * FGS_STAGE_BYTES, sO = sQ + FGS_Q_TILE;
             const float *const s_lse2 = rows0 + st * 2 * FGS_BLOCK_M, *const s_delta = s_lse2 + FGS_BLOCK_M;
-            fgh_bar_wait(bar_full + 8 * st, (n >> 1) & 1);
+            fgh_bar_wait(bar_full + 8 * st, phase);
 
             /* S^T = K Q^T and dP^T = V dO^T. */
             float s[8][4], dp[8][4];
