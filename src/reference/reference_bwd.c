@@ -15,13 +15,7 @@
  *   d buf[i] += dS * d score_mod / d (buf[i] as read), per float buffer read
  *
  * O and the LSE are the reference's own, not the kernel's, so the yardstick
- * does not inherit the kernel's rounding. One rounding is the backward's by
- * contract: it receives O in the input dtype, so delta is dO . O with the
- * reference's O rounded to that dtype. It matters where a gradient's terms
- * cancel: sum_j dS_ij is 0 with the exact O but dO_i . (O_i - rounded O_i)
- * with the stored one, and ALiBi's slope gradient, sum dS (kv - q), weighs
- * that by q (at Q_LEN 1000, KV_LEN 17 the exact-O yardstick put a correct
- * kernel's slope gradient 30x off). Pairs that do not take part, and
+ * does not inherit the kernel's rounding. Pairs that do not take part, and
  * pairs whose probability is exactly 0, contribute nothing, and their
  * derivatives are not used (an infinite derivative at a masked pair never
  * meets a zero), as in the kernels. dK and dV of a KV head sum over the query
@@ -34,13 +28,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* An element of O as a backward receives it: the forward's output rounded
- * to the dtype (see the file comment on delta). */
-static double out_as_stored(fg_dtype dtype, double o) {
-    return dtype == FG_FP16 ? (double)fgi_fp16_to_float(fgi_float_to_fp16((float)o))
-                            : (double)fgi_bf16_to_float(fgi_float_to_bf16((float)o));
-}
 
 #define BWD_TILE 64
 
@@ -179,7 +166,7 @@ static fg_status one_head(fg_ctx *ctx, const fgi_ref_ctx *rc, bwd_work *w, const
             for (int d = 0; d < D; d++) o[d] += srow[j] * vr[d];
         }
         double delta = 0;
-        for (int d = 0; d < D; d++) delta += dor[d] * out_as_stored(a->dtype, o[d]);
+        for (int d = 0; d < D; d++) delta += dor[d] * o[d];
         for (int j = 0; j < KV; j++) {
             if (srow[j] == 0.0) {
                 dsrow[j] = 0.0;
