@@ -168,10 +168,11 @@ typedef enum fg_option {
     FG_OPT_MAX_SOURCE = 6,      /* int: max mod source length in bytes (64 KiB)*/
     FG_OPT_MAX_DEPTH = 7,       /* int: max expression nesting depth (200)     */
     FG_OPT_MAX_LOCALS = 8,      /* int: max locals per function (64)           */
-    FG_OPT_HOPPER_KERNEL = 9    /* int: 1 lets fg_kernel_get / forward pick the
-                                   Hopper kernel on a compute capability 9.0
-                                   GPU where it applies, 0 keeps the portable
-                                   one (default 1 unless the environment has
+    FG_OPT_HOPPER_KERNEL = 9    /* int: 1 lets fg_kernel_get, the forward and
+                                   the backward pick the Hopper kernels on a
+                                   compute capability 9.0 GPU where they
+                                   apply, 0 keeps the portable ones (default
+                                   1 unless the environment has
                                    FLEXGEN_HOPPER_KERNEL=0)                    */
 } fg_option;
 
