@@ -18,40 +18,38 @@
 
 /* ---- which configs the Hopper kernel takes ---------------------------------- */
 
-/* What the Hopper kernel takes, on a config with its defaults filled in:
- * wgmma tiles of 64 rows per warp group and 128-column K/V tiles, the head
- * dim one or two 128-byte swizzle rows, code for sm_90a only. A NULL ctx
- * records nothing. */
-static fg_status sm90_check(fg_ctx *ctx, const fg_kernel_config *c) {
+/* What both Hopper rows take, on a config with its defaults filled in:
+ * wgmma tiles of 64 rows per warp group, the head dim one or two 128-byte
+ * swizzle rows, code for sm_90a only. `what` names the row in messages,
+ * `portable` the row that takes the rest. A NULL ctx records nothing. */
+static fg_status sm90_common_check(fg_ctx *ctx, const fg_kernel_config *c, const char *what,
+                                   const char *portable) {
     if (c->head_dim != 64 && c->head_dim != 128)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
-                         "head dim %d: the Hopper kernel supports 64 and 128 (the portable "
-                         "kernel, FG_KERNEL_ATTENTION_FWD, takes every multiple of 16 to 256)",
-                         c->head_dim);
+                         "head dim %d: the Hopper %s supports 64 and 128 (the portable %s, %s, takes every "
+                         "multiple of 16 to 256)",
+                         c->head_dim, what, what, portable);
+    if (c->arch && strcmp(c->arch, "sm_90a") != 0)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "arch %s: the Hopper %s compiles only for sm_90a", c->arch,
+                         what);
+    return FG_OK;
+}
+
+/* The Hopper forward: also 128-column K/V tiles, so blocks of 128 or more. */
+static fg_status sm90_check(fg_ctx *ctx, const fg_kernel_config *c) {
+    FGI_TRY(sm90_common_check(ctx, c, "kernel", "FG_KERNEL_ATTENTION_FWD"));
     if (c->q_block < 128 || c->kv_block < 128)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
                          "blocks %d x %d: the Hopper kernel needs q and kv blocks of at least 128",
                          c->q_block, c->kv_block);
-    if (c->arch && strcmp(c->arch, "sm_90a") != 0)
-        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "arch %s: the Hopper kernel compiles only for sm_90a",
-                         c->arch);
     return FG_OK;
 }
 
-/* What the Hopper backward takes: head dim 64 or 128, code for sm_90a only
- * (its dK/dV pass covers 128 kv rows, so a block mask's kv blocks must be
- * multiples of 128: the launch checks that, since the config does not carry
- * the blocks). */
+/* The Hopper backward: its dK/dV pass covers 128 kv rows, so a block
+ * mask's kv blocks must be multiples of 128; the launch checks that, since
+ * the backward's config does not carry the blocks. */
 static fg_status sm90_bwd_check(fg_ctx *ctx, const fg_kernel_config *c) {
-    if (c->head_dim != 64 && c->head_dim != 128)
-        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
-                         "head dim %d: the Hopper backward supports 64 and 128 (the portable "
-                         "backward, FG_KERNEL_ATTENTION_BWD, takes every multiple of 16 to 256)",
-                         c->head_dim);
-    if (c->arch && strcmp(c->arch, "sm_90a") != 0)
-        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "arch %s: the Hopper backward compiles only for sm_90a",
-                         c->arch);
-    return FG_OK;
+    return sm90_common_check(ctx, c, "backward", "FG_KERNEL_ATTENTION_BWD");
 }
 
 /* ---- launch geometry ----------------------------------------------------------- */

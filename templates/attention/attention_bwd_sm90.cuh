@@ -94,15 +94,6 @@ struct fgs_maps {
 };
 static_assert(sizeof(fgs_maps) == 512, "fgs_maps must match the host's four CUtensorMaps");
 
-/* D (64 x D, fp32) += A (64 x 16, registers) * B (16 x D, shared, N-major). */
-static __device__ __forceinline__ void fgs_mma_rs(float *d, const fg_u32 *a, fg_u64 db) {
-#if FGB_D == 128
-    fgh_mma_rs_n128(d, a, db);
-#else
-    fgh_mma_rs_n64(d, a, db);
-#endif
-}
-
 /* The element loop of one step for one consumer thread: S^T and dP^T in
  * wgmma's accumulator layout (n8 fragment i, element e at kv row
  * kvr0 + 8 (e >> 1), q column 8 i + 2 t4 + (e & 1)) become P^T and dR^T in
@@ -335,9 +326,9 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             fgh_fence();
             const fg_u64 dO_mn = fgh_desc_mn(sO, FGS_Q_REGION), dQ_mn = fgh_desc_mn(sQ, FGS_Q_REGION);
 #pragma unroll
-            for (int kc = 0; kc < 4; kc++) fgs_mma_rs(&dv[0][0], pa[kc], dO_mn + ((kc * 16 * 128) >> 4));
+            for (int kc = 0; kc < 4; kc++) fgh_mma_rs_d(&dv[0][0], pa[kc], dO_mn + ((kc * 16 * 128) >> 4));
 #pragma unroll
-            for (int kc = 0; kc < 4; kc++) fgs_mma_rs(&dk[0][0], ra[kc], dQ_mn + ((kc * 16 * 128) >> 4));
+            for (int kc = 0; kc < 4; kc++) fgh_mma_rs_d(&dk[0][0], ra[kc], dQ_mn + ((kc * 16 * 128) >> 4));
             fgh_commit();
             fgh_wait<0>();
             fgh_fence_regs<FGS_DT * 4>(&dv[0][0]);

@@ -121,14 +121,6 @@ static __device__ __forceinline__ void fgh_tma_tile(fg_u32 dst, const fgh_tmap *
 
 /* ---- tiles ------------------------------------------------------------------ */
 
-static __device__ __forceinline__ void fgh_mma_pv(float *o, const fg_u32 *pa, fg_u64 db) {
-#if FGH_D == 128
-    fgh_mma_rs_n128(o, pa, db);
-#else
-    fgh_mma_rs_n64(o, pa, db);
-#endif
-}
-
 /* O += P V for one tile: P as A fragments (16 kv columns per k step), V
  * from the stage whose descriptor is dv. A descriptor plus (bytes >> 4)
  * addresses `bytes` further: the start-address field cannot carry over,
@@ -136,7 +128,7 @@ static __device__ __forceinline__ void fgh_mma_pv(float *o, const fg_u32 *pa, fg
 static __device__ __forceinline__ void fgh_issue_pv(float (&o)[1][FGH_DT][4],
                                                     const fg_u32 (&pa)[FGH_PV_STEPS][4], fg_u64 dv) {
 #pragma unroll
-    for (int kk = 0; kk < FGH_PV_STEPS; kk++) fgh_mma_pv(&o[0][0][0], pa[kk], dv + ((kk * 16 * 128) >> 4));
+    for (int kk = 0; kk < FGH_PV_STEPS; kk++) fgh_mma_rs_d(&o[0][0][0], pa[kk], dv + ((kk * 16 * 128) >> 4));
     fgh_commit();
 }
 

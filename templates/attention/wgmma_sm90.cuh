@@ -129,6 +129,17 @@ static __device__ __forceinline__ void fgh_mma_rs_n64(float *d, const fg_u32 *a,
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
+/* The register-A product at the kernel's head dim: D (64 x FG_HEAD_DIM,
+ * fp32) += A (64 x 16, registers) * B (16 x FG_HEAD_DIM, shared, N-major).
+ * P V in the forward, P^T dO and dR^T Q in the backward. */
+static __device__ __forceinline__ void fgh_mma_rs_d(float *d, const fg_u32 *a, fg_u64 db) {
+#if FG_HEAD_DIM == 128
+    fgh_mma_rs_n128(d, a, db);
+#elif FG_HEAD_DIM == 64
+    fgh_mma_rs_n64(d, a, db);
+#endif
+}
+
 /* ---- mbarriers and TMA ------------------------------------------------------- */
 
 static __device__ __forceinline__ void fgh_bar_init(fg_u32 bar, int count) {
