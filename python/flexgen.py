@@ -31,9 +31,10 @@ strides, devices, parameter names and types) run first, in that order, in
 Python, so their messages name the Python argument and they work on a
 machine without a GPU. The library checks everything again.
 
-The library is found through $FLEXGEN_LIB (a path to libflexgen.so), else a
-build folder beside this package (../build*/src/libflexgen.so, newest
-first), else the system loader.
+The library is found through $FLEXGEN_LIB (a path to libflexgen.so), else
+beside this module (where `pip install .` puts it), else a build folder
+beside this file in a checkout (../build*/src/libflexgen.so, newest first),
+else the system loader.
 """
 
 import ctypes
@@ -54,6 +55,7 @@ __all__ = [
     "block_mask",
     "load_mod", "reference", "reference_backward", "cache_stats", "reset_cache_stats",
     "forget_memory_cache", "set_cache_dir", "cache_dir", "library_path", "version",
+    "generate_source", "compile_kernel",
 ]
 
 # ---------------------------------------------------------------------------
@@ -67,6 +69,8 @@ FG_TYPE_BOOL, FG_TYPE_INT, FG_TYPE_FLOAT = 1, 2, 3
 FG_MASK_MOD, FG_SCORE_MOD = 1, 2
 FG_BF16, FG_FP16 = 1, 2
 FG_KERNEL_ATTENTION_FWD = 1
+FG_KERNEL_BLOCK_MASK = 2
+FG_KERNEL_ATTENTION_FWD_SM90 = 3
 FG_KERNEL_ATTENTION_BWD = 4
 FG_KERNEL_ATTENTION_BWD_SM90 = 5
 FG_OPT_DEVICE, FG_OPT_ARCH, FG_OPT_CACHE_DIR, FG_OPT_DISK_CACHE = 1, 2, 3, 4
@@ -162,6 +166,10 @@ _SIGNATURES = {
     "fg_version_string": (ctypes.c_char_p, []),
     "fg_status_string": (ctypes.c_char_p, [ctypes.c_int]),
     "fg_free": (None, [_P]),
+    "fg_generate_source": (ctypes.c_int, [_P, _P, ctypes.POINTER(_KernelConfig),
+                                          ctypes.POINTER(ctypes.c_char_p)]),
+    "fg_compile": (ctypes.c_int, [_P, _P, ctypes.POINTER(_KernelConfig), ctypes.c_int,
+                                  ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]),
     "fg_ctx_create": (ctypes.c_int, [_PP]),
     "fg_ctx_destroy": (None, [_P]),
     "fg_errmsg": (ctypes.c_char_p, [_P]),
@@ -268,9 +276,10 @@ def _candidate_paths():
     if env:
         return [env]
     here = os.path.dirname(os.path.abspath(__file__))
+    packaged = os.path.join(here, "libflexgen.so")
     found = glob.glob(os.path.join(here, "..", "build*", "src", "libflexgen.so"))
     found.sort(key=lambda p: os.path.getmtime(p), reverse=True)
-    return found + ["libflexgen.so", "libflexgen.so.0"]
+    return ([packaged] if os.path.exists(packaged) else []) + found + ["libflexgen.so", "libflexgen.so.0"]
 
 
 def _load():
@@ -1397,3 +1406,61 @@ def cache_dir():
     with c.lock:
         c.check(c._lib.fg_ctx_get_string(c.handle, FG_OPT_CACHE_DIR, ctypes.byref(v)))
     return v.value.decode() if v.value else ""
+
+
+# ---------------------------------------------------------------------------
+# Generated code (no GPU needed): what `flexgen --kernel K --emit ...` prints.
+# ---------------------------------------------------------------------------
+
+_KERNEL_KINDS = {
+    "attention": FG_KERNEL_ATTENTION_FWD, "attention-sm90": FG_KERNEL_ATTENTION_FWD_SM90,
+    "attention-bwd": FG_KERNEL_ATTENTION_BWD, "attention-bwd-sm90": FG_KERNEL_ATTENTION_BWD_SM90,
+    "blockmask": FG_KERNEL_BLOCK_MASK,
+}
+_EMIT_KINDS = {"ptx": 1, "cubin": 2}
+
+
+def _kernel_config(kernel, dtype, head_dim, block_size, arch):
+    if kernel not in _KERNEL_KINDS:
+        raise ValueError(f"kernel must be one of {sorted(_KERNEL_KINDS)}, not {kernel!r}")
+    if dtype not in ("bf16", "fp16"):
+        raise ValueError(f"dtype must be 'bf16' or 'fp16', not {dtype!r}")
+    qb, kvb = _block_dims(block_size)
+    return _KernelConfig(_KERNEL_KINDS[kernel], FG_BF16 if dtype == "bf16" else FG_FP16, int(head_dim),
+                         qb, kvb, arch.encode() if arch else None)
+
+
+def generate_source(mod, kernel="attention", dtype="bf16", head_dim=128, block_size=128, arch=None):
+    """The CUDA source flexgen compiles for `mod` (a Mod, or what load_mod
+    takes): kernel 'attention' (portable forward), 'attention-sm90',
+    'attention-bwd', 'attention-bwd-sm90' or 'blockmask'. No GPU needed."""
+    mod = mod if isinstance(mod, Mod) else load_mod(mod)
+    cfg = _kernel_config(kernel, dtype, head_dim, block_size, arch)
+    lib, c = _load(), _ctx(None)
+    text = ctypes.c_char_p()
+    with c.lock:
+        c.check(lib.fg_generate_source(c.handle, mod.handle, ctypes.byref(cfg), ctypes.byref(text)))
+    try:
+        return text.value.decode()
+    finally:
+        lib.fg_free(ctypes.cast(text, ctypes.c_void_p))
+
+
+def compile_kernel(mod, kernel="attention", dtype="bf16", head_dim=128, block_size=128, arch=None,
+                   emit="cubin"):
+    """That source compiled by NVRTC: the cubin or PTX as bytes. arch: e.g.
+    'sm_80' or 'sm_90a' (default: the GPU's, sm_90a without one). No GPU
+    needed."""
+    if emit not in _EMIT_KINDS:
+        raise ValueError(f"emit must be 'ptx' or 'cubin', not {emit!r}")
+    mod = mod if isinstance(mod, Mod) else load_mod(mod)
+    cfg = _kernel_config(kernel, dtype, head_dim, block_size, arch)
+    lib, c = _load(), _ctx(None)
+    image, size = ctypes.c_void_p(), ctypes.c_size_t()
+    with c.lock:
+        c.check(lib.fg_compile(c.handle, mod.handle, ctypes.byref(cfg), _EMIT_KINDS[emit], ctypes.byref(image),
+                               ctypes.byref(size)))
+    try:
+        return ctypes.string_at(image, size.value)
+    finally:
+        lib.fg_free(image)

@@ -2,7 +2,9 @@
 # Set up and run the whole test suite: installs what is missing, builds,
 # runs `meson test` (suites cpu and gpu; gpu tests are reported as skipped
 # without a CUDA device), then builds the cpu suite again under
-# AddressSanitizer + UndefinedBehaviorSanitizer and runs it.
+# AddressSanitizer + UndefinedBehaviorSanitizer and runs it, and last
+# installs the Python package with `pip install .` into a fresh virtual
+# environment and checks it (python/test_install.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +13,7 @@ command -v meson >/dev/null 2>&1 || need+=(meson)
 command -v ninja >/dev/null 2>&1 || need+=(ninja-build)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 pkg-config --exists cmocka 2>/dev/null || need+=(libcmocka-dev)
+python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
     echo "== installing: ${need[*]}"
     SUDO=""
@@ -37,4 +40,11 @@ echo "== cpu suite under address,undefined sanitizers"
 meson compile -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     meson test -C build-asan --suite cpu --print-errorlogs --num-processes "$jobs"
+echo "== pip install . in a fresh virtual environment, then the installed package"
+venv=$(mktemp -d)
+python3 -m venv "$venv"
+"$venv/bin/pip" install --quiet .
+root=$PWD
+(cd "$venv" && "$venv/bin/python" "$root/python/test_install.py")  # away from python/flexgen.py
+rm -rf "$venv"
 echo "== all tests passed"
