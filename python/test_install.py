@@ -12,8 +12,9 @@ import sys
 os.environ.pop("FLEXGEN_LIB", None)
 import flexgen  # noqa: E402
 
-lib = flexgen.library_path()
 here = os.path.dirname(os.path.abspath(flexgen.__file__))
+assert os.path.basename(here) == "flexgen", f"imported {flexgen.__file__}, not the installed package"
+lib = flexgen.library_path()
 assert os.path.dirname(lib) == here, f"library {lib} is not the package's ({here})"
 
 mod = flexgen.load_mod("bool mask_mod(int b, int h, int q_idx, int kv_idx) { return q_idx >= kv_idx; }")
