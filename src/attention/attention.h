@@ -65,6 +65,44 @@ typedef struct fgi_attn_bwd_abi {
 } fgi_attn_bwd_abi;
 _Static_assert(sizeof(fgi_attn_bwd_abi) == 440, "fgi_attn_bwd_abi must match fgb_args");
 
+/* The fields the forward's and the backward's argument blocks share (the
+ * same names in abi.def and abi_bwd.def): `abi` points at either block, `a`
+ * is the forward's fg_attention_args, `st` its effective strides. */
+#define FGI_ATTN_ABI_FILL_COMMON(abi, a, st)                                          \
+    do {                                                                             \
+        (abi)->q = (uint64_t)(uintptr_t)(a)->q;                                      \
+        (abi)->k = (uint64_t)(uintptr_t)(a)->k;                                      \
+        (abi)->v = (uint64_t)(uintptr_t)(a)->v;                                      \
+        (abi)->out = (uint64_t)(uintptr_t)(a)->out;                                  \
+        (abi)->lse = (uint64_t)(uintptr_t)(a)->lse;                                  \
+        memcpy((abi)->q_stride, (st)->q, sizeof (st)->q);                            \
+        memcpy((abi)->k_stride, (st)->k, sizeof (st)->k);                            \
+        memcpy((abi)->v_stride, (st)->v, sizeof (st)->v);                            \
+        memcpy((abi)->o_stride, (st)->o, sizeof (st)->o);                            \
+        (abi)->batch = (a)->batch;                                                   \
+        (abi)->heads_q = (a)->heads_q;                                               \
+        (abi)->heads_kv = (a)->heads_kv;                                             \
+        (abi)->q_len = (a)->q_len;                                                   \
+        (abi)->kv_len = (a)->kv_len;                                                 \
+        (abi)->q_offset = (a)->q_offset;                                             \
+        (abi)->kv_offset = (a)->kv_offset;                                           \
+        (abi)->scale = fgi_attn_scale(a);                                            \
+        (abi)->scale_log2 = (float)((double)(abi)->scale * 1.4426950408889634);      \
+    } while (0)
+
+/* The block mask's geometry in either argument block (`m` an fg_block_mask
+ * whose device arrays the caller has put in place). */
+#define FGI_ATTN_ABI_FILL_BLOCK_MASK(abi, m)                                          \
+    do {                                                                             \
+        (abi)->has_block_mask = 1;                                                   \
+        (abi)->bm_batch = (m)->desc.batch;                                           \
+        (abi)->bm_heads = (m)->desc.heads;                                           \
+        (abi)->bm_q_blocks = (m)->q_blocks;                                          \
+        (abi)->bm_kv_blocks = (m)->kv_blocks;                                        \
+        (abi)->bm_q_block = (m)->desc.q_block;                                       \
+        (abi)->bm_kv_block = (m)->desc.kv_block;                                     \
+    } while (0)
+
 /* A 16-bit tensor the kernels move `align` bytes at a time: the pointer
  * aligned to it and its (b, h, s) strides multiples of align / 2 elements
  * (FG_ERR_SHAPE otherwise). */

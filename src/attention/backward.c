@@ -127,13 +127,7 @@ static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_atten
     FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_KV_INDICES, &abi->kv_idx));
     FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_FULL_KV_NUM_BLOCKS, &abi->full_kv_num));
     FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_FULL_KV_INDICES, &abi->full_kv_idx));
-    abi->has_block_mask = 1;
-    abi->bm_batch = d->batch;
-    abi->bm_heads = d->heads;
-    abi->bm_q_blocks = m->q_blocks;
-    abi->bm_kv_blocks = m->kv_blocks;
-    abi->bm_q_block = d->q_block;
-    abi->bm_kv_block = d->kv_block;
+    FGI_ATTN_ABI_FILL_BLOCK_MASK(abi, m);
     if (d->kv_block % abi->kv_rows != 0) {
         abi->kv_rows = 64;
         abi->kv_tiles = (a->kv_len + 63) / 64;
@@ -144,32 +138,15 @@ static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_atten
 static void fill_abi(const fg_kernel *k, const fg_attention_bwd_args *b, const fgi_attn_strides *st,
                      const fgi_attn_bwd_strides *bs, fgi_attn_bwd_abi *abi) {
     const fg_attention_args *a = b->fwd;
-    abi->q = (uint64_t)(uintptr_t)a->q;
-    abi->k = (uint64_t)(uintptr_t)a->k;
-    abi->v = (uint64_t)(uintptr_t)a->v;
-    abi->out = (uint64_t)(uintptr_t)a->out;
-    abi->lse = (uint64_t)(uintptr_t)a->lse;
+    FGI_ATTN_ABI_FILL_COMMON(abi, a, st);
     abi->dout = (uint64_t)(uintptr_t)b->dout;
     abi->dq = (uint64_t)(uintptr_t)b->dq;
     abi->dk = (uint64_t)(uintptr_t)b->dk;
     abi->dv = (uint64_t)(uintptr_t)b->dv;
-    memcpy(abi->q_stride, st->q, sizeof st->q);
-    memcpy(abi->k_stride, st->k, sizeof st->k);
-    memcpy(abi->v_stride, st->v, sizeof st->v);
-    memcpy(abi->o_stride, st->o, sizeof st->o);
     memcpy(abi->do_stride, bs->dout, sizeof bs->dout);
     memcpy(abi->dq_stride, bs->dq, sizeof bs->dq);
     memcpy(abi->dk_stride, bs->dk, sizeof bs->dk);
     memcpy(abi->dv_stride, bs->dv, sizeof bs->dv);
-    abi->batch = a->batch;
-    abi->heads_q = a->heads_q;
-    abi->heads_kv = a->heads_kv;
-    abi->q_len = a->q_len;
-    abi->kv_len = a->kv_len;
-    abi->q_offset = a->q_offset;
-    abi->kv_offset = a->kv_offset;
-    abi->scale = fgi_attn_scale(a);
-    abi->scale_log2 = (float)((double)abi->scale * 1.4426950408889634);
     const int bn = k->geom[FGI_BWD_DKDV].block_n, bm = k->geom[FGI_BWD_DQ_TILES].block_m;
     abi->kv_rows = bn; /* block_mask_args may halve it */
     abi->kv_tiles = (a->kv_len + bn - 1) / bn;

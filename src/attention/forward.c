@@ -60,13 +60,7 @@ static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_atten
     FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_KV_INDICES, &abi->kv_idx));
     FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_FULL_KV_NUM_BLOCKS, &abi->full_num));
     FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_FULL_KV_INDICES, &abi->full_idx));
-    abi->has_block_mask = 1;
-    abi->bm_batch = d->batch;
-    abi->bm_heads = d->heads;
-    abi->bm_q_blocks = m->q_blocks;
-    abi->bm_kv_blocks = m->kv_blocks;
-    abi->bm_q_block = d->q_block;
-    abi->bm_kv_block = d->kv_block;
+    FGI_ATTN_ABI_FILL_BLOCK_MASK(abi, m);
     return FG_OK;
 }
 
@@ -114,24 +108,7 @@ fg_status fg_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *
 
 static void fill_abi(const fg_kernel *k, const fg_attention_args *a, const fgi_attn_strides *st,
                      fgi_attn_abi *abi) {
-    abi->q = (uint64_t)(uintptr_t)a->q;
-    abi->k = (uint64_t)(uintptr_t)a->k;
-    abi->v = (uint64_t)(uintptr_t)a->v;
-    abi->out = (uint64_t)(uintptr_t)a->out;
-    abi->lse = (uint64_t)(uintptr_t)a->lse;
-    memcpy(abi->q_stride, st->q, sizeof st->q);
-    memcpy(abi->k_stride, st->k, sizeof st->k);
-    memcpy(abi->v_stride, st->v, sizeof st->v);
-    memcpy(abi->o_stride, st->o, sizeof st->o);
-    abi->batch = a->batch;
-    abi->heads_q = a->heads_q;
-    abi->heads_kv = a->heads_kv;
-    abi->q_len = a->q_len;
-    abi->kv_len = a->kv_len;
-    abi->q_offset = a->q_offset;
-    abi->kv_offset = a->kv_offset;
-    abi->scale = fgi_attn_scale(a);
-    abi->scale_log2 = (float)((double)abi->scale * 1.4426950408889634);
+    FGI_ATTN_ABI_FILL_COMMON(abi, a, st);
     abi->q_tiles = (a->q_len + k->geom[0].block_m - 1) / k->geom[0].block_m;
 }
 
