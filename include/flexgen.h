@@ -168,13 +168,30 @@ typedef enum fg_option {
     FG_OPT_MAX_SOURCE = 6,      /* int: max mod source length in bytes (64 KiB)*/
     FG_OPT_MAX_DEPTH = 7,       /* int: max expression nesting depth (200)     */
     FG_OPT_MAX_LOCALS = 8,      /* int: max locals per function (64)           */
-    FG_OPT_HOPPER_KERNEL = 9    /* int: 1 lets fg_kernel_get, the forward and
+    FG_OPT_HOPPER_KERNEL = 9,   /* int: 1 lets fg_kernel_get, the forward and
                                    the backward pick the Hopper kernels on a
                                    compute capability 9.0 GPU where they
                                    apply, 0 keeps the portable ones (default
                                    1 unless the environment has
                                    FLEXGEN_HOPPER_KERNEL=0)                    */
+    FG_OPT_DECODE_KERNEL = 10   /* int: which forward kernel serves a call
+                                   (fg_attention_forward,
+                                   fg_attention_kernel_for): 1 the decode
+                                   kernel for q_len up to FG_DECODE_MAX_Q
+                                   and for every paged call, the forward
+                                   kernel otherwise; 0 never the decode
+                                   kernel (a paged call is then
+                                   FG_ERR_NOT_SUPPORTED); 2 the decode
+                                   kernel wherever it applies, any q_len
+                                   (default 1, or FLEXGEN_DECODE_KERNEL)   */
 } fg_option;
+
+/* The longest q_len the decode kernel serves by default (FG_OPT_DECODE_KERNEL
+ * 1): up to it, a sequence's queries times its GQA group fill at most a few
+ * 16-row tiles and the call is bound by reading K/V, which the decode kernel
+ * does once per KV head across the whole GPU; past it, the forward kernel's
+ * 128-row q tiles do more work per K/V byte. */
+#define FG_DECODE_MAX_Q 16
 
 FG_API fg_status fg_ctx_set_int(fg_ctx *ctx, fg_option opt, int64_t value);
 FG_API fg_status fg_ctx_set_string(fg_ctx *ctx, fg_option opt, const char *value);
@@ -321,10 +338,17 @@ typedef enum fg_kernel_kind {
                                         dQ and conversion entry points;
                                         fg_kernel_get picks the Hopper one
                                         for it where that one applies     */
-    FG_KERNEL_ATTENTION_BWD_SM90 = 5 /* the Hopper backward (its dK/dV
+    FG_KERNEL_ATTENTION_BWD_SM90 = 5,/* the Hopper backward (its dK/dV
                                         pass on wgmma and TMA, sm_90a
                                         only; head dim 64 or 128, kv
                                         blocks of multiples of 128)       */
+    FG_KERNEL_ATTENTION_DECODE = 6   /* the decode kernel (portable,
+                                        sm_80+): few queries per sequence,
+                                        the query heads of a KV head packed
+                                        into one tile, the KV walk split
+                                        over thread blocks and merged;
+                                        ragged lengths and paged K/V; head
+                                        dims 16, 32, 64, 128 and 256      */
 } fg_kernel_kind;
 
 /* Everything that selects a compiled kernel besides the mods. Growable
@@ -513,6 +537,30 @@ typedef struct fg_attention_args {
     void *stream;                    /* CUstream; NULL: default stream    */
     size_t struct_size;              /* sizeof(fg_attention_args), or 0 for
                                         the 0.1 layout                     */
+    /* Since 0.2: ragged batches and paged K/V (all zero: not used). Every
+     * array here is device memory read by the kernel at run time, so
+     * changing its contents never recompiles and a replayed CUDA graph
+     * sees the new values.
+     *  - kv_lens: int32 [batch], sequence b's KV length (clamped into
+     *    [0, kv_len]; 0 gives output 0 and LSE -inf); keys past it are
+     *    masked and never read. NULL: kv_len for every sequence.
+     *  - q_offsets: int32 [batch], sequence b's q_offset (query i sees
+     *    q_idx = q_offsets[b] + i); NULL: q_offset for every sequence.
+     *    The caller keeps q_offsets[b] + q_len inside int.
+     *  - block_table: int32 [batch][max_pages], paged K/V: key j of
+     *    sequence b is row j % page_size of page block_table[b][j /
+     *    page_size]. k and v are then [num_pages, page_size, heads_kv,
+     *    head_dim] (the layout of vLLM and FlashInfer) and their strides
+     *    are read as (page, head, row in page, d); all zero means that
+     *    layout, contiguous. page_size is a power of two in [16, 256];
+     *    kv_len (the longest sequence) at most max_pages * page_size. A
+     *    table entry outside [0, num_pages) is never dereferenced: its
+     *    keys are masked as if past the length (fg_block_table_check
+     *    finds such entries). Paged calls run on the decode kernel. */
+    const int32_t *kv_lens;
+    const int32_t *q_offsets;
+    const int32_t *block_table;
+    int page_size, num_pages, max_pages;
 } fg_attention_args;
 
 #ifdef __cplusplus
@@ -542,9 +590,32 @@ FG_API void fg_kernel_release(fg_kernel *kernel);
 FG_API fg_kernel_kind fg_kernel_kind_of(const fg_kernel *kernel);
 
 /* Run the forward pass on the GPU (device pointers). Asynchronous on the
- * stream. Uses fg_kernel_get internally (a memory-cache hit after the first). */
+ * stream. Uses fg_attention_kernel_for internally (a memory-cache hit after
+ * the first). */
 FG_API fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args);
+/* The kernel fg_attention_forward runs for `args` (the shapes, dtype,
+ * paging and block mask count; pointers may be NULL): the decode kernel
+ * (FG_KERNEL_ATTENTION_DECODE) or a forward one, as FG_OPT_DECODE_KERNEL
+ * and FG_OPT_HOPPER_KERNEL say. Fetched once, it serves every call of
+ * the same configuration through fg_kernel_launch, whatever the lengths,
+ * batch, offsets or page table. */
+FG_API fg_status fg_attention_kernel_for(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
+                                         fg_kernel **out);
+/* Launch a forward-family kernel (FG_KERNEL_ATTENTION_FWD, _FWD_SM90 or
+ * _DECODE). The decode kernel splits long KV walks over thread blocks and
+ * takes fp32 workspace for their parts from the stream's memory pool
+ * (cuMemAllocAsync), B * Hq * q_len * splits * (head_dim + 1) floats,
+ * given back on the stream. */
 FG_API fg_status fg_kernel_launch(fg_ctx *ctx, fg_kernel *kernel, const fg_attention_args *args);
+
+/* Check a block table on the host before a paged call: every entry a
+ * sequence uses (the first ceil(len / page_size) of row b, len its KV
+ * length from `kv_lens`, a host array, or kv_len when NULL) must be in
+ * [0, num_pages). The first bad entry is reported as FG_ERR_SHAPE with its
+ * sequence, position and value. `args` gives the shapes and paging
+ * (block_table and kv_lens there are ignored). */
+FG_API fg_status fg_block_table_check(fg_ctx *ctx, const fg_attention_args *args, const int32_t *block_table,
+                                      const int32_t *kv_lens);
 
 /* ---- the backward pass ---- */
 

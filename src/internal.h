@@ -103,6 +103,7 @@ struct fg_ctx {
     char *cache_dir;          /* NULL = default                            */
     int disk_cache;           /* 0/1                                       */
     int hopper_kernel;        /* 0/1: FG_OPT_HOPPER_KERNEL                 */
+    int decode_kernel;        /* 0/1/2: FG_OPT_DECODE_KERNEL               */
     int64_t cache_max_bytes;
     int max_source, max_depth, max_locals;
     /* lazily initialised CUDA state (driver/cuda.c) */
@@ -409,6 +410,8 @@ extern const size_t fgi_template_count;
 fg_status fgi_cuda_ready(fg_ctx *ctx);
 /* The compute capability of ctx's device (needs fgi_cuda_ready). */
 fg_status fgi_cuda_arch(fg_ctx *ctx, int *major, int *minor);
+/* The number of SMs of ctx's device (needs fgi_cuda_ready). */
+fg_status fgi_cuda_sm_count(fg_ctx *ctx, int *count);
 
 /* ------------------------------------------------------------------------- */
 /* JIT and cache (jit/nvrtc.c, jit/cache.c)                                 */

@@ -91,10 +91,11 @@ static const char WINDOW[] = "int WINDOW = 3;\n"
 
 static void test_layouts(void **state) {
     (void)state;
-    /* struct_size sits right after the 0.1 fields and ends each struct. */
+    /* struct_size sits right after the 0.1 fields; later fields come after
+     * it (fg_attention_args' ragged and paged fields of 0.2). */
     assert_int_equal(offsetof(fg_kernel_config, struct_size) + sizeof(size_t), sizeof(fg_kernel_config));
     assert_int_equal(offsetof(fg_block_mask_desc, struct_size) + sizeof(size_t), sizeof(fg_block_mask_desc));
-    assert_int_equal(offsetof(fg_attention_args, struct_size) + sizeof(size_t), sizeof(fg_attention_args));
+    assert_int_equal(offsetof(fg_attention_args, struct_size) + sizeof(size_t), offsetof(fg_attention_args, kv_lens));
     if (sizeof(void *) == 8) { /* the 0.1 sizes on LP64: they never change */
         assert_int_equal(offsetof(fg_kernel_config, struct_size), 32);
         assert_int_equal(offsetof(fg_block_mask_desc, struct_size), 24);
@@ -125,6 +126,10 @@ static void test_layouts(void **state) {
         assert_null(as[i]->block_mask);
         assert_null(as[i]->binds);
         assert_null(as[i]->stream);
+        assert_null(as[i]->kv_lens);
+        assert_null(as[i]->q_offsets);
+        assert_null(as[i]->block_table);
+        assert_int_equal(as[i]->page_size + as[i]->num_pages + as[i]->max_pages, 0);
         assert_int_equal(as[i]->struct_size, sizeof(fg_attention_args));
     }
 }

@@ -39,11 +39,12 @@ static void usage(FILE *f) {
             "(`flexgen SUBCOMMAND --help` for a subcommand's options)\n\n"
             "Naming the mod:\n%s\n"
             "Kernel:\n"
-            "  --kernel attention|blockmask|attention-sm90|attention-bwd|attention-bwd-sm90\n"
+            "  --kernel attention|blockmask|attention-sm90|attention-bwd|attention-bwd-sm90|decode\n"
             "                          which kernel (default attention: the portable\n"
             "                          forward kernel; attention-sm90: the Hopper one;\n"
             "                          attention-bwd: the backward, with score_mod's\n"
-            "                          derivative; attention-bwd-sm90: its Hopper one)\n"
+            "                          derivative; attention-bwd-sm90: its Hopper one;\n"
+            "                          decode: the split-KV decode kernel, paged K/V)\n"
             "  --dtype bf16|fp16       input type of the attention kernel (default bf16)\n"
             "  --head-dim N            head dim, a multiple of 16 in [16, 256] (default 128)\n"
             "  --block N               block-mask block size, q and kv (default 128)\n"
@@ -152,16 +153,16 @@ static int parse_choice(const char *arg, const char *opt, const char *const *nam
 /* One option of the default action; FG_EXIT_OK or FG_EXIT_USAGE. */
 static int gen_option(gen_opts *o, int c, const char *arg) {
     static const char *const kinds[] = {"attention", "blockmask", "attention-sm90", "attention-bwd",
-                                        "attention-bwd-sm90"};
+                                        "attention-bwd-sm90", "decode"};
     static const fg_kernel_kind kind_values[] = {FG_KERNEL_ATTENTION_FWD, FG_KERNEL_BLOCK_MASK,
                                                  FG_KERNEL_ATTENTION_FWD_SM90, FG_KERNEL_ATTENTION_BWD,
-                                                 FG_KERNEL_ATTENTION_BWD_SM90};
+                                                 FG_KERNEL_ATTENTION_BWD_SM90, FG_KERNEL_ATTENTION_DECODE};
     static const char *const dtypes[] = {"bf16", "fp16"};
     static const char *const emits[] = {"cuda", "ptx", "cubin", "mod"};
     int i, v;
     switch (c) {
     case OPT_KERNEL:
-        if ((i = parse_choice(arg, "--kernel", kinds, 5)) < 0) return FG_EXIT_USAGE;
+        if ((i = parse_choice(arg, "--kernel", kinds, 6)) < 0) return FG_EXIT_USAGE;
         o->cfg.kind = kind_values[i];
         return 0;
     case OPT_DTYPE:

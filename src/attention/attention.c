@@ -53,6 +53,28 @@ static bool index_range_ok(int len, int offset) {
     return lo >= INT_MIN && hi <= INT_MAX;
 }
 
+static bool all_zero(const int64_t st[4]) { return st[0] == 0 && st[1] == 0 && st[2] == 0 && st[3] == 0; }
+
+/* Paged K/V: the table, a power-of-two page of 16 to 256 rows, enough
+ * pages per sequence for kv_len, and k / v strides read as (page, head,
+ * row in page), all zero meaning [num_pages, page_size, heads_kv, D]. */
+static fg_status check_paged(fg_ctx *ctx, const fg_attention_args *a, fgi_attn_strides *st) {
+    FGI_CHECK_ARG(ctx, a->block_table, "page_size, num_pages or max_pages given without a block table");
+    const int ps = a->page_size;
+    if (ps < 16 || ps > 256 || (ps & (ps - 1)) != 0)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "page size %d: paged K/V takes powers of two in [16, 256]", ps);
+    if (a->num_pages < 1 || a->max_pages < 1)
+        return fgi_error(ctx, FG_ERR_SHAPE, "num_pages %d and max_pages %d must be >= 1", a->num_pages,
+                         a->max_pages);
+    if ((int64_t)a->max_pages * ps < a->kv_len)
+        return fgi_error(ctx, FG_ERR_SHAPE, "kv_len %d does not fit in max_pages %d pages of %d rows", a->kv_len,
+                         a->max_pages, ps);
+    const int64_t D = a->head_dim, row = (int64_t)a->heads_kv * D;
+    if (all_zero(a->k_stride)) st->k[0] = ps * row, st->k[1] = D, st->k[2] = row;
+    if (all_zero(a->v_stride)) st->v[0] = ps * row, st->v[1] = D, st->v[2] = row;
+    return FG_OK;
+}
+
 fg_status fgi_attn_check_args(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a,
                               fgi_attn_strides *st) {
     FGI_CHECK_ARG(ctx, mod, "NULL mod");
@@ -84,6 +106,7 @@ fg_status fgi_attn_check_args(fg_ctx *ctx, const fg_mod *mod, const fg_attention
     FGI_TRY(tensor_strides(ctx, "k", a->k_stride, a->heads_kv, a->kv_len, D, st->k));
     FGI_TRY(tensor_strides(ctx, "v", a->v_stride, a->heads_kv, a->kv_len, D, st->v));
     FGI_TRY(tensor_strides(ctx, "out", a->out_stride, a->heads_q, a->q_len, D, st->o));
+    if (a->block_table || a->page_size || a->num_pages || a->max_pages) FGI_TRY(check_paged(ctx, a, st));
     return FG_OK;
 }
 
@@ -103,6 +126,10 @@ fg_status fgi_attn_check_bwd_args(fg_ctx *ctx, const fg_mod *mod, const fg_atten
                                   fgi_attn_strides *st, fgi_attn_bwd_strides *bst) {
     const fg_attention_args *a = b->fwd;
     FGI_TRY(fgi_attn_check_args(ctx, mod, a, st));
+    if (a->kv_lens || a->q_offsets || a->block_table)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "the backward takes uniform lengths and contiguous K/V (no kv_lens, q_offsets or "
+                         "block table)");
     FGI_CHECK_ARG(ctx, b->dout && b->dq && b->dk && b->dv, "NULL dout, dq, dk or dv");
     FGI_CHECK_ARG(ctx, b->grad_binds || b->ngrad_binds == 0, "NULL gradient bindings with a non-zero count");
     const int64_t D = a->head_dim;
@@ -196,6 +223,33 @@ fg_status fgi_attn_tensor_map(fg_ctx *ctx, CUtensorMap *map, fg_dtype dtype, con
                          "%s: the Hopper kernels cannot describe this tensor to TMA (strides %lld, %lld, "
                          "%lld elements): %s; the portable kernels (FG_OPT_HOPPER_KERNEL 0) take it",
                          name, (long long)st[0], (long long)st[1], (long long)st[2], msg ? msg : "error");
+    }
+    return FG_OK;
+}
+
+/* ---- workspace ------------------------------------------------------------- */
+
+fg_status fgi_attn_ws_alloc(fg_ctx *ctx, fgi_attn_ws *w, size_t bytes, void *stream) {
+    w->base = 0;
+    w->async = fgi_cu()->cuMemAllocAsync && fgi_cu()->cuMemFreeAsync;
+    if (bytes == 0) return FG_OK;
+    if (w->async) {
+        FGI_CU_TRY(ctx, fgi_cu()->cuMemAllocAsync(&w->base, bytes, (CUstream)stream), "cuMemAllocAsync");
+    } else {
+        FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&w->base, bytes), "cuMemAlloc");
+    }
+    return FG_OK;
+}
+
+fg_status fgi_attn_ws_free(fg_ctx *ctx, fgi_attn_ws *w, void *stream) {
+    if (!w->base) return FG_OK;
+    CUdeviceptr p = w->base;
+    w->base = 0;
+    if (w->async) {
+        FGI_CU_TRY(ctx, fgi_cu()->cuMemFreeAsync(p, (CUstream)stream), "cuMemFreeAsync");
+    } else {
+        FGI_CU_TRY(ctx, fgi_cu()->cuStreamSynchronize((CUstream)stream), "cuStreamSynchronize");
+        FGI_CU_TRY(ctx, fgi_cu()->cuMemFree(p), "cuMemFree");
     }
     return FG_OK;
 }

@@ -32,7 +32,7 @@ typedef struct fgi_attn_abi {
 #define FGI_ABI_ROW(T, ...) fgi_abi_##T __VA_ARGS__;
 #include "attention/abi.def"
 } fgi_attn_abi;
-_Static_assert(sizeof(fgi_attn_abi) == 240, "fgi_attn_abi must match fga_args");
+_Static_assert(sizeof(fgi_attn_abi) == 312, "fgi_attn_abi must match fga_args");
 
 /* The effective scale: args->scale, or 1/sqrt(head_dim) when it is 0. */
 float fgi_attn_scale(const fg_attention_args *args);
@@ -118,6 +118,20 @@ fg_status fgi_attn_check_aligned(fg_ctx *ctx, const char *name, const void *p, c
 fg_status fgi_attn_tensor_map(fg_ctx *ctx, CUtensorMap *map, fg_dtype dtype, const void *ptr, int head_dim, int len,
                               int heads, int batch, const int64_t st[3], int box_rows, const char *name);
 
+/* Device memory for one call (the backward's delta and dQ accumulator, the
+ * decode kernel's split parts), taken from and given back to the stream's
+ * memory pool; a driver without cuMemAllocAsync gets cuMemAlloc and a
+ * synchronised free. Needs fgi_cuda_ready. */
+typedef struct fgi_attn_ws {
+    CUdeviceptr base;
+    bool async;
+} fgi_attn_ws;
+fg_status fgi_attn_ws_alloc(fg_ctx *ctx, fgi_attn_ws *w, size_t bytes, void *stream);
+fg_status fgi_attn_ws_free(fg_ctx *ctx, fgi_attn_ws *w, void *stream);
+/* A workspace part's size rounded up to 256 bytes, so the next part is
+ * aligned for any access. */
+static inline size_t fgi_attn_ws_round(size_t n) { return (n + 255) & ~(size_t)255; }
+
 /* fg_kernel_get's inside (forward.c): `allow_hopper` false keeps the
  * portable row. */
 fg_status fgi_attn_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_config *config,
@@ -147,6 +161,18 @@ fg_status fgi_attn_check_bwd_args(fg_ctx *ctx, const fg_mod *mod, const fg_atten
 fg_status fgi_attn_grad_binds(fg_ctx *ctx, const fg_mod *mod, const fgi_grad_layout *L,
                               const fg_binding *binds, size_t nbinds, const fgi_value *bound,
                               const void *out[FGI_MAX_GRAD_BUFFERS], int64_t len[FGI_MAX_GRAD_BUFFERS]);
+
+/* ---- the decode path (decode.c) ---------------------------------------------- */
+
+/* Whether fg_attention_forward runs `a` (checked, in this library's
+ * layout) on the decode kernel, as FG_OPT_DECODE_KERNEL says. */
+bool fgi_attn_takes_decode(const fg_ctx *ctx, const fg_attention_args *a);
+/* A decode launch of `a` on kernel k (its row the decode row): the
+ * argument block, the entry point for the packed rows, the split count
+ * and its workspace, the walk and the merge. FG_ERR_NOT_SUPPORTED for a
+ * block mask the decode tiles cannot walk (fg_attention_forward then
+ * takes the forward kernel for contiguous K/V). */
+fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a);
 
 /* ---- the kernel object (kernel.c) ----------------------------------------- */
 

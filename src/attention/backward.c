@@ -40,43 +40,6 @@
 
 #include <string.h>
 
-/* ---- workspace --------------------------------------------------------------- */
-
-/* Device memory for one call, taken from and given back to the stream's
- * memory pool; a driver without cuMemAllocAsync gets cuMemAlloc and a
- * synchronised free. */
-typedef struct workspace {
-    CUdeviceptr base;
-    bool async;
-} workspace;
-
-static fg_status ws_alloc(fg_ctx *ctx, workspace *w, size_t bytes, void *stream) {
-    w->base = 0;
-    w->async = fgi_cu()->cuMemAllocAsync && fgi_cu()->cuMemFreeAsync;
-    if (bytes == 0) return FG_OK;
-    if (w->async) {
-        FGI_CU_TRY(ctx, fgi_cu()->cuMemAllocAsync(&w->base, bytes, (CUstream)stream), "cuMemAllocAsync");
-    } else {
-        FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&w->base, bytes), "cuMemAlloc");
-    }
-    return FG_OK;
-}
-
-static fg_status ws_free(fg_ctx *ctx, workspace *w, void *stream) {
-    if (!w->base) return FG_OK;
-    CUdeviceptr p = w->base;
-    w->base = 0;
-    if (w->async) {
-        FGI_CU_TRY(ctx, fgi_cu()->cuMemFreeAsync(p, (CUstream)stream), "cuMemFreeAsync");
-    } else {
-        FGI_CU_TRY(ctx, fgi_cu()->cuStreamSynchronize((CUstream)stream), "cuStreamSynchronize");
-        FGI_CU_TRY(ctx, fgi_cu()->cuMemFree(p), "cuMemFree");
-    }
-    return FG_OK;
-}
-
-static size_t round_up(size_t n) { return (n + 255) & ~(size_t)255; }
-
 /* ---- checks -------------------------------------------------------------------- */
 
 static fg_status check_alignment(fg_ctx *ctx, const fg_attention_bwd_args *b, const fgi_attn_strides *st,
@@ -265,18 +228,18 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *
     /* Workspace: delta, lse2 (Hopper), the dQ accumulator, the fixed-point
      * accumulators; every part 256-byte aligned. */
     const size_t rows = (size_t)a->batch * (size_t)a->heads_q * (size_t)abi.q_pitch;
-    const size_t off_lse2 = round_up(rows * 4);
-    size_t off_accum = hopper ? off_lse2 + round_up(rows * 4) : off_lse2, total = off_accum;
+    const size_t off_lse2 = fgi_attn_ws_round(rows * 4);
+    size_t off_accum = hopper ? off_lse2 + fgi_attn_ws_round(rows * 4) : off_lse2, total = off_accum;
     const size_t dq_accum_bytes = abi.dq_atomic ? rows * (size_t)a->head_dim * 4 : 0;
-    total += round_up(dq_accum_bytes);
+    total += fgi_attn_ws_round(dq_accum_bytes);
     size_t off_fixed[FGI_MAX_GRAD_BUFFERS] = {0};
     for (int i = 0; i < L->n; i++)
         if (grads[i]) {
             off_fixed[i] = total;
-            total += round_up((size_t)glen[i] * 32);
+            total += fgi_attn_ws_round((size_t)glen[i] * 32);
         }
-    workspace w;
-    FGI_TRY(ws_alloc(ctx, &w, total, a->stream));
+    fgi_attn_ws w;
+    FGI_TRY(fgi_attn_ws_alloc(ctx, &w, total, a->stream));
     abi.delta = w.base;
     abi.lse2 = hopper ? w.base + off_lse2 : 0;
     abi.dq_accum = abi.dq_atomic ? w.base + off_accum : 0;
@@ -293,7 +256,7 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *
     }
 
     fg_status s = run_passes(ctx, k, b, &abi, &blob, gblob, &maps, dq_accum_bytes, grads, glen, fixed);
-    fg_status f = ws_free(ctx, &w, a->stream);
+    fg_status f = fgi_attn_ws_free(ctx, &w, a->stream);
     return s != FG_OK ? s : f;
 }
 

@@ -79,13 +79,14 @@ fg_status fgi_attn_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_co
     if (config) {
         FGI_TRY(FGI_STRUCT_IN(ctx, fg_kernel_config, config, &cfg));
         asked = fgi_kernel_find(cfg.kind);
-        if (!asked || (asked->op != FGI_KOP_ATTENTION_FWD && asked->op != FGI_KOP_ATTENTION_BWD)) {
+        if (!asked || asked->op == FGI_KOP_BLOCK_MASK) {
             char fwd[160], bwd[80];
             fgi_kernel_kinds_text(FGI_KOP_ATTENTION_FWD, fwd, sizeof fwd);
             fgi_kernel_kinds_text(FGI_KOP_ATTENTION_BWD, bwd, sizeof bwd);
             return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
-                             "fg_kernel_get makes attention kernels (kind %s, or %s), got kind %d", fwd,
-                             bwd, (int)cfg.kind);
+                             "fg_kernel_get makes attention kernels (kind %s, %s, or "
+                             "FG_KERNEL_ATTENTION_DECODE), got kind %d",
+                             fwd, bwd, (int)cfg.kind);
         }
     } else {
         cfg.kind = FG_KERNEL_ATTENTION_FWD;
@@ -131,6 +132,7 @@ static fg_status encode_maps(fg_ctx *ctx, const fg_attention_args *a, const fgi_
 
 /* One forward launch of `a`, already in this library's layout. */
 static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
+    if (k->kernel->op == FGI_KOP_ATTENTION_DECODE) return fgi_attn_decode_launch(ctx, k, a);
     if (k->kernel->op != FGI_KOP_ATTENTION_FWD)
         return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
                          "fg_kernel_launch runs forward kernels; this one is the %s "
@@ -146,6 +148,11 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
     if (a->heads_q > 65535 || a->batch > 65535)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "heads_q %d and batch %d must be <= 65535",
                          a->heads_q, a->batch);
+    if (a->block_table || a->kv_lens || a->q_offsets)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "ragged lengths and paged K/V run on the decode kernel (FG_KERNEL_ATTENTION_DECODE); "
+                         "this is the %s",
+                         k->kernel->what);
     FGI_TRY(check_alignment(ctx, a, &st));
     FGI_TRY(fgi_kernel_check_context(ctx, k));
 
@@ -173,6 +180,48 @@ fg_status fg_kernel_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a
     return launch(ctx, k, &args);
 }
 
+/* The forward's config for `a`: its kind (the decode kernel or the
+ * forward one), dtype, head dim and block sizes. The kernels read the
+ * block mask's geometry at run time; the forward's tile height depends
+ * only on whether q blocks are under 128 rows, and blocks under 128 in
+ * either direction keep the portable kernel, so a few configurations serve
+ * every block size. */
+static fg_kernel_config forward_config(const fg_ctx *ctx, const fg_attention_args *a, bool decode) {
+    fg_kernel_config cfg = fg_kernel_config_init();
+    cfg.kind = decode && fgi_attn_takes_decode(ctx, a) ? FG_KERNEL_ATTENTION_DECODE : FG_KERNEL_ATTENTION_FWD;
+    cfg.dtype = a->dtype;
+    cfg.head_dim = a->head_dim;
+    const fg_block_mask_desc *bm = a->block_mask ? &a->block_mask->desc : NULL;
+    if (cfg.kind == FG_KERNEL_ATTENTION_FWD) {
+        cfg.q_block = bm && bm->q_block < 128 ? 64 : 128;
+        cfg.kv_block = bm && bm->kv_block < 128 ? 64 : 128;
+    }
+    return cfg;
+}
+
+/* The decode kernel where the call takes it and it takes the head dim (a
+ * paged call has no other), else the forward kernel. */
+static fg_status kernel_for(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a, fg_kernel **out) {
+    fg_kernel_config cfg = forward_config(ctx, a, true);
+    if (cfg.kind == FG_KERNEL_ATTENTION_DECODE && !a->block_table &&
+        !fgi_kernel_applies(fgi_kernel_find(cfg.kind), &cfg))
+        cfg = forward_config(ctx, a, false);
+    if (a->block_table && cfg.kind != FG_KERNEL_ATTENTION_DECODE)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "paged K/V runs on the decode kernel, which FG_OPT_DECODE_KERNEL 0 turns off");
+    return fg_kernel_get(ctx, mod, &cfg, out);
+}
+
+fg_status fg_attention_kernel_for(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
+                                  fg_kernel **out) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    FGI_CHECK_ARG(ctx, mod && args && out, "NULL mod, arguments or output pointer");
+    *out = NULL;
+    fg_attention_args a;
+    FGI_TRY(fgi_attn_args_in(ctx, args, &a));
+    return kernel_for(ctx, mod, &a, out);
+}
+
 fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, mod && args, "NULL mod or arguments");
@@ -180,29 +229,26 @@ fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attentio
     FGI_TRY(fgi_attn_args_in(ctx, args, &a));
     fgi_attn_strides st;
     FGI_TRY(fgi_attn_check_args(ctx, mod, &a, &st));
-    fg_kernel_config cfg = fg_kernel_config_init();
-    cfg.kind = FG_KERNEL_ATTENTION_FWD;
-    cfg.dtype = a.dtype;
-    cfg.head_dim = a.head_dim;
-    /* The kernels read the block mask's geometry at run time; the tile
-     * height depends only on whether q blocks are under 128 rows, and
-     * blocks under 128 in either direction keep the portable kernel, so
-     * a few configurations serve every block size. */
-    const fg_block_mask_desc *bm = a.block_mask ? &a.block_mask->desc : NULL;
-    cfg.q_block = bm && bm->q_block < 128 ? 64 : 128;
-    cfg.kv_block = bm && bm->kv_block < 128 ? 64 : 128;
     fg_kernel *k;
-    FGI_TRY(fg_kernel_get(ctx, mod, &cfg, &k));
+    FGI_TRY(kernel_for(ctx, mod, &a, &k));
     fg_status s = launch(ctx, k, &a);
-    const bool retry = s == FG_ERR_NOT_SUPPORTED && k->kernel->variant == FGI_VARIANT_SM90;
+    const fgi_kernel_entry *row = k->kernel;
     fg_kernel_release(k);
-    if (retry) {
-        /* A layout TMA cannot describe: the portable kernel takes any
-         * layout the argument checks accept. */
-        s = fgi_attn_kernel_get(ctx, mod, &cfg, false, &k);
-        if (s != FG_OK) return s;
+    if (s != FG_ERR_NOT_SUPPORTED) return s;
+    /* What the chosen kernel cannot take, the portable forward can: a
+     * layout TMA cannot describe (the Hopper kernel), a block mask the
+     * decode tiles cannot walk (contiguous, uniform K/V only; the forward
+     * kernel is tried as fg_kernel_get picks it, then the portable one). */
+    if (row->op == FGI_KOP_ATTENTION_DECODE && (a.block_table || a.kv_lens || a.q_offsets)) return s;
+    const fg_kernel_config cfg = forward_config(ctx, &a, false);
+    bool hopper = row->op == FGI_KOP_ATTENTION_DECODE && ctx->hopper_kernel != 0;
+    for (int tries = 0; s == FG_ERR_NOT_SUPPORTED && tries < 2; tries++) {
+        FGI_TRY(fgi_attn_kernel_get(ctx, mod, &cfg, hopper, &k));
+        const bool was_hopper = k->kernel->variant == FGI_VARIANT_SM90;
         s = launch(ctx, k, &a);
         fg_kernel_release(k);
+        if (!was_hopper) break;
+        hopper = false;
     }
     return s;
 }

@@ -52,6 +52,15 @@ static fg_status sm90_bwd_check(fg_ctx *ctx, const fg_kernel_config *c) {
     return sm90_common_check(ctx, c, "backward", "FG_KERNEL_ATTENTION_BWD");
 }
 
+/* The decode kernel: a thread's chunk column of a K/V row must divide its
+ * 128 threads, so head dims 16, 32, 64, 128 and 256. */
+static fg_status decode_check(fg_ctx *ctx, const fg_kernel_config *c) {
+    if (128 % (c->head_dim / 8) != 0)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "head dim %d: the decode kernel supports 16, 32, 64, 128 and 256", c->head_dim);
+    return FG_OK;
+}
+
 /* ---- launch geometry ----------------------------------------------------------- */
 
 /* The portable forward (templates/attention/attention_fwd.cuh): four warps
@@ -132,6 +141,22 @@ static fgi_kernel_geom bwd_sm90_geometry(const fg_kernel_config *c, int entry) {
     const size_t kv_tile = (size_t)128 * (size_t)c->head_dim * 2, q_tile = (size_t)64 * (size_t)c->head_dim * 2;
     fgi_kernel_geom g = {.block_m = 64, .block_n = 128, .threads = 384, .bands = 1};
     g.smem = 2 * kv_tile + 2 * 2 * q_tile + 2 * 128 * 128 + 2 * 64 * 64 * 4 + 2 * 2 * 64 * 4 + 64 + 1024;
+    return g;
+}
+
+/* The decode kernel (templates/attention/attention_decode.cuh): four
+ * warps; tiles of 16, 32 or 64 packed rows (entry points r16, r32, r64)
+ * against 64-row K/V tiles in FGD_STAGES stages (5 to head dim 64, 3 to
+ * 128, else 2) of K and V rows padded by 8 elements; head dims over 128
+ * keep Q in a shared region of 64 rows; 1 KB for the warps' merge. The
+ * merge entry has static shared memory only. */
+static fgi_kernel_geom decode_geometry(const fg_kernel_config *c, int entry) {
+    fgi_kernel_geom g = {.block_m = 16, .block_n = FGI_DEC_BLOCK_N, .threads = 128, .bands = 1};
+    if (entry == FGI_DEC_MERGE) return g;
+    g.block_m = entry == FGI_DEC_R16 ? 16 : entry == FGI_DEC_R32 ? 32 : 64;
+    const size_t row = (size_t)(c->head_dim + 8) * 2;
+    const int stages = c->head_dim <= 64 ? 5 : c->head_dim <= 128 ? 3 : 2;
+    g.smem = (size_t)stages * 2 * FGI_DEC_BLOCK_N * row + (c->head_dim > 128 ? 64 * row : 0) + 1024;
     return g;
 }
 
@@ -223,6 +248,24 @@ static const fgi_kernel_entry registry[] = {
         .min_cc = 90,
         .check = sm90_bwd_check,
         .geometry = bwd_sm90_geometry,
+    },
+    {
+        .kind = FG_KERNEL_ATTENTION_DECODE,
+        .op = FGI_KOP_ATTENTION_DECODE,
+        .variant = FGI_VARIANT_PORTABLE,
+        .label = "attention_decode",
+        .macro = "FG_KERNEL_ATTENTION_DECODE",
+        .what = "decode attention (split-KV, paged, portable mma.sync)",
+        .templates = {"attention/attention_common.cuh", "attention/mma_sm80.cuh", "attention/attention_decode.cuh"},
+        .pieces = FGI_PIECE_MOD | FGI_PIECE_SPLIT,
+        /* block sizes are read at run time */
+        .source_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM,
+        .name_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM,
+        .entries = {"fg_attention_decode_r16", "fg_attention_decode_r32", "fg_attention_decode_r64",
+                    "fg_attention_decode_merge"},
+        .min_cc = 80,
+        .check = decode_check,
+        .geometry = decode_geometry,
     },
 };
 

@@ -31,8 +31,10 @@
 typedef enum fgi_kernel_op {
     FGI_KOP_ATTENTION_FWD = 1, /* out (and lse) from q, k, v and the mods  */
     FGI_KOP_BLOCK_MASK = 2,    /* the GPU block-mask builder               */
-    FGI_KOP_ATTENTION_BWD = 3  /* dq, dk, dv (and buffer gradients) from
+    FGI_KOP_ATTENTION_BWD = 3, /* dq, dk, dv (and buffer gradients) from
                                   dout, the forward's out and lse           */
+    FGI_KOP_ATTENTION_DECODE = 4 /* the forward for few queries per
+                                  sequence: split-KV, packed GQA, paged    */
 } fgi_kernel_op;
 
 typedef enum fgi_kernel_variant {
@@ -116,6 +118,14 @@ enum {
     FGI_BWD_DQ_TILES = 3,   /* dq on its own (deterministic)               */
     FGI_BWD_FIXED = 4       /* fixed-point buffer gradients to fp32        */
 };
+
+/* The decode kernel's entry points, in its row's order: the walk for
+ * tiles of 16, 32 and 64 packed rows, and the merge of its splits. */
+enum { FGI_DEC_R16 = 0, FGI_DEC_R32 = 1, FGI_DEC_R64 = 2, FGI_DEC_MERGE = 3 };
+/* K/V rows per decode tile (FGD_BLOCK_N) and the most splits its merge
+ * takes (FGD_MAX_SPLIT). */
+#define FGI_DEC_BLOCK_N 64
+#define FGI_DEC_MAX_SPLIT 128
 
 /* The row of public kind `kind`, or NULL. */
 const fgi_kernel_entry *fgi_kernel_find(fg_kernel_kind kind);

@@ -227,6 +227,7 @@ struct fgi_cuda_state {
     int ordinal;       /* ordinal of the retained primary context           */
     CUdevice dev;
     int cc_major, cc_minor;
+    int sm_count;      /* streaming multiprocessors                         */
     char arch[16];     /* "sm_90a"                                          */
     CUcontext retained;/* primary context retained by this ctx, or NULL     */
     CUdevice retained_dev;
@@ -255,9 +256,13 @@ static fg_status describe_device(fg_ctx *ctx, struct fgi_cuda_state *s, CUdevice
                "cuDeviceGetAttribute(compute capability)");
     FGI_CU_TRY(ctx, g.api.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
                "cuDeviceGetAttribute(compute capability)");
+    int sms = 0;
+    FGI_CU_TRY(ctx, g.api.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+               "cuDeviceGetAttribute(multiprocessor count)");
     s->dev = dev;
     s->cc_major = major;
     s->cc_minor = minor;
+    s->sm_count = sms;
     arch_for(major, minor, s->arch, sizeof s->arch);
     s->have_device = true;
     s->described = described;
@@ -328,6 +333,12 @@ fg_status fgi_cuda_arch(fg_ctx *ctx, int *major, int *minor) {
     FGI_TRY(fgi_cuda_ready(ctx));
     if (major) *major = ctx->cuda->cc_major;
     if (minor) *minor = ctx->cuda->cc_minor;
+    return FG_OK;
+}
+
+fg_status fgi_cuda_sm_count(fg_ctx *ctx, int *count) {
+    FGI_TRY(fgi_cuda_ready(ctx));
+    *count = ctx->cuda->sm_count > 0 ? ctx->cuda->sm_count : 1;
     return FG_OK;
 }
 

@@ -44,6 +44,28 @@ static void load_rows(const fg_attention_args *a, const void *base, const int64_
     }
 }
 
+/* Keys [0, len) of sequence b's KV head h from a paged cache: key j is
+ * row j % page_size of page table[b][j / page_size]; a key of a page
+ * outside [0, num_pages) is zero and marked bad. */
+static void load_paged_rows(const fg_attention_args *a, const void *base, const int64_t st[3], int b, int h,
+                            int len, double *dst, uint8_t *bad) {
+    const int D = a->head_dim, ps = a->page_size;
+    const int32_t *table = a->block_table + (int64_t)b * a->max_pages;
+    for (int j = 0; j < len; j++) {
+        const int32_t page = table[j / ps];
+        bad[j] = page < 0 || page >= a->num_pages;
+        double *out = dst + (int64_t)j * D;
+        if (bad[j]) {
+            memset(out, 0, sizeof(double) * (size_t)D);
+            continue;
+        }
+        const uint16_t *row = (const uint16_t *)base + (int64_t)page * st[0] + (int64_t)h * st[1] +
+                              (int64_t)(j % ps) * st[2];
+        for (int d = 0; d < D; d++)
+            out[d] = a->dtype == FG_FP16 ? fgi_fp16_to_float(row[d]) : fgi_bf16_to_float(row[d]);
+    }
+}
+
 /* ---- which pairs take part ------------------------------------------------ */
 
 /* The status of every (q block, kv block) of one (b, h) from a block mask's
@@ -81,17 +103,17 @@ typedef struct ref_work {
     double *s;            /* [REF_TILE][kv_len]: scores of a q tile      */
     uint8_t *mask;        /* [REF_TILE * REF_TILE]                       */
     float *fin, *fout;    /* [REF_TILE * REF_TILE] score_mod in and out  */
+    const fgi_ref_rows *rows; /* the current (b, h)'s rows, length, offset */
 } ref_work;
 
 /* Scores of rows [q0, q0+nq) against kv tile [kv0, kv0+nk): -inf where the
  * pair does not take part. */
 static fg_status score_tile(fg_ctx *ctx, ref_work *w, int b, int h, int q0, int nq, int kv0, int nk) {
     const fg_attention_args *a = w->a;
-    const int D = a->head_dim, KV = a->kv_len;
+    const int D = a->head_dim, KV = a->kv_len, qoff = w->rows->q_offset;
     const bool has_mask = fg_mod_has_mask(w->mod), has_score = fg_mod_has_score(w->mod);
     if (has_mask)
-        FGI_TRY(fgi_eval_mask(ctx, w->mod, w->values, b, h, q0 + a->q_offset, nq, kv0 + a->kv_offset,
-                              nk, w->mask));
+        FGI_TRY(fgi_eval_mask(ctx, w->mod, w->values, b, h, q0 + qoff, nq, kv0 + a->kv_offset, nk, w->mask));
     for (int i = 0; i < nq; i++) {
         const double *qr = w->q + (int64_t)(q0 + i) * D;
         for (int j = 0; j < nk; j++) {
@@ -102,12 +124,13 @@ static fg_status score_tile(fg_ctx *ctx, ref_work *w, int b, int h, int q0, int 
         }
     }
     if (has_score)
-        FGI_TRY(fgi_eval_score(ctx, w->mod, w->values, b, h, q0 + a->q_offset, nq, kv0 + a->kv_offset,
-                               nk, w->fin, w->fout));
+        FGI_TRY(fgi_eval_score(ctx, w->mod, w->values, b, h, q0 + qoff, nq, kv0 + a->kv_offset, nk, w->fin,
+                               w->fout));
     const float *sc = has_score ? w->fout : w->fin;
     for (int i = 0; i < nq; i++) {
         for (int j = 0; j < nk; j++) {
-            bool keep = fgi_ref_pair_kept(w->rc, q0 + i, kv0 + j, has_mask ? w->mask[i * nk + j] : 1);
+            bool keep = fgi_ref_pair_kept(w->rc, q0 + i, kv0 + j, has_mask ? w->mask[i * nk + j] : 1) &&
+                        !w->rows->kv_bad[kv0 + j];
             w->s[(int64_t)i * KV + kv0 + j] = keep ? (double)sc[i * nk + j] : -INFINITY;
         }
     }
@@ -122,8 +145,9 @@ static void finish_rows(ref_work *w, int b, int h, int q0, int nq, double *out, 
         const double *srow = w->s + (int64_t)i * KV;
         const int64_t r = ((int64_t)b * a->heads_q + h) * a->q_len + q0 + i;
         double *orow = out + r * D;
+        const int len = w->rows->kv_len;
         double mx = -INFINITY;
-        for (int j = 0; j < KV; j++)
+        for (int j = 0; j < len; j++)
             if (srow[j] > mx) mx = srow[j];
         memset(orow, 0, sizeof(double) * (size_t)D);
         if (mx == -INFINITY) {
@@ -131,7 +155,7 @@ static void finish_rows(ref_work *w, int b, int h, int q0, int nq, double *out, 
             continue;
         }
         double l = 0;
-        for (int j = 0; j < KV; j++) {
+        for (int j = 0; j < len; j++) {
             if (srow[j] == -INFINITY) continue;
             double p = exp(srow[j] - mx);
             l += p;
@@ -147,8 +171,9 @@ static fg_status one_head(fg_ctx *ctx, ref_work *w, int b, int h, double *out, d
     const fg_attention_args *a = w->a;
     for (int q0 = 0; q0 < a->q_len; q0 += REF_TILE) {
         const int nq = a->q_len - q0 < REF_TILE ? a->q_len - q0 : REF_TILE;
-        for (int kv0 = 0; kv0 < a->kv_len; kv0 += REF_TILE) {
-            const int nk = a->kv_len - kv0 < REF_TILE ? a->kv_len - kv0 : REF_TILE;
+        const int len = w->rows->kv_len;
+        for (int kv0 = 0; kv0 < len; kv0 += REF_TILE) {
+            const int nk = len - kv0 < REF_TILE ? len - kv0 : REF_TILE;
             FGI_TRY(score_tile(ctx, w, b, h, q0, nq, kv0, nk));
         }
         finish_rows(w, b, h, q0, nq, out, lse);
@@ -193,7 +218,8 @@ fg_status fgi_ref_rows_alloc(fg_ctx *ctx, const fgi_ref_ctx *rc, fgi_ref_rows *r
     r->k = malloc(sizeof(double) * D * (size_t)rc->a->kv_len);
     r->v = malloc(sizeof(double) * D * (size_t)rc->a->kv_len);
     if (with_dout) r->dout = malloc(sizeof(double) * D * (size_t)rc->a->q_len);
-    if (!r->q || !r->k || !r->v || (with_dout && !r->dout)) {
+    r->kv_bad = calloc((size_t)rc->a->kv_len, 1);
+    if (!r->q || !r->k || !r->v || !r->kv_bad || (with_dout && !r->dout)) {
         fgi_ref_rows_free(r);
         return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (reference)");
     }
@@ -205,6 +231,7 @@ void fgi_ref_rows_free(fgi_ref_rows *r) {
     free(r->k);
     free(r->v);
     free(r->dout);
+    free(r->kv_bad);
     memset(r, 0, sizeof *r);
 }
 
@@ -212,9 +239,17 @@ void fgi_ref_load_head(const fgi_ref_ctx *rc, fgi_ref_rows *r, int b, int h, con
                        const int64_t dout_stride[4]) {
     const fg_attention_args *a = rc->a;
     const int hk = h / (a->heads_q / a->heads_kv);
+    r->kv_len = a->kv_len;
+    if (a->kv_lens) r->kv_len = a->kv_lens[b] < 0 ? 0 : a->kv_lens[b] > a->kv_len ? a->kv_len : a->kv_lens[b];
+    r->q_offset = a->q_offsets ? a->q_offsets[b] : a->q_offset;
     load_rows(a, a->q, rc->st.q, b, h, a->q_len, r->q);
-    load_rows(a, a->k, rc->st.k, b, hk, a->kv_len, r->k);
-    load_rows(a, a->v, rc->st.v, b, hk, a->kv_len, r->v);
+    if (a->block_table) {
+        load_paged_rows(a, a->k, rc->st.k, b, hk, r->kv_len, r->k, r->kv_bad);
+        load_paged_rows(a, a->v, rc->st.v, b, hk, r->kv_len, r->v, r->kv_bad);
+    } else {
+        load_rows(a, a->k, rc->st.k, b, hk, r->kv_len, r->k);
+        load_rows(a, a->v, rc->st.v, b, hk, r->kv_len, r->v);
+    }
     if (dout && r->dout) {
         const int64_t *s = dout_stride;
         int64_t st[3];
@@ -260,6 +295,7 @@ fg_status fg_attention_reference(fg_ctx *ctx, const fg_mod *mod, const fg_attent
     w.q = rows.q;
     w.k = rows.k;
     w.v = rows.v;
+    w.rows = &rows;
     w.s = malloc(sizeof(double) * REF_TILE * (size_t)args->kv_len);
     w.mask = malloc(REF_TILE * REF_TILE);
     w.fin = malloc(sizeof(float) * REF_TILE * REF_TILE);

@@ -30,12 +30,18 @@ void fgi_ref_free(fgi_ref_ctx *rc);
 /* q, k, v (and dO for the backward) of one (b, h) as doubles, [len][D]. */
 typedef struct fgi_ref_rows {
     double *q, *k, *v, *dout;
+    uint8_t *kv_bad;   /* [kv_len]: 1 for a key of a bad page (paged)     */
+    int kv_len;        /* keys of this sequence (kv_lens) loaded          */
+    int q_offset;      /* this sequence's q offset (q_offsets)            */
 } fgi_ref_rows;
 fg_status fgi_ref_rows_alloc(fg_ctx *ctx, const fgi_ref_ctx *rc, fgi_ref_rows *r, bool with_dout);
 void fgi_ref_rows_free(fgi_ref_rows *r);
 /* Load the rows of query head h (k and v of its KV head) and dO when `dout`
  * is not NULL (strides as in fg_attention_args: all zero means contiguous),
- * and the block states of (b, h). */
+ * and the block states of (b, h). With kv_lens, q_offsets or a block table
+ * (host arrays, forward reference only) the sequence's own length, offset
+ * and pages: keys of a page outside [0, num_pages) are marked in kv_bad
+ * and take no part, as in the decode kernel. */
 void fgi_ref_load_head(const fgi_ref_ctx *rc, fgi_ref_rows *r, int b, int h, const void *dout,
                    const int64_t dout_stride[4]);
 

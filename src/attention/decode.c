@@ -1,0 +1,191 @@
+/*
+ * decode.c -- the decode path of the forward: when fg_attention_forward
+ * takes the decode kernel, how a decode launch is laid out, and the host
+ * check of a block table.
+ *
+ * A decode launch (templates/attention/attention_decode.cuh):
+ *   1. the forward's argument block plus the decode fields of abi.def: the
+ *      GQA group, the packed rows (group x q_len) and their row tiles, the
+ *      ragged and paged arrays;
+ *   2. the entry point: tiles of 16, 32 or 64 packed rows, the smallest
+ *      that holds a sequence's rows of one KV head (more rows take several
+ *      tiles); with a block mask every row of a tile must read one mask
+ *      row (see block_mask_args);
+ *   3. the split count (choose_split): enough thread blocks to fill every
+ *      SM once with resident blocks, never more than a split per 2 K/V
+ *      tiles nor FGI_DEC_MAX_SPLIT;
+ *   4. with more than one split, fp32 workspace for the parts, the walk,
+ *      the merge, the workspace given back -- all on the caller's stream.
+ */
+#include "attention/attention.h"
+
+#include "blockmask/blockmask.h"
+
+#include <string.h>
+
+bool fgi_attn_takes_decode(const fg_ctx *ctx, const fg_attention_args *a) {
+    if (ctx->decode_kernel == 0) return false;
+    if (a->block_table) return true;
+    return ctx->decode_kernel == 2 || a->q_len <= FG_DECODE_MAX_Q;
+}
+
+/* ---- the launch ----------------------------------------------------------------- */
+
+/* cp.async moves 16-byte chunks of q, k and v rows (the page strides
+ * included); out is written two elements at a time. */
+static fg_status check_alignment(fg_ctx *ctx, const fg_attention_args *a, const fgi_attn_strides *st) {
+    FGI_TRY(fgi_attn_check_aligned(ctx, "q", a->q, st->q, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "k", a->k, st->k, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "v", a->v, st->v, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "out", a->out, st->o, 4));
+    if (a->lse && (uintptr_t)a->lse % 4 != 0)
+        return fgi_error(ctx, FG_ERR_SHAPE, "lse: the pointer must be 4-byte aligned");
+    const void *arrays[3] = {a->kv_lens, a->q_offsets, a->block_table};
+    for (int i = 0; i < 3; i++)
+        if ((uintptr_t)arrays[i] % 4 != 0)
+            return fgi_error(ctx, FG_ERR_SHAPE, "kv_lens, q_offsets and block_table must be 4-byte aligned");
+    return FG_OK;
+}
+
+/* A block mask the decode tiles can walk: its kv blocks whole 64-row K/V
+ * tiles, and one mask row per tile of packed rows -- a group of one (the
+ * tile's rows are queries of one head, `rb` of them, inside one q block),
+ * or every row in one tile with the mask's heads broadcast and q_len
+ * inside one q block. FG_ERR_NOT_SUPPORTED otherwise. */
+static fg_status block_mask_args(fg_ctx *ctx, const fg_attention_args *a, int group, int rb, fgi_attn_abi *abi) {
+    fg_block_mask *m = (fg_block_mask *)a->block_mask; /* uploading is a cache fill */
+    const fg_block_mask_desc *d = &m->desc;
+    FGI_TRY(fgi_block_mask_check(ctx, m, a->batch, a->heads_q, a->q_len, a->kv_len, d->q_block, d->kv_block));
+    const bool one_row = group == 1 ? d->q_block % rb == 0
+                                    : group * a->q_len <= 64 && d->heads == 1 && a->q_len <= d->q_block;
+    if (d->kv_block % FGI_DEC_BLOCK_N != 0 || !one_row)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "block mask blocks %d x %d over %d heads: the decode kernel walks kv blocks of "
+                         "multiples of %d, and with grouped query heads a mask broadcast over heads "
+                         "with q_len (%d) inside one q block",
+                         d->q_block, d->kv_block, d->heads, FGI_DEC_BLOCK_N, a->q_len);
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_KV_NUM_BLOCKS, &abi->kv_num));
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_KV_INDICES, &abi->kv_idx));
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_FULL_KV_NUM_BLOCKS, &abi->full_num));
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_FULL_KV_INDICES, &abi->full_idx));
+    FGI_ATTN_ABI_FILL_BLOCK_MASK(abi, m);
+    return FG_OK;
+}
+
+/* Splits of each (sequence, KV head, row tile)'s walk: the blocks that
+ * are resident at once on every SM (two per SM up to head dim 128, whose
+ * shared memory allows two; one over it) divided by the walks, rounded
+ * down so that the grid is one full wave, at least 1; at most one split
+ * per 2 tiles of the longest walk and FGI_DEC_MAX_SPLIT. */
+static int choose_split(int sms, const fg_attention_args *a, int row_tiles) {
+    const int64_t walks = (int64_t)a->batch * a->heads_kv * row_tiles;
+    const int64_t slots = (int64_t)sms * (a->head_dim <= 128 ? 2 : 1);
+    int64_t n = slots / walks;
+    const int64_t tiles = (a->kv_len + FGI_DEC_BLOCK_N - 1) / FGI_DEC_BLOCK_N;
+    if (n > (tiles + 1) / 2) n = (tiles + 1) / 2;
+    if (n > FGI_DEC_MAX_SPLIT) n = FGI_DEC_MAX_SPLIT;
+    return n < 1 ? 1 : (int)n;
+}
+
+fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
+    fgi_attn_strides st;
+    FGI_TRY(fgi_attn_check_args(ctx, &k->params, a, &st));
+    if (a->dtype != k->config.dtype || a->head_dim != k->config.head_dim)
+        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
+                         "the kernel was compiled for %s, head dim %d; the call has %s, head dim %d",
+                         k->config.dtype == FG_FP16 ? "fp16" : "bf16", k->config.head_dim,
+                         a->dtype == FG_FP16 ? "fp16" : "bf16", a->head_dim);
+    FGI_TRY(check_alignment(ctx, a, &st));
+    FGI_TRY(fgi_kernel_check_context(ctx, k));
+
+    fgi_attn_abi abi;
+    memset(&abi, 0, sizeof abi);
+    FGI_ATTN_ABI_FILL_COMMON(&abi, a, &st);
+    const int group = a->heads_q / a->heads_kv;
+    const int64_t rows = (int64_t)group * a->q_len;
+    if (rows > (1 << 30))
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "group %d x q_len %d packed rows are too many", group, a->q_len);
+    int entry = rows <= 16 ? FGI_DEC_R16 : rows <= 32 ? FGI_DEC_R32 : FGI_DEC_R64;
+    if (a->block_mask && group == 1) {
+        /* rows of one tile inside one q block */
+        const int qb = a->block_mask->desc.q_block;
+        while (k->geom[entry].block_m > qb && entry > FGI_DEC_R16) entry--;
+    }
+    const int rb = k->geom[entry].block_m;
+    if (a->block_mask) FGI_TRY(block_mask_args(ctx, a, group, rb, &abi));
+    abi.group = group;
+    abi.rows = (int)rows;
+    abi.row_tiles = (int)((rows + rb - 1) / rb);
+    abi.kv_lens = (uint64_t)(uintptr_t)a->kv_lens;
+    abi.q_offsets = (uint64_t)(uintptr_t)a->q_offsets;
+    if (a->block_table) {
+        abi.paged = 1;
+        abi.block_table = (uint64_t)(uintptr_t)a->block_table;
+        abi.num_pages = a->num_pages;
+        abi.max_pages = a->max_pages;
+        while ((1 << abi.page_shift) < a->page_size) abi.page_shift++;
+    }
+    if ((int64_t)a->heads_kv * abi.row_tiles > 65535 || a->batch > 65535)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "heads_kv %d x %d row tiles and batch %d must each be <= 65535", a->heads_kv,
+                         abi.row_tiles, a->batch);
+    int sms;
+    FGI_TRY(fgi_cuda_sm_count(ctx, &sms));
+    abi.n_split = choose_split(sms, a, abi.row_tiles);
+
+    fgi_param_blob blob;
+    FGI_TRY(fgi_kernel_pack_params(ctx, k, a->binds, a->nbinds, &blob, NULL));
+
+    const int64_t prows = (int64_t)a->batch * a->heads_q * a->q_len;
+    fgi_attn_ws w = {0};
+    if (abi.n_split > 1) {
+        const size_t lse_bytes = fgi_attn_ws_round((size_t)prows * (size_t)abi.n_split * 4);
+        const size_t o_bytes = (size_t)prows * (size_t)abi.n_split * (size_t)a->head_dim * 4;
+        FGI_TRY(fgi_attn_ws_alloc(ctx, &w, lse_bytes + o_bytes, a->stream));
+        abi.lse_part = w.base;
+        abi.o_part = w.base + lse_bytes;
+    }
+    void *params[2] = {&abi, blob.bytes};
+    const unsigned grid[3] = {(unsigned)abi.n_split, (unsigned)(a->heads_kv * abi.row_tiles), (unsigned)a->batch};
+    fg_status s = fgi_kernel_run(ctx, k, entry, grid, params, a->stream);
+    if (s == FG_OK && abi.n_split > 1) {
+        const unsigned mgrid[3] = {(unsigned)((prows + 3) / 4), 1, 1};
+        s = fgi_kernel_run(ctx, k, FGI_DEC_MERGE, mgrid, params, a->stream);
+    }
+    fg_status f = fgi_attn_ws_free(ctx, &w, a->stream);
+    return s != FG_OK ? s : f;
+}
+
+/* ---- the block table, on the host ------------------------------------------------- */
+
+fg_status fg_block_table_check(fg_ctx *ctx, const fg_attention_args *args, const int32_t *block_table,
+                               const int32_t *kv_lens) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    FGI_CHECK_ARG(ctx, args && block_table, "NULL arguments or block table");
+    fg_attention_args a;
+    FGI_TRY(fgi_attn_args_in(ctx, args, &a));
+    const int ps = a.page_size;
+    if (ps < 16 || ps > 256 || (ps & (ps - 1)) != 0)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "page size %d: paged K/V takes powers of two in [16, 256]", ps);
+    if (a.batch < 1 || a.max_pages < 1 || a.num_pages < 1 || a.kv_len < 0)
+        return fgi_error(ctx, FG_ERR_SHAPE, "batch %d, max_pages %d and num_pages %d must be >= 1", a.batch,
+                         a.max_pages, a.num_pages);
+    for (int b = 0; b < a.batch; b++) {
+        int len = kv_lens ? kv_lens[b] : a.kv_len;
+        if (len < 0 || len > a.kv_len)
+            return fgi_error(ctx, FG_ERR_SHAPE, "sequence %d: KV length %d outside [0, kv_len %d]", b, len,
+                             a.kv_len);
+        const int used = (len + ps - 1) / ps;
+        if (used > a.max_pages)
+            return fgi_error(ctx, FG_ERR_SHAPE, "sequence %d: KV length %d needs %d pages, the table has %d", b,
+                             len, used, a.max_pages);
+        for (int i = 0; i < used; i++) {
+            const int32_t page = block_table[(int64_t)b * a.max_pages + i];
+            if (page < 0 || page >= a.num_pages)
+                return fgi_error(ctx, FG_ERR_SHAPE,
+                                 "block table: sequence %d, page %d (keys %d..%d) is %d, outside [0, %d)", b, i,
+                                 i * ps, i * ps + ps - 1, (int)page, a.num_pages);
+        }
+    }
+    return FG_OK;
+}

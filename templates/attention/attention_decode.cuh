@@ -1,0 +1,501 @@
+/*
+ * attention_decode.cuh -- the decode kernel (portable, sm_80 and newer):
+ * few queries per sequence against a long KV cache, contiguous or paged,
+ * with the KV walk split over thread blocks and the partial results merged
+ * exactly afterwards.
+ *
+ * Why a kernel of its own. A decode step has one to a few queries per
+ * sequence, so the forward kernel's 128-row q tiles are nearly empty and its
+ * grid (q tiles x heads x batch) is a few dozen thread blocks on a GPU of
+ * 132 SMs: it reads K and V once per query head and leaves most of the
+ * memory system idle. Decoding is bound by reading the KV cache, and this
+ * kernel is shaped for that:
+ *   - Packing. The query heads that share a KV head (the GQA group) and the
+ *     queries of a sequence become the rows of one tile: packed row
+ *     r = g * q_len + i is query i of head hkv * group + g. Every K/V byte
+ *     is then read once per group instead of once per query head.
+ *   - Split. The KV walk of each (sequence, KV head, row tile) is cut into
+ *     n_split ranges of tiles, one thread block each, so the grid fills the
+ *     GPU whatever the batch; each block leaves its rows normalised with
+ *     their LSE, and fg_attention_decode_merge combines the n_split parts of
+ *     each row exactly: out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M)
+ *     with M the largest lse_s (log2 units), LSE = M + log2 of that sum.
+ *     With n_split 1 the block writes out and lse itself.
+ *   - Warps along KV. Four warps; a tile of 16 packed rows is shared by
+ *     WK warps that each take a quarter (WK 4), half (WK 2) or all (WK 1) of
+ *     each 64-row K/V tile, so small row counts do not leave warps idle.
+ *     Each warp keeps its own online softmax (attention_common.cuh) over the
+ *     rows x its columns; at the end the warps' (m, l, O) are merged in
+ *     shared memory the same way the splits are. Three entry points, one
+ *     per WK: fg_attention_decode_r16 (16 rows), _r32, _r64.
+ *   - Memory. K/V tiles of 64 rows stream through FGD_STAGES stages of
+ *     cp.async (wait for tile t, refill the stage of tile t - 1 with tile
+ *     t + FGD_STAGES - 1), so several tiles per block are always in flight;
+ *     shared memory is sized so that two blocks fit on an SM up to head dim
+ *     128. Q is loaded once into the last stage before the walk starts and
+ *     kept in registers (head dim 256: in a shared region of its own).
+ *
+ * Positions. Query i of sequence b sees q_idx = q_offsets[b] + i (or
+ * q_offset + i), key j sees kv_idx = kv_offset + j for j < kv_lens[b] (or
+ * kv_len); keys past a sequence's length are masked and the mods are never
+ * called there (indices are clamped into range before the call, as in the
+ * forward). A block mask applies as in the forward: its row is the one of
+ * the tile's first local query row (the host takes the decode path with a
+ * block mask only when every row of a tile reads that one row), partial
+ * blocks evaluate mask_mod, full ones skip it. mask_mod and score_mod are
+ * called whole per score: the packed rows of one tile may belong to
+ * different heads, so the forward's head/row/column split does not apply,
+ * and decoding is bound by memory, not by the element loop.
+ *
+ * Paged K/V. With `paged`, key j of sequence b is row j & (page - 1) of page
+ * block_table[b][j >> page_shift], at k + page * k_stride[0] + hkv *
+ * k_stride[1] + row * k_stride[2]. A table entry outside [0, num_pages) --
+ * or a key past max_pages pages -- is never dereferenced: its rows are
+ * zero-filled in shared memory and masked like keys past the length, so a
+ * bad page costs its keys, never a read outside the cache (the host offers
+ * fg_block_table_check to find such entries before a call).
+ *
+ * Fully masked rows (or empty sequences) end with l = 0: output 0 and LSE
+ * -inf, and the merge gives a part with LSE -inf weight 0.
+ */
+
+#define FGD_NWARPS 4
+#define FGD_THREADS (FGD_NWARPS * 32)
+#define FGD_BLOCK_N 64               /* K/V rows per tile                  */
+#define FGD_D FG_HEAD_DIM
+#define FGD_ROW (FGD_D + 8)          /* padded shared row, in elements     */
+#define FGD_CHUNKS (FGD_D / 8)       /* 16-byte chunks per row             */
+#define FGD_KSTEPS (FGD_D / 16)
+#define FGD_DTILES (FGD_D / 8)
+#if FG_HEAD_DIM <= 64
+#define FGD_STAGES 5
+#elif FG_HEAD_DIM <= 128
+#define FGD_STAGES 3
+#else
+#define FGD_STAGES 2
+#endif
+#define FGD_Q_IN_REGS (FG_HEAD_DIM <= 128)
+#define FGD_KV_BYTES (FGD_BLOCK_N * FGD_ROW * 2)  /* one K or V tile       */
+#define FGD_STAGE_BYTES (2 * FGD_KV_BYTES)
+#define FGD_MAX_SPLIT 128
+
+static_assert(FGD_THREADS % FGD_CHUNKS == 0, "a tile's chunk columns per thread");
+
+/* ---- K/V rows ---------------------------------------------------------------- */
+
+/* Where key j's row lives, or NULL for a bad page (paged only). `kbase` is
+ * the tensor at (sequence b, KV head) for contiguous K/V, at (page 0, KV
+ * head) for paged; `table` the sequence's row of the block table. */
+template <bool PAGED>
+static __device__ __forceinline__ const fg_u16 *fgd_row(const fga_args &a, const fg_u16 *kbase, fg_i64 page_stride,
+                                                       fg_i64 row_stride, const int *table, int j) {
+    if (!PAGED) return kbase + (fg_i64)j * row_stride;
+    const int pi = j >> a.page_shift;
+    if (pi >= a.max_pages) return 0;
+    const int page = table[pi];
+    if (page < 0 || page >= a.num_pages) return 0;
+    return kbase + (fg_i64)page * page_stride + (fg_i64)(j & ((1 << a.page_shift) - 1)) * row_stride;
+}
+
+/* Copy K and V rows [kv0, kv0 + 64) into a stage; rows at or past `len`
+ * and rows of bad pages are zero-filled. Returns whether this thread met a
+ * bad page. Each thread keeps one 16-byte chunk column and steps down the
+ * rows; K and V share the row lookups. */
+template <bool PAGED>
+static __device__ __forceinline__ bool fgd_load_kv(const fga_args &a, fg_u32 stage, const fg_u16 *kbase,
+                                                   const fg_u16 *vbase, const int *table, int kv0, int len) {
+    constexpr int STEP = FGD_THREADS / FGD_CHUNKS;
+    const int r = threadIdx.x / FGD_CHUNKS, ch = threadIdx.x % FGD_CHUNKS;
+    const fg_u32 dst = stage + (fg_u32)((r * FGD_ROW + ch * 8) * 2);
+    bool bad = false;
+#pragma unroll
+    for (int i = 0; i < FGD_BLOCK_N / STEP; i++) {
+        const int j = kv0 + r + i * STEP;
+        const fg_u16 *kr = 0, *vr = 0;
+        if (j < len) {
+            kr = fgd_row<PAGED>(a, kbase, a.k_stride[0], a.k_stride[2], table, j);
+            vr = fgd_row<PAGED>(a, vbase, a.v_stride[0], a.v_stride[2], table, j);
+            bad |= PAGED && !kr;
+        }
+        const fg_u32 d = dst + (fg_u32)(i * STEP * FGD_ROW * 2);
+        fga_cp16(d, kr ? kr + ch * 8 : kbase, kr != 0);
+        fga_cp16(d + FGD_KV_BYTES, vr ? vr + ch * 8 : vbase, vr != 0);
+    }
+    return bad;
+}
+
+/* ---- the rows a thread owns ---------------------------------------------------- */
+
+/* One packed row: whether it exists, its head and the q_idx the mods see
+ * (clamped to the last row when it does not exist, so a mod never sees an
+ * index out of range). */
+struct fgd_row_info {
+    bool valid;
+    int h, q_idx;
+};
+
+static __device__ __forceinline__ fgd_row_info fgd_row_of(const fga_args &a, int hk, int qpos, int r) {
+    fgd_row_info ri;
+    ri.valid = r < a.rows;
+    const int rr = ri.valid ? r : a.rows - 1;
+    const int g = rr / a.q_len, i = rr - g * a.q_len;
+    ri.h = hk * a.group + g;
+    ri.q_idx = qpos + i;
+    return ri;
+}
+
+/* Scale, mods and range for this warp's NT n8 fragments of a tile (columns
+ * starting at local key j0): with score_mod the values become score_mod(q.k
+ * * scale), without it they stay raw q.k (the softmax's multiplier folds
+ * the scale in); masked positions, rows that do not exist, keys past the
+ * sequence's length and keys of bad pages (`bad_tile`: only then is the
+ * block table read here) become -inf. */
+template <int NT, bool PAGED>
+static __device__ __forceinline__ void fgd_tile_mods(float (&s)[NT][4], const fgd_row_info (&ri)[2],
+                                                     const fga_args &a, const fg_mod_params &p, int b,
+                                                     int j0, int len, bool partial, bool bad_tile,
+                                                     const int *table) {
+    const int t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int j = j0 + i * 8 + t4 * 2 + c;
+            bool col_ok = j < len;
+            if (PAGED && bad_tile && col_ok) {
+                const int pi = j >> a.page_shift;
+                col_ok = pi < a.max_pages && table[pi] >= 0 && table[pi] < a.num_pages;
+            }
+            const int kv_idx = min(j, len - 1) + a.kv_offset;
+#pragma unroll
+            for (int e2 = 0; e2 < 2; e2++) {
+                float &v = s[i][e2 * 2 + c];
+                bool keep = col_ok && ri[e2].valid;
+                if (FGA_MASK_MOD && partial && keep) keep = fg_mask_mod(p, b, ri[e2].h, ri[e2].q_idx, kv_idx);
+#if FGA_SCORE_MOD
+                if (keep) v = fg_score_mod(p, v * a.scale, b, ri[e2].h, ri[e2].q_idx, kv_idx);
+#endif
+                if (!keep) v = FGA_NEG_INF;
+            }
+        }
+    }
+}
+
+/* ---- the kernel ------------------------------------------------------------------ */
+
+/* The sequence's KV length, clamped into [0, kv_len]. */
+static __device__ __forceinline__ int fgd_len(const fga_args &a, int b) {
+    if (!a.kv_lens) return a.kv_len;
+    return max(0, min(((const int *)a.kv_lens)[b], a.kv_len));
+}
+
+template <int WK, bool PAGED>
+static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mod_params &p, unsigned char *smem) {
+    constexpr int WR = FGD_NWARPS / WK; /* warps along rows            */
+    constexpr int RB = 16 * WR;         /* packed rows of the tile     */
+    constexpr int KW = FGD_BLOCK_N / WK; /* K/V rows a warp takes a tile */
+    constexpr int NT = KW / 8;
+    static_assert(KW % 16 == 0, "P V steps of 16 keys");
+
+    const fg_u32 s0 = fga_smem_addr(smem);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int wr = warp / WK, wk = warp % WK;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int split = blockIdx.x, b = blockIdx.z;
+    const int hk = (int)blockIdx.y / a.row_tiles, rt = (int)blockIdx.y - hk * a.row_tiles;
+    const int row0 = rt * RB;
+    const int len = fgd_len(a, b);
+    const int qpos = a.q_offsets ? ((const int *)a.q_offsets)[b] : a.q_offset;
+
+    const fg_u16 *kbase = (const fg_u16 *)a.k + (fg_i64)hk * a.k_stride[1];
+    const fg_u16 *vbase = (const fg_u16 *)a.v + (fg_i64)hk * a.v_stride[1];
+    const int *table = 0;
+    if (PAGED) {
+        table = (const int *)a.block_table + (fg_i64)b * a.max_pages;
+    } else {
+        kbase += (fg_i64)b * a.k_stride[0];
+        vbase += (fg_i64)b * a.v_stride[0];
+    }
+
+    /* This block's range of the walk: items [it0, it1) of the row's plan
+     * (a plan over `len` keys without a block mask). */
+    fga_plan pl = fga_plan_make<FGD_BLOCK_N>(a, b, hk * a.group, a.group == 1 ? row0 : 0);
+    if (!pl.part) pl.n_items = (len + FGD_BLOCK_N - 1) / FGD_BLOCK_N;
+    const int per = (pl.n_items + a.n_split - 1) / a.n_split;
+    const int it0 = min(pl.n_items, split * per), it1 = min(pl.n_items, it0 + per);
+    const int n = it1 - it0;
+
+    /* Q rows of the tile: into the last stage (head dim 256: after the
+     * stages), zero past the packed rows. */
+#if FGD_Q_IN_REGS
+    const fg_u32 sQ = s0 + (FGD_STAGES - 1) * FGD_STAGE_BYTES;
+#else
+    const fg_u32 sQ = s0 + FGD_STAGES * FGD_STAGE_BYTES;
+#endif
+    for (int c = tid; c < RB * FGD_CHUNKS; c += FGD_THREADS) {
+        const int r = c / FGD_CHUNKS, ch = c % FGD_CHUNKS;
+        const fgd_row_info ri = fgd_row_of(a, hk, qpos, row0 + r);
+        const int qi = ri.q_idx - qpos;
+        const fg_u16 *src = (const fg_u16 *)a.q + (fg_i64)b * a.q_stride[0] + (fg_i64)ri.h * a.q_stride[1] +
+                            (fg_i64)qi * a.q_stride[2] + ch * 8;
+        fga_cp16(sQ + (fg_u32)((r * FGD_ROW + ch * 8) * 2), src, ri.valid);
+    }
+    fga_cp_commit();
+
+    /* The first FGD_STAGES - 1 tiles, one commit group each (empty groups
+     * past the range keep the count uniform). Two cursors walk the range:
+     * `issue` for the copies, `use` for the products, FGD_STAGES - 1
+     * tiles behind it. */
+    const fga_cursor start = {pl.per_block ? it0 / pl.per_block : 0, pl.per_block ? it0 % pl.per_block : 0};
+    fga_cursor issue = start, use = start;
+    int badbits = 0; /* bit st: this thread met a bad page in stage st */
+#pragma unroll
+    for (int st = 0; st < FGD_STAGES - 1; st++) {
+        if (st < n) {
+            bool part;
+            const int kv0 = fga_cursor_kv0<FGD_BLOCK_N>(pl, issue, part);
+            fga_cursor_next(pl, issue);
+            if (fgd_load_kv<PAGED>(a, s0 + st * FGD_STAGE_BYTES, kbase, vbase, table, kv0, len)) badbits |= 1 << st;
+        }
+        fga_cp_commit();
+    }
+
+    /* ldmatrix lane addressing, as in the forward. */
+    const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
+    const int k_row = (lane & 7) + (lane >> 4) * 8, k_col = ((lane >> 3) & 1) * 8;
+    const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8, v_col = (lane >> 4) * 8;
+    const fg_u32 q_lane = sQ + (fg_u32)(((wr * 16 + a_row) * FGD_ROW + a_col) * 2);
+
+    fga_cp_wait<FGD_STAGES - 1>(); /* Q */
+    __syncthreads();
+#if FGD_Q_IN_REGS
+    fg_u32 qf[FGD_KSTEPS][4];
+#pragma unroll
+    for (int kk = 0; kk < FGD_KSTEPS; kk++)
+        fga_ldsm4(q_lane + (fg_u32)(kk * 32), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
+    __syncthreads(); /* the last stage is refilled in the first step */
+#endif
+
+    float o[FGD_DTILES][4];
+#pragma unroll
+    for (int i = 0; i < FGD_DTILES; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m_run[1][2] = {{FGA_NEG_INF, FGA_NEG_INF}}, l_run[1][2] = {{0.f, 0.f}};
+    fgd_row_info ri[2];
+    ri[0] = fgd_row_of(a, hk, qpos, row0 + wr * 16 + g);
+    ri[1] = fgd_row_of(a, hk, qpos, row0 + wr * 16 + g + 8);
+    const float mult = fga_log2_mult(a);
+
+    for (int t = 0; t < n; t++) {
+        const int st = t % FGD_STAGES;
+        fga_cp_wait<FGD_STAGES - 2>();
+        /* After this barrier tile t is in shared memory and every warp is
+         * done with tile t - 1, whose stage is refilled below. */
+        const bool bad_tile = PAGED ? __syncthreads_or((badbits >> st) & 1) != 0 : (__syncthreads(), false);
+        badbits &= ~(1 << st);
+        bool partial;
+        const int kv0 = fga_cursor_kv0<FGD_BLOCK_N>(pl, use, partial);
+        fga_cursor_next(pl, use);
+        {
+            const int tn = t + FGD_STAGES - 1, sn = tn % FGD_STAGES;
+            if (tn < n) {
+                bool part;
+                const int kvn = fga_cursor_kv0<FGD_BLOCK_N>(pl, issue, part);
+                fga_cursor_next(pl, issue);
+                if (fgd_load_kv<PAGED>(a, s0 + sn * FGD_STAGE_BYTES, kbase, vbase, table, kvn, len))
+                    badbits |= 1 << sn;
+            }
+            fga_cp_commit();
+        }
+
+        const fg_u32 sK = s0 + st * FGD_STAGE_BYTES, sV = sK + FGD_KV_BYTES;
+        /* S = Q K^T over this warp's KW keys of the tile. */
+        float s[NT][4];
+#pragma unroll
+        for (int i = 0; i < NT; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        const fg_u32 k_lane = sK + (fg_u32)(((wk * KW + k_row) * FGD_ROW + k_col) * 2);
+#pragma unroll
+        for (int kk = 0; kk < FGD_KSTEPS; kk++) {
+#if FGD_Q_IN_REGS
+            const fg_u32 *qa = qf[kk];
+#else
+            fg_u32 qa[4];
+            fga_ldsm4(q_lane + (fg_u32)(kk * 32), qa[0], qa[1], qa[2], qa[3]);
+#endif
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                fg_u32 kf[4];
+                fga_ldsm4(k_lane + (fg_u32)((np * 16 * FGD_ROW + kk * 16) * 2), kf[0], kf[1], kf[2], kf[3]);
+                fga_mma(s[2 * np], qa, kf[0], kf[1]);
+                fga_mma(s[2 * np + 1], qa, kf[2], kf[3]);
+            }
+        }
+
+        fgd_tile_mods<NT, PAGED>(s, ri, a, p, b, kv0 + wk * KW, len, partial, bad_tile, table);
+        float ss[1][NT][4];
+#pragma unroll
+        for (int i = 0; i < NT; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) ss[0][i][e] = s[i][e];
+        float alpha[1][2];
+        fga_tile_softmax<1, NT>(ss, m_run, l_run, alpha, mult);
+#pragma unroll
+        for (int i = 0; i < FGD_DTILES; i++) {
+            o[i][0] *= alpha[0][0];
+            o[i][1] *= alpha[0][0];
+            o[i][2] *= alpha[0][1];
+            o[i][3] *= alpha[0][1];
+        }
+
+        /* O += P V: P from accumulator layout to A fragments, V^T by
+         * transposing ldmatrix. */
+        const fg_u32 v_lane = sV + (fg_u32)(((wk * KW + v_row) * FGD_ROW + v_col) * 2);
+#pragma unroll
+        for (int kc = 0; kc < KW / 16; kc++) {
+            fg_u32 pa[4];
+            pa[0] = fg_pack2(ss[0][2 * kc][0], ss[0][2 * kc][1]);
+            pa[1] = fg_pack2(ss[0][2 * kc][2], ss[0][2 * kc][3]);
+            pa[2] = fg_pack2(ss[0][2 * kc + 1][0], ss[0][2 * kc + 1][1]);
+            pa[3] = fg_pack2(ss[0][2 * kc + 1][2], ss[0][2 * kc + 1][3]);
+#pragma unroll
+            for (int dp = 0; dp < FGD_DTILES / 2; dp++) {
+                fg_u32 vf[4];
+                fga_ldsm4t(v_lane + (fg_u32)((kc * 16 * FGD_ROW + dp * 16) * 2), vf[0], vf[1], vf[2], vf[3]);
+                fga_mma(o[2 * dp], pa, vf[0], vf[1]);
+                fga_mma(o[2 * dp + 1], pa, vf[2], vf[3]);
+            }
+        }
+    }
+
+    /* Merge the WK warps that share rows: each leaves (m, l) per row, then
+     * its O scaled by 2^(m - M) / L into a region of its own; the block
+     * sums the regions. The stages are free once every copy has landed. */
+    fga_cp_wait<0>();
+    __syncthreads();
+    float *red = (float *)smem;                                   /* [WK][RB][D] */
+    float *sm_m = (float *)(smem + FGD_STAGES * FGD_STAGE_BYTES + (FGD_Q_IN_REGS ? 0 : 64 * FGD_ROW * 2));
+    float *sm_l = sm_m + 64, *sm_lse = sm_l + 64;                 /* [WK][RB] each, [RB] */
+#pragma unroll
+    for (int e2 = 0; e2 < 2; e2++) {
+        const float l = fga_quad_sum(l_run[0][e2]);
+        if (t4 == 0) {
+            sm_m[wk * RB + wr * 16 + g + 8 * e2] = m_run[0][e2];
+            sm_l[wk * RB + wr * 16 + g + 8 * e2] = l;
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int e2 = 0; e2 < 2; e2++) {
+        const int rl = wr * 16 + g + 8 * e2;
+        float M = FGA_NEG_INF;
+#pragma unroll
+        for (int w = 0; w < WK; w++) M = fmaxf(M, sm_m[w * RB + rl]);
+        const float Mu = M == FGA_NEG_INF ? 0.f : M;
+        float L = 0.f;
+#pragma unroll
+        for (int w = 0; w < WK; w++) L += sm_l[w * RB + rl] * fga_exp2(sm_m[w * RB + rl] - Mu);
+        const float f = L > 0.f ? fga_exp2(m_run[0][e2] - Mu) / L : 0.f;
+        float *dst = red + ((fg_i64)wk * RB + rl) * FGD_D + t4 * 2;
+#pragma unroll
+        for (int i = 0; i < FGD_DTILES; i++) {
+            dst[i * 8] = o[i][2 * e2] * f;
+            dst[i * 8 + 1] = o[i][2 * e2 + 1] * f;
+        }
+        /* LSE in log2 units */
+        if (wk == 0 && t4 == 0) sm_lse[rl] = L > 0.f ? Mu + fga_log2(L) : FGA_NEG_INF;
+    }
+    __syncthreads();
+
+    /* Write the rows: out and lse when the walk is not split, else this
+     * split's part. Two columns per thread and step. */
+    for (int c = tid; c < RB * (FGD_D / 2); c += FGD_THREADS) {
+        const int rl = c / (FGD_D / 2), d = (c % (FGD_D / 2)) * 2;
+        const int r = row0 + rl;
+        if (r >= a.rows) continue;
+        float x0 = 0.f, x1 = 0.f;
+#pragma unroll
+        for (int w = 0; w < WK; w++) {
+            x0 += red[((fg_i64)w * RB + rl) * FGD_D + d];
+            x1 += red[((fg_i64)w * RB + rl) * FGD_D + d + 1];
+        }
+        const fgd_row_info rw = fgd_row_of(a, hk, qpos, r);
+        const int qi = rw.q_idx - qpos;
+        if (a.n_split == 1) {
+            fg_u16 *op = (fg_u16 *)a.out + (fg_i64)b * a.o_stride[0] + (fg_i64)rw.h * a.o_stride[1] +
+                         (fg_i64)qi * a.o_stride[2];
+            *(fg_u32 *)(op + d) = fg_pack2(x0, x1);
+        } else {
+            const fg_i64 prow = ((fg_i64)b * a.heads_q + rw.h) * a.q_len + qi;
+            float *op = (float *)a.o_part + (prow * a.n_split + split) * FGD_D;
+            *(float2 *)(op + d) = make_float2(x0, x1);
+        }
+    }
+    if (tid < RB && row0 + tid < a.rows) {
+        const fgd_row_info rw = fgd_row_of(a, hk, qpos, row0 + tid);
+        const int qi = rw.q_idx - qpos;
+        const fg_i64 prow = ((fg_i64)b * a.heads_q + rw.h) * a.q_len + qi;
+        const float lse2 = sm_lse[tid];
+        if (a.n_split == 1) {
+            if (a.lse) ((float *)a.lse)[prow] = lse2 == FGA_NEG_INF ? FGA_NEG_INF : lse2 * FGA_LN2;
+        } else {
+            ((float *)a.lse_part)[prow * a.n_split + split] = lse2;
+        }
+    }
+}
+
+#define FGD_ENTRY(NAME, WK)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(FGD_THREADS)                                                \
+        NAME(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {                 \
+        extern __shared__ __align__(128) unsigned char fgd_smem[];                                           \
+        if (a.paged) fgd_decode<WK, true>(a, p, fgd_smem);                                                   \
+        else fgd_decode<WK, false>(a, p, fgd_smem);                                                          \
+    }
+FGD_ENTRY(fg_attention_decode_r16, 4)
+FGD_ENTRY(fg_attention_decode_r32, 2)
+FGD_ENTRY(fg_attention_decode_r64, 1)
+
+/* ---- the merge of the splits ------------------------------------------------------- */
+
+/* One warp per row (b, h, i): the weights 2^(lse_s - M) of the row's
+ * n_split parts into shared memory, then each lane's columns summed over
+ * the parts. The row's total weight L gives out = sum / L and LSE =
+ * (M + log2 L) ln 2; a row whose parts are all empty (LSE -inf) gets 0 and
+ * -inf. */
+extern "C" __global__ void __launch_bounds__(FGD_THREADS)
+fg_attention_decode_merge(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {
+    (void)p;
+    __shared__ float wts[FGD_NWARPS][FGD_MAX_SPLIT];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const fg_i64 prow = (fg_i64)blockIdx.x * FGD_NWARPS + warp;
+    if (prow >= (fg_i64)a.batch * a.heads_q * a.q_len) return;
+    const float *lp = (const float *)a.lse_part + prow * a.n_split;
+    float M = FGA_NEG_INF;
+    for (int s = lane; s < a.n_split; s += 32) M = fmaxf(M, lp[s]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    const float Mu = M == FGA_NEG_INF ? 0.f : M;
+    float L = 0.f;
+    for (int s = lane; s < a.n_split; s += 32) {
+        const float w = fga_exp2(lp[s] - Mu);
+        wts[warp][s] = w;
+        L += w;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    __syncwarp();
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+    const int qi = (int)(prow % a.q_len);
+    const fg_i64 bh = prow / a.q_len;
+    const int h = (int)(bh % a.heads_q), b = (int)(bh / a.heads_q);
+    const float *op = (const float *)a.o_part + prow * a.n_split * FGD_D;
+    fg_u16 *out = (fg_u16 *)a.out + (fg_i64)b * a.o_stride[0] + (fg_i64)h * a.o_stride[1] + (fg_i64)qi * a.o_stride[2];
+    for (int d = lane * 2; d < FGD_D; d += 64) {
+        float x0 = 0.f, x1 = 0.f;
+        for (int s = 0; s < a.n_split; s++) {
+            const float2 v = *(const float2 *)(op + (fg_i64)s * FGD_D + d);
+            x0 += wts[warp][s] * v.x;
+            x1 += wts[warp][s] * v.y;
+        }
+        *(fg_u32 *)(out + d) = fg_pack2(x0 * inv, x1 * inv);
+    }
+    if (lane == 0 && a.lse) ((float *)a.lse)[prow] = L > 0.f ? (Mu + fga_log2(L)) * FGA_LN2 : FGA_NEG_INF;
+}

@@ -1,0 +1,350 @@
+/* gpu_attention_decode.c -- the decode kernel against the CPU reference.
+ *
+ * Every case draws fresh random inputs, poisons out and lse (all-ones bits:
+ * NaN), runs fg_attention_forward and compares with fg_attention_reference
+ * on the same host data (the reference reads ragged lengths, per-sequence
+ * offsets and paged K/V itself):
+ *     ||out - ref||_F / ||ref||_F <= 1e-2 (bf16), 2e-3 (fp16)
+ *     |lse - ref| <= 1e-3 (1 + |ref|), -inf exactly where the reference has it
+ *     no non-finite value, rows with LSE -inf exactly 0.
+ * Queries sit at the end of their sequence (q_offsets[b] = len_b - q_len, at
+ * least 0), as in a decode step. Paged cases scatter each sequence over
+ * shuffled pages of a cache whose other rows hold random values, so a wrong
+ * page shows; table entries past a sequence's pages are -1.
+ * The table: every gallery mod over q_len 1..16, KV lengths 1 to 4097,
+ * GQA 1, 4, 8 and MQA, head dims 64, 128, 256, both dtypes, contiguous and
+ * every page size, ragged and uniform; then the features one at a time (a
+ * 65536-key sequence, an empty sequence, a bad page, block masks, the
+ * options, many row tiles) and the argument errors.
+ * FLEXGEN_TEST_QUICK=1 runs a reduced table (for compute-sanitizer). */
+#include "gpu_cases.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cudrv.h"
+#include "internal.h"
+
+static int failures = 0;
+
+typedef struct dcase {
+    const char *mod;
+    int d;
+    fg_dtype dtype;
+    int b, hq, hkv, q, kv; /* kv: the longest sequence                     */
+    int ragged;            /* 1: lengths drawn in [1, kv]; 2: and one empty */
+    int page;              /* page size, 0: contiguous K/V                  */
+    int bad_page;          /* one used table entry outside the cache        */
+    int bm;                /* a CPU block mask (uniform lengths, no offsets)*/
+    int kv_block;
+    int decode_opt;        /* FG_OPT_DECODE_KERNEL (0 is taken as 1)        */
+    fg_kernel_kind expect; /* the kernel fg_attention_kernel_for picks      */
+} dcase;
+
+static bool quick(void) {
+    const char *q = getenv("FLEXGEN_TEST_QUICK");
+    return q && *q && strcmp(q, "0") != 0;
+}
+
+static void name_of(const dcase *c, char *buf, size_t n) {
+    snprintf(buf, n, "%s D=%d %s B=%d Hq=%d Hkv=%d Q=%d KV=%d %s page=%d%s%s", c->mod, c->d,
+             c->dtype == FG_BF16 ? "bf16" : "fp16", c->b, c->hq, c->hkv, c->q, c->kv,
+             c->ragged ? (c->ragged == 2 ? "ragged+empty" : "ragged") : "uniform", c->page,
+             c->bad_page ? " bad-page" : "", c->bm ? " block-mask" : "");
+}
+
+static uint16_t *random16(fg_dtype dt, size_t n, bool is_normal) {
+    uint16_t *x = malloc(n * 2);
+    for (size_t i = 0; i < n; i++)
+        x[i] = to16(dt, is_normal ? (float)normal() : (float)(2 * tu_rand_uniform(&rng) - 1));
+    return x;
+}
+
+static void run_case(const dcase *c) {
+    char name[256];
+    name_of(c, name, sizeof name);
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    assert_int_equal(fgi_cuda_ready(ctx), FG_OK);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_KERNEL, c->decode_opt ? c->decode_opt : 1), FG_OK);
+    fg_mod *mod = tu_gallery_mod(ctx, c->mod);
+    /* the gallery's parameters for positions up to kv + q */
+    acase ac = {.mod = c->mod, .d = c->d, .dtype = c->dtype, .b = c->b, .hq = c->hq, .hkv = c->hkv,
+                .q = c->q, .kv = c->kv, .q_offset = c->kv};
+    binds bb;
+    gallery_binds(c->mod, &ac, &bb);
+
+    const int B = c->b, D = c->d;
+    int32_t *lens = malloc(sizeof *lens * (size_t)B), *qoff = malloc(sizeof *qoff * (size_t)B);
+    for (int b = 0; b < B; b++) {
+        lens[b] = c->ragged ? 1 + (int)(tu_rand_u64(&rng) % (uint64_t)c->kv) : c->kv;
+        if (c->ragged && b == 0) lens[b] = c->kv; /* the longest is there */
+        if (c->ragged == 2 && b == B - 1) lens[b] = 0;
+        qoff[b] = lens[b] - c->q > 0 ? lens[b] - c->q : 0;
+    }
+
+    fg_attention_args a = fg_attention_args_init();
+    a.batch = B, a.heads_q = c->hq, a.heads_kv = c->hkv, a.q_len = c->q, a.kv_len = c->kv;
+    a.head_dim = D, a.dtype = c->dtype;
+    const size_t nq = (size_t)B * c->hq * c->q * D, nlse = (size_t)B * c->hq * c->q;
+    size_t nkv; /* elements of k (and of v) */
+    int32_t *table = NULL;
+    int max_pages = 0, num_pages = 0;
+    if (c->page) {
+        max_pages = (c->kv + c->page - 1) / c->page;
+        int used = 0;
+        for (int b = 0; b < B; b++) used += (lens[b] + c->page - 1) / c->page;
+        num_pages = used + 3;
+        int *perm = malloc(sizeof *perm * (size_t)num_pages);
+        for (int i = 0; i < num_pages; i++) perm[i] = i;
+        for (int i = num_pages - 1; i > 0; i--) {
+            int j = (int)(tu_rand_u64(&rng) % (uint64_t)(i + 1)), t = perm[i];
+            perm[i] = perm[j], perm[j] = t;
+        }
+        table = malloc(sizeof *table * (size_t)B * max_pages);
+        int next = 0;
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < max_pages; i++)
+                table[b * max_pages + i] = i < (lens[b] + c->page - 1) / c->page ? perm[next++] : -1;
+        free(perm);
+        if (c->bad_page) table[0] = num_pages + 7;
+        nkv = (size_t)num_pages * c->page * c->hkv * D;
+        a.page_size = c->page, a.num_pages = num_pages, a.max_pages = max_pages;
+    } else {
+        nkv = (size_t)B * c->hkv * c->kv * D;
+    }
+    uint16_t *hq = random16(c->dtype, nq, true), *hk = random16(c->dtype, nkv, true),
+             *hv = random16(c->dtype, nkv, false);
+    CUdeviceptr dq = upload(hq, nq * 2), dk = upload(hk, nkv * 2), dv = upload(hv, nkv * 2), dout, dlse;
+    CUdeviceptr dlens = upload(lens, sizeof *lens * (size_t)B), dqoff = upload(qoff, sizeof *qoff * (size_t)B);
+    CUdeviceptr dtable = table ? upload(table, sizeof *table * (size_t)B * max_pages) : 0;
+    assert_int_equal(fgi_cu()->cuMemAlloc(&dout, nq * 2), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemAlloc(&dlse, nlse * 4), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemsetD8(dout, 0xff, nq * 2), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemsetD8(dlse, 0xff, nlse * 4), CUDA_SUCCESS);
+
+    fg_block_mask *bm = NULL;
+    if (c->bm) {
+        fg_block_mask_desc desc = {1, 1, c->q, c->kv, 128, c->kv_block, sizeof desc};
+        fg_status st = fg_block_mask_create(ctx, mod, &desc, bb.host, (size_t)bb.n, &bm);
+        if (st != FG_OK) print_error("%s: block mask: %s\n", name, fg_errmsg(ctx));
+        assert_int_equal(st, FG_OK);
+    }
+    a.block_mask = bm;
+    if (c->ragged) a.kv_lens = (const int32_t *)(uintptr_t)dlens;
+    if (!c->bm) a.q_offsets = (const int32_t *)(uintptr_t)dqoff;
+    if (table) a.block_table = (const int32_t *)(uintptr_t)dtable;
+    a.q = (const void *)(uintptr_t)dq, a.k = (const void *)(uintptr_t)dk, a.v = (const void *)(uintptr_t)dv;
+    a.out = (void *)(uintptr_t)dout, a.lse = (float *)(uintptr_t)dlse;
+    a.binds = bb.dev, a.nbinds = (size_t)bb.n;
+
+    fg_kernel *k = NULL;
+    fg_status st = fg_attention_kernel_for(ctx, mod, &a, &k);
+    if (st != FG_OK) print_error("%s: kernel: %s\n", name, fg_errmsg(ctx));
+    assert_int_equal(st, FG_OK);
+    const fg_kernel_kind kind = fg_kernel_kind_of(k);
+    fg_kernel_release(k);
+    st = fg_attention_forward(ctx, mod, &a);
+    if (st != FG_OK) print_error("%s: %s: %s\n%s", name, fg_status_string(st), fg_errmsg(ctx), fg_compile_log(ctx));
+    assert_int_equal(st, FG_OK);
+    assert_int_equal(fgi_cu()->cuCtxSynchronize(), CUDA_SUCCESS);
+    uint16_t *gout = malloc(nq * 2);
+    float *glse = malloc(nlse * 4);
+    assert_int_equal(fgi_cu()->cuMemcpyDtoH(gout, dout, nq * 2), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemcpyDtoH(glse, dlse, nlse * 4), CUDA_SUCCESS);
+
+    /* The reference on the same host arrays. */
+    if (c->bad_page) {
+        fg_attention_args t = a;
+        assert_int_equal(fg_block_table_check(ctx, &t, table, c->ragged ? lens : NULL), FG_ERR_SHAPE);
+        assert_non_null(strstr(fg_errmsg(ctx), "sequence 0, page 0"));
+    } else if (table) {
+        assert_int_equal(fg_block_table_check(ctx, &a, table, c->ragged ? lens : NULL), FG_OK);
+    }
+    double *rout = malloc(sizeof(double) * nq), *rlse = malloc(sizeof(double) * nlse);
+    a.q = hq, a.k = hk, a.v = hv, a.binds = bb.host;
+    a.kv_lens = c->ragged ? lens : NULL;
+    a.q_offsets = c->bm ? NULL : qoff;
+    a.block_table = table;
+    st = fg_attention_reference(ctx, mod, &a, rout, rlse);
+    if (st != FG_OK) print_error("%s: reference: %s\n", name, fg_errmsg(ctx));
+    assert_int_equal(st, FG_OK);
+
+    double num = 0, den = 0, lse_err = 0;
+    long nonfinite = 0, bad_masked = 0, lse_inf_mismatch = 0;
+    for (size_t r = 0; r < nlse; r++) {
+        const bool masked = isinf(rlse[r]);
+        for (int d = 0; d < D; d++) {
+            double g = from16(c->dtype, gout[r * D + d]), x = rout[r * D + d];
+            if (!isfinite(g)) nonfinite++;
+            if (masked && g != 0.0) bad_masked++;
+            num += (g - x) * (g - x);
+            den += x * x;
+        }
+        if (isnan(glse[r])) nonfinite++;
+        else if (masked || isinf(glse[r])) lse_inf_mismatch += !(isinf(glse[r]) && glse[r] < 0 && masked);
+        else {
+            double e = fabs(glse[r] - rlse[r]) / (1 + fabs(rlse[r]));
+            if (e > lse_err) lse_err = e;
+        }
+    }
+    const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    const double tol = c->dtype == FG_BF16 ? 1e-2 : 2e-3;
+    const bool ok = rel <= tol && lse_err <= 1e-3 && nonfinite == 0 && bad_masked == 0 && lse_inf_mismatch == 0 &&
+                    kind == c->expect;
+    printf("%-4s %s: rel %.2e lse %.2e kernel %d\n", ok ? "ok" : "FAIL", name, rel, lse_err, (int)kind);
+    fflush(stdout);
+    if (!ok) {
+        printf("     nonfinite %ld, nonzero masked %ld, lse -inf mismatch %ld, kernel %d (expected %d)\n", nonfinite,
+               bad_masked, lse_inf_mismatch, (int)kind, (int)c->expect);
+        failures++;
+    }
+    free(rout), free(rlse), free(gout), free(glse), free(hq), free(hk), free(hv), free(lens), free(qoff), free(table);
+    fgi_cu()->cuMemFree(dq), fgi_cu()->cuMemFree(dk), fgi_cu()->cuMemFree(dv), fgi_cu()->cuMemFree(dout);
+    fgi_cu()->cuMemFree(dlse), fgi_cu()->cuMemFree(dlens), fgi_cu()->cuMemFree(dqoff);
+    if (dtable) fgi_cu()->cuMemFree(dtable);
+    fg_block_mask_destroy(bm);
+    binds_free(&bb);
+    fg_mod_destroy(mod);
+    fg_ctx_destroy(ctx);
+}
+
+/* ---- the gallery sweep ------------------------------------------------------ */
+
+static void test_gallery(void **state) {
+    (void)state;
+    static const int qs[5] = {1, 2, 4, 8, 16}, kvs[4] = {1, 17, 1000, 4097}, pages[6] = {0, 16, 32, 64, 128, 256};
+    static const int dims[3] = {64, 128, 256};
+    static const int heads[4][2] = {{2, 2}, {8, 2}, {8, 1}, {16, 2}}; /* GQA 1, 4, MQA 8, 8 */
+    const int reps = quick() ? 1 : 4;
+    for (int m = 0; m < NGALLERY; m++)
+        for (int rep = 0; rep < reps; rep++) {
+            const int k = m * reps + rep;
+            dcase c = {gallery[m], dims[k % 3], k % 2 ? FG_FP16 : FG_BF16, 1 + k % 3,
+                       heads[k % 4][0], heads[k % 4][1], qs[k % 5], kvs[(k / 2) % 4], k % 2,
+                       pages[k % 6], 0, 0, 0, 0, FG_KERNEL_ATTENTION_DECODE};
+            run_case(&c);
+        }
+    assert_int_equal(failures, 0);
+}
+
+/* ---- the features one at a time --------------------------------------------- */
+
+static void test_features(void **state) {
+    (void)state;
+    const fg_kernel_kind DEC = FG_KERNEL_ATTENTION_DECODE;
+    const dcase cases[] = {
+        /* one long sequence: many splits, contiguous and paged */
+        {"causal", 128, FG_BF16, 1, 8, 1, 1, 65536, 0, 0, 0, 0, 0, 0, DEC},
+        {"sliding_window", 128, FG_BF16, 1, 8, 2, 4, 65536, 0, 256, 0, 0, 0, 0, DEC},
+        /* a batch with an empty sequence; a bad page */
+        {"alibi", 64, FG_FP16, 4, 8, 2, 2, 1000, 2, 0, 0, 0, 0, 0, DEC},
+        {"causal", 128, FG_BF16, 3, 4, 4, 1, 1000, 1, 16, 1, 0, 0, 0, DEC},
+        {"softcap", 128, FG_BF16, 3, 32, 8, 1, 4097, 1, 64, 1, 0, 0, 0, DEC},
+        /* block masks: MQA with a broadcast mask, GQA 1 with 64-row kv
+         * blocks, GQA 4 with 16 queries */
+        {"sliding_window", 128, FG_BF16, 2, 8, 1, 1, 4097, 0, 0, 0, 1, 128, 0, DEC},
+        {"prefix_lm", 64, FG_FP16, 2, 2, 2, 8, 1000, 0, 0, 0, 1, 64, 0, DEC},
+        {"causal", 128, FG_BF16, 1, 16, 4, 16, 4097, 0, 0, 0, 1, 128, 0, DEC},
+        /* a block mask the decode tiles cannot walk (32-row kv blocks): the
+         * forward kernel serves the call */
+        {"causal", 64, FG_BF16, 1, 2, 2, 4, 1000, 0, 0, 0, 1, 32, 0, DEC},
+        /* option 2: the decode kernel for 100 queries of GQA 8 (13 row
+         * tiles), paged */
+        {"document", 128, FG_BF16, 2, 16, 2, 100, 1000, 1, 32, 0, 0, 0, 2, DEC},
+        {"natten", 256, FG_FP16, 2, 4, 1, 3, 4097, 1, 128, 0, 0, 0, 0, DEC},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (quick() && cases[i].kv > 10000) continue;
+        run_case(&cases[i]);
+    }
+    /* option 0 keeps the forward kernel, and refuses paged calls */
+    {
+        fg_ctx *ctx;
+        assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+        assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_KERNEL, 0), FG_OK);
+        fg_mod *mod = tu_gallery_mod(ctx, "causal");
+        fg_attention_args a = fg_attention_args_init();
+        a.batch = 2, a.heads_q = 4, a.heads_kv = 4, a.q_len = 4, a.kv_len = 1000, a.head_dim = 128, a.dtype = FG_BF16;
+        fg_kernel *k;
+        assert_int_equal(fg_attention_kernel_for(ctx, mod, &a, &k), FG_OK);
+        assert_true(fg_kernel_kind_of(k) != FG_KERNEL_ATTENTION_DECODE);
+        fg_kernel_release(k);
+        a.block_table = (const int32_t *)(uintptr_t)16, a.page_size = 16, a.num_pages = 100, a.max_pages = 63;
+        assert_int_equal(fg_attention_kernel_for(ctx, mod, &a, &k), FG_ERR_NOT_SUPPORTED);
+        fg_mod_destroy(mod);
+        fg_ctx_destroy(ctx);
+    }
+    assert_int_equal(failures, 0);
+}
+
+/* ---- argument errors ------------------------------------------------------------ */
+
+static void test_errors(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    assert_int_equal(fgi_cuda_ready(ctx), FG_OK);
+    fg_mod *mod = tu_gallery_mod(ctx, "causal");
+    CUdeviceptr buf;
+    assert_int_equal(fgi_cu()->cuMemAlloc(&buf, 1 << 22), CUDA_SUCCESS);
+    void *p = (void *)(uintptr_t)buf;
+    fg_attention_args a = fg_attention_args_init();
+    a.batch = 2, a.heads_q = 4, a.heads_kv = 2, a.q_len = 1, a.kv_len = 100, a.head_dim = 64, a.dtype = FG_BF16;
+    a.q = a.k = a.v = p, a.out = p;
+    a.block_table = (const int32_t *)p, a.page_size = 16, a.num_pages = 8, a.max_pages = 7;
+    /* page sizes outside [16, 256] or not powers of two */
+    a.page_size = 8;
+    assert_int_equal(fg_attention_forward(ctx, mod, &a), FG_ERR_NOT_SUPPORTED);
+    a.page_size = 48;
+    assert_int_equal(fg_attention_forward(ctx, mod, &a), FG_ERR_NOT_SUPPORTED);
+    /* kv_len past max_pages pages */
+    a.page_size = 16, a.kv_len = 113;
+    assert_int_equal(fg_attention_forward(ctx, mod, &a), FG_ERR_SHAPE);
+    a.kv_len = 100;
+    /* paging fields without a table */
+    a.block_table = NULL;
+    assert_int_equal(fg_attention_forward(ctx, mod, &a), FG_ERR_INVALID_ARGUMENT);
+    a.block_table = (const int32_t *)p;
+    /* a misaligned page stride */
+    a.k_stride[0] = 16 * 2 * 64 + 4, a.k_stride[1] = 64, a.k_stride[2] = 128, a.k_stride[3] = 1;
+    assert_int_equal(fg_attention_forward(ctx, mod, &a), FG_ERR_SHAPE);
+    memset(a.k_stride, 0, sizeof a.k_stride);
+    /* a misaligned lengths array */
+    a.kv_lens = (const int32_t *)((char *)p + 2);
+    assert_int_equal(fg_attention_forward(ctx, mod, &a), FG_ERR_SHAPE);
+    a.kv_lens = NULL;
+    /* the backward has no ragged or paged form */
+    fg_attention_bwd_args ba = fg_attention_bwd_args_init();
+    a.lse = (float *)p;
+    ba.fwd = &a, ba.dout = p, ba.dq = ba.dk = ba.dv = p;
+    assert_int_equal(fg_attention_backward(ctx, mod, &ba), FG_ERR_NOT_SUPPORTED);
+    /* the host check of a table: the first bad entry, and lengths */
+    int32_t table[2 * 7];
+    for (int i = 0; i < 14; i++) table[i] = i % 8;
+    assert_int_equal(fg_block_table_check(ctx, &a, table, NULL), FG_OK);
+    table[7 + 3] = 8;
+    assert_int_equal(fg_block_table_check(ctx, &a, table, NULL), FG_ERR_SHAPE);
+    assert_non_null(strstr(fg_errmsg(ctx), "sequence 1, page 3"));
+    const int32_t lens[2] = {100, 40}; /* sequence 1 uses pages 0..2 only */
+    assert_int_equal(fg_block_table_check(ctx, &a, table, lens), FG_OK);
+    const int32_t bad_lens[2] = {100, 101};
+    assert_int_equal(fg_block_table_check(ctx, &a, table, bad_lens), FG_ERR_SHAPE);
+    assert_int_equal(fgi_cu()->cuCtxSynchronize(), CUDA_SUCCESS);
+    fgi_cu()->cuMemFree(buf);
+    fg_mod_destroy(mod);
+    fg_ctx_destroy(ctx);
+}
+
+int main(void) {
+    tu_require_gpu();
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_features),
+        cmocka_unit_test(test_gallery),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
