@@ -441,6 +441,14 @@ typedef struct fg_block_mask_desc {
     int q_block, kv_block;/* 0 = 128                                       */
     size_t struct_size;   /* sizeof(fg_block_mask_desc), or 0 for the 0.1
                              layout                                        */
+    /* Since 0.2: the positions the mask is built for, as the attention
+     * call's q_offset and kv_offset: the mod sees q_idx = q_offset + i and
+     * kv_idx = kv_offset + j for the mask's row i and column j (a decode
+     * step's queries at the end of the sequence, a chunk of a prefill).
+     * An attention call takes a mask whose offsets are its own (with
+     * per-sequence q_offsets it cannot check them: the mask's rows are then
+     * the caller's promise). */
+    int q_offset, kv_offset;
 } fg_block_mask_desc;
 
 #ifdef __cplusplus

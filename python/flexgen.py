@@ -73,6 +73,7 @@ FG_KERNEL_BLOCK_MASK = 2
 FG_KERNEL_ATTENTION_FWD_SM90 = 3
 FG_KERNEL_ATTENTION_BWD = 4
 FG_KERNEL_ATTENTION_BWD_SM90 = 5
+FG_KERNEL_ATTENTION_DECODE = 6
 FG_OPT_DEVICE, FG_OPT_ARCH, FG_OPT_CACHE_DIR, FG_OPT_DISK_CACHE = 1, 2, 3, 4
 FG_BM_ARRAYS = {
     "kv_num_blocks": 1, "kv_indices": 2, "full_kv_num_blocks": 3, "full_kv_indices": 4,
@@ -111,7 +112,8 @@ class _Growable(ctypes.Structure):
 class _BlockMaskDesc(_Growable):
     _fields_ = [("batch", ctypes.c_int), ("heads", ctypes.c_int), ("q_len", ctypes.c_int),
                 ("kv_len", ctypes.c_int), ("q_block", ctypes.c_int), ("kv_block", ctypes.c_int),
-                ("struct_size", ctypes.c_size_t)]
+                ("struct_size", ctypes.c_size_t),
+                ("q_offset", ctypes.c_int), ("kv_offset", ctypes.c_int)]
 
 
 class _CacheStats(ctypes.Structure):
@@ -143,6 +145,8 @@ class _AttentionArgs(_Growable):
         ("binds", ctypes.POINTER(_Binding)), ("nbinds", ctypes.c_size_t),
         ("stream", ctypes.c_void_p),
         ("struct_size", ctypes.c_size_t),
+        ("kv_lens", ctypes.c_void_p), ("q_offsets", ctypes.c_void_p), ("block_table", ctypes.c_void_p),
+        ("page_size", ctypes.c_int), ("num_pages", ctypes.c_int), ("max_pages", ctypes.c_int),
     ]
 
 
@@ -217,6 +221,8 @@ _SIGNATURES = {
     "fg_attention_forward": (ctypes.c_int, [_P, _P, ctypes.POINTER(_AttentionArgs)]),
     "fg_kernel_get": (ctypes.c_int, [_P, _P, ctypes.POINTER(_KernelConfig), _PP]),
     "fg_kernel_launch": (ctypes.c_int, [_P, _P, ctypes.POINTER(_AttentionArgs)]),
+    "fg_attention_kernel_for": (ctypes.c_int, [_P, _P, ctypes.POINTER(_AttentionArgs), _PP]),
+    "fg_kernel_kind_of": (ctypes.c_int, [_P]),
     "fg_kernel_release": (None, [_P]),
     "fg_attention_reference": (ctypes.c_int, [_P, _P, ctypes.POINTER(_AttentionArgs),
                                               ctypes.c_void_p, ctypes.c_void_p]),
@@ -806,11 +812,13 @@ def _block_dims(block_size):
 
 
 def block_mask(mask_mod, B, H, Q_LEN, KV_LEN, params=None, buffers=None, block_size=128,
-               device="cuda"):
+               device="cuda", q_offset=0, kv_offset=0):
     """Build a block mask like FlexAttention's create_block_mask. B or H of
     None broadcasts (1). device: a CUDA device (the GPU builder, on torch's
     current stream; buffers on that device) or 'cpu' (the CPU builder; buffers
-    on the host). The result can be passed as attention(..., block_mask=)."""
+    on the host). q_offset / kv_offset: the positions the mask is built for
+    (the mod sees q_idx = q_offset + i), the same as the attention call's.
+    The result can be passed as attention(..., block_mask=)."""
     mod = mask_mod if isinstance(mask_mod, Mod) else load_mod(mask_mod, None, params, buffers)
     if not mod.has_mask:
         raise ValueError(f"mod '{mod.name}' defines no mask_mod")
@@ -821,6 +829,7 @@ def block_mask(mask_mod, B, H, Q_LEN, KV_LEN, params=None, buffers=None, block_s
             raise ValueError(f"{name} must be a positive int, got {v!r}")
     qb, kvb = _block_dims(block_size)
     desc = _BlockMaskDesc(B, H, Q_LEN, KV_LEN, qb, kvb)
+    desc.q_offset, desc.kv_offset = _offset(q_offset, "q_offset"), _offset(kv_offset, "kv_offset")
     cpu = device == "cpu" or (torch is not None and isinstance(device, torch.device)
                               and device.type == "cpu")
     handle = ctypes.c_void_p()
@@ -837,6 +846,12 @@ def block_mask(mask_mod, B, H, Q_LEN, KV_LEN, params=None, buffers=None, block_s
         raise ValueError(f"device must be a CUDA device or 'cpu', not {device!r}")
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     return _gpu_block_mask(mod, desc, params, buffers, index)
+
+
+def _offset(v, name):
+    if isinstance(v, bool) or not isinstance(v, int) or not -(1 << 31) <= v < (1 << 31):
+        raise ValueError(f"{name} must be an int, got {v!r}")
+    return v
 
 
 def _gpu_block_mask(mod, desc, params, buffers, index):
@@ -857,10 +872,10 @@ _bm_cache = OrderedDict()  # key -> (BlockMask, weakrefs of the buffers)
 _bm_lock = threading.Lock()
 
 
-def _cached_block_mask(mod, B, H, Q_LEN, KV_LEN, qb, kvb, binds, params, buffers, index):
+def _cached_block_mask(mod, B, H, Q_LEN, KV_LEN, qb, kvb, binds, params, buffers, index, q_offset=0):
     """A GPU block mask from the cache, or built and cached. Buffer identity
     is checked through weak references so a recycled id() never matches."""
-    key = (mod.hash, mod.canonical, id(mod), B, H, Q_LEN, KV_LEN, qb, kvb, index) + binds.key
+    key = (mod.hash, mod.canonical, id(mod), B, H, Q_LEN, KV_LEN, qb, kvb, index, q_offset) + binds.key
     with _bm_lock:
         hit = _bm_cache.get(key)
         if hit is not None:
@@ -870,6 +885,7 @@ def _cached_block_mask(mod, B, H, Q_LEN, KV_LEN, qb, kvb, binds, params, buffers
                 return bm
             del _bm_cache[key]
     desc = _BlockMaskDesc(B, H, Q_LEN, KV_LEN, qb, kvb)
+    desc.q_offset = q_offset
     bm = _gpu_block_mask(mod, desc, params, buffers, index)
     refs = {n: weakref.ref(t) for n, t in buffers.items()}
     with _bm_lock:
@@ -993,7 +1009,7 @@ def _fill_args(args, q, k, v, out, lse, scale, bm, binds, stream):
 
 def attention(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None, scale=None,
               enable_gqa=False, return_lse=False, block_size=128, block_mask=None,
-              deterministic=False):
+              deterministic=False, q_offset=0):
     """softmax(score_mod(q k^T * scale) masked by mask_mod) v, like
     FlexAttention's flex_attention.
 
@@ -1005,7 +1021,10 @@ def attention(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None,
     block_mask(), else built (and cached) here. Runs on torch's current
     stream. Returns out (B, Hq, Q_LEN, D) contiguous, and with return_lse
     also lse (B, Hq, Q_LEN) float32 (natural log; -inf for a fully masked
-    row, whose output is 0).
+    row, whose output is 0). q_offset: the position of the first query
+    (the mods see q_idx = q_offset + i): a decode step's queries at the end
+    of the sequence, q_offset = KV_LEN - Q_LEN. With Q_LEN up to 16 the call
+    runs on the decode kernel (split-KV, grouped heads packed).
 
     Differentiable with respect to q, k, v and the float32 buffers that
     score_mod reads: when grad is enabled and one of them requires grad, the
@@ -1024,9 +1043,9 @@ def attention(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None,
     deterministic = bool(deterministic)
     if not _wants_grad(q, k, v, buffers):
         return _prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa,
-                        return_lse, block_size, block_mask)()
+                        return_lse, block_size, block_mask, q_offset)()
     call = _prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa,
-                    True, block_size, block_mask)
+                    True, block_size, block_mask, q_offset)
     names = list(call.binds.buffers)
     out, lse = _AttentionFunction.apply(call, deterministic, names, q, k, v,
                                         *(call.binds.buffers[n] for n in names))
@@ -1056,13 +1075,17 @@ class Prepared:
         if self._kernel:
             self._lib.fg_kernel_release(self._kernel)
             self._kernel = ctypes.c_void_p()
-        cfg = _KernelConfig(FG_KERNEL_ATTENTION_FWD, self._args.dtype, self._args.head_dim,
-                            0, 0, None)
         c = self._ctx
         with c.lock:
-            c.check(self._lib.fg_kernel_get(c.handle, self.mod.handle, ctypes.byref(cfg),
-                                            ctypes.byref(self._kernel)))
+            c.check(self._lib.fg_attention_kernel_for(c.handle, self.mod.handle, ctypes.byref(self._args),
+                                                      ctypes.byref(self._kernel)))
         self._generation = _memory_generation
+
+    @property
+    def kernel_kind(self):
+        """The kernel this call launches: FG_KERNEL_ATTENTION_DECODE, or a
+        forward kind (FG_KERNEL_ATTENTION_FWD, FG_KERNEL_ATTENTION_FWD_SM90)."""
+        return self._lib.fg_kernel_kind_of(self._kernel)
 
     def __call__(self):
         if self._generation != _memory_generation:
@@ -1081,7 +1104,7 @@ class Prepared:
 
 
 def prepare(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None, scale=None,
-            enable_gqa=False, return_lse=False, block_size=128, block_mask=None):
+            enable_gqa=False, return_lse=False, block_size=128, block_mask=None, q_offset=0):
     """attention()'s checks, mod, block mask and output allocation, without
     the launch: returns a Prepared call (same arguments as attention, less
     deterministic). A Prepared call launches outside autograd, so with grad
@@ -1092,11 +1115,11 @@ def prepare(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None, s
                          "use attention() to get gradients, or detach the inputs (or call "
                          "under torch.no_grad())")
     return _prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa,
-                    return_lse, block_size, block_mask)
+                    return_lse, block_size, block_mask, q_offset)
 
 
 def _prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa, return_lse,
-             block_size, block_mask):
+             block_size, block_mask, q_offset=0):
     _check_qkv(q, k, v, enable_gqa)
     _check_params(params, buffers)
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
@@ -1121,14 +1144,103 @@ def _prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa, r
     elif mod.has_mask:
         mB, mH = _mask_dims(mod, B, Hq)
         bm = _cached_block_mask(mod, mB, mH, S, KV, qb, kvb, binds, params or {},
-                                binds.buffers, index)
+                                binds.buffers, index, _offset(q_offset, "q_offset"))
     else:
         bm = None  # no mask_mod: every block is visited and nothing is evaluated
     out = torch.empty((B, Hq, S, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device) if return_lse else None
     args = _AttentionArgs()
     _fill_args(args, q, k, v, out, lse, scale, bm, binds, None)
+    args.q_offset = _offset(q_offset, "q_offset")
     return Prepared(mod, args, out, lse, (q, k, v), bm, binds, index)
+
+
+def _check_paged(q, k_cache, v_cache, block_table, seq_lens, q_offsets):
+    _need_torch()
+    if not (isinstance(q, torch.Tensor) and q.dim() == 4 and q.is_cuda):
+        raise ValueError("q must be a 4-D CUDA tensor (B, Hq, Q_LEN, D)")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"q must be float16 or bfloat16, not {q.dtype}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not (isinstance(t, torch.Tensor) and t.dim() == 4 and t.device == q.device):
+            raise ValueError(f"{name} must be a 4-D tensor (num_pages, page_size, Hkv, D) on {q.device}")
+        if t.dtype != q.dtype or t.shape != k_cache.shape or t.stride(3) != 1:
+            raise ValueError(f"{name} must have q's dtype, k_cache's shape and a contiguous last dimension")
+    B, Hq, S, D = q.shape
+    P, ps, Hkv, Dk = k_cache.shape
+    if Dk != D or Hq % Hkv != 0:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} does not fit q {tuple(q.shape)}")
+    for name, t, shape in (("block_table", block_table, None), ("seq_lens", seq_lens, (B,)),
+                           ("q_offsets", q_offsets, (B,))):
+        if t is None and name == "q_offsets":
+            continue
+        if not (isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.device == q.device
+                and t.is_contiguous()):
+            raise ValueError(f"{name} must be a contiguous int32 tensor on {q.device}")
+        if shape is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, not {tuple(t.shape)}")
+    if block_table.dim() != 2 or block_table.shape[0] != B:
+        raise ValueError(f"block_table must have shape (B={B}, max_pages)")
+
+
+def paged_attention(q, k_cache, v_cache, block_table, seq_lens, mask_mod=None, score_mod=None,
+                    params=None, buffers=None, scale=None, q_offsets=None, return_lse=False,
+                    block_mask=None):
+    """Attention of q against a paged KV cache (vLLM / FlashInfer layout).
+
+    q: (B, Hq, Q_LEN, D); k_cache, v_cache: (num_pages, page_size, Hkv, D),
+    page_size a power of two in [16, 256]; block_table: int32 (B,
+    max_pages), sequence b's key j is row j % page_size of page
+    block_table[b, j // page_size]; seq_lens: int32 (B,), each sequence's
+    KV length; q_offsets: int32 (B,), the position of each sequence's first
+    query (default seq_lens - Q_LEN, at least 0: the queries are the last
+    tokens). All on q's device, read by the kernel at run time (nothing
+    recompiles when they change). A table entry outside [0, num_pages) is
+    never read; its keys are masked. Runs on the decode kernel; no
+    gradient."""
+    if q_offsets is None:
+        _check_paged(q, k_cache, v_cache, block_table, seq_lens, None)
+        q_offsets = (seq_lens - q.shape[2]).clamp_min(0).to(torch.int32)
+    return prepare_paged(q, k_cache, v_cache, block_table, seq_lens, mask_mod, score_mod, params,
+                         buffers, scale, q_offsets, return_lse, block_mask)()
+
+
+def prepare_paged(q, k_cache, v_cache, block_table, seq_lens, mask_mod=None, score_mod=None,
+                  params=None, buffers=None, scale=None, q_offsets=None, return_lse=False,
+                  block_mask=None):
+    """paged_attention's checks and kernel fetch without the launch: a
+    Prepared call that launches on torch's current stream. The tensors are
+    read at each launch, so a serving loop updates seq_lens, q_offsets
+    (default: seq_lens - Q_LEN computed here once, kept as .q_offsets) and
+    block_table in place between calls."""
+    if q_offsets is None:
+        _check_paged(q, k_cache, v_cache, block_table, seq_lens, None)
+        q_offsets = (seq_lens - q.shape[2]).clamp_min(0).to(torch.int32)
+    _check_paged(q, k_cache, v_cache, block_table, seq_lens, q_offsets)
+    _check_params(params, buffers)
+    if block_mask is not None and not isinstance(block_mask, BlockMask):
+        raise TypeError(f"block_mask must be a flexgen.BlockMask, not {type(block_mask).__name__}")
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    mod = load_mod(mask_mod, score_mod, params, buffers)
+    binds = _Bindings(mod, params, buffers, device=index)
+    B, Hq, S, D = q.shape
+    P, ps, Hkv, _ = k_cache.shape
+    out = torch.empty((B, Hq, S, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device) if return_lse else None
+    args = _AttentionArgs()
+    _fill_args(args, q, k_cache, v_cache, out, lse, scale, block_mask, binds, None)
+    max_pages = block_table.shape[1]
+    args.heads_kv, args.kv_len = Hkv, max_pages * ps
+    ks, vs = k_cache.stride(), v_cache.stride()
+    args.k_stride = _Stride(ks[0], ks[2], ks[1], 1)  # (page, head, row in page, d)
+    args.v_stride = _Stride(vs[0], vs[2], vs[1], 1)
+    args.block_table, args.page_size, args.num_pages, args.max_pages = (
+        block_table.data_ptr(), ps, P, max_pages)
+    args.kv_lens, args.q_offsets = seq_lens.data_ptr(), q_offsets.data_ptr()
+    call = Prepared(mod, args, out, lse, (q, k_cache, v_cache, block_table, seq_lens, q_offsets),
+                    block_mask, binds, index)
+    call.q_offsets = q_offsets
+    return call
 
 
 # ---------------------------------------------------------------------------

@@ -37,7 +37,9 @@ typedef struct dcase {
     int ragged;            /* 1: lengths drawn in [1, kv]; 2: and one empty */
     int page;              /* page size, 0: contiguous K/V                  */
     int bad_page;          /* one used table entry outside the cache        */
-    int bm;                /* a CPU block mask (uniform lengths, no offsets)*/
+    int bm;                /* a CPU block mask built at the queries' offset
+                              (uniform lengths, so one q_offset): 1
+                              broadcast over heads, 2 per query head       */
     int kv_block;
     int decode_opt;        /* FG_OPT_DECODE_KERNEL (0 is taken as 1)        */
     fg_kernel_kind expect; /* the kernel fg_attention_kernel_for picks      */
@@ -127,14 +129,17 @@ static void run_case(const dcase *c) {
 
     fg_block_mask *bm = NULL;
     if (c->bm) {
-        fg_block_mask_desc desc = {1, 1, c->q, c->kv, 128, c->kv_block, sizeof desc};
+        /* bm 2: a mask per query head, which grouped heads cannot share */
+        fg_block_mask_desc desc = {1, c->bm == 2 ? c->hq : 1, c->q, c->kv, 128, c->kv_block, sizeof desc,
+                                   qoff[0], 0};
         fg_status st = fg_block_mask_create(ctx, mod, &desc, bb.host, (size_t)bb.n, &bm);
         if (st != FG_OK) print_error("%s: block mask: %s\n", name, fg_errmsg(ctx));
         assert_int_equal(st, FG_OK);
     }
     a.block_mask = bm;
     if (c->ragged) a.kv_lens = (const int32_t *)(uintptr_t)dlens;
-    if (!c->bm) a.q_offsets = (const int32_t *)(uintptr_t)dqoff;
+    if (c->bm) a.q_offset = qoff[0]; /* uniform lengths: the mask's offset */
+    else a.q_offsets = (const int32_t *)(uintptr_t)dqoff;
     if (table) a.block_table = (const int32_t *)(uintptr_t)dtable;
     a.q = (const void *)(uintptr_t)dq, a.k = (const void *)(uintptr_t)dk, a.v = (const void *)(uintptr_t)dv;
     a.out = (void *)(uintptr_t)dout, a.lse = (float *)(uintptr_t)dlse;
@@ -248,9 +253,9 @@ static void test_features(void **state) {
         {"sliding_window", 128, FG_BF16, 2, 8, 1, 1, 4097, 0, 0, 0, 1, 128, 0, DEC},
         {"prefix_lm", 64, FG_FP16, 2, 2, 2, 8, 1000, 0, 0, 0, 1, 64, 0, DEC},
         {"causal", 128, FG_BF16, 1, 16, 4, 16, 4097, 0, 0, 0, 1, 128, 0, DEC},
-        /* a block mask the decode tiles cannot walk (32-row kv blocks): the
-         * forward kernel serves the call */
-        {"causal", 64, FG_BF16, 1, 2, 2, 4, 1000, 0, 0, 0, 1, 32, 0, DEC},
+        /* a block mask the decode tiles cannot walk (per query head, with
+         * two query heads per KV head): the forward kernel serves the call */
+        {"causal", 64, FG_BF16, 1, 4, 2, 4, 1000, 0, 0, 0, 2, 128, 0, DEC},
         /* option 2: the decode kernel for 100 queries of GQA 8 (13 row
          * tiles), paged */
         {"document", 128, FG_BF16, 2, 16, 2, 100, 1000, 1, 32, 0, 0, 0, 2, DEC},
@@ -332,6 +337,16 @@ static void test_errors(void **state) {
     assert_int_equal(fg_block_table_check(ctx, &a, table, lens), FG_OK);
     const int32_t bad_lens[2] = {100, 101};
     assert_int_equal(fg_block_table_check(ctx, &a, table, bad_lens), FG_ERR_SHAPE);
+    /* a block mask built for other offsets than the call's */
+    a.block_table = NULL, a.page_size = a.num_pages = a.max_pages = 0, a.lse = NULL;
+    fg_block_mask_desc desc = {1, 1, 1, 100, 128, 128, sizeof desc, 99, 0};
+    fg_block_mask *bm;
+    assert_int_equal(fg_block_mask_create(ctx, mod, &desc, NULL, 0, &bm), FG_OK);
+    a.block_mask = bm;
+    assert_int_equal(fg_attention_forward(ctx, mod, &a), FG_ERR_SHAPE);
+    a.q_offset = 99;
+    assert_int_equal(fg_attention_forward(ctx, mod, &a), FG_OK);
+    fg_block_mask_destroy(bm);
     assert_int_equal(fgi_cu()->cuCtxSynchronize(), CUDA_SUCCESS);
     fgi_cu()->cuMemFree(buf);
     fg_mod_destroy(mod);

@@ -94,7 +94,7 @@ static void test_layouts(void **state) {
     /* struct_size sits right after the 0.1 fields; later fields come after
      * it (fg_attention_args' ragged and paged fields of 0.2). */
     assert_int_equal(offsetof(fg_kernel_config, struct_size) + sizeof(size_t), sizeof(fg_kernel_config));
-    assert_int_equal(offsetof(fg_block_mask_desc, struct_size) + sizeof(size_t), sizeof(fg_block_mask_desc));
+    assert_int_equal(offsetof(fg_block_mask_desc, struct_size) + sizeof(size_t), offsetof(fg_block_mask_desc, q_offset));
     assert_int_equal(offsetof(fg_attention_args, struct_size) + sizeof(size_t), offsetof(fg_attention_args, kv_lens));
     if (sizeof(void *) == 8) { /* the 0.1 sizes on LP64: they never change */
         assert_int_equal(offsetof(fg_kernel_config, struct_size), 32);
@@ -116,8 +116,9 @@ static void test_layouts(void **state) {
         assert_null(cs[i]->arch);
         assert_int_equal(cs[i]->struct_size, sizeof(fg_kernel_config));
     }
-    assert_memory_equal(&d, &d2, sizeof d); /* six ints and a size_t: no padding */
+    assert_memory_equal(&d, &d2, sizeof d); /* six ints, a size_t, two ints: no padding */
     assert_int_equal(d.batch + d.heads + d.q_len + d.kv_len + d.q_block + d.kv_block, 0);
+    assert_int_equal(d.q_offset + d.kv_offset, 0);
     const fg_attention_args *as[2] = {&a, &a2};
     for (int i = 0; i < 2; i++) {
         assert_int_equal(as[i]->batch + as[i]->head_dim + as[i]->q_offset + as[i]->kv_offset, 0);

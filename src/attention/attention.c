@@ -11,6 +11,7 @@
 #include "attention/attention.h"
 
 #include "base/growable.h"
+#include "blockmask/blockmask.h"
 
 #include <limits.h>
 #include <math.h>
@@ -107,6 +108,15 @@ fg_status fgi_attn_check_args(fg_ctx *ctx, const fg_mod *mod, const fg_attention
     FGI_TRY(tensor_strides(ctx, "v", a->v_stride, a->heads_kv, a->kv_len, D, st->v));
     FGI_TRY(tensor_strides(ctx, "out", a->out_stride, a->heads_q, a->q_len, D, st->o));
     if (a->block_table || a->page_size || a->num_pages || a->max_pages) FGI_TRY(check_paged(ctx, a, st));
+    if (a->block_mask) {
+        /* a mask describes the positions the mods see (fg_block_mask_desc) */
+        const fg_block_mask_desc *d = &a->block_mask->desc;
+        if ((!a->q_offsets && d->q_offset != a->q_offset) || d->kv_offset != a->kv_offset)
+            return fgi_error(ctx, FG_ERR_SHAPE,
+                             "the block mask was built for offsets %d / %d, the call has q_offset %d, "
+                             "kv_offset %d",
+                             d->q_offset, d->kv_offset, a->q_offset, a->kv_offset);
+    }
     return FG_OK;
 }
 

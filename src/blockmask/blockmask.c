@@ -60,6 +60,9 @@ fg_status fgi_bm_normalise(fg_ctx *ctx, const fg_block_mask_desc *desc, fg_block
     if (norm->q_len < 1 || norm->kv_len < 1)
         return fgi_error(ctx, FG_ERR_SHAPE, "block mask q_len %d and kv_len %d must be >= 1",
                          desc->q_len, desc->kv_len);
+    if ((int64_t)norm->q_offset + norm->q_len - 1 > INT32_MAX || (int64_t)norm->kv_offset + norm->kv_len - 1 > INT32_MAX)
+        return fgi_error(ctx, FG_ERR_SHAPE, "block mask offsets %d / %d push the mod's indices past the int range",
+                         norm->q_offset, norm->kv_offset);
     if (!is_block_size(norm->q_block) || !is_block_size(norm->kv_block))
         return fgi_error(ctx, FG_ERR_SHAPE,
                          "block sizes %d x %d: each must be a power of two in [16, 256]",
@@ -227,7 +230,8 @@ static fg_status classify_all(fg_ctx *ctx, const fg_mod *mod, const fgi_value *v
                     int k0 = kb0 * d->kv_block;
                     int kend = (kb0 + strip_blocks) * d->kv_block;
                     int width = (kend < d->kv_len ? kend : d->kv_len) - k0;
-                    FGI_TRY(fgi_eval_mask(ctx, mod, values, b, h, q0, nq, k0, width, scratch));
+                    FGI_TRY(fgi_eval_mask(ctx, mod, values, b, h, q0 + d->q_offset, nq, k0 + d->kv_offset, width,
+                                          scratch));
                     for (int kb = kb0; kb < KB && kb < kb0 + strip_blocks; kb++) {
                         int c0 = (kb - kb0) * d->kv_block;
                         int nk = width - c0 < d->kv_block ? width - c0 : d->kv_block;

@@ -85,9 +85,9 @@ static fg_status launch(fg_ctx *ctx, const fg_mod *mod, const bm_kernels *k, fg_
     int B = d->batch, H = d->heads, QB = m->q_blocks, KB = m->kv_blocks;
     int per_b = uses_b, per_h = uses_h;
     int cb = per_b ? B : 1, ch = per_h ? H : 1; /* the (b, h) classified */
-    int q_len = d->q_len, kv_len = d->kv_len;
+    int q_len = d->q_len, kv_len = d->kv_len, q_off = d->q_offset, kv_off = d->kv_offset;
     CUdeviceptr tiles = (CUdeviceptr)m->tiles;
-    void *classify_args[] = {blob, &cb, &ch, &q_len, &kv_len, &QB, &KB, &tiles};
+    void *classify_args[] = {blob, &cb, &ch, &q_len, &kv_len, &q_off, &kv_off, &QB, &KB, &tiles};
     int64_t classified = (int64_t)cb * ch * QB * KB;
     FGI_CU_TRY(ctx,
                fgi_cu()->cuLaunchKernel(k->classify, grid_for(classified), 1, 1,

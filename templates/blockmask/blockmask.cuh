@@ -112,8 +112,8 @@ __device__ __forceinline__ int fg_bm_classify_tile(const fg_mod_params &p, int b
 }
 
 extern "C" __global__ void __launch_bounds__(FG_BM_WARPS * 32)
-fg_block_mask_classify(const fg_mod_params p, int B, int H, int q_len, int kv_len, int QB, int KB,
-                       unsigned char *tiles) {
+fg_block_mask_classify(const fg_mod_params p, int B, int H, int q_len, int kv_len, int q_off, int kv_off,
+                       int QB, int KB, unsigned char *tiles) {
     int lane = threadIdx.x & 31;
     long long tile = (long long)blockIdx.x * FG_BM_WARPS + (threadIdx.x >> 5);
     long long ntiles = (long long)B * H * QB * KB;
@@ -128,8 +128,8 @@ fg_block_mask_classify(const fg_mod_params p, int B, int H, int q_len, int kv_le
     int nq = q_len - q0 < FG_Q_BLOCK ? q_len - q0 : FG_Q_BLOCK;
     int nk = kv_len - k0 < FG_KV_BLOCK ? kv_len - k0 : FG_KV_BLOCK;
     int cls = (nq == FG_Q_BLOCK && nk == FG_KV_BLOCK)
-                  ? fg_bm_classify_tile<false>(p, b, h, q0, k0, nq, nk, lane)
-                  : fg_bm_classify_tile<true>(p, b, h, q0, k0, nq, nk, lane);
+                  ? fg_bm_classify_tile<false>(p, b, h, q_off + q0, kv_off + k0, nq, nk, lane)
+                  : fg_bm_classify_tile<true>(p, b, h, q_off + q0, kv_off + k0, nq, nk, lane);
     if (lane == 0) tiles[tile] = (unsigned char)cls;
 }
 
