@@ -137,6 +137,8 @@ def run_row(spec, shape, D, opts, compiled_flex):
 
     def attempt(system, make):
         """make() returns the call to time (its setup fails like the call)."""
+        if opts.systems and not any(system.startswith(s) for s in opts.systems):
+            return
         try:
             fn = make()
             out = fn()
@@ -192,9 +194,11 @@ def main(argv=None):
     ap.add_argument("--shapes", default=None, help="B:KV:Q,... (default: the four decode shapes)")
     ap.add_argument("--warmup", type=float, default=25)
     ap.add_argument("--rep", type=float, default=100)
+    ap.add_argument("--systems", default="", help="only these systems (prefixes: flexgen,flex,sdpa)")
     ap.add_argument("--json", default=None)
     opts = ap.parse_args(argv)
     opts.pages = [int(p) for p in opts.pages.split(",") if p]
+    opts.systems = [s for s in opts.systems.split(",") if s]
     shapes = SHAPES
     if opts.shapes:
         shapes = tuple(tuple(int(x) for x in s.split(":")) for s in opts.shapes.split(","))
