@@ -81,6 +81,15 @@
 
 static_assert(FGD_THREADS % FGD_CHUNKS == 0, "a tile's chunk columns per thread");
 
+/* 16 bytes global -> shared, as fga_cp16, with an L2 prefetch of the
+ * surrounding 256 bytes: K/V rows are read once, front to back, and
+ * fetching the rest of a row pair's sectors early measured 1% faster on
+ * the H100 (bench/attention_notes.md, decode d1). */
+static __device__ __forceinline__ void fgd_cp16(fg_u32 dst, const void *src, bool valid) {
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+
 /* ---- K/V rows ---------------------------------------------------------------- */
 
 /* Where key j's row lives, or NULL for a bad page (paged only). `kbase` is
@@ -118,8 +127,8 @@ static __device__ __forceinline__ bool fgd_load_kv(const fga_args &a, fg_u32 sta
             bad |= PAGED && !kr;
         }
         const fg_u32 d = dst + (fg_u32)(i * STEP * FGD_ROW * 2);
-        fga_cp16(d, kr ? kr + ch * 8 : kbase, kr != 0);
-        fga_cp16(d + FGD_KV_BYTES, vr ? vr + ch * 8 : vbase, vr != 0);
+        fgd_cp16(d, kr ? kr + ch * 8 : kbase, kr != 0);
+        fgd_cp16(d + FGD_KV_BYTES, vr ? vr + ch * 8 : vbase, vr != 0);
     }
     return bad;
 }
