@@ -149,7 +149,8 @@ fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_a
     const unsigned grid[3] = {(unsigned)abi.n_split, (unsigned)(a->heads_kv * abi.row_tiles), (unsigned)a->batch};
     fg_status s = fgi_kernel_run(ctx, k, entry, grid, params, a->stream);
     if (s == FG_OK && abi.n_split > 1) {
-        const unsigned mgrid[3] = {(unsigned)((prows + 3) / 4), 1, 1};
+        /* a thread per output element */
+        const unsigned mgrid[3] = {(unsigned)((prows * a->head_dim + 127) / 128), 1, 1};
         s = fgi_kernel_run(ctx, k, FGI_DEC_MERGE, mgrid, params, a->stream);
     }
     fg_status f = fgi_attn_ws_free(ctx, &w, a->stream);

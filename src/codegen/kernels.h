@@ -122,8 +122,8 @@ enum {
 /* The decode kernel's entry points, in its row's order: the walk for
  * tiles of 16, 32 and 64 packed rows, and the merge of its splits. */
 enum { FGI_DEC_R16 = 0, FGI_DEC_R32 = 1, FGI_DEC_R64 = 2, FGI_DEC_MERGE = 3 };
-/* K/V rows per decode tile (FGD_BLOCK_N) and the most splits its merge
- * takes (FGD_MAX_SPLIT). */
+/* K/V rows per decode tile (FGD_BLOCK_N), and the most splits of a walk
+ * (the parts of a row its merge sums). */
 #define FGI_DEC_BLOCK_N 64
 #define FGI_DEC_MAX_SPLIT 128
 

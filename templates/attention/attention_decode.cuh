@@ -77,7 +77,6 @@
 #define FGD_Q_IN_REGS (FG_HEAD_DIM <= 128)
 #define FGD_KV_BYTES (FGD_BLOCK_N * FGD_ROW * 2)  /* one K or V tile       */
 #define FGD_STAGE_BYTES (2 * FGD_KV_BYTES)
-#define FGD_MAX_SPLIT 128
 
 static_assert(FGD_THREADS % FGD_CHUNKS == 0, "a tile's chunk columns per thread");
 
@@ -464,47 +463,39 @@ FGD_ENTRY(fg_attention_decode_r64, 1)
 
 /* ---- the merge of the splits ------------------------------------------------------- */
 
-/* One warp per row (b, h, i): the weights 2^(lse_s - M) of the row's
- * n_split parts into shared memory, then each lane's columns summed over
- * the parts. The row's total weight L gives out = sum / L and LSE =
- * (M + log2 L) ln 2; a row whose parts are all empty (LSE -inf) gets 0 and
- * -inf. */
+/* One thread per output element (row (b, h, i), column d): M, the largest
+ * of the row's n_split part LSEs, and L = sum_s 2^(lse_s - M) (every
+ * thread of a row reads the same LSEs, which L1 serves once), then
+ * out = sum_s 2^(lse_s - M) o_s[d] / L and LSE = (M + log2 L) ln 2 from
+ * the row's first column. A row whose parts are all empty (LSE -inf) gets
+ * 0 and -inf. The loops over the parts are unrolled so their loads are in
+ * flight together: the merge is a few memory latencies long, not one per
+ * part (a warp-per-row loop of dependent loads took 17 us for 32 rows of
+ * 33 parts; bench/attention_notes.md, decode d2). */
 extern "C" __global__ void __launch_bounds__(FGD_THREADS)
 fg_attention_decode_merge(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {
     (void)p;
-    __shared__ float wts[FGD_NWARPS][FGD_MAX_SPLIT];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const fg_i64 prow = (fg_i64)blockIdx.x * FGD_NWARPS + warp;
-    if (prow >= (fg_i64)a.batch * a.heads_q * a.q_len) return;
-    const float *lp = (const float *)a.lse_part + prow * a.n_split;
+    const fg_i64 e = (fg_i64)blockIdx.x * FGD_THREADS + threadIdx.x;
+    if (e >= (fg_i64)a.batch * a.heads_q * a.q_len * FGD_D) return;
+    const fg_i64 prow = e / FGD_D;
+    const int d = (int)(e - prow * FGD_D), n = a.n_split;
+    const float *lp = (const float *)a.lse_part + prow * n;
+    const float *op = (const float *)a.o_part + prow * n * FGD_D + d;
     float M = FGA_NEG_INF;
-    for (int s = lane; s < a.n_split; s += 32) M = fmaxf(M, lp[s]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+#pragma unroll 8
+    for (int s = 0; s < n; s++) M = fmaxf(M, lp[s]);
     const float Mu = M == FGA_NEG_INF ? 0.f : M;
-    float L = 0.f;
-    for (int s = lane; s < a.n_split; s += 32) {
+    float L = 0.f, x = 0.f;
+#pragma unroll 8
+    for (int s = 0; s < n; s++) {
         const float w = fga_exp2(lp[s] - Mu);
-        wts[warp][s] = w;
         L += w;
+        x += w * op[(fg_i64)s * FGD_D];
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-    __syncwarp();
-    const float inv = L > 0.f ? 1.f / L : 0.f;
     const int qi = (int)(prow % a.q_len);
     const fg_i64 bh = prow / a.q_len;
     const int h = (int)(bh % a.heads_q), b = (int)(bh / a.heads_q);
-    const float *op = (const float *)a.o_part + prow * a.n_split * FGD_D;
-    fg_u16 *out = (fg_u16 *)a.out + (fg_i64)b * a.o_stride[0] + (fg_i64)h * a.o_stride[1] + (fg_i64)qi * a.o_stride[2];
-    for (int d = lane * 2; d < FGD_D; d += 64) {
-        float x0 = 0.f, x1 = 0.f;
-        for (int s = 0; s < a.n_split; s++) {
-            const float2 v = *(const float2 *)(op + (fg_i64)s * FGD_D + d);
-            x0 += wts[warp][s] * v.x;
-            x1 += wts[warp][s] * v.y;
-        }
-        *(fg_u32 *)(out + d) = fg_pack2(x0 * inv, x1 * inv);
-    }
-    if (lane == 0 && a.lse) ((float *)a.lse)[prow] = L > 0.f ? (Mu + fga_log2(L)) * FGA_LN2 : FGA_NEG_INF;
+    fg_elem *out = (fg_elem *)a.out + (fg_i64)b * a.o_stride[0] + (fg_i64)h * a.o_stride[1] + (fg_i64)qi * a.o_stride[2];
+    out[d] = fg_f32_to_elem(L > 0.f ? x / L : 0.f);
+    if (d == 0 && a.lse) ((float *)a.lse)[prow] = L > 0.f ? (Mu + fga_log2(L)) * FGA_LN2 : FGA_NEG_INF;
 }
