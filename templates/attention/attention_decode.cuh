@@ -155,14 +155,18 @@ static __device__ __forceinline__ fgd_row_info fgd_row_of(const fga_args &a, int
 /* Scale, mods and range for this warp's NT n8 fragments of a tile (columns
  * starting at local key j0): with score_mod the values become score_mod(q.k
  * * scale), without it they stay raw q.k (the softmax's multiplier folds
- * the scale in); masked positions, rows that do not exist, keys past the
- * sequence's length and keys of bad pages (`bad_tile`: only then is the
- * block table read here) become -inf. */
+ * the scale in); masked positions, keys past the sequence's length and keys
+ * of bad pages (`bad_tile`: only then is the block table read here) become
+ * -inf. Rows that do not exist are left as they are: their Q is zero, they
+ * never meet the other rows, and they are not written. So a full tile
+ * inside the sequence without score_mod -- most of a decode step under a
+ * block mask -- needs nothing here. */
 template <int NT, bool PAGED>
 static __device__ __forceinline__ void fgd_tile_mods(float (&s)[NT][4], const fgd_row_info (&ri)[2],
                                                      const fga_args &a, const fg_mod_params &p, int b,
                                                      int j0, int len, bool partial, bool bad_tile,
                                                      const int *table) {
+    if (!FGA_SCORE_MOD && !(FGA_MASK_MOD && partial) && !bad_tile && j0 + NT * 8 <= len) return;
     const int t4 = threadIdx.x & 3;
 #pragma unroll
     for (int i = 0; i < NT; i++) {
@@ -178,7 +182,7 @@ static __device__ __forceinline__ void fgd_tile_mods(float (&s)[NT][4], const fg
 #pragma unroll
             for (int e2 = 0; e2 < 2; e2++) {
                 float &v = s[i][e2 * 2 + c];
-                bool keep = col_ok && ri[e2].valid;
+                bool keep = col_ok;
                 if (FGA_MASK_MOD && partial && keep) keep = fg_mask_mod(p, b, ri[e2].h, ri[e2].q_idx, kv_idx);
 #if FGA_SCORE_MOD
                 if (keep) v = fg_score_mod(p, v * a.scale, b, ri[e2].h, ri[e2].q_idx, kv_idx);
@@ -346,12 +350,16 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
             for (int e = 0; e < 4; e++) ss[0][i][e] = s[i][e];
         float alpha[1][2];
         fga_tile_softmax<1, NT>(ss, m_run, l_run, alpha, mult);
+        /* Once the row maxima settle most tiles leave every alpha at 1:
+         * the warp then skips the accumulator's multiplies. */
+        if (__any_sync(0xffffffffu, alpha[0][0] != 1.f || alpha[0][1] != 1.f)) {
 #pragma unroll
-        for (int i = 0; i < FGD_DTILES; i++) {
-            o[i][0] *= alpha[0][0];
-            o[i][1] *= alpha[0][0];
-            o[i][2] *= alpha[0][1];
-            o[i][3] *= alpha[0][1];
+            for (int i = 0; i < FGD_DTILES; i++) {
+                o[i][0] *= alpha[0][0];
+                o[i][1] *= alpha[0][0];
+                o[i][2] *= alpha[0][1];
+                o[i][3] *= alpha[0][1];
+            }
         }
 
         /* O += P V: P from accumulator layout to A fragments, V^T by
