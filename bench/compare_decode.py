@@ -202,11 +202,15 @@ def main(argv=None):
     shapes = SHAPES
     if opts.shapes:
         shapes = tuple(tuple(int(x) for x in s.split(":")) for s in opts.shapes.split(","))
-    compiled_flex = torch.compile(flex_attention, dynamic=False)
     rows = []
     for name in opts.mods.split(","):
         spec = torch_mods.GALLERY[name]
         for shape in shapes:
+            # a fresh compile per row: every row is a new shape and new mods,
+            # and past torch._dynamo's recompile limit flex_attention would
+            # silently run eagerly
+            torch._dynamo.reset()
+            compiled_flex = torch.compile(flex_attention, dynamic=False)
             row = run_row(spec, shape, opts.head_dim, opts, compiled_flex)
             rows.append(row)
             sysnames = list(row["tbps"])
