@@ -208,6 +208,16 @@ fg_status fgi_attn_check_aligned(fg_ctx *ctx, const char *name, const void *p, c
     return FG_OK;
 }
 
+fg_status fgi_attn_check_io_aligned(fg_ctx *ctx, const fg_attention_args *a, const fgi_attn_strides *st) {
+    FGI_TRY(fgi_attn_check_aligned(ctx, "q", a->q, st->q, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "k", a->k, st->k, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "v", a->v, st->v, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "out", a->out, st->o, 4));
+    if (a->lse && (uintptr_t)a->lse % 4 != 0)
+        return fgi_error(ctx, FG_ERR_SHAPE, "lse: the pointer must be 4-byte aligned");
+    return FG_OK;
+}
+
 /* ---- tensor maps for the Hopper kernels ----------------------------------- */
 
 fg_status fgi_attn_tensor_map(fg_ctx *ctx, CUtensorMap *map, fg_dtype dtype, const void *ptr, int head_dim, int len,

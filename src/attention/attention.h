@@ -103,6 +103,11 @@ _Static_assert(sizeof(fgi_attn_bwd_abi) == 440, "fgi_attn_bwd_abi must match fgb
         (abi)->bm_kv_block = (m)->desc.kv_block;                                     \
     } while (0)
 
+/* What every forward-family kernel needs of its tensors: q, k and v moved
+ * 16 bytes at a time (cp.async, their page or batch strides included), out
+ * written two elements (4 bytes) at a time, lse 4-byte aligned. */
+fg_status fgi_attn_check_io_aligned(fg_ctx *ctx, const fg_attention_args *a, const fgi_attn_strides *st);
+
 /* A 16-bit tensor the kernels move `align` bytes at a time: the pointer
  * aligned to it and its (b, h, s) strides multiples of align / 2 elements
  * (FG_ERR_SHAPE otherwise). */

@@ -31,15 +31,10 @@ bool fgi_attn_takes_decode(const fg_ctx *ctx, const fg_attention_args *a) {
 
 /* ---- the launch ----------------------------------------------------------------- */
 
-/* cp.async moves 16-byte chunks of q, k and v rows (the page strides
- * included); out is written two elements at a time. */
+/* The forward's alignment (the page strides included), and the int32
+ * arrays'. */
 static fg_status check_alignment(fg_ctx *ctx, const fg_attention_args *a, const fgi_attn_strides *st) {
-    FGI_TRY(fgi_attn_check_aligned(ctx, "q", a->q, st->q, 16));
-    FGI_TRY(fgi_attn_check_aligned(ctx, "k", a->k, st->k, 16));
-    FGI_TRY(fgi_attn_check_aligned(ctx, "v", a->v, st->v, 16));
-    FGI_TRY(fgi_attn_check_aligned(ctx, "out", a->out, st->o, 4));
-    if (a->lse && (uintptr_t)a->lse % 4 != 0)
-        return fgi_error(ctx, FG_ERR_SHAPE, "lse: the pointer must be 4-byte aligned");
+    FGI_TRY(fgi_attn_check_io_aligned(ctx, a, st));
     const void *arrays[3] = {a->kv_lens, a->q_offsets, a->block_table};
     for (int i = 0; i < 3; i++)
         if ((uintptr_t)arrays[i] % 4 != 0)

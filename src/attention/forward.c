@@ -30,18 +30,6 @@
 
 /* ---- device-side checks --------------------------------------------------- */
 
-/* cp.async moves 16-byte chunks of q, k and v rows; out is written two
- * elements (4 bytes) at a time. */
-static fg_status check_alignment(fg_ctx *ctx, const fg_attention_args *a, const fgi_attn_strides *st) {
-    FGI_TRY(fgi_attn_check_aligned(ctx, "q", a->q, st->q, 16));
-    FGI_TRY(fgi_attn_check_aligned(ctx, "k", a->k, st->k, 16));
-    FGI_TRY(fgi_attn_check_aligned(ctx, "v", a->v, st->v, 16));
-    FGI_TRY(fgi_attn_check_aligned(ctx, "out", a->out, st->o, 4));
-    if (a->lse && (uintptr_t)a->lse % 4 != 0)
-        return fgi_error(ctx, FG_ERR_SHAPE, "lse: the pointer must be 4-byte aligned");
-    return FG_OK;
-}
-
 static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_attention_args *a,
                                  fgi_attn_abi *abi) {
     fg_block_mask *m = (fg_block_mask *)a->block_mask; /* uploading is a cache fill */
@@ -153,7 +141,7 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
                          "ragged lengths and paged K/V run on the decode kernel (FG_KERNEL_ATTENTION_DECODE); "
                          "this is the %s",
                          k->kernel->what);
-    FGI_TRY(check_alignment(ctx, a, &st));
+    FGI_TRY(fgi_attn_check_io_aligned(ctx, a, &st));
     FGI_TRY(fgi_kernel_check_context(ctx, k));
 
     fgi_attn_abi abi;

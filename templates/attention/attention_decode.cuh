@@ -320,8 +320,10 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
         }
 
         const fg_u32 sK = s0 + st * FGD_STAGE_BYTES, sV = sK + FGD_KV_BYTES;
-        /* S = Q K^T over this warp's KW keys of the tile. */
-        float s[NT][4];
+        /* S = Q K^T over this warp's KW keys of the tile (one 16-row slab,
+         * as the shared softmax counts them). */
+        float ss[1][NT][4];
+        float (&s)[NT][4] = ss[0];
 #pragma unroll
         for (int i = 0; i < NT; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
         const fg_u32 k_lane = sK + (fg_u32)(((wk * KW + k_row) * FGD_ROW + k_col) * 2);
@@ -343,11 +345,6 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
         }
 
         fgd_tile_mods<NT, PAGED>(s, ri, a, p, b, kv0 + wk * KW, len, partial, bad_tile, table);
-        float ss[1][NT][4];
-#pragma unroll
-        for (int i = 0; i < NT; i++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) ss[0][i][e] = s[i][e];
         float alpha[1][2];
         fga_tile_softmax<1, NT>(ss, m_run, l_run, alpha, mult);
         /* Once the row maxima settle most tiles leave every alpha at 1:
