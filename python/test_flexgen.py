@@ -505,6 +505,42 @@ class Gpu(unittest.TestCase):
         out2 = flexgen.attention(qs, ks, vs, spec.mask_file, params=st["params"], enable_gqa=True)
         self.assertTrue(torch.equal(out, out2))
 
+    def test_decode_steps_contiguous_and_paged(self):
+        """A decode step (queries at the end of the sequence, GQA 4) on the
+        decode kernel, contiguous through q_offset and paged through a
+        shuffled block table, against the float64 reference; then a ragged
+        batch whose second sequence is shorter."""
+        import compare_decode as cd
+        B, Hq, Hkv, KV, D = 3, 8, 2, 1000, 128
+        for name, Q in (("causal", 1), ("alibi", 4), ("sliding_window", 2)):
+            spec = GALLERY[name]
+            st = spec.setup(B, Hq, KV, "cuda")
+            g = torch.Generator(device="cuda").manual_seed(Q)
+            q = torch.randn(B, Hq, Q, D, device="cuda", dtype=torch.bfloat16, generator=g)
+            k = torch.randn(B, Hkv, KV, D, device="cuda", dtype=torch.bfloat16, generator=g)
+            v = torch.randn(B, Hkv, KV, D, device="cuda", dtype=torch.bfloat16, generator=g)
+            ref = cd.reference(q, k, v, st.get("mask_mod"), st.get("score_mod"), KV - Q, 1 / math.sqrt(D))
+            with self.subTest(name):
+                call = flexgen.prepare(q, k, v, spec.mask_file, spec.score_file, st["params"], st["buffers"],
+                                       enable_gqa=True, q_offset=KV - Q)
+                self.assertEqual(call.kernel_kind, flexgen.FG_KERNEL_ATTENTION_DECODE)
+                self.assertLess(_rel(call(), ref), 1e-2)
+                kc, vc, table, lens = cd.paged_copy(k, v, 16, seed=Q)
+                paged = flexgen.paged_attention(q, kc, vc, table, lens, spec.mask_file, spec.score_file,
+                                                st["params"], st["buffers"])
+                self.assertLess(_rel(paged, ref), 1e-2)
+        # ragged: sequence 1 holds 600 keys; its queries sit at 599
+        spec = GALLERY["causal"]
+        st = spec.setup(B, Hq, KV, "cuda")
+        lens = torch.tensor([KV, 600, KV], dtype=torch.int32, device="cuda")
+        kc, vc, table, _ = cd.paged_copy(k, v, 64, seed=5)
+        out = flexgen.paged_attention(q[:, :, :1], kc, vc, table, lens, spec.mask_file)
+        short = cd.reference(q[1:2, :, :1], k[1:2, :, :600], v[1:2, :, :600], st.get("mask_mod"), None, 599,
+                             1 / math.sqrt(D))
+        self.assertLess(_rel(out[1:2], short), 1e-2)
+        with self.assertRaises(ValueError):
+            flexgen.paged_attention(q, kc, vc, table.to(torch.int64), lens, spec.mask_file)
+
     def test_block_mask_cache_follows_buffer_versions(self):
         spec = GALLERY["document"]
         st = spec.setup(1, 2, 512, "cuda")
