@@ -616,6 +616,57 @@ FG_API fg_status fg_attention_kernel_for(fg_ctx *ctx, const fg_mod *mod, const f
  * given back on the stream. */
 FG_API fg_status fg_kernel_launch(fg_ctx *ctx, fg_kernel *kernel, const fg_attention_args *args);
 
+/* ---- merging partial results ---- */
+
+/* The most parts one fg_attention_merge call takes (merge more by merging
+ * merged results). */
+#define FG_MERGE_MAX_PARTS 16
+
+/* Partial results of attention for the same queries over disjoint sets of
+ * keys -- a shared prefix and each sequence's own suffix (cascade
+ * attention), the shards of a sequence on several GPUs -- each an output
+ * normalised over its own keys with that normalisation's log-sum-exp
+ * (what fg_attention_forward writes to out and lse), merged exactly into
+ * the attention over all of them: out = sum_i e^(lse_i - M) out_i / sum_i
+ * e^(lse_i - M), LSE = M + log sum_i e^(lse_i - M), M the largest lse_i.
+ * A part with LSE -inf weighs nothing; a row whose parts all have it gets
+ * output 0 and LSE -inf.
+ *   outs[i]: [batch, heads, q_len, head_dim] in dtype, every part with the
+ *            strides part_stride (elements, (b, h, s, d); all zero:
+ *            contiguous), device memory;
+ *   lses[i]: [batch, heads, q_len] float32, natural log, contiguous;
+ *   out, out_stride: the result (it may be one of the parts, with the same
+ *            strides); lse: its LSE, or NULL (it must not be one of lses).
+ * Asynchronous on the stream; no workspace. Growable (see Conventions):
+ * FG_MERGE_ARGS_INIT or fg_merge_args_init(). */
+typedef struct fg_merge_args {
+    int batch, heads, q_len, head_dim;
+    fg_dtype dtype;
+    int nparts;
+    const void *outs[FG_MERGE_MAX_PARTS];
+    const float *lses[FG_MERGE_MAX_PARTS];
+    int64_t part_stride[4];
+    void *out;
+    float *lse;
+    int64_t out_stride[4];
+    void *stream;
+    size_t struct_size;
+} fg_merge_args;
+
+#ifdef __cplusplus
+#define FG_MERGE_ARGS_INIT fg_merge_args_init()
+#else
+#define FG_MERGE_ARGS_INIT {.struct_size = sizeof(fg_merge_args)}
+#endif
+static inline fg_merge_args fg_merge_args_init(void) {
+    fg_merge_args a;
+    memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    return a;
+}
+
+FG_API fg_status fg_attention_merge(fg_ctx *ctx, const fg_merge_args *args);
+
 /* Check a block table on the host before a paged call: every entry a
  * sequence uses (the first ceil(len / page_size) of row b, len its KV
  * length from `kv_lens`, a host array, or kv_len when NULL) must be in

@@ -150,6 +150,17 @@ class _AttentionArgs(_Growable):
     ]
 
 
+class _MergeArgs(_Growable):
+    _fields_ = [
+        ("batch", ctypes.c_int), ("heads", ctypes.c_int), ("q_len", ctypes.c_int),
+        ("head_dim", ctypes.c_int), ("dtype", ctypes.c_int), ("nparts", ctypes.c_int),
+        ("outs", ctypes.c_void_p * 16), ("lses", ctypes.c_void_p * 16),
+        ("part_stride", _Stride), ("out", ctypes.c_void_p), ("lse", ctypes.c_void_p),
+        ("out_stride", _Stride), ("stream", ctypes.c_void_p),
+        ("struct_size", ctypes.c_size_t),
+    ]
+
+
 class _AttentionBwdArgs(_Growable):
     _fields_ = [
         ("fwd", ctypes.POINTER(_AttentionArgs)),
@@ -223,6 +234,7 @@ _SIGNATURES = {
     "fg_kernel_launch": (ctypes.c_int, [_P, _P, ctypes.POINTER(_AttentionArgs)]),
     "fg_attention_kernel_for": (ctypes.c_int, [_P, _P, ctypes.POINTER(_AttentionArgs), _PP]),
     "fg_kernel_kind_of": (ctypes.c_int, [_P]),
+    "fg_attention_merge": (ctypes.c_int, [_P, ctypes.POINTER(_MergeArgs)]),
     "fg_kernel_release": (None, [_P]),
     "fg_attention_reference": (ctypes.c_int, [_P, _P, ctypes.POINTER(_AttentionArgs),
                                               ctypes.c_void_p, ctypes.c_void_p]),
@@ -1153,6 +1165,45 @@ def _prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa, r
     _fill_args(args, q, k, v, out, lse, scale, bm, binds, None)
     args.q_offset = _offset(q_offset, "q_offset")
     return Prepared(mod, args, out, lse, (q, k, v), bm, binds, index)
+
+
+def merge(outs, lses):
+    """Merge partial attention results over disjoint sets of keys exactly:
+    outs, a list of (B, H, Q_LEN, D) float16 / bfloat16 tensors with the
+    same shape and strides, and lses, their (B, H, Q_LEN) float32
+    log-sum-exps (attention(..., return_lse=True) gives both). Returns (out,
+    lse) of the attention over all the keys: out = sum_i e^(lse_i - M) out_i
+    / sum_i e^(lse_i - M). At most 16 parts per call."""
+    _need_torch()
+    if not outs or len(outs) != len(lses) or len(outs) > 16:
+        raise ValueError("merge takes 1 to 16 parts, as many LSEs as outputs")
+    o0 = outs[0]
+    for o, l in zip(outs, lses):
+        if not (isinstance(o, torch.Tensor) and o.dim() == 4 and o.is_cuda and o.dtype == o0.dtype
+                and o.shape == o0.shape and o.stride() == o0.stride() and o.device == o0.device):
+            raise ValueError("every part's output must be a CUDA tensor of the first one's shape, strides and dtype")
+        if not (isinstance(l, torch.Tensor) and l.dtype == torch.float32 and l.is_contiguous()
+                and tuple(l.shape) == tuple(o0.shape[:3]) and l.device == o0.device):
+            raise ValueError("every LSE must be a contiguous float32 (B, H, Q_LEN) tensor on the outputs' device")
+    if o0.dtype not in (torch.float16, torch.bfloat16) or o0.stride(3) != 1:
+        raise TypeError("outputs must be float16 or bfloat16 with a contiguous last dimension")
+    B, H, Q, D = o0.shape
+    out = torch.empty((B, H, Q, D), dtype=o0.dtype, device=o0.device)
+    lse = torch.empty((B, H, Q), dtype=torch.float32, device=o0.device)
+    args = _MergeArgs()
+    args.batch, args.heads, args.q_len, args.head_dim = B, H, Q, D
+    args.dtype = FG_BF16 if o0.dtype == torch.bfloat16 else FG_FP16
+    args.nparts = len(outs)
+    for i, (o, l) in enumerate(zip(outs, lses)):
+        args.outs[i], args.lses[i] = o.data_ptr(), l.data_ptr()
+    args.part_stride = _Stride(*o0.stride())
+    args.out, args.lse, args.out_stride = out.data_ptr(), lse.data_ptr(), _Stride(*out.stride())
+    index = o0.device.index if o0.device.index is not None else torch.cuda.current_device()
+    args.stream = torch.cuda.current_stream(index).cuda_stream
+    c = _ctx(index)
+    with c.lock:
+        c.check(_load().fg_attention_merge(c.handle, ctypes.byref(args)))
+    return out, lse
 
 
 def _check_paged(q, k_cache, v_cache, block_table, seq_lens, q_offsets):

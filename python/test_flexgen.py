@@ -541,6 +541,18 @@ class Gpu(unittest.TestCase):
         with self.assertRaises(ValueError):
             flexgen.paged_attention(q, kc, vc, table.to(torch.int64), lens, spec.mask_file)
 
+    def test_merge_of_two_halves_is_the_whole(self):
+        NOOP = os.path.join(ROOT, "mods", "noop.c")
+        q, k, v = self.inputs(7, S=300)
+        parts = [flexgen.attention(q, k[:, :, a:b], v[:, :, a:b], NOOP, return_lse=True)
+                 for a, b in ((0, 120), (120, 300))]
+        out, lse = flexgen.merge([p[0] for p in parts], [p[1] for p in parts])
+        whole, whole_lse = flexgen.attention(q, k, v, NOOP, return_lse=True)
+        self.assertLess(_rel(out, whole), 1e-2)
+        self.assertLess(float((lse - whole_lse).abs().max()), 1e-3 * (1 + float(whole_lse.abs().max())))
+        with self.assertRaises(ValueError):
+            flexgen.merge([parts[0][0]], [])
+
     def test_block_mask_cache_follows_buffer_versions(self):
         spec = GALLERY["document"]
         st = spec.setup(1, 2, 512, "cuda")

@@ -285,6 +285,104 @@ static void test_features(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/* ---- the merge ------------------------------------------------------------------ */
+
+/* Attention over KV cut into `nparts` uneven chunks (each a forward call on
+ * its slice of K and V with kv_offset at its start), merged, against the
+ * reference over the whole KV. Causal with queries at the start makes the
+ * later chunks fully masked for the first rows: parts of weight 0. The
+ * merge writes over part 0 (in place). */
+static void merge_case(const char *modname, int d, fg_dtype dt, int nparts) {
+    const int B = 2, H = 4, Q = 37, KV = 1000;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    assert_int_equal(fgi_cuda_ready(ctx), FG_OK);
+    fg_mod *mod = tu_gallery_mod(ctx, modname);
+    acase ac = {.mod = modname, .d = d, .dtype = dt, .b = B, .hq = H, .hkv = H, .q = Q, .kv = KV};
+    binds bb;
+    gallery_binds(modname, &ac, &bb);
+    const size_t nq = (size_t)B * H * Q * d, nkv = (size_t)B * H * KV * d, nl = (size_t)B * H * Q;
+    uint16_t *hq = random16(dt, nq, true), *hk = random16(dt, nkv, true), *hv = random16(dt, nkv, false);
+    CUdeviceptr dq = upload(hq, nq * 2), dk = upload(hk, nkv * 2), dv = upload(hv, nkv * 2);
+    CUdeviceptr douts[8], dlses[8], dlse;
+    fg_merge_args m = fg_merge_args_init();
+    int cut[9];
+    for (int i = 0; i <= nparts; i++) cut[i] = i == nparts ? KV : (int)((int64_t)KV * i * i / (nparts * nparts));
+    for (int i = 0; i < nparts; i++) {
+        assert_int_equal(fgi_cu()->cuMemAlloc(&douts[i], nq * 2), CUDA_SUCCESS);
+        assert_int_equal(fgi_cu()->cuMemAlloc(&dlses[i], nl * 4), CUDA_SUCCESS);
+        assert_int_equal(fgi_cu()->cuMemsetD8(douts[i], 0xff, nq * 2), CUDA_SUCCESS);
+        fg_attention_args a = fg_attention_args_init();
+        a.batch = B, a.heads_q = H, a.heads_kv = H, a.q_len = Q, a.kv_len = cut[i + 1] - cut[i];
+        a.head_dim = d, a.dtype = dt, a.kv_offset = cut[i];
+        a.q = (const void *)(uintptr_t)dq;
+        a.k = (const void *)(uintptr_t)(dk + (size_t)cut[i] * d * 2);
+        a.v = (const void *)(uintptr_t)(dv + (size_t)cut[i] * d * 2);
+        a.k_stride[0] = (int64_t)H * KV * d, a.k_stride[1] = (int64_t)KV * d, a.k_stride[2] = d, a.k_stride[3] = 1;
+        memcpy(a.v_stride, a.k_stride, sizeof a.k_stride);
+        a.out = (void *)(uintptr_t)douts[i], a.lse = (float *)(uintptr_t)dlses[i];
+        a.binds = bb.dev, a.nbinds = (size_t)bb.n;
+        fg_status st = fg_attention_forward(ctx, mod, &a);
+        if (st != FG_OK) print_error("merge part %d: %s\n", i, fg_errmsg(ctx));
+        assert_int_equal(st, FG_OK);
+        m.outs[i] = (const void *)(uintptr_t)douts[i];
+        m.lses[i] = (const float *)(uintptr_t)dlses[i];
+    }
+    assert_int_equal(fgi_cu()->cuMemAlloc(&dlse, nl * 4), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemsetD8(dlse, 0xff, nl * 4), CUDA_SUCCESS);
+    m.batch = B, m.heads = H, m.q_len = Q, m.head_dim = d, m.dtype = dt, m.nparts = nparts;
+    m.out = (void *)(uintptr_t)douts[0], m.lse = (float *)(uintptr_t)dlse;
+    assert_int_equal(fg_attention_merge(ctx, &m), FG_OK);
+    assert_int_equal(fgi_cu()->cuCtxSynchronize(), CUDA_SUCCESS);
+    uint16_t *gout = malloc(nq * 2);
+    float *glse = malloc(nl * 4);
+    assert_int_equal(fgi_cu()->cuMemcpyDtoH(gout, douts[0], nq * 2), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemcpyDtoH(glse, dlse, nl * 4), CUDA_SUCCESS);
+
+    fg_attention_args r = fg_attention_args_init();
+    r.batch = B, r.heads_q = H, r.heads_kv = H, r.q_len = Q, r.kv_len = KV, r.head_dim = d, r.dtype = dt;
+    r.q = hq, r.k = hk, r.v = hv, r.out = gout, r.binds = bb.host, r.nbinds = (size_t)bb.n;
+    double *rout = malloc(sizeof(double) * nq), *rlse = malloc(sizeof(double) * nl);
+    assert_int_equal(fg_attention_reference(ctx, mod, &r, rout, rlse), FG_OK);
+    double num = 0, den = 0, lse_err = 0;
+    long bad = 0;
+    for (size_t i = 0; i < nl; i++) {
+        for (int c = 0; c < d; c++) {
+            const double g = from16(dt, gout[i * d + c]), x = rout[i * d + c];
+            bad += !isfinite(g);
+            num += (g - x) * (g - x), den += x * x;
+        }
+        if (isinf(rlse[i]) || isinf(glse[i])) bad += !(isinf(rlse[i]) && isinf(glse[i]) && glse[i] < 0);
+        else if (fabs(glse[i] - rlse[i]) / (1 + fabs(rlse[i])) > lse_err) lse_err = fabs(glse[i] - rlse[i]) / (1 + fabs(rlse[i]));
+    }
+    const double rel = sqrt(num / den), tol = dt == FG_BF16 ? 1e-2 : 3e-3;
+    const bool ok = rel <= tol && lse_err <= 1e-3 && bad == 0;
+    printf("%-4s merge %s D=%d %s of %d parts: rel %.2e lse %.2e\n", ok ? "ok" : "FAIL", modname, d,
+           dt == FG_BF16 ? "bf16" : "fp16", nparts, rel, lse_err);
+    failures += !ok;
+    /* errors: part counts, the LSE written over a part's */
+    m.nparts = 0;
+    assert_int_equal(fg_attention_merge(ctx, &m), FG_ERR_INVALID_ARGUMENT);
+    m.nparts = FG_MERGE_MAX_PARTS + 1;
+    assert_int_equal(fg_attention_merge(ctx, &m), FG_ERR_INVALID_ARGUMENT);
+    m.nparts = nparts, m.lse = (float *)m.lses[nparts - 1];
+    assert_int_equal(fg_attention_merge(ctx, &m), FG_ERR_INVALID_ARGUMENT);
+    for (int i = 0; i < nparts; i++) fgi_cu()->cuMemFree(douts[i]), fgi_cu()->cuMemFree(dlses[i]);
+    fgi_cu()->cuMemFree(dlse), fgi_cu()->cuMemFree(dq), fgi_cu()->cuMemFree(dk), fgi_cu()->cuMemFree(dv);
+    free(gout), free(glse), free(rout), free(rlse), free(hq), free(hk), free(hv);
+    binds_free(&bb);
+    fg_mod_destroy(mod);
+    fg_ctx_destroy(ctx);
+}
+
+static void test_merge(void **state) {
+    (void)state;
+    merge_case("causal", 128, FG_BF16, 2);
+    merge_case("alibi", 64, FG_FP16, 8);
+    merge_case("softcap", 128, FG_FP16, 3);
+    assert_int_equal(failures, 0);
+}
+
 /* ---- argument errors ------------------------------------------------------------ */
 
 static void test_errors(void **state) {
@@ -358,6 +456,7 @@ int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_merge),
         cmocka_unit_test(test_features),
         cmocka_unit_test(test_gallery),
     };

@@ -160,6 +160,13 @@ static fgi_kernel_geom decode_geometry(const fg_kernel_config *c, int entry) {
     return g;
 }
 
+/* The merge (templates/attention/attention_merge.cuh): a thread per output
+ * element, no shared memory. */
+static fgi_kernel_geom merge_geometry(const fg_kernel_config *c, int entry) {
+    (void)c, (void)entry;
+    return (fgi_kernel_geom){.block_m = 1, .block_n = 1, .threads = 128, .smem = 0, .bands = 1};
+}
+
 /* ---- the rows ------------------------------------------------------------------- */
 
 #define ATTENTION_CONFIG (FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_BLOCKS)
@@ -266,6 +273,22 @@ static const fgi_kernel_entry registry[] = {
         .min_cc = 80,
         .check = decode_check,
         .geometry = decode_geometry,
+    },
+    {
+        /* internal: fg_attention_merge makes it for an identity mod, which
+         * it does not read (no emitted pieces) */
+        .op = FGI_KOP_ATTENTION_MERGE,
+        .variant = FGI_VARIANT_PORTABLE,
+        .label = "attention_merge",
+        .macro = "FG_KERNEL_ATTENTION_MERGE",
+        .what = "merge of partial attention results",
+        .templates = {"attention/attention_merge.cuh"},
+        .pieces = 0,
+        .source_config = FGI_CFG_DTYPE,
+        .name_config = FGI_CFG_DTYPE,
+        .entries = {"fg_attention_merge"},
+        .min_cc = 80,
+        .geometry = merge_geometry,
     },
 };
 

@@ -33,8 +33,9 @@ typedef enum fgi_kernel_op {
     FGI_KOP_BLOCK_MASK = 2,    /* the GPU block-mask builder               */
     FGI_KOP_ATTENTION_BWD = 3, /* dq, dk, dv (and buffer gradients) from
                                   dout, the forward's out and lse           */
-    FGI_KOP_ATTENTION_DECODE = 4 /* the forward for few queries per
+    FGI_KOP_ATTENTION_DECODE = 4,/* the forward for few queries per
                                   sequence: split-KV, packed GQA, paged    */
+    FGI_KOP_ATTENTION_MERGE = 5 /* partial (out, lse) results merged       */
 } fgi_kernel_op;
 
 typedef enum fgi_kernel_variant {
