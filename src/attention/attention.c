@@ -208,6 +208,16 @@ fg_status fgi_attn_check_aligned(fg_ctx *ctx, const char *name, const void *p, c
     return FG_OK;
 }
 
+fg_status fgi_attn_check_call(fg_ctx *ctx, const fg_kernel *k, const fg_attention_args *a, fgi_attn_strides *st) {
+    FGI_TRY(fgi_attn_check_args(ctx, &k->params, a, st));
+    if (a->dtype != k->config.dtype || a->head_dim != k->config.head_dim)
+        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
+                         "the kernel was compiled for %s, head dim %d; the call has %s, head dim %d",
+                         k->config.dtype == FG_FP16 ? "fp16" : "bf16", k->config.head_dim,
+                         a->dtype == FG_FP16 ? "fp16" : "bf16", a->head_dim);
+    return FG_OK;
+}
+
 fg_status fgi_attn_check_io_aligned(fg_ctx *ctx, const fg_attention_args *a, const fgi_attn_strides *st) {
     FGI_TRY(fgi_attn_check_aligned(ctx, "q", a->q, st->q, 16));
     FGI_TRY(fgi_attn_check_aligned(ctx, "k", a->k, st->k, 16));

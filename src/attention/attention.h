@@ -103,6 +103,11 @@ _Static_assert(sizeof(fgi_attn_bwd_abi) == 440, "fgi_attn_bwd_abi must match fgb
         (abi)->bm_kv_block = (m)->desc.kv_block;                                     \
     } while (0)
 
+/* A launch's shared checks: fgi_attn_check_args against the kernel's
+ * parameter declarations, and the call's dtype and head dim against the
+ * ones the kernel was compiled for. */
+fg_status fgi_attn_check_call(fg_ctx *ctx, const fg_kernel *k, const fg_attention_args *a, fgi_attn_strides *st);
+
 /* What every forward-family kernel needs of its tensors: q, k and v moved
  * 16 bytes at a time (cp.async, their page or batch strides included), out
  * written two elements (4 bytes) at a time, lse 4-byte aligned. */

@@ -84,12 +84,7 @@ static int choose_split(int sms, const fg_attention_args *a, int row_tiles) {
 
 fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
     fgi_attn_strides st;
-    FGI_TRY(fgi_attn_check_args(ctx, &k->params, a, &st));
-    if (a->dtype != k->config.dtype || a->head_dim != k->config.head_dim)
-        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
-                         "the kernel was compiled for %s, head dim %d; the call has %s, head dim %d",
-                         k->config.dtype == FG_FP16 ? "fp16" : "bf16", k->config.head_dim,
-                         a->dtype == FG_FP16 ? "fp16" : "bf16", a->head_dim);
+    FGI_TRY(fgi_attn_check_call(ctx, k, a, &st));
     FGI_TRY(check_alignment(ctx, a, &st));
     FGI_TRY(fgi_kernel_check_context(ctx, k));
 

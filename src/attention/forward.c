@@ -127,12 +127,7 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
                          "(fg_kernel_launch_backward runs it)",
                          k->kernel->what);
     fgi_attn_strides st;
-    FGI_TRY(fgi_attn_check_args(ctx, &k->params, a, &st));
-    if (a->dtype != k->config.dtype || a->head_dim != k->config.head_dim)
-        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
-                         "the kernel was compiled for %s, head dim %d; the call has %s, head dim %d",
-                         k->config.dtype == FG_FP16 ? "fp16" : "bf16", k->config.head_dim,
-                         a->dtype == FG_FP16 ? "fp16" : "bf16", a->head_dim);
+    FGI_TRY(fgi_attn_check_call(ctx, k, a, &st));
     if (a->heads_q > 65535 || a->batch > 65535)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "heads_q %d and batch %d must be <= 65535",
                          a->heads_q, a->batch);
