@@ -1249,9 +1249,6 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, mask_mod=None, s
     recompiles when they change). A table entry outside [0, num_pages) is
     never read; its keys are masked. Runs on the decode kernel; no
     gradient."""
-    if q_offsets is None:
-        _check_paged(q, k_cache, v_cache, block_table, seq_lens, None)
-        q_offsets = (seq_lens - q.shape[2]).clamp_min(0).to(torch.int32)
     return prepare_paged(q, k_cache, v_cache, block_table, seq_lens, mask_mod, score_mod, params,
                          buffers, scale, q_offsets, return_lse, block_mask)()
 
@@ -1264,10 +1261,9 @@ def prepare_paged(q, k_cache, v_cache, block_table, seq_lens, mask_mod=None, sco
     read at each launch, so a serving loop updates seq_lens, q_offsets
     (default: seq_lens - Q_LEN computed here once, kept as .q_offsets) and
     block_table in place between calls."""
-    if q_offsets is None:
-        _check_paged(q, k_cache, v_cache, block_table, seq_lens, None)
-        q_offsets = (seq_lens - q.shape[2]).clamp_min(0).to(torch.int32)
     _check_paged(q, k_cache, v_cache, block_table, seq_lens, q_offsets)
+    if q_offsets is None:
+        q_offsets = (seq_lens - q.shape[2]).clamp_min(0).to(torch.int32)
     _check_params(params, buffers)
     if block_mask is not None and not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a flexgen.BlockMask, not {type(block_mask).__name__}")

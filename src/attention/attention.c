@@ -208,6 +208,15 @@ fg_status fgi_attn_check_aligned(fg_ctx *ctx, const char *name, const void *p, c
     return FG_OK;
 }
 
+fg_status fgi_attn_abi_block_mask(fg_ctx *ctx, fg_block_mask *m, fgi_attn_abi *abi) {
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_KV_NUM_BLOCKS, &abi->kv_num));
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_KV_INDICES, &abi->kv_idx));
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_FULL_KV_NUM_BLOCKS, &abi->full_num));
+    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_FULL_KV_INDICES, &abi->full_idx));
+    FGI_ATTN_ABI_FILL_BLOCK_MASK(abi, m);
+    return FG_OK;
+}
+
 fg_status fgi_attn_check_call(fg_ctx *ctx, const fg_kernel *k, const fg_attention_args *a, fgi_attn_strides *st) {
     FGI_TRY(fgi_attn_check_args(ctx, &k->params, a, st));
     if (a->dtype != k->config.dtype || a->head_dim != k->config.head_dim)

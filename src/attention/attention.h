@@ -113,6 +113,11 @@ fg_status fgi_attn_check_call(fg_ctx *ctx, const fg_kernel *k, const fg_attentio
  * written two elements (4 bytes) at a time, lse 4-byte aligned. */
 fg_status fgi_attn_check_io_aligned(fg_ctx *ctx, const fg_attention_args *a, const fgi_attn_strides *st);
 
+/* The forward-family argument block's block-mask fields: the kv arrays on
+ * the device (uploaded on first use) and the mask's geometry. The caller
+ * has checked the mask against the call and its kernel's tiles. */
+fg_status fgi_attn_abi_block_mask(fg_ctx *ctx, fg_block_mask *m, fgi_attn_abi *abi);
+
 /* A 16-bit tensor the kernels move `align` bytes at a time: the pointer
  * aligned to it and its (b, h, s) strides multiples of align / 2 elements
  * (FG_ERR_SHAPE otherwise). */

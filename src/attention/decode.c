@@ -59,12 +59,7 @@ static fg_status block_mask_args(fg_ctx *ctx, const fg_attention_args *a, int gr
                          "multiples of %d, and with grouped query heads a mask broadcast over heads "
                          "with q_len (%d) inside one q block",
                          d->q_block, d->kv_block, d->heads, FGI_DEC_BLOCK_N, a->q_len);
-    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_KV_NUM_BLOCKS, &abi->kv_num));
-    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_KV_INDICES, &abi->kv_idx));
-    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_FULL_KV_NUM_BLOCKS, &abi->full_num));
-    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_FULL_KV_INDICES, &abi->full_idx));
-    FGI_ATTN_ABI_FILL_BLOCK_MASK(abi, m);
-    return FG_OK;
+    return fgi_attn_abi_block_mask(ctx, m, abi);
 }
 
 /* Splits of each (sequence, KV head, row tile)'s walk: the blocks that

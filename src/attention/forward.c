@@ -44,12 +44,7 @@ static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_atten
                          k->config.head_dim, k->config.q_block, bm, bn);
     FGI_TRY(fgi_block_mask_check(ctx, m, a->batch, a->heads_q, a->q_len, a->kv_len, d->q_block,
                                  d->kv_block));
-    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_KV_NUM_BLOCKS, &abi->kv_num));
-    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_KV_INDICES, &abi->kv_idx));
-    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_FULL_KV_NUM_BLOCKS, &abi->full_num));
-    FGI_TRY(fgi_block_mask_device_array(ctx, m, FG_BM_FULL_KV_INDICES, &abi->full_idx));
-    FGI_ATTN_ABI_FILL_BLOCK_MASK(abi, m);
-    return FG_OK;
+    return fgi_attn_abi_block_mask(ctx, m, abi);
 }
 
 /* ---- the kernel ----------------------------------------------------------- */
