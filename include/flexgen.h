@@ -177,13 +177,14 @@ typedef enum fg_option {
     FG_OPT_DECODE_KERNEL = 10   /* int: which forward kernel serves a call
                                    (fg_attention_forward,
                                    fg_attention_kernel_for): 1 the decode
-                                   kernel for q_len up to FG_DECODE_MAX_Q
-                                   and for every paged call, the forward
-                                   kernel otherwise; 0 never the decode
-                                   kernel (a paged call is then
-                                   FG_ERR_NOT_SUPPORTED); 2 the decode
-                                   kernel wherever it applies, any q_len
-                                   (default 1, or FLEXGEN_DECODE_KERNEL)   */
+                                   kernel for q_len up to FG_DECODE_MAX_Q,
+                                   the forward kernel otherwise; 0 never
+                                   the decode kernel; 2 the decode kernel
+                                   wherever it applies, any q_len (default
+                                   1, or FLEXGEN_DECODE_KERNEL). Ragged
+                                   and paged calls follow the same rule;
+                                   on the forward side they take the
+                                   portable kernel                        */
 } fg_option;
 
 /* The longest q_len the decode kernel serves by default (FG_OPT_DECODE_KERNEL
@@ -363,6 +364,13 @@ typedef struct fg_kernel_config {
     const char *arch;    /* NULL: the context's arch                        */
     size_t struct_size;  /* sizeof(fg_kernel_config), or 0 for the 0.1
                             layout; fields after it arrive in later versions */
+    /* Since 0.2. FG_KERNEL_ATTENTION_FWD only: 1 makes the kernel that
+     * serves calls with kv_lens, q_offsets or a block table (and the rest;
+     * its own compile, so that the plain kernel carries none of that
+     * code); 0 the plain one, which refuses such calls. The Hopper forward
+     * has no such form; other kinds ignore it. fg_attention_kernel_for
+     * sets it from the call. */
+    int ragged;
 } fg_kernel_config;
 
 #ifdef __cplusplus
@@ -564,7 +572,10 @@ typedef struct fg_attention_args {
      *    kv_len (the longest sequence) at most max_pages * page_size. A
      *    table entry outside [0, num_pages) is never dereferenced: its
      *    keys are masked as if past the length (fg_block_table_check
-     *    finds such entries). Paged calls run on the decode kernel. */
+     *    finds such entries).
+     * The decode kernel and the portable forward kernel read them (a
+     * prefill or a chunk of one into a paged cache runs on the latter);
+     * the Hopper forward and the backward do not. */
     const int32_t *kv_lens;
     const int32_t *q_offsets;
     const int32_t *block_table;
@@ -611,9 +622,11 @@ FG_API fg_status fg_attention_kernel_for(fg_ctx *ctx, const fg_mod *mod, const f
                                          fg_kernel **out);
 /* Launch a forward-family kernel (FG_KERNEL_ATTENTION_FWD, _FWD_SM90 or
  * _DECODE). The decode kernel splits long KV walks over thread blocks and
- * takes fp32 workspace for their parts from the stream's memory pool
- * (cuMemAllocAsync), B * Hq * q_len * splits * (head_dim + 1) floats,
- * given back on the stream. */
+ * takes fp32 workspace for their parts, B * Hq * q_len * splits *
+ * (head_dim + 1) floats, stream-ordered from a memory pool of the
+ * library's on the device (cuMemAllocFromPoolAsync; it keeps up to 64 MiB
+ * mapped between calls, so a step costs no mapping), given back on the
+ * stream. */
 FG_API fg_status fg_kernel_launch(fg_ctx *ctx, fg_kernel *kernel, const fg_attention_args *args);
 
 /* ---- merging partial results ---- */

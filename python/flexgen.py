@@ -1247,8 +1247,9 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, mask_mod=None, s
     query (default seq_lens - Q_LEN, at least 0: the queries are the last
     tokens). All on q's device, read by the kernel at run time (nothing
     recompiles when they change). A table entry outside [0, num_pages) is
-    never read; its keys are masked. Runs on the decode kernel; no
-    gradient."""
+    never read; its keys are masked. Up to 16 queries per sequence run on
+    the decode kernel, more (a prefill or a chunk of one into the cache)
+    on the portable forward kernel; no gradient."""
     return prepare_paged(q, k_cache, v_cache, block_table, seq_lens, mask_mod, score_mod, params,
                          buffers, scale, q_offsets, return_lse, block_mask)()
 

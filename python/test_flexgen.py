@@ -540,6 +540,17 @@ class Gpu(unittest.TestCase):
         self.assertLess(_rel(out[1:2], short), 1e-2)
         with self.assertRaises(ValueError):
             flexgen.paged_attention(q, kc, vc, table.to(torch.int64), lens, spec.mask_file)
+        # a chunk of prefill into the same cache: 200 queries at the end of
+        # each sequence, on the forward kernel
+        g = torch.Generator(device="cuda").manual_seed(11)
+        qp = torch.randn(B, Hq, 200, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        call = flexgen.prepare_paged(qp, kc, vc, table, lens, spec.mask_file)
+        self.assertEqual(call.kernel_kind, flexgen.FG_KERNEL_ATTENTION_FWD)
+        out = call()
+        for b, n in enumerate(lens.tolist()):
+            ref = cd.reference(qp[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], st.get("mask_mod"), None,
+                               n - 200, 1 / math.sqrt(D))
+            self.assertLess(_rel(out[b:b + 1], ref), 1e-2)
 
     def test_merge_of_two_halves_is_the_whole(self):
         NOOP = os.path.join(ROOT, "mods", "noop.c")

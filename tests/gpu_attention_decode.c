@@ -1,4 +1,6 @@
-/* gpu_attention_decode.c -- the decode kernel against the CPU reference.
+/* gpu_attention_decode.c -- the decode kernel, and ragged and paged calls
+ * on the forward kernel (a prefill into a paged cache), against the CPU
+ * reference.
  *
  * Every case draws fresh random inputs, poisons out and lse (all-ones bits:
  * NaN), runs fg_attention_forward and compares with fg_attention_reference
@@ -15,7 +17,9 @@
  * GQA 1, 4, 8 and MQA, head dims 64, 128, 256, both dtypes, contiguous and
  * every page size, ragged and uniform; then the features one at a time (a
  * 65536-key sequence, an empty sequence, a bad page, block masks, the
- * options, many row tiles) and the argument errors.
+ * options, many row tiles); prefills of 17 to 1000 queries on the forward
+ * kernel, paged, ragged, with block masks and a bad page; and the argument
+ * errors.
  * FLEXGEN_TEST_QUICK=1 runs a reduced table (for compute-sanitizer). */
 #include "gpu_cases.h"
 
@@ -41,7 +45,7 @@ typedef struct dcase {
                               (uniform lengths, so one q_offset): 1
                               broadcast over heads, 2 per query head       */
     int kv_block;
-    int decode_opt;        /* FG_OPT_DECODE_KERNEL (0 is taken as 1)        */
+    int decode_opt;        /* FG_OPT_DECODE_KERNEL (0 is taken as 1, -1 as 0) */
     fg_kernel_kind expect; /* the kernel fg_attention_kernel_for picks      */
 } dcase;
 
@@ -70,7 +74,8 @@ static void run_case(const dcase *c) {
     fg_ctx *ctx;
     assert_int_equal(fg_ctx_create(&ctx), FG_OK);
     assert_int_equal(fgi_cuda_ready(ctx), FG_OK);
-    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_KERNEL, c->decode_opt ? c->decode_opt : 1), FG_OK);
+    const int opt = c->decode_opt < 0 ? 0 : c->decode_opt ? c->decode_opt : 1;
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_KERNEL, opt), FG_OK);
     fg_mod *mod = tu_gallery_mod(ctx, c->mod);
     /* the gallery's parameters for positions up to kv + q */
     acase ac = {.mod = c->mod, .d = c->d, .dtype = c->dtype, .b = c->b, .hq = c->hq, .hkv = c->hkv,
@@ -265,7 +270,7 @@ static void test_features(void **state) {
         if (quick() && cases[i].kv > 10000) continue;
         run_case(&cases[i]);
     }
-    /* option 0 keeps the forward kernel, and refuses paged calls */
+    /* option 0 keeps the forward kernel, paged calls included */
     {
         fg_ctx *ctx;
         assert_int_equal(fg_ctx_create(&ctx), FG_OK);
@@ -278,10 +283,39 @@ static void test_features(void **state) {
         assert_true(fg_kernel_kind_of(k) != FG_KERNEL_ATTENTION_DECODE);
         fg_kernel_release(k);
         a.block_table = (const int32_t *)(uintptr_t)16, a.page_size = 16, a.num_pages = 100, a.max_pages = 63;
-        assert_int_equal(fg_attention_kernel_for(ctx, mod, &a, &k), FG_ERR_NOT_SUPPORTED);
+        assert_int_equal(fg_attention_kernel_for(ctx, mod, &a, &k), FG_OK);
+        assert_int_equal(fg_kernel_kind_of(k), FG_KERNEL_ATTENTION_FWD);
+        fg_kernel_release(k);
         fg_mod_destroy(mod);
         fg_ctx_destroy(ctx);
     }
+    assert_int_equal(failures, 0);
+}
+
+/* ---- prefill into a paged cache: the forward kernel ------------------------------ */
+
+/* Past FG_DECODE_MAX_Q queries (or at a head dim the decode kernel does
+ * not take, or with option 0) ragged and paged calls run on the portable
+ * forward kernel, whatever the GPU: a prefill, or a chunk of one, whose
+ * queries are the last q_len positions of each sequence. */
+static void test_prefill(void **state) {
+    (void)state;
+    const fg_kernel_kind FWD = FG_KERNEL_ATTENTION_FWD;
+    const dcase cases[] = {
+        {"causal", 128, FG_BF16, 3, 8, 2, 300, 1000, 1, 16, 0, 0, 0, 0, FWD},
+        {"sliding_window", 64, FG_FP16, 3, 4, 4, 128, 4097, 2, 64, 0, 0, 0, 0, FWD},
+        {"alibi", 64, FG_BF16, 3, 4, 4, 17, 17, 1, 0, 0, 0, 0, 0, FWD},
+        {"softcap", 128, FG_FP16, 2, 8, 8, 129, 4097, 1, 128, 1, 0, 0, 0, FWD},
+        {"natten", 256, FG_BF16, 1, 2, 1, 100, 1000, 0, 32, 0, 0, 0, 0, FWD},
+        {"prefix_lm", 128, FG_BF16, 2, 4, 2, 1000, 1000, 1, 256, 0, 0, 0, 0, FWD},
+        /* a block mask over paged K/V (uniform lengths, one q_offset) */
+        {"document", 128, FG_BF16, 2, 4, 2, 200, 1000, 0, 256, 0, 1, 128, 0, FWD},
+        {"sliding_window", 64, FG_BF16, 2, 4, 4, 100, 4097, 0, 16, 0, 2, 64, 0, FWD},
+        /* a head dim the decode kernel does not take; option 0 */
+        {"causal", 96, FG_BF16, 2, 4, 2, 4, 1000, 1, 16, 0, 0, 0, 0, FWD},
+        {"alibi", 128, FG_FP16, 3, 8, 2, 1, 1000, 2, 32, 0, 0, 0, -1, FWD},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
     assert_int_equal(failures, 0);
 }
 
@@ -458,6 +492,7 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_merge),
         cmocka_unit_test(test_features),
+        cmocka_unit_test(test_prefill),
         cmocka_unit_test(test_gallery),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -92,8 +92,9 @@ static const char WINDOW[] = "int WINDOW = 3;\n"
 static void test_layouts(void **state) {
     (void)state;
     /* struct_size sits right after the 0.1 fields; later fields come after
-     * it (fg_attention_args' ragged and paged fields of 0.2). */
-    assert_int_equal(offsetof(fg_kernel_config, struct_size) + sizeof(size_t), sizeof(fg_kernel_config));
+     * it (the 0.2 fields: fg_kernel_config's ragged, fg_attention_args'
+     * ragged and paged ones, fg_block_mask_desc's offsets). */
+    assert_int_equal(offsetof(fg_kernel_config, struct_size) + sizeof(size_t), offsetof(fg_kernel_config, ragged));
     assert_int_equal(offsetof(fg_block_mask_desc, struct_size) + sizeof(size_t), offsetof(fg_block_mask_desc, q_offset));
     assert_int_equal(offsetof(fg_attention_args, struct_size) + sizeof(size_t), offsetof(fg_attention_args, kv_lens));
     if (sizeof(void *) == 8) { /* the 0.1 sizes on LP64: they never change */
@@ -114,6 +115,7 @@ static void test_layouts(void **state) {
         assert_int_equal(cs[i]->dtype, 0);
         assert_int_equal(cs[i]->head_dim + cs[i]->q_block + cs[i]->kv_block, 0);
         assert_null(cs[i]->arch);
+        assert_int_equal(cs[i]->ragged, 0);
         assert_int_equal(cs[i]->struct_size, sizeof(fg_kernel_config));
     }
     assert_memory_equal(&d, &d2, sizeof d); /* six ints, a size_t, two ints: no padding */
@@ -168,6 +170,26 @@ static void test_kernel_config(void **state) {
         }
         fg_free(want);
     }
+    /* 0.2's ragged: its own source for the portable forward (FG_RAGGED 1,
+     * named -ragged), ignored by the kinds without a ragged form, refused
+     * by the Hopper forward */
+    fg_kernel_config rc = fg_kernel_config_init(), plain = fg_kernel_config_init();
+    rc.kind = plain.kind = FG_KERNEL_ATTENTION_FWD;
+    rc.ragged = 1;
+    char *rs = NULL, *ps = NULL;
+    assert_int_equal(fg_generate_source(ctx, m, &rc, &rs), FG_OK);
+    assert_int_equal(fg_generate_source(ctx, m, &plain, &ps), FG_OK);
+    assert_non_null(strstr(rs, "#define FG_RAGGED 1\n"));
+    assert_non_null(strstr(rs, "-ragged.cu"));
+    assert_non_null(strstr(ps, "#define FG_RAGGED 0\n"));
+    fg_free(rs), fg_free(ps);
+    rc.kind = plain.kind = FG_KERNEL_ATTENTION_DECODE;
+    assert_int_equal(fg_generate_source(ctx, m, &rc, &rs), FG_OK);
+    assert_int_equal(fg_generate_source(ctx, m, &plain, &ps), FG_OK);
+    assert_string_equal(rs, ps);
+    fg_free(rs), fg_free(ps);
+    rc.kind = FG_KERNEL_ATTENTION_FWD_SM90;
+    assert_int_equal(fg_generate_source(ctx, m, &rc, &rs), FG_ERR_NOT_SUPPORTED);
     fg_mod_destroy(m);
     fg_ctx_destroy(ctx);
 }

@@ -217,6 +217,24 @@ fg_status fgi_attn_abi_block_mask(fg_ctx *ctx, fg_block_mask *m, fgi_attn_abi *a
     return FG_OK;
 }
 
+fg_status fgi_attn_abi_seq(fg_ctx *ctx, const fg_attention_args *a, fgi_attn_abi *abi) {
+    const void *arrays[3] = {a->kv_lens, a->q_offsets, a->block_table};
+    for (int i = 0; i < 3; i++)
+        if ((uintptr_t)arrays[i] % 4 != 0)
+            return fgi_error(ctx, FG_ERR_SHAPE, "kv_lens, q_offsets and block_table must be 4-byte aligned");
+    abi->kv_lens = (uint64_t)(uintptr_t)a->kv_lens;
+    abi->q_offsets = (uint64_t)(uintptr_t)a->q_offsets;
+    if (a->block_table) {
+        abi->paged = 1;
+        abi->block_table = (uint64_t)(uintptr_t)a->block_table;
+        abi->num_pages = a->num_pages;
+        abi->max_pages = a->max_pages;
+        abi->page_shift = 0;
+        while ((1 << abi->page_shift) < a->page_size) abi->page_shift++;
+    }
+    return FG_OK;
+}
+
 fg_status fgi_attn_check_call(fg_ctx *ctx, const fg_kernel *k, const fg_attention_args *a, fgi_attn_strides *st) {
     FGI_TRY(fgi_attn_check_args(ctx, &k->params, a, st));
     if (a->dtype != k->config.dtype || a->head_dim != k->config.head_dim)
@@ -272,7 +290,12 @@ fg_status fgi_attn_ws_alloc(fg_ctx *ctx, fgi_attn_ws *w, size_t bytes, void *str
     w->base = 0;
     w->async = fgi_cu()->cuMemAllocAsync && fgi_cu()->cuMemFreeAsync;
     if (bytes == 0) return FG_OK;
-    if (w->async) {
+    CUmemoryPool pool = NULL;
+    if (w->async) FGI_TRY(fgi_cuda_ws_pool(ctx, &pool));
+    if (pool) {
+        FGI_CU_TRY(ctx, fgi_cu()->cuMemAllocFromPoolAsync(&w->base, bytes, pool, (CUstream)stream),
+                   "cuMemAllocFromPoolAsync");
+    } else if (w->async) {
         FGI_CU_TRY(ctx, fgi_cu()->cuMemAllocAsync(&w->base, bytes, (CUstream)stream), "cuMemAllocAsync");
     } else {
         FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&w->base, bytes), "cuMemAlloc");

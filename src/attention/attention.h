@@ -118,6 +118,17 @@ fg_status fgi_attn_check_io_aligned(fg_ctx *ctx, const fg_attention_args *a, con
  * has checked the mask against the call and its kernel's tiles. */
 fg_status fgi_attn_abi_block_mask(fg_ctx *ctx, fg_block_mask *m, fgi_attn_abi *abi);
 
+/* The argument block's per-sequence fields (kv_lens, q_offsets) and
+ * paged ones (the block table, its page count and width, the page shift),
+ * after checking that the int32 arrays are 4-byte aligned. The forward
+ * and decode kernels read them alike (attention_common.cuh). */
+fg_status fgi_attn_abi_seq(fg_ctx *ctx, const fg_attention_args *a, fgi_attn_abi *abi);
+
+/* Whether the call has per-sequence lengths or positions, or paged K/V. */
+static inline bool fgi_attn_is_seq(const fg_attention_args *a) {
+    return a->kv_lens || a->q_offsets || a->block_table;
+}
+
 /* A 16-bit tensor the kernels move `align` bytes at a time: the pointer
  * aligned to it and its (b, h, s) strides multiples of align / 2 elements
  * (FG_ERR_SHAPE otherwise). */
@@ -134,9 +145,11 @@ fg_status fgi_attn_tensor_map(fg_ctx *ctx, CUtensorMap *map, fg_dtype dtype, con
                               int heads, int batch, const int64_t st[3], int box_rows, const char *name);
 
 /* Device memory for one call (the backward's delta and dQ accumulator, the
- * decode kernel's split parts), taken from and given back to the stream's
- * memory pool; a driver without cuMemAllocAsync gets cuMemAlloc and a
- * synchronised free. Needs fgi_cuda_ready. */
+ * decode kernel's split parts), taken from and given back on the stream
+ * to the library's memory pool on the device (fgi_cuda_ws_pool, which
+ * keeps small workspaces mapped across synchronisations), or to the
+ * device's default pool; a driver without cuMemAllocAsync gets cuMemAlloc
+ * and a synchronised free. Needs fgi_cuda_ready. */
 typedef struct fgi_attn_ws {
     CUdeviceptr base;
     bool async;

@@ -25,22 +25,10 @@
 
 bool fgi_attn_takes_decode(const fg_ctx *ctx, const fg_attention_args *a) {
     if (ctx->decode_kernel == 0) return false;
-    if (a->block_table) return true;
     return ctx->decode_kernel == 2 || a->q_len <= FG_DECODE_MAX_Q;
 }
 
 /* ---- the launch ----------------------------------------------------------------- */
-
-/* The forward's alignment (the page strides included), and the int32
- * arrays'. */
-static fg_status check_alignment(fg_ctx *ctx, const fg_attention_args *a, const fgi_attn_strides *st) {
-    FGI_TRY(fgi_attn_check_io_aligned(ctx, a, st));
-    const void *arrays[3] = {a->kv_lens, a->q_offsets, a->block_table};
-    for (int i = 0; i < 3; i++)
-        if ((uintptr_t)arrays[i] % 4 != 0)
-            return fgi_error(ctx, FG_ERR_SHAPE, "kv_lens, q_offsets and block_table must be 4-byte aligned");
-    return FG_OK;
-}
 
 /* A block mask the decode tiles can walk: its kv blocks whole 64-row K/V
  * tiles, and one mask row per tile of packed rows -- a group of one (the
@@ -80,7 +68,7 @@ static int choose_split(int sms, const fg_attention_args *a, int row_tiles) {
 fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
     fgi_attn_strides st;
     FGI_TRY(fgi_attn_check_call(ctx, k, a, &st));
-    FGI_TRY(check_alignment(ctx, a, &st));
+    FGI_TRY(fgi_attn_check_io_aligned(ctx, a, &st));
     FGI_TRY(fgi_kernel_check_context(ctx, k));
 
     fgi_attn_abi abi;
@@ -101,15 +89,7 @@ fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_a
     abi.group = group;
     abi.rows = (int)rows;
     abi.row_tiles = (int)((rows + rb - 1) / rb);
-    abi.kv_lens = (uint64_t)(uintptr_t)a->kv_lens;
-    abi.q_offsets = (uint64_t)(uintptr_t)a->q_offsets;
-    if (a->block_table) {
-        abi.paged = 1;
-        abi.block_table = (uint64_t)(uintptr_t)a->block_table;
-        abi.num_pages = a->num_pages;
-        abi.max_pages = a->max_pages;
-        while ((1 << abi.page_shift) < a->page_size) abi.page_shift++;
-    }
+    FGI_TRY(fgi_attn_abi_seq(ctx, a, &abi));
     if ((int64_t)a->heads_kv * abi.row_tiles > 65535 || a->batch > 65535)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
                          "heads_kv %d x %d row tiles and batch %d must each be <= 65535", a->heads_kv,

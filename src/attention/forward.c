@@ -126,10 +126,10 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
     if (a->heads_q > 65535 || a->batch > 65535)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "heads_q %d and batch %d must be <= 65535",
                          a->heads_q, a->batch);
-    if (a->block_table || a->kv_lens || a->q_offsets)
-        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
-                         "ragged lengths and paged K/V run on the decode kernel (FG_KERNEL_ATTENTION_DECODE); "
-                         "this is the %s",
+    if (fgi_attn_is_seq(a) && !k->config.ragged)
+        return fgi_error(ctx, k->kernel->variant == FGI_VARIANT_SM90 ? FG_ERR_NOT_SUPPORTED : FG_ERR_INVALID_ARGUMENT,
+                         "the call has kv_lens, q_offsets or a block table: it needs the forward kernel made "
+                         "with config.ragged 1 (fg_attention_kernel_for fetches it), not the %s",
                          k->kernel->what);
     FGI_TRY(fgi_attn_check_io_aligned(ctx, a, &st));
     FGI_TRY(fgi_kernel_check_context(ctx, k));
@@ -137,6 +137,7 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
     fgi_attn_abi abi;
     memset(&abi, 0, sizeof abi);
     fill_abi(k, a, &st, &abi);
+    FGI_TRY(fgi_attn_abi_seq(ctx, a, &abi));
     if (a->block_mask) FGI_TRY(block_mask_args(ctx, k, a, &abi));
 
     fgi_param_blob blob;
@@ -173,20 +174,19 @@ static fg_kernel_config forward_config(const fg_ctx *ctx, const fg_attention_arg
     if (cfg.kind == FG_KERNEL_ATTENTION_FWD) {
         cfg.q_block = bm && bm->q_block < 128 ? 64 : 128;
         cfg.kv_block = bm && bm->kv_block < 128 ? 64 : 128;
+        cfg.ragged = fgi_attn_is_seq(a);
     }
     return cfg;
 }
 
-/* The decode kernel where the call takes it and it takes the head dim (a
- * paged call has no other), else the forward kernel. */
+/* The decode kernel where the call takes it and it takes the head dim,
+ * else the forward kernel: for per-sequence lengths, positions or paged
+ * K/V its ragged form (forward_config), which only the portable kernel
+ * has. */
 static fg_status kernel_for(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a, fg_kernel **out) {
     fg_kernel_config cfg = forward_config(ctx, a, true);
-    if (cfg.kind == FG_KERNEL_ATTENTION_DECODE && !a->block_table &&
-        !fgi_kernel_applies(fgi_kernel_find(cfg.kind), &cfg))
+    if (cfg.kind == FG_KERNEL_ATTENTION_DECODE && !fgi_kernel_applies(fgi_kernel_find(cfg.kind), &cfg))
         cfg = forward_config(ctx, a, false);
-    if (a->block_table && cfg.kind != FG_KERNEL_ATTENTION_DECODE)
-        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
-                         "paged K/V runs on the decode kernel, which FG_OPT_DECODE_KERNEL 0 turns off");
     return fg_kernel_get(ctx, mod, &cfg, out);
 }
 
@@ -215,9 +215,8 @@ fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attentio
     if (s != FG_ERR_NOT_SUPPORTED) return s;
     /* What the chosen kernel cannot take, the portable forward can: a
      * layout TMA cannot describe (the Hopper kernel), a block mask the
-     * decode tiles cannot walk (contiguous, uniform K/V only; the forward
-     * kernel is tried as fg_kernel_get picks it, then the portable one). */
-    if (row->op == FGI_KOP_ATTENTION_DECODE && (a.block_table || a.kv_lens || a.q_offsets)) return s;
+     * decode tiles cannot walk (the forward kernel is tried as
+     * kernel_for would pick it, then the portable one). */
     const fg_kernel_config cfg = forward_config(ctx, &a, false);
     bool hopper = row->op == FGI_KOP_ATTENTION_DECODE && ctx->hopper_kernel != 0;
     for (int tries = 0; s == FG_ERR_NOT_SUPPORTED && tries < 2; tries++) {

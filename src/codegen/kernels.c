@@ -35,9 +35,14 @@ static fg_status sm90_common_check(fg_ctx *ctx, const fg_kernel_config *c, const
     return FG_OK;
 }
 
-/* The Hopper forward: also 128-column K/V tiles, so blocks of 128 or more. */
+/* The Hopper forward: also 128-column K/V tiles, so blocks of 128 or more;
+ * K/V through tensor maps of one length, so no ragged form. */
 static fg_status sm90_check(fg_ctx *ctx, const fg_kernel_config *c) {
     FGI_TRY(sm90_common_check(ctx, c, "kernel", "FG_KERNEL_ATTENTION_FWD"));
+    if (c->ragged)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "the Hopper kernel reads contiguous K/V of one length: its ragged form (kv_lens, "
+                         "q_offsets, a block table) is the portable FG_KERNEL_ATTENTION_FWD's");
     if (c->q_block < 128 || c->kv_block < 128)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
                          "blocks %d x %d: the Hopper kernel needs q and kv blocks of at least 128",
@@ -182,8 +187,8 @@ static const fgi_kernel_entry registry[] = {
         .templates = {"attention/attention_common.cuh", "attention/mma_sm80.cuh", "attention/attention_fwd.cuh"},
         .pieces = FGI_PIECE_MOD | FGI_PIECE_SPLIT,
         /* the template sizes its q tile from FG_Q_BLOCK */
-        .source_config = ATTENTION_CONFIG,
-        .name_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM,
+        .source_config = ATTENTION_CONFIG | FGI_CFG_RAGGED,
+        .name_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_RAGGED,
         .entries = {"fg_attention_fwd"},
         .min_cc = 80,
         .geometry = fwd_geometry,

@@ -64,7 +64,8 @@ enum {
 enum {
     FGI_CFG_DTYPE = 1u << 0,
     FGI_CFG_HEAD_DIM = 1u << 1,
-    FGI_CFG_BLOCKS = 1u << 2
+    FGI_CFG_BLOCKS = 1u << 2,
+    FGI_CFG_RAGGED = 1u << 3
 };
 
 #define FGI_KERNEL_MAX_TEMPLATES 4

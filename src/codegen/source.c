@@ -88,7 +88,9 @@ static fg_status fill_config(fg_ctx *ctx, const fgi_kernel_entry *kernel, const 
                          "block %d x %d: block sizes must be powers of two in [16, 256]",
                          c->q_block, c->kv_block);
     if (c->arch && !*c->arch) c->arch = NULL;
-    if (kernel->check) return kernel->check(ctx, c);
+    if (kernel->check) FGI_TRY(kernel->check(ctx, c));
+    /* a row without a ragged form has one kernel for every call */
+    c->ragged = (kernel->source_config & FGI_CFG_RAGGED) && c->ragged;
     return FG_OK;
 }
 
@@ -115,6 +117,7 @@ static void config_suffix(const fgi_kernel_entry *k, const fg_kernel_config *c, 
     if (k->name_config & FGI_CFG_DTYPE) fgi_buf_printf(&b, "-%s", dtype_name(c->dtype));
     if (k->name_config & FGI_CFG_HEAD_DIM) fgi_buf_printf(&b, "-d%d", c->head_dim);
     if (k->name_config & FGI_CFG_BLOCKS) fgi_buf_printf(&b, "-q%d-kv%d", c->q_block, c->kv_block);
+    if ((k->name_config & FGI_CFG_RAGGED) && c->ragged) fgi_buf_puts(&b, "-ragged");
     snprintf(out, cap, "%s", b.data && !b.oom ? b.data : "");
     fgi_buf_free(&b);
 }
@@ -179,6 +182,7 @@ static char *build_key(const gen_state *g, uint64_t thash) {
     if (use & FGI_CFG_DTYPE) fgi_buf_printf(&b, "dtype %s\n", dtype_name(c->dtype));
     if (use & FGI_CFG_HEAD_DIM) fgi_buf_printf(&b, "head_dim %d\n", c->head_dim);
     if (use & FGI_CFG_BLOCKS) fgi_buf_printf(&b, "q_block %d\nkv_block %d\n", c->q_block, c->kv_block);
+    if (use & FGI_CFG_RAGGED) fgi_buf_printf(&b, "ragged %d\n", c->ragged);
     fgi_buf_printf(&b, "mod %zu\n", strlen(canon));
     fgi_buf_puts(&b, canon);
     return fgi_buf_take(&b);
@@ -204,6 +208,7 @@ static void put_header(fgi_buf *b, const gen_state *g) {
             sep = ", ";
         }
         if (use & FGI_CFG_BLOCKS) fgi_buf_printf(b, "%sblocks of %d x %d", sep, c->q_block, c->kv_block);
+        if ((use & FGI_CFG_RAGGED) && c->ragged) fgi_buf_puts(b, ", ragged lengths and paged K/V");
         fgi_buf_puts(b, ".\n");
     }
     fgi_buf_puts(b, " * Regenerate with the flexgen command-line tool (flexgen --help).\n */\n\n");
@@ -219,6 +224,7 @@ static void put_macros(fgi_buf *b, const gen_state *g) {
     if (use & FGI_CFG_BLOCKS)
         fgi_buf_printf(b, "#define FG_Q_BLOCK %d\n#define FG_KV_BLOCK %d\n", c->q_block,
                        c->kv_block);
+    if (use & FGI_CFG_RAGGED) fgi_buf_printf(b, "#define FG_RAGGED %d\n", c->ragged);
     fgi_buf_puts(b, "\n");
 }
 

@@ -64,6 +64,9 @@ typedef struct fgi_cu_api {
     FGI_CU_FN(cuTensorMapEncodeTiled);
     FGI_CU_FN(cuMemAllocAsync);
     FGI_CU_FN(cuMemFreeAsync);
+    FGI_CU_FN(cuMemPoolCreate);
+    FGI_CU_FN(cuMemPoolSetAttribute);
+    FGI_CU_FN(cuMemAllocFromPoolAsync);
 } fgi_cu_api;
 #undef FGI_CU_FN
 
@@ -83,6 +86,9 @@ fg_status fgi_cuda_current(fg_ctx *ctx, CUcontext *cu, uint64_t *id);
 /* True when `cu` is a device's primary context that flexgen keeps retained
  * for the life of the process, so modules loaded into it stay valid. */
 bool fgi_cuda_context_is_pinned(CUcontext cu);
+/* The library's workspace pool on the current context's device (cuda.c),
+ * or NULL where the driver has no memory pools. */
+fg_status fgi_cuda_ws_pool(fg_ctx *ctx, CUmemoryPool *pool);
 /* Per-context CUDA state (api/ctx.c calls it from fg_ctx_destroy). */
 void fgi_cuda_state_free(struct fgi_cuda_state *s);
 

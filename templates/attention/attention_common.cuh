@@ -210,6 +210,61 @@ static __device__ __forceinline__ int fga_item_kv0(const fga_plan &pl, int j, bo
     return fga_cursor_kv0<BLOCK_N>(pl, fga_cursor{blk, j - blk * pl.per_block}, partial);
 }
 
+/* ---- ragged and paged sequences ---------------------------------------------- */
+
+/* For the kernels that read per-sequence lengths, positions and block
+ * tables: the decode kernel and the forward's ragged form (FG_RAGGED).
+ * Not static: a kernel that never calls them (the plain forward) would
+ * have NVRTC warn about unused static functions. */
+
+/* Sequence b's KV length: kv_lens[b] clamped into [0, kv_len], or kv_len. */
+__device__ __forceinline__ int fga_seq_kv_len(const fga_args &a, int b) {
+    if (!a.kv_lens) return a.kv_len;
+    return max(0, min(((const int *)a.kv_lens)[b], a.kv_len));
+}
+
+/* The position of sequence b's first query: q_offsets[b], or q_offset. */
+__device__ __forceinline__ int fga_seq_q_offset(const fga_args &a, int b) {
+    return a.q_offsets ? ((const int *)a.q_offsets)[b] : a.q_offset;
+}
+
+/* Whether key j of a sequence (its row of the block table: `table`) lies
+ * in a page the table names correctly: inside max_pages and an id in
+ * [0, num_pages). Keys of any other page are never read and are masked. */
+__device__ __forceinline__ bool fga_page_ok(const fga_args &a, const int *table, int j) {
+    const int pi = j >> a.page_shift;
+    if (pi >= a.max_pages) return false;
+    const int page = table[pi];
+    return page >= 0 && page < a.num_pages;
+}
+
+/* Where key j's row lives in a paged K or V (`base` at page 0 of the
+ * sequence's KV head), or NULL when its page is bad (fga_page_ok). */
+__device__ __forceinline__ const fg_u16 *fga_paged_row(const fga_args &a, const fg_u16 *base, fg_i64 page_stride,
+                                                              fg_i64 row_stride, const int *table, int j) {
+    if (!fga_page_ok(a, table, j)) return 0;
+    const int page = table[j >> a.page_shift];
+    return base + (fg_i64)page * page_stride + (fg_i64)(j & ((1 << a.page_shift) - 1)) * row_stride;
+}
+
+/* Keys of bad pages (fga_page_ok) in a tile of MT slabs x NT n8 fragments
+ * from column kv0 become -inf; keys past the sequence are the range
+ * pass's. Only tiles where some thread met a bad page come here. */
+template <int MT, int NT>
+static __device__ __forceinline__ void fga_mask_bad_pages(float (&s)[MT][NT][4], const fga_args &a, const int *table,
+                                                          int kv0) {
+    const int t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int j = kv0 + i * 8 + t4 * 2 + c;
+            if (j >= a.kv_len || fga_page_ok(a, table, j)) continue;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) s[mt][i][c] = s[mt][i][2 + c] = FGA_NEG_INF;
+        }
+}
+
 /* ---- mods split by dependency ------------------------------------------------ */
 
 /* What one thread knows of its rows for the whole sweep: the parts of the

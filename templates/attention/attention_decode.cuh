@@ -98,11 +98,7 @@ template <bool PAGED>
 static __device__ __forceinline__ const fg_u16 *fgd_row(const fga_args &a, const fg_u16 *kbase, fg_i64 page_stride,
                                                        fg_i64 row_stride, const int *table, int j) {
     if (!PAGED) return kbase + (fg_i64)j * row_stride;
-    const int pi = j >> a.page_shift;
-    if (pi >= a.max_pages) return 0;
-    const int page = table[pi];
-    if (page < 0 || page >= a.num_pages) return 0;
-    return kbase + (fg_i64)page * page_stride + (fg_i64)(j & ((1 << a.page_shift) - 1)) * row_stride;
+    return fga_paged_row(a, kbase, page_stride, row_stride, table, j);
 }
 
 /* Copy K and V rows [kv0, kv0 + 64) into a stage; rows at or past `len`
@@ -174,10 +170,7 @@ static __device__ __forceinline__ void fgd_tile_mods(float (&s)[NT][4], const fg
         for (int c = 0; c < 2; c++) {
             const int j = j0 + i * 8 + t4 * 2 + c;
             bool col_ok = j < len;
-            if (PAGED && bad_tile && col_ok) {
-                const int pi = j >> a.page_shift;
-                col_ok = pi < a.max_pages && table[pi] >= 0 && table[pi] < a.num_pages;
-            }
+            if (PAGED && bad_tile && col_ok) col_ok = fga_page_ok(a, table, j);
             const int kv_idx = min(j, len - 1) + a.kv_offset;
 #pragma unroll
             for (int e2 = 0; e2 < 2; e2++) {
@@ -195,12 +188,6 @@ static __device__ __forceinline__ void fgd_tile_mods(float (&s)[NT][4], const fg
 
 /* ---- the kernel ------------------------------------------------------------------ */
 
-/* The sequence's KV length, clamped into [0, kv_len]. */
-static __device__ __forceinline__ int fgd_len(const fga_args &a, int b) {
-    if (!a.kv_lens) return a.kv_len;
-    return max(0, min(((const int *)a.kv_lens)[b], a.kv_len));
-}
-
 template <int WK, bool PAGED>
 static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mod_params &p, unsigned char *smem) {
     constexpr int WR = FGD_NWARPS / WK; /* warps along rows            */
@@ -216,8 +203,8 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     const int split = blockIdx.x, b = blockIdx.z;
     const int hk = (int)blockIdx.y / a.row_tiles, rt = (int)blockIdx.y - hk * a.row_tiles;
     const int row0 = rt * RB;
-    const int len = fgd_len(a, b);
-    const int qpos = a.q_offsets ? ((const int *)a.q_offsets)[b] : a.q_offset;
+    const int len = fga_seq_kv_len(a, b);
+    const int qpos = fga_seq_q_offset(a, b);
 
     const fg_u16 *kbase = (const fg_u16 *)a.k + (fg_i64)hk * a.k_stride[1];
     const fg_u16 *vbase = (const fg_u16 *)a.v + (fg_i64)hk * a.v_stride[1];

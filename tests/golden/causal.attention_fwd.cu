@@ -10,6 +10,7 @@
 #define FG_HEAD_DIM 128
 #define FG_Q_BLOCK 128
 #define FG_KV_BLOCK 128
+#define FG_RAGGED 0
 
 /* ==== templates/common.cuh ==== */
 /*
@@ -230,7 +231,7 @@ static_assert(sizeof(fg_mod_params) == 8, "fg_mod_params size");
 __device__ __forceinline__ bool fg_mask_mod(const fg_mod_params &p, int b, int h, int q_idx, int kv_idx) {
 #line 12 "mods/causal.c"
     return q_idx >= kv_idx;
-#line 234 "attention_fwd-causal-bf16-d128.cu"
+#line 235 "attention_fwd-causal-bf16-d128.cu"
 }
 
 /* No score_mod: scores are used as they are. */
@@ -518,6 +519,61 @@ template <int BLOCK_N>
 static __device__ __forceinline__ int fga_item_kv0(const fga_plan &pl, int j, bool &partial) {
     const int blk = j / pl.per_block;
     return fga_cursor_kv0<BLOCK_N>(pl, fga_cursor{blk, j - blk * pl.per_block}, partial);
+}
+
+/* ---- ragged and paged sequences ---------------------------------------------- */
+
+/* For the kernels that read per-sequence lengths, positions and block
+ * tables: the decode kernel and the forward's ragged form (FG_RAGGED).
+ * Not static: a kernel that never calls them (the plain forward) would
+ * have NVRTC warn about unused static functions. */
+
+/* Sequence b's KV length: kv_lens[b] clamped into [0, kv_len], or kv_len. */
+__device__ __forceinline__ int fga_seq_kv_len(const fga_args &a, int b) {
+    if (!a.kv_lens) return a.kv_len;
+    return max(0, min(((const int *)a.kv_lens)[b], a.kv_len));
+}
+
+/* The position of sequence b's first query: q_offsets[b], or q_offset. */
+__device__ __forceinline__ int fga_seq_q_offset(const fga_args &a, int b) {
+    return a.q_offsets ? ((const int *)a.q_offsets)[b] : a.q_offset;
+}
+
+/* Whether key j of a sequence (its row of the block table: `table`) lies
+ * in a page the table names correctly: inside max_pages and an id in
+ * [0, num_pages). Keys of any other page are never read and are masked. */
+__device__ __forceinline__ bool fga_page_ok(const fga_args &a, const int *table, int j) {
+    const int pi = j >> a.page_shift;
+    if (pi >= a.max_pages) return false;
+    const int page = table[pi];
+    return page >= 0 && page < a.num_pages;
+}
+
+/* Where key j's row lives in a paged K or V (`base` at page 0 of the
+ * sequence's KV head), or NULL when its page is bad (fga_page_ok). */
+__device__ __forceinline__ const fg_u16 *fga_paged_row(const fga_args &a, const fg_u16 *base, fg_i64 page_stride,
+                                                              fg_i64 row_stride, const int *table, int j) {
+    if (!fga_page_ok(a, table, j)) return 0;
+    const int page = table[j >> a.page_shift];
+    return base + (fg_i64)page * page_stride + (fg_i64)(j & ((1 << a.page_shift) - 1)) * row_stride;
+}
+
+/* Keys of bad pages (fga_page_ok) in a tile of MT slabs x NT n8 fragments
+ * from column kv0 become -inf; keys past the sequence are the range
+ * pass's. Only tiles where some thread met a bad page come here. */
+template <int MT, int NT>
+static __device__ __forceinline__ void fga_mask_bad_pages(float (&s)[MT][NT][4], const fga_args &a, const int *table,
+                                                          int kv0) {
+    const int t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int j = kv0 + i * 8 + t4 * 2 + c;
+            if (j >= a.kv_len || fga_page_ok(a, table, j)) continue;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) s[mt][i][c] = s[mt][i][2 + c] = FGA_NEG_INF;
+        }
 }
 
 /* ---- mods split by dependency ------------------------------------------------ */
@@ -942,6 +998,43 @@ static __device__ __forceinline__ void fga_load_tile(fg_u32 smem, const fg_u16 *
 #endif
 }
 
+/* Copy K and V rows [r0, r0 + ROWS) of a paged sequence into their stages
+ * (`kbase` / `vbase` at page 0 of the KV head, `table` the sequence's row
+ * of the block table); rows at or past `len` and rows of bad pages are
+ * zero-filled. Returns whether this thread met a bad page. K and V share
+ * the table lookups. */
+template <int ROWS>
+static __device__ __forceinline__ bool fga_load_kv_paged(const fga_args &a, fg_u32 sk, fg_u32 sv, const fg_u16 *kbase,
+                                                         const fg_u16 *vbase, const int *table, int r0, int len) {
+    bool bad = false;
+#pragma unroll
+    for (int c = threadIdx.x; c < ROWS * FGA_CHUNKS; c += FGA_THREADS) {
+        const int r = c / FGA_CHUNKS, ch = c % FGA_CHUNKS, j = r0 + r;
+        const fg_u16 *kr = 0, *vr = 0;
+        if (j < len) {
+            kr = fga_paged_row(a, kbase, a.k_stride[0], a.k_stride[2], table, j);
+            vr = fga_paged_row(a, vbase, a.v_stride[0], a.v_stride[2], table, j);
+            bad |= !kr;
+        }
+        const fg_u32 off = (fg_u32)((r * FGA_ROW + ch * 8) * 2);
+        fga_cp16(sk + off, kr ? kr + ch * 8 : kbase, kr != 0);
+        fga_cp16(sv + off, vr ? vr + ch * 8 : vbase, vr != 0);
+    }
+    return bad;
+}
+
+/* One K/V tile of the walk into its stages: through the block table when
+ * the sequence is paged (SEQ calls only), else as rows of the slabs kp /
+ * vp. Whether this thread met a bad page. */
+template <bool SEQ>
+static __device__ __forceinline__ bool fga_load_kv(const fga_args &a, fg_u32 sk, fg_u32 sv, const fg_u16 *kp,
+                                                   const fg_u16 *vp, const int *table, int kv0) {
+    if (SEQ && a.paged) return fga_load_kv_paged<FGA_BLOCK_N>(a, sk, sv, kp, vp, table, kv0, a.kv_len);
+    fga_load_tile<FGA_BLOCK_N>(sk, kp, a.k_stride[2], kv0, a.kv_len);
+    fga_load_tile<FGA_BLOCK_N>(sv, vp, a.v_stride[2], kv0, a.kv_len);
+    return false;
+}
+
 /* Where a lane's ldmatrix reads Q's A fragment of slab mt, k step kk. */
 static __device__ __forceinline__ fg_u32 fga_q_frag(fg_u32 q_lane, int mt, int kk) {
     return q_lane + (fg_u32)(mt * 16 * FGA_ROW * 2 + kk * 32);
@@ -972,9 +1065,12 @@ static __device__ __forceinline__ void fga_load_vstep(fg_u32 (&vf)[4], fg_u32 v_
 
 /* ---- the kernel ------------------------------------------------------------- */
 
-extern "C" __global__ void __launch_bounds__(FGA_THREADS)
-fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {
-    extern __shared__ __align__(128) unsigned char fga_smem[];
+/* The sweep of one q tile. SEQ: a call with per-sequence lengths, query
+ * positions or paged K/V, `a` then the sequence's own view (its kv_len and
+ * q_offset, fg_attention_fwd below); the plain instance carries none of
+ * that code. */
+template <bool SEQ>
+static __device__ __forceinline__ void fga_forward(const fga_args &a, const fg_mod_params &p, unsigned char *fga_smem) {
     const fg_u32 sQ = fga_smem_addr(fga_smem);
     const fg_u32 sK = sQ + FGA_BLOCK_M * FGA_ROW * 2;
     const fg_u32 sV = sK + 2 * FGA_BLOCK_N * FGA_ROW * 2;
@@ -995,20 +1091,27 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     const int q0 = qt * FGA_BLOCK_M;
 
     const fg_u16 *qp = (const fg_u16 *)a.q + (fg_i64)b * a.q_stride[0] + (fg_i64)h * a.q_stride[1];
-    const fg_u16 *kp = (const fg_u16 *)a.k + (fg_i64)b * a.k_stride[0] + (fg_i64)hk * a.k_stride[1];
-    const fg_u16 *vp = (const fg_u16 *)a.v + (fg_i64)b * a.v_stride[0] + (fg_i64)hk * a.v_stride[1];
+    /* Paged K/V: the KV head's slab at page 0, and the sequence's row of
+     * the block table. */
+    const bool paged = SEQ && a.paged;
+    const fg_i64 kb = paged ? 0 : b;
+    const fg_u16 *kp = (const fg_u16 *)a.k + kb * a.k_stride[0] + (fg_i64)hk * a.k_stride[1];
+    const fg_u16 *vp = (const fg_u16 *)a.v + kb * a.v_stride[0] + (fg_i64)hk * a.v_stride[1];
+    const int *table = paged ? (const int *)a.block_table + (fg_i64)b * a.max_pages : 0;
 
-    const fga_plan pl = fga_plan_make<FGA_BLOCK_N>(a, b, h, q0);
+    fga_plan pl = fga_plan_make<FGA_BLOCK_N>(a, b, h, q0);
+    /* An empty sequence visits nothing: a block mask's tiles would hand the
+     * mods a key index below 0. */
+    if (SEQ && a.kv_len == 0) pl.n_items = 0;
 
     /* Q tile, then the first K/V tile: two commit groups. */
     fga_load_tile<FGA_BLOCK_M>(sQ, qp, a.q_stride[2], q0, a.q_len);
     fga_cp_commit();
     bool first_partial = false;
     const int first_kv0 = pl.n_items > 0 ? fga_item_kv0<FGA_BLOCK_N>(pl, 0, first_partial) : 0;
-    if (pl.n_items > 0) {
-        fga_load_tile<FGA_BLOCK_N>(sK, kp, a.k_stride[2], first_kv0, a.kv_len);
-        fga_load_tile<FGA_BLOCK_N>(sV, vp, a.v_stride[2], first_kv0, a.kv_len);
-    }
+    /* Whether this thread met a bad page in the tile loaded last. */
+    bool bad_pending = false;
+    if (pl.n_items > 0) bad_pending = fga_load_kv<SEQ>(a, sK, sV, kp, vp, table, first_kv0);
     fga_cp_commit();
 
     /* ldmatrix lane addressing: A (Q) fragments and the B tiles of K / V. */
@@ -1065,7 +1168,9 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     for (int j = 0; j < pl.n_items; j++) {
         const int buf = j & 1;
         fga_cp_wait<0>();
-        __syncthreads();
+        bool bad_tile = false;
+        if (SEQ) bad_tile = __syncthreads_or(bad_pending) != 0;
+        else __syncthreads();
         const int tile_kv0 = kv0;
         const bool tile_partial = partial;
         kv0 = next_kv0;
@@ -1104,8 +1209,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
          * this tile are under way so that they start right after the
          * barrier; the softmax and P V leave the copy time to land. */
         if (j + 1 < pl.n_items) {
-            fga_load_tile<FGA_BLOCK_N>(sK + (buf ^ 1) * kv_stage, kp, a.k_stride[2], kv0, a.kv_len);
-            fga_load_tile<FGA_BLOCK_N>(sV + (buf ^ 1) * kv_stage, vp, a.v_stride[2], kv0, a.kv_len);
+            bad_pending = fga_load_kv<SEQ>(a, sK + (buf ^ 1) * kv_stage, sV + (buf ^ 1) * kv_stage, kp, vp, table, kv0);
             fga_cp_commit();
         }
         fga_cursor_next(pl, ahead); /* item j + 2 */
@@ -1114,6 +1218,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         /* Scale, mods and range, then the online softmax (S becomes P). */
         const bool edge = tile_kv0 + FGA_BLOCK_N > a.kv_len || q0 + FGA_BLOCK_M > a.q_len;
         fga_tile_mods<FGA_SHARED_COLS>(s, rows, a, p, tile_kv0, tile_partial, edge, col_parts + buf * FGA_BLOCK_N);
+        if (SEQ && bad_tile) fga_mask_bad_pages(s, a, table, tile_kv0);
         float alpha[FGA_MT][2];
         fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
 #if FGA_LAZY_RESCALE
@@ -1159,5 +1264,24 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     }
 
     fga_store(o, m_run, l_run, a, b, h, qrow0);
+}
+
+/* FG_RAGGED 1 (the config's `ragged`): the kernel for calls with
+ * per-sequence lengths, query positions or paged K/V, each q tile swept
+ * with its sequence's view -- its KV length and the position of its first
+ * query, where every step reads them. A compile of its own, so that the
+ * plain kernel carries none of that code (and compiles in half the time
+ * one with both would take). */
+extern "C" __global__ void __launch_bounds__(FGA_THREADS)
+fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {
+    extern __shared__ __align__(128) unsigned char fga_smem[];
+#if FG_RAGGED
+    fga_args seq = a;
+    seq.kv_len = fga_seq_kv_len(a, blockIdx.z);
+    seq.q_offset = fga_seq_q_offset(a, blockIdx.z);
+    fga_forward<true>(seq, p, fga_smem);
+#else
+    fga_forward<false>(a, p, fga_smem);
+#endif
 }
 
