@@ -601,6 +601,24 @@ static void test_cli(void **state) {
          "return fg_isub(q_idx, kv_idx) <= p.W;"},
         {"--mask mods/causal.c --kernel blockmask --block 64", 0, "#define FG_Q_BLOCK 64\n"},
         {"--mask mods/causal.c --score mods/softcap.c --emit mod", 0, "tanhf(fg_fdiv(score, p.SOFTCAP))"},
+        /* usage errors of check and bench --decode: found before any GPU is looked for */
+        {"check --mask mods/causal.c --batch 2 --q-len 1 --kv-lens 5,6,7", 1, "one per sequence of --batch 2"},
+        {"check --mask mods/causal.c --batch 2 --q-len 1 --kv-lens 5,x", 1, "'x' is not a whole number"},
+        {"check --mask mods/causal.c --batch 2 --q-len 1 --kv-len 4 --kv-lens 5,1", 1, "past --kv-len 4"},
+        {"check --mask mods/causal.c --batch 2 --q-len 1 --q-offsets 1,2 --q-offset 3", 1, "not both"},
+        {"check --mask mods/causal.c --batch 2 --q-len 1 --kv-lens 3,4 --block-mask", 1, "q offsets differ"},
+        {"check --mask mods/causal.c --q-len 1 --paged --backward", 1, "--backward goes without --paged"},
+        {"check --mask mods/causal.c --batch 2 --q-len 1 --kv-lens 3,4 --backward", 1, "--backward goes without"},
+        {"check --mask mods/causal.c --q-len 1 --page-size 24", 1, "power of two"},
+        {"check --mask mods/causal.c --q-len 1 --decode-kernel 3", 1, "decode-kernel"},
+        {"check --help", 0, "--kv-lens L1,L2,..."},
+        {"bench --decode --batch 4", 1, "--shapes B:KV:Q"},
+        {"bench --decode --shapes 1:2", 1, "is not B:KV:Q"},
+        {"bench --decode --pages 0,24", 1, "power of two"},
+        {"bench --decode --heads 12 --kv-heads 8", 1, "not a multiple of --kv-heads 8"},
+        {"bench --decode --backward", 1, "forward only"},
+        {"bench --shapes 1:2:3", 1, "go with --decode"},
+        {"bench --help", 0, "--pages LIST"},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         run_cli(rows[i].args, &r);

@@ -1,9 +1,10 @@
 /*
  * cli.h -- what the subcommands of the flexgen tool share (cli_util.c,
- * random.c): exit codes, error reporting, the options that name a mod
- * (--mask, --score, --expr-mask, --expr-score, --param), the options that
- * give its parameters values (--set, --buffer), which buffers get
- * gradients in the backward pass, and random numbers.
+ * random.c, paged.c): exit codes, error reporting, number lists, the
+ * tool's names of the kernel kinds, the options that name a mod (--mask,
+ * --score, --expr-mask, --expr-score, --param), the options that give its
+ * parameters values (--set, --buffer), which buffers get gradients in the
+ * backward pass, random numbers and paged K/V caches.
  *
  * A subcommand adds FG_CLI_MOD_LONGOPTS (and FG_CLI_BIND_LONGOPTS) to its
  * getopt_long table and passes every option it does not know itself to
@@ -59,6 +60,21 @@ int fg_cli_error(int code, const char *fmt, ...);
  * message). 0 on success, FG_EXIT_USAGE after printing a message. */
 int fg_cli_parse_int(const char *s, const char *what, long long lo, long long hi, int *out);
 int fg_cli_parse_double(const char *s, const char *what, double *out);
+/* A comma-separated list of whole numbers, each in [lo, hi], into a new
+ * malloc'd array of *n values (at least one). 0 on success, FG_EXIT_USAGE
+ * after printing a message (or FG_EXIT_OTHER when out of memory). */
+int fg_cli_parse_int_list(const char *s, const char *what, long long lo, long long hi, int32_t **out, int *n);
+
+/* ---- kernel kinds ---------------------------------------------------------- */
+
+/* The tool's names of the kernel kinds, as `flexgen --kernel` takes them
+ * ("attention", "attention-sm90", "decode" ...), in one table with their
+ * kinds. */
+#define FG_CLI_KERNEL_KINDS 6
+extern const char *const fg_cli_kernel_names[FG_CLI_KERNEL_KINDS];
+extern const fg_kernel_kind fg_cli_kernel_kinds[FG_CLI_KERNEL_KINDS];
+/* The name of `kind`, "?" for none of them. */
+const char *fg_cli_kernel_name(fg_kernel_kind kind);
 
 /* ---- mod and binding options -------------------------------------------- */
 
@@ -157,6 +173,38 @@ uint64_t fg_cli_rand_u64(uint64_t *state);
 double fg_cli_rand_uniform(uint64_t *state);
 /* The same bits as a double in (0, 1]: never 0, so its log is finite. */
 double fg_cli_rand_uniform_pos(uint64_t *state);
+
+/* ---- paged K/V caches (paged.c) ---------------------------------------- */
+
+/* A block table for a paged cache [num_pages, page_size, heads_kv, D] (the
+ * layout of vLLM and FlashInfer): sequence b owns the first
+ * ceil(len_b / page_size) entries of its row of `table`, [batch][max_pages];
+ * the entries past them are -1. */
+typedef struct fg_cli_paging {
+    int batch, page_size, max_pages, num_pages;
+    int32_t *table;
+} fg_cli_paging;
+
+/* Pages no sequence owns, mixed among the owned ones. */
+#define FG_CLI_SPARE_PAGES 5
+
+/* Hand out pages to `batch` sequences of lengths lens[b] (NULL: kv_len
+ * each; every length at most kv_len >= 1) in the order of a random
+ * permutation of [0, num_pages) drawn from `seed`, with
+ * FG_CLI_SPARE_PAGES pages left over, so that page ids are neither in
+ * order nor all used. 0, or -1 when out of memory or past the int range. */
+int fg_cli_paging_make(int batch, int kv_len, const int32_t *lens, int page_size, uint64_t seed,
+                       fg_cli_paging *p);
+void fg_cli_paging_free(fg_cli_paging *p);
+
+/* A new cache holding x, a contiguous [batch, heads_kv, kv_len, D] tensor
+ * of 16-bit values, in p's pages: key j of sequence b at row j % page_size
+ * of page table[b][j / page_size]. Rows past a sequence's length (lens as
+ * above) and the pages nobody owns hold `fill`. NULL when out of memory. */
+uint16_t *fg_cli_paged_copy(const fg_cli_paging *p, const uint16_t *x, int heads_kv, int kv_len, int head_dim,
+                            const int32_t *lens, uint16_t fill);
+/* Elements of p's cache. */
+size_t fg_cli_paged_elems(const fg_cli_paging *p, int heads_kv, int head_dim);
 
 /* ---- subcommands (cmd_*.c, bench/; absent ones print "not available") --- */
 

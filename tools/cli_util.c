@@ -1,7 +1,8 @@
 /*
  * cli_util.c -- the parts of the flexgen tool every subcommand needs: how a
- * mod is named on the command line, how its parameters get values, and how
- * an error becomes a message and an exit code.
+ * mod is named on the command line, how its parameters get values, how
+ * an error becomes a message and an exit code, lists of numbers, and the
+ * names of the kernel kinds.
  *
  * Options are recorded raw while getopt runs and interpreted afterwards,
  * because the meaning of `--set WINDOW=256` (int or float?) is known only
@@ -88,6 +89,47 @@ int fg_cli_parse_double(const char *s, const char *what, double *out) {
         return fg_cli_error(FG_EXIT_USAGE, "%s: '%s' is not a number", what, s ? s : "");
     *out = v;
     return 0;
+}
+
+int fg_cli_parse_int_list(const char *s, const char *what, long long lo, long long hi, int32_t **out, int *n) {
+    *out = NULL, *n = 0;
+    if (!s || !*s) return fg_cli_error(FG_EXIT_USAGE, "%s: expected a comma-separated list of numbers", what);
+    int cap = 1;
+    for (const char *c = s; *c; c++) cap += *c == ',';
+    int32_t *v = malloc(sizeof(int32_t) * (size_t)cap);
+    char *copy = strdup(s);
+    if (!v || !copy) {
+        free(v), free(copy);
+        return fg_cli_error(FG_EXIT_OTHER, "%s: out of memory", what);
+    }
+    /* strsep, unlike strtok, keeps empty items, which are errors here */
+    int rc = 0, k = 0;
+    for (char *rest = copy, *item; rc == 0 && (item = strsep(&rest, ",")) != NULL; k++) {
+        int x = 0;
+        rc = fg_cli_parse_int(item, what, lo, hi, &x);
+        v[k] = x;
+    }
+    free(copy);
+    if (rc) {
+        free(v);
+        return rc;
+    }
+    *out = v, *n = k;
+    return 0;
+}
+
+/* ---- kernel kinds ------------------------------------------------------------ */
+
+const char *const fg_cli_kernel_names[FG_CLI_KERNEL_KINDS] = {
+    "attention", "blockmask", "attention-sm90", "attention-bwd", "attention-bwd-sm90", "decode"};
+const fg_kernel_kind fg_cli_kernel_kinds[FG_CLI_KERNEL_KINDS] = {
+    FG_KERNEL_ATTENTION_FWD,      FG_KERNEL_BLOCK_MASK,         FG_KERNEL_ATTENTION_FWD_SM90,
+    FG_KERNEL_ATTENTION_BWD,      FG_KERNEL_ATTENTION_BWD_SM90, FG_KERNEL_ATTENTION_DECODE};
+
+const char *fg_cli_kernel_name(fg_kernel_kind kind) {
+    for (int i = 0; i < FG_CLI_KERNEL_KINDS; i++)
+        if (fg_cli_kernel_kinds[i] == kind) return fg_cli_kernel_names[i];
+    return "?";
 }
 
 /* ---- options ----------------------------------------------------------------- */

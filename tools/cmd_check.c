@@ -8,6 +8,8 @@
  *                 [--set NAME=VALUE] [--buffer NAME=FILE] [--seed N]
  *                 [--dist uniform|normal] [--block-mask] [--block N]
  *                 [--q-offset N] [--kv-offset N] [--scale X] [--time N]
+ *                 [--paged [--page-size N]] [--kv-lens L,...] [--q-offsets O,...]
+ *                 [--decode-kernel 0|1|2]
  *                 [--no-reference] [--backward [--deterministic]]
  *
  * The outputs are poisoned (all bits set: NaN) before the launch, so a value
@@ -16,14 +18,41 @@
  * block mask built from the mod must not change the result, so the check
  * also covers the GPU block-mask builder). On large problems the reference
  * would take minutes; then only batch 0 and the query heads of the first kv
- * head are compared (the message says so).
+ * head are compared (the message says so). The block mask is built as a
+ * user builds it: one row for every sequence (head) when mask_mod never
+ * reads b (h), which is also what the decode kernel needs with grouped
+ * query heads.
  *
- * --time N times N launches with device events after three warm-up
+ * Decoding. --kv-lens gives each sequence its own KV length (a ragged batch,
+ * --kv-len the longest it may be, by default the longest given); the
+ * queries are then each sequence's newest tokens, q_offsets[b] = kv_lens[b]
+ * - q_len, unless --q-offsets (one each) or --q-offset (every sequence)
+ * says otherwise. --paged keeps K and V in a paged cache [num_pages,
+ * page_size, Hkv, D] whose pages go to the sequences in a shuffled order,
+ * with a few owned by nobody (paged.c), and hands the kernel the block
+ * table; the table is checked on the host (fg_block_table_check) first.
+ * The arrays are device memory for the GPU and the same values in host
+ * memory for the reference, so the slice fallback reads row 0 of each.
+ * K/V rows past a sequence's length and the pages nobody owns hold NaN:
+ * the kernels promise never to read them, and a row read by mistake shows
+ * as a non-finite output. The inputs are drawn as in a contiguous, uniform
+ * run of the same seed and then cut or moved, so the two can be compared.
+ * --decode-kernel sets FG_OPT_DECODE_KERNEL (0 never the decode kernel,
+ * 1 the default, 2 wherever it applies), and the summary names the kernel
+ * that ran. The backward takes none of this (it refuses such calls), so
+ * --backward with them is a usage error.
+ *
+ * --time N times N launches of the kernel that ran, fetched once
+ * (fg_attention_kernel_for), with device events after three warm-up
  * launches and prints the median and TFLOP/s, counting FLOPs as
- * FlexAttention's benchmark does: 4 * B * Hq * Q_LEN * KV_LEN * D * density,
- * with density the fraction of (q, kv) pairs the mask keeps, measured here
- * at b = 0, h = 0 (through the block mask when there is one: full blocks
- * count whole, partial blocks are evaluated).
+ * FlexAttention's benchmark does: 4 * Hq * Q_LEN * D * density times the
+ * keys of every sequence (B * KV_LEN when uniform), with density the
+ * fraction of (q, kv) pairs the mask keeps, measured here at b = 0, h = 0
+ * (through the block mask when there is one: full blocks count whole,
+ * partial blocks are evaluated). A decode-shaped call (q_len up to
+ * FG_DECODE_MAX_Q, or paged) is bound by reading K/V, so it also gets the
+ * bytes of K/V it reads per second: 2 (K and V) * 2 bytes * Hkv * D times
+ * the keys of every sequence, in TB/s.
  *
  * --backward then runs the backward pass on the GPU forward's own out and
  * lse (the backward reuses the forward's log-sum-exp, so the forward always
@@ -47,6 +76,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blockmask.h"
 #include "cli.h"
 #include "cudrv.h"
 #include "flexgen.h"
@@ -55,13 +85,22 @@
  * check falls back to one slice (about ten seconds on one core). */
 #define CHECK_BUDGET 1.0e10
 
+/* A 16-bit NaN in both bf16 and fp16 (all bits set): the poison of the
+ * outputs and of K/V rows no key lives in. */
+#define POISON16 0xFFFFu
+
 typedef struct options {
     fg_cli_mod_args mod;
     int batch, heads, kv_heads, q_len, kv_len, head_dim;
     fg_dtype dtype;
     int seed, block, time_n, q_offset, kv_offset;
+    int page_size;                /* --paged: rows per page; 0: contiguous K/V */
+    int decode_kernel;            /* FG_OPT_DECODE_KERNEL; -1: the default     */
     bool block_mask, normal, no_reference, backward, deterministic;
+    bool paged, q_offset_given, q_offsets_derived;
     double scale;
+    const char *kv_lens_arg, *q_offsets_arg; /* read once --batch is known      */
+    int32_t *kv_lens, *q_offsets; /* host [batch], malloc'd; NULL: uniform     */
 } options;
 
 static void usage(FILE *f) {
@@ -71,6 +110,8 @@ static void usage(FILE *f) {
             "                     [--set NAME=VALUE] [--buffer NAME=FILE] [--seed N]\n"
             "                     [--dist uniform|normal] [--block-mask] [--block N]\n"
             "                     [--q-offset N] [--kv-offset N] [--scale X] [--time N]\n"
+            "                     [--paged [--page-size N]] [--kv-lens L,...] [--q-offsets O,...]\n"
+            "                     [--decode-kernel 0|1|2]\n"
             "                     [--no-reference] [--backward [--deterministic]]\n"
             "Run the GPU forward kernel against the CPU reference (float64) on fresh random\n"
             "inputs and print the relative Frobenius error of out, the largest LSE error and\n"
@@ -85,13 +126,23 @@ static void usage(FILE *f) {
             "2e-2 (bf16) / 5e-3 (fp16); --time N times it too (TFLOP/s counted as 2.5x the\n"
             "forward's FLOPs). --deterministic runs the deterministic backward twice and\n"
             "also requires the two results to be bit-identical.\n"
+            "Decoding: --kv-lens L1,L2,... gives each of the --batch sequences its own KV\n"
+            "length in [0, --kv-len] (default --kv-len: the longest); its queries are then its\n"
+            "newest tokens (q offset L - q_len) unless --q-offsets O1,O2,... (one each) or\n"
+            "--q-offset N (all) places them. --paged keeps K and V in a paged cache\n"
+            "[pages, page, Hkv, D] with pages shuffled among the sequences and a block table\n"
+            "(--page-size N: a power of two in [16, 256], default 16). --decode-kernel 0|1|2\n"
+            "never / by default / always takes the decode kernel (FG_OPT_DECODE_KERNEL); the\n"
+            "summary names the kernel that ran. With --time, decode-shaped calls (q_len up\n"
+            "to 16, or paged) also report TB/s of K/V read. The backward takes none of these.\n"
             "Exit: 0 within tolerance, 5 over it, 4 no GPU.\n%s%s",
             fg_cli_mod_help, fg_cli_bind_help);
 }
 
 enum { OPT_BATCH = 0x2000, OPT_HEADS, OPT_KV_HEADS, OPT_Q_LEN, OPT_KV_LEN, OPT_HEAD_DIM, OPT_DTYPE,
        OPT_SEED, OPT_DIST, OPT_BLOCK_MASK, OPT_BLOCK, OPT_Q_OFFSET, OPT_KV_OFFSET, OPT_SCALE,
-       OPT_TIME, OPT_NO_REFERENCE, OPT_BACKWARD, OPT_DETERMINISTIC };
+       OPT_TIME, OPT_NO_REFERENCE, OPT_BACKWARD, OPT_DETERMINISTIC, OPT_PAGED, OPT_PAGE_SIZE, OPT_KV_LENS,
+       OPT_Q_OFFSETS, OPT_DECODE_KERNEL };
 
 static int *int_option(options *o, int opt, long long *lo, long long *hi) {
     *lo = 1, *hi = 1 << 30;
@@ -107,8 +158,76 @@ static int *int_option(options *o, int opt, long long *lo, long long *hi) {
     case OPT_SEED: *lo = 0; *hi = 2147483647; return &o->seed;
     case OPT_Q_OFFSET: *lo = -(1ll << 30); return &o->q_offset;
     case OPT_KV_OFFSET: *lo = -(1ll << 30); return &o->kv_offset;
+    case OPT_PAGE_SIZE: *lo = 16; *hi = 256; return &o->page_size;
+    case OPT_DECODE_KERNEL: *lo = 0; *hi = 2; return &o->decode_kernel;
     }
     return NULL;
+}
+
+/* A list option with one value per sequence, into *out. */
+static int per_sequence(const char *arg, const char *what, const options *o, long long lo, int32_t **out) {
+    int n = 0;
+    int rc = fg_cli_parse_int_list(arg, what, lo, 1 << 30, out, &n);
+    if (rc) return rc;
+    if (n != o->batch)
+        return fg_cli_error(FG_EXIT_USAGE, "check: %s has %d value%s, one per sequence of --batch %d", what, n,
+                            n == 1 ? "" : "s", o->batch);
+    return FG_EXIT_OK;
+}
+
+/* --kv-lens and --q-offsets, read once --batch is known; --kv-len defaults
+ * to the longest length, and the queries of a ragged batch default to each
+ * sequence's newest tokens (how a decode step places them). */
+static int ragged_args(options *o) {
+    if (o->q_offsets_arg && o->q_offset_given)
+        return fg_cli_error(FG_EXIT_USAGE, "check: give --q-offset N (every sequence) or --q-offsets (one "
+                                           "each), not both");
+    int rc = FG_EXIT_OK;
+    if (o->kv_lens_arg && (rc = per_sequence(o->kv_lens_arg, "--kv-lens", o, 0, &o->kv_lens)) != 0) return rc;
+    if (o->q_offsets_arg &&
+        (rc = per_sequence(o->q_offsets_arg, "--q-offsets", o, -(1ll << 30), &o->q_offsets)) != 0)
+        return rc;
+    if (!o->kv_lens) return FG_EXIT_OK;
+    int longest = 0;
+    for (int b = 0; b < o->batch; b++) longest = o->kv_lens[b] > longest ? o->kv_lens[b] : longest;
+    if (o->kv_len <= 0) o->kv_len = longest > 0 ? longest : o->q_len;
+    for (int b = 0; b < o->batch; b++)
+        if (o->kv_lens[b] > o->kv_len)
+            return fg_cli_error(FG_EXIT_USAGE, "check: --kv-lens: sequence %d has %d keys, past --kv-len %d", b,
+                                (int)o->kv_lens[b], o->kv_len);
+    if (o->q_offsets || o->q_offset_given) return FG_EXIT_OK;
+    o->q_offsets = malloc(sizeof(int32_t) * (size_t)o->batch);
+    if (!o->q_offsets) return fg_cli_error(FG_EXIT_OTHER, "check: out of memory");
+    for (int b = 0; b < o->batch; b++) o->q_offsets[b] = o->kv_lens[b] - o->q_len;
+    o->q_offsets_derived = true;
+    return FG_EXIT_OK;
+}
+
+/* A block mask is built for one set of query positions (its desc's
+ * q_offset), so with per-sequence offsets they must all be the same. */
+static int block_mask_positions(const options *o) {
+    if (!o->block_mask || !o->q_offsets) return FG_EXIT_OK;
+    for (int b = 1; b < o->batch; b++)
+        if (o->q_offsets[b] != o->q_offsets[0])
+            return fg_cli_error(FG_EXIT_USAGE,
+                                "check: --block-mask builds one mask for one set of query positions, but the "
+                                "sequences' q offsets differ (%d for sequence 0, %d for sequence %d%s); give "
+                                "equal --q-offsets, or --q-offset N",
+                                (int)o->q_offsets[0], (int)o->q_offsets[b], b,
+                                o->q_offsets_derived ? ": kv_lens - q_len" : "");
+    return FG_EXIT_OK;
+}
+
+/* The q offset of sequence b. */
+static int q_offset_of(const options *o, int b) { return o->q_offsets ? o->q_offsets[b] : o->q_offset; }
+
+/* The keys of sequence b, and of every sequence. */
+static int kv_len_of(const options *o, int b) { return o->kv_lens ? o->kv_lens[b] : o->kv_len; }
+
+static double total_keys(const options *o) {
+    double n = 0;
+    for (int b = 0; b < o->batch; b++) n += kv_len_of(o, b);
+    return n;
 }
 
 /* FG_EXIT_OK to go on, -1 after --help, else an exit code. */
@@ -134,6 +253,11 @@ static int parse_args(int argc, char **argv, options *o) {
         {"no-reference", no_argument, 0, OPT_NO_REFERENCE},
         {"backward", no_argument, 0, OPT_BACKWARD},
         {"deterministic", no_argument, 0, OPT_DETERMINISTIC},
+        {"paged", no_argument, 0, OPT_PAGED},
+        {"page-size", required_argument, 0, OPT_PAGE_SIZE},
+        {"kv-lens", required_argument, 0, OPT_KV_LENS},
+        {"q-offsets", required_argument, 0, OPT_Q_OFFSETS},
+        {"decode-kernel", required_argument, 0, OPT_DECODE_KERNEL},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -145,6 +269,7 @@ static int parse_args(int argc, char **argv, options *o) {
     o->block = 128;
     o->seed = 1;
     o->normal = true;
+    o->decode_kernel = -1;
     optind = 0; /* glibc: restart scanning, argv[0] is the command name */
     int c, li;
     while ((c = getopt_long(argc, argv, "h", longopts, &li)) != -1) {
@@ -155,6 +280,14 @@ static int parse_args(int argc, char **argv, options *o) {
             return -1;
         } else if (ip) {
             if (fg_cli_parse_int(optarg, longopts[li].name, lo, hi, ip)) return FG_EXIT_USAGE;
+            o->q_offset_given |= c == OPT_Q_OFFSET;
+            o->paged |= c == OPT_PAGE_SIZE; /* a page size says paged */
+        } else if (c == OPT_KV_LENS) {
+            o->kv_lens_arg = optarg;
+        } else if (c == OPT_Q_OFFSETS) {
+            o->q_offsets_arg = optarg;
+        } else if (c == OPT_PAGED) {
+            o->paged = true;
         } else if (c == OPT_DTYPE) {
             if (!strcmp(optarg, "bf16")) o->dtype = FG_BF16;
             else if (!strcmp(optarg, "fp16")) o->dtype = FG_FP16;
@@ -188,9 +321,18 @@ static int parse_args(int argc, char **argv, options *o) {
     if (o->q_len <= 0) return fg_cli_error(FG_EXIT_USAGE, "check: needs --q-len N");
     if (o->deterministic && !o->backward)
         return fg_cli_error(FG_EXIT_USAGE, "check: --deterministic is a mode of the backward (add --backward)");
+    if (o->backward && (o->paged || o->kv_lens_arg || o->q_offsets_arg))
+        return fg_cli_error(FG_EXIT_USAGE, "check: the backward takes uniform lengths and contiguous K/V: "
+                                           "--backward goes without --paged, --kv-lens and --q-offsets");
+    int rc = ragged_args(o);
+    if (rc) return rc;
     if (o->kv_len <= 0) o->kv_len = o->q_len;
     if (o->kv_heads <= 0) o->kv_heads = o->heads;
-    return FG_EXIT_OK;
+    if (o->paged && !o->page_size) o->page_size = 16;
+    if (o->paged && (o->page_size & (o->page_size - 1)) != 0)
+        return fg_cli_error(FG_EXIT_USAGE, "check: --page-size must be a power of two in [16, 256], not %d",
+                            o->page_size);
+    return block_mask_positions(o);
 }
 
 /* ---- inputs ------------------------------------------------------------------ */
@@ -228,6 +370,7 @@ static uint16_t *random_tensor(size_t n, fg_dtype dt, bool normal, uint64_t *s) 
 
 typedef struct device {
     CUdeviceptr q, k, v, out, lse;
+    CUdeviceptr kv_lens, q_offsets, table; /* int32, when given           */
     CUdeviceptr dout, dq, dk, dv; /* the backward's                      */
     CUdeviceptr grad[FG_CLI_MAX_ITEMS]; /* buffer gradients, fp32        */
     CUdeviceptr buf[FG_CLI_MAX_ITEMS];
@@ -254,8 +397,9 @@ static fg_status device_binds(fg_ctx *ctx, const fg_cli_bindings *host, device *
 }
 
 static void device_free(device *d) {
-    CUdeviceptr all[9] = {d->q, d->k, d->v, d->out, d->lse, d->dout, d->dq, d->dk, d->dv};
-    for (int i = 0; i < 9; i++)
+    const CUdeviceptr all[] = {d->q, d->k, d->v, d->out, d->lse, d->kv_lens,
+                               d->q_offsets, d->table, d->dout, d->dq, d->dk, d->dv};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]) fgi_cu()->cuMemFree(all[i]);
     for (size_t i = 0; i < d->nbinds; i++)
         if (d->buf[i]) fgi_cu()->cuMemFree(d->buf[i]);
@@ -274,36 +418,41 @@ typedef struct result {
 /* Whether the reference, spending `factor` times the forward's work, is
  * over budget on the whole problem and runs on one slice instead. */
 static bool over_budget(const options *o, double factor) {
-    return factor * o->batch * o->heads * o->q_len * (double)o->kv_len * o->head_dim > CHECK_BUDGET;
+    return factor * o->heads * o->q_len * total_keys(o) * o->head_dim > CHECK_BUDGET;
 }
 
-/* The reference's arguments: run's with the host inputs and no block mask,
- * on batch 0 x the query heads of kv head 0 when `slice`, else on
- * everything. */
-static void reference_args(const options *o, const fg_attention_args *run, bool slice, const uint16_t *hq,
+/* The reference's arguments: `host` (the GPU call with the host's
+ * bindings, lengths, offsets and block table) with the host inputs and no
+ * block mask, on batch 0 x the query heads of kv head 0 when `slice`, else
+ * on everything. */
+static void reference_args(const options *o, const fg_attention_args *host, bool slice, const uint16_t *hq,
                            const uint16_t *hk, const uint16_t *hv, fg_attention_args *a) {
-    *a = *run;
+    *a = *host;
     a->q = hq, a->k = hk, a->v = hv, a->lse = NULL, a->block_mask = NULL, a->stream = NULL;
     if (slice) {
         a->batch = 1;
         a->heads_q = o->heads / o->kv_heads;
         a->heads_kv = 1;
     }
-    /* Contiguous BHSD: the slice is the first rows of every tensor, with
-     * the full problem's strides. */
-    const int64_t qs[4] = {(int64_t)o->heads * o->q_len * o->head_dim, (int64_t)o->q_len * o->head_dim,
-                           o->head_dim, 1};
-    const int64_t ks[4] = {(int64_t)o->kv_heads * o->kv_len * o->head_dim,
-                           (int64_t)o->kv_len * o->head_dim, o->head_dim, 1};
+    /* The slice is the first rows of every tensor (the first of each
+     * per-sequence array), read with the full problem's strides: BHSD, or
+     * for a paged cache (page, head, row in page). */
+    const int64_t D = o->head_dim;
+    const int64_t qs[4] = {(int64_t)o->heads * o->q_len * D, (int64_t)o->q_len * D, D, 1};
+    const int64_t ks[4] = {(int64_t)o->kv_heads * o->kv_len * D, (int64_t)o->kv_len * D, D, 1};
+    const int64_t ps[4] = {(int64_t)o->page_size * o->kv_heads * D, D, (int64_t)o->kv_heads * D, 1};
     memcpy(a->q_stride, qs, sizeof qs), memcpy(a->out_stride, qs, sizeof qs);
-    memcpy(a->k_stride, ks, sizeof ks), memcpy(a->v_stride, ks, sizeof ks);
+    memcpy(a->k_stride, o->paged ? ps : ks, sizeof ks), memcpy(a->v_stride, o->paged ? ps : ks, sizeof ks);
 }
 
-static fg_status compare(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *run, const options *o,
+/* The GPU's out and lse against the reference on `host` (see
+ * reference_args). A row of a sequence with no keys has output 0 and LSE
+ * -inf on both sides, which counts as a match. */
+static fg_status compare(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *host, const options *o,
                          const uint16_t *hq, const uint16_t *hk, const uint16_t *hv, const uint16_t *gout,
                          const float *glse, result *r) {
     fg_attention_args a;
-    reference_args(o, run, over_budget(o, 1.0), hq, hk, hv, &a);
+    reference_args(o, host, over_budget(o, 1.0), hq, hk, hv, &a);
     const size_t rows = (size_t)a.batch * a.heads_q * o->q_len, D = (size_t)o->head_dim;
     double *rout = malloc(sizeof(double) * rows * D), *rlse = malloc(sizeof(double) * rows);
     if (!rout || !rlse) {
@@ -337,10 +486,11 @@ static fg_status compare(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args
 
 /* ---- density and timing -------------------------------------------------------- */
 
-/* Fraction of (q, kv) pairs kept at b = 0, h = 0, evaluated in tiles (only
- * the partial blocks when there is a block mask). */
+/* Fraction of (q, kv) pairs kept at b = 0, h = 0 with the queries at
+ * q_offset, evaluated in tiles (only the partial blocks when there is a
+ * block mask). */
 static fg_status density_of(fg_ctx *ctx, const fg_mod *mod, const fg_cli_bindings *hb,
-                            const fg_block_mask *bm, const options *o, double *density) {
+                            const fg_block_mask *bm, const options *o, int q_offset, double *density) {
     *density = 1.0;
     if (!fg_mod_has_mask(mod) && !bm) return FG_OK;
     const int T = 128;
@@ -363,7 +513,7 @@ static fg_status density_of(fg_ctx *ctx, const fg_mod *mod, const fg_cli_binding
         if (!bm) {
             for (int k0 = 0; st == FG_OK && k0 < o->kv_len; k0 += T) {
                 const int nk = o->kv_len - k0 < T ? o->kv_len - k0 : T;
-                st = fg_mod_eval_mask(ctx, mod, hb->binds, hb->n, 0, 0, q0 + o->q_offset, nq,
+                st = fg_mod_eval_mask(ctx, mod, hb->binds, hb->n, 0, 0, q0 + q_offset, nq,
                                       k0 + o->kv_offset, nk, m);
                 for (int i = 0; i < nq * nk; i++) kept += m[i];
             }
@@ -382,7 +532,7 @@ static fg_status density_of(fg_ctx *ctx, const fg_mod *mod, const fg_cli_binding
                 int ns = nq - s0 < T / 4 ? nq - s0 : T / 4;
                 for (int t0 = 0; st == FG_OK && t0 < nk; t0 += T) {
                     int nt = nk - t0 < T ? nk - t0 : T;
-                    st = fg_mod_eval_mask(ctx, mod, hb->binds, hb->n, 0, 0, q0 + s0 + o->q_offset, ns,
+                    st = fg_mod_eval_mask(ctx, mod, hb->binds, hb->n, 0, 0, q0 + s0 + q_offset, ns,
                                           k0 + t0 + o->kv_offset, nt, m);
                     for (int j = 0; j < ns * nt; j++) kept += m[j];
                 }
@@ -399,13 +549,10 @@ static int cmp_float(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* The forward (bwd NULL) or the backward of `a`, launched n times. */
-static fg_status time_runs(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a,
-                           const fg_attention_bwd_args *bwd, int n, double *median_ms) {
-    fg_kernel_config cfg = {.kind = bwd ? FG_KERNEL_ATTENTION_BWD : FG_KERNEL_ATTENTION_FWD, .dtype = a->dtype,
-                            .head_dim = a->head_dim};
-    fg_kernel *k;
-    FGI_TRY(fg_kernel_get(ctx, mod, &cfg, &k));
+/* The forward (bwd NULL) or the backward of `a` on kernel k, launched n
+ * times. */
+static fg_status time_runs(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a, const fg_attention_bwd_args *bwd,
+                           int n, double *median_ms) {
     CUevent e0 = NULL, e1 = NULL;
     float *ms = malloc(sizeof(float) * (size_t)n);
     fg_status st = ms ? FG_OK : FG_ERR_OUT_OF_MEMORY;
@@ -427,7 +574,32 @@ static fg_status time_runs(fg_ctx *ctx, const fg_mod *mod, const fg_attention_ar
     if (e0) fgi_cu()->cuEventDestroy(e0);
     if (e1) fgi_cu()->cuEventDestroy(e1);
     free(ms);
-    fg_kernel_release(k);
+    return st;
+}
+
+/* The kernel fg_attention_forward ran for `a`: the one
+ * fg_attention_kernel_for names, unless that one refuses the call, where
+ * the forward goes on with the forward kernel (the decode kernel and a
+ * block mask its tiles cannot walk) -- the one fg_attention_kernel_for
+ * names with FG_OPT_DECODE_KERNEL 0. Found by launching it: out and lse
+ * are written again, with the values the same kernel wrote before. */
+static fg_status kernel_that_ran(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a, fg_kernel **out) {
+    FGI_TRY(fg_attention_kernel_for(ctx, mod, a, out));
+    fg_status st = fg_kernel_launch(ctx, *out, a);
+    if (st == FG_ERR_NOT_SUPPORTED && fg_kernel_kind_of(*out) == FG_KERNEL_ATTENTION_DECODE) {
+        fg_kernel_release(*out);
+        *out = NULL;
+        int64_t was = 1;
+        st = fg_ctx_get_int(ctx, FG_OPT_DECODE_KERNEL, &was);
+        if (st == FG_OK) st = fg_ctx_set_int(ctx, FG_OPT_DECODE_KERNEL, 0);
+        if (st == FG_OK) st = fg_attention_kernel_for(ctx, mod, a, out);
+        fg_ctx_set_int(ctx, FG_OPT_DECODE_KERNEL, was);
+        if (st == FG_OK) st = fg_kernel_launch(ctx, *out, a);
+    }
+    if (st != FG_OK) {
+        fg_kernel_release(*out);
+        *out = NULL;
+    }
     return st;
 }
 
@@ -505,7 +677,10 @@ typedef struct state {
     bool have_hb;
     device dev;
     fg_block_mask *bm;
+    fg_cli_paging pg;  /* --paged: the block table (host)            */
+    fg_kernel *kernel; /* the forward's kernel, fetched once         */
     uint16_t *hq, *hk, *hv, *gout;
+    size_t nk;         /* elements of hk and hv (a paged cache's too) */
     float *glse;
     backward bw;
 } state;
@@ -661,54 +836,102 @@ static int check_backward(state *s, const fg_attention_args *a, const fg_attenti
     return FG_EXIT_OK;
 }
 
-static int run_check(state *s) {
-    options *o = &s->o;
-    fg_ctx *ctx = s->ctx;
-    int rc = fg_cli_load_mod(ctx, &o->mod, &s->mod);
-    if (rc) return rc;
-    rc = fg_cli_bind(ctx, s->mod, &o->mod, &s->hb);
-    if (rc) return rc;
-    s->have_hb = true;
-    fg_status st = fgi_cuda_ready(ctx);
-    if (st == FG_ERR_NO_DEVICE)
-        return fg_cli_error(FG_EXIT_NO_GPU, "check: no usable CUDA device (%s): the check needs a GPU",
-                            fg_errmsg(ctx));
-    if (st != FG_OK) return fg_cli_fail(ctx, st, "check");
+/* ---- the call's inputs: lengths, pages, device memory ---------------------------- */
 
+/* The rows of a contiguous [B, Hkv, KV, D] tensor past each sequence's
+ * length, poisoned: no kernel may read them. */
+static void poison_past_lengths(const options *o, uint16_t *x) {
     const size_t D = (size_t)o->head_dim;
-    const size_t nq = (size_t)o->batch * o->heads * o->q_len * D;
-    const size_t nk = (size_t)o->batch * o->kv_heads * o->kv_len * D;
-    const size_t nl = (size_t)o->batch * o->heads * o->q_len;
-    uint64_t seed = 0x9E3779B97F4A7C15ull ^ ((uint64_t)o->seed * 0x100000001b3ull);
-    s->hq = random_tensor(nq, o->dtype, o->normal, &seed);
-    s->hk = random_tensor(nk, o->dtype, o->normal, &seed);
-    s->hv = random_tensor(nk, o->dtype, false, &seed);
+    for (int b = 0; b < o->batch; b++)
+        for (int h = 0; h < o->kv_heads; h++) {
+            const size_t row0 = ((size_t)b * o->kv_heads + h) * o->kv_len + kv_len_of(o, b);
+            const size_t n = (size_t)(o->kv_len - kv_len_of(o, b)) * D;
+            for (size_t i = 0; i < n; i++) x[row0 * D + i] = POISON16;
+        }
+}
+
+/* K and V moved into a paged cache. The pages are shuffled by a stream of
+ * their own, so the values stay those of the contiguous run. */
+static int page_kv(state *s) {
+    const options *o = &s->o;
+    const uint64_t seed = 0xD1B54A32D192ED03ull ^ (uint64_t)o->seed;
+    if (fg_cli_paging_make(o->batch, o->kv_len, o->kv_lens, o->page_size, seed, &s->pg) != 0)
+        return fg_cli_error(FG_EXIT_OTHER, "check: out of host memory for the block table");
+    uint16_t *k = fg_cli_paged_copy(&s->pg, s->hk, o->kv_heads, o->kv_len, o->head_dim, o->kv_lens, POISON16);
+    uint16_t *v = fg_cli_paged_copy(&s->pg, s->hv, o->kv_heads, o->kv_len, o->head_dim, o->kv_lens, POISON16);
+    if (!k || !v) {
+        free(k), free(v);
+        return fg_cli_error(FG_EXIT_OTHER, "check: out of host memory for the paged cache");
+    }
+    free(s->hk), free(s->hv);
+    s->hk = k, s->hv = v;
+    s->nk = fg_cli_paged_elems(&s->pg, o->kv_heads, o->head_dim);
+    return FG_EXIT_OK;
+}
+
+/* q, k and v on the host, drawn from `seed` as a contiguous, uniform run
+ * draws them, then cut to the sequences' lengths and paged; room for the
+ * GPU's out and lse. */
+static int host_inputs(state *s, uint64_t *seed) {
+    const options *o = &s->o;
+    const size_t D = (size_t)o->head_dim, nq = (size_t)o->batch * o->heads * o->q_len * D;
+    s->nk = (size_t)o->batch * o->kv_heads * o->kv_len * D;
+    s->hq = random_tensor(nq, o->dtype, o->normal, seed);
+    s->hk = random_tensor(s->nk, o->dtype, o->normal, seed);
+    s->hv = random_tensor(s->nk, o->dtype, false, seed);
     s->gout = malloc(nq * 2);
-    s->glse = malloc(nl * 4);
+    s->glse = malloc(sizeof(float) * (size_t)o->batch * o->heads * o->q_len);
     if (!s->hq || !s->hk || !s->hv || !s->gout || !s->glse)
         return fg_cli_error(FG_EXIT_OTHER, "check: out of host memory");
+    if (o->kv_lens) poison_past_lengths(o, s->hk), poison_past_lengths(o, s->hv);
+    return o->paged ? page_kv(s) : FG_EXIT_OK;
+}
 
+/* A device copy of n int32 values; none for NULL. */
+static fg_status upload_ints(fg_ctx *ctx, CUdeviceptr *d, const int32_t *p, size_t n) {
+    return p ? upload(ctx, d, p, n * sizeof *p) : FG_OK;
+}
+
+/* Everything the GPU call reads, and its out and lse, poisoned. */
+static fg_status device_inputs(state *s) {
+    const options *o = &s->o;
+    fg_ctx *ctx = s->ctx;
     device *dv = &s->dev;
-    st = upload(ctx, &dv->q, s->hq, nq * 2);
-    if (st == FG_OK) st = upload(ctx, &dv->k, s->hk, nk * 2);
-    if (st == FG_OK) st = upload(ctx, &dv->v, s->hv, nk * 2);
-    if (st == FG_OK) st = upload(ctx, &dv->out, NULL, nq * 2);
-    if (st == FG_OK) st = upload(ctx, &dv->lse, NULL, nl * 4);
-    if (st == FG_OK) st = device_binds(ctx, &s->hb, dv);
-    if (st == FG_OK) st = fgi_cu_status(ctx, fgi_cu()->cuMemsetD8(dv->out, 0xff, nq * 2), "cuMemsetD8");
-    if (st == FG_OK) st = fgi_cu_status(ctx, fgi_cu()->cuMemsetD8(dv->lse, 0xff, nl * 4), "cuMemsetD8");
-    if (st != FG_OK) return fg_cli_fail(ctx, st, "check");
+    const size_t nl = (size_t)o->batch * o->heads * o->q_len, nq = nl * (size_t)o->head_dim;
+    FGI_TRY(upload(ctx, &dv->q, s->hq, nq * 2));
+    FGI_TRY(upload(ctx, &dv->k, s->hk, s->nk * 2));
+    FGI_TRY(upload(ctx, &dv->v, s->hv, s->nk * 2));
+    FGI_TRY(upload(ctx, &dv->out, NULL, nq * 2));
+    FGI_TRY(upload(ctx, &dv->lse, NULL, nl * 4));
+    FGI_TRY(upload_ints(ctx, &dv->kv_lens, o->kv_lens, (size_t)o->batch));
+    FGI_TRY(upload_ints(ctx, &dv->q_offsets, o->q_offsets, (size_t)o->batch));
+    FGI_TRY(upload_ints(ctx, &dv->table, s->pg.table, (size_t)o->batch * (size_t)s->pg.max_pages));
+    FGI_TRY(device_binds(ctx, &s->hb, dv));
+    FGI_CU_TRY(ctx, fgi_cu()->cuMemsetD8(dv->out, 0xff, nq * 2), "cuMemsetD8");
+    FGI_CU_TRY(ctx, fgi_cu()->cuMemsetD8(dv->lse, 0xff, nl * 4), "cuMemsetD8");
+    return FG_OK;
+}
 
-    if (o->block_mask) {
-        fg_block_mask_desc bd = {.batch = o->batch, .heads = o->heads, .q_len = o->q_len, .kv_len = o->kv_len,
-                                 .q_block = o->block, .kv_block = o->block};
-        st = fg_block_mask_create_gpu(ctx, s->mod, &bd, dv->binds, dv->nbinds, NULL, &s->bm);
-        if (st == FG_OK) st = fg_block_mask_download(ctx, s->bm);
-        if (st != FG_OK) return fg_cli_fail(ctx, st, "check: block mask");
-    }
+/* The block mask, built on the GPU for the call's positions (the q offset
+ * every sequence shares, block_mask_positions saw to it) as a user builds
+ * it: one row for every sequence (head) when mask_mod never reads b (h). */
+static fg_status make_block_mask(state *s) {
+    const options *o = &s->o;
+    bool uses_b, uses_h;
+    fgi_bm_mask_uses(s->mod, &uses_b, &uses_h);
+    fg_block_mask_desc bd = fg_block_mask_desc_init();
+    bd.batch = uses_b ? o->batch : 1, bd.heads = uses_h ? o->heads : 1;
+    bd.q_len = o->q_len, bd.kv_len = o->kv_len, bd.q_block = bd.kv_block = o->block;
+    bd.q_offset = q_offset_of(o, 0), bd.kv_offset = o->kv_offset;
+    FGI_TRY(fg_block_mask_create_gpu(s->ctx, s->mod, &bd, s->dev.binds, s->dev.nbinds, NULL, &s->bm));
+    return fg_block_mask_download(s->ctx, s->bm);
+}
 
-    fg_attention_args a;
-    memset(&a, 0, sizeof a);
+/* The GPU call on the device inputs. */
+static fg_attention_args gpu_args(const state *s) {
+    const options *o = &s->o;
+    const device *dv = &s->dev;
+    fg_attention_args a = fg_attention_args_init();
     a.batch = o->batch, a.heads_q = o->heads, a.heads_kv = o->kv_heads;
     a.q_len = o->q_len, a.kv_len = o->kv_len, a.head_dim = o->head_dim, a.dtype = o->dtype;
     a.q = (const void *)(uintptr_t)dv->q, a.k = (const void *)(uintptr_t)dv->k;
@@ -718,31 +941,107 @@ static int run_check(state *s) {
     a.q_offset = o->q_offset, a.kv_offset = o->kv_offset;
     a.block_mask = s->bm;
     a.binds = dv->binds, a.nbinds = dv->nbinds;
-    double t0 = fgi_now_ms();
-    st = fg_attention_forward(ctx, s->mod, &a);
-    if (st == FG_OK) st = fgi_cu_status(ctx, fgi_cu()->cuCtxSynchronize(), "kernel execution");
-    double first_ms = fgi_now_ms() - t0;
-    if (st == FG_OK) st = fgi_cu_status(ctx, fgi_cu()->cuMemcpyDtoH(s->gout, dv->out, nq * 2), "cuMemcpyDtoH");
-    if (st == FG_OK) st = fgi_cu_status(ctx, fgi_cu()->cuMemcpyDtoH(s->glse, dv->lse, nl * 4), "cuMemcpyDtoH");
-    if (st != FG_OK) return fg_cli_fail(ctx, st, "check");
+    a.kv_lens = (const int32_t *)(uintptr_t)dv->kv_lens;
+    a.q_offsets = (const int32_t *)(uintptr_t)dv->q_offsets;
+    if (o->paged) {
+        a.block_table = (const int32_t *)(uintptr_t)dv->table;
+        a.page_size = o->page_size, a.num_pages = s->pg.num_pages, a.max_pages = s->pg.max_pages;
+    }
+    return a;
+}
 
+/* ---- the forward's check and timing -------------------------------------------------- */
+
+/* The checked call: fg_attention_forward (the first call compiles: timed
+ * to the kernel's end), its out and lse copied to the host, then the
+ * kernel that ran. */
+static fg_status first_call(state *s, const fg_attention_args *a, double *first_ms) {
+    const options *o = &s->o;
+    fg_ctx *ctx = s->ctx;
+    const size_t nl = (size_t)o->batch * o->heads * o->q_len, nq = nl * (size_t)o->head_dim;
+    const double t0 = fgi_now_ms();
+    FGI_TRY(fg_attention_forward(ctx, s->mod, a));
+    FGI_CU_TRY(ctx, fgi_cu()->cuCtxSynchronize(), "kernel execution");
+    *first_ms = fgi_now_ms() - t0;
+    FGI_CU_TRY(ctx, fgi_cu()->cuMemcpyDtoH(s->gout, s->dev.out, nq * 2), "cuMemcpyDtoH");
+    FGI_CU_TRY(ctx, fgi_cu()->cuMemcpyDtoH(s->glse, s->dev.lse, nl * 4), "cuMemcpyDtoH");
+    FGI_TRY(kernel_that_ran(ctx, s->mod, a, &s->kernel));
+    FGI_CU_TRY(ctx, fgi_cu()->cuCtxSynchronize(), "kernel execution");
+    return FG_OK;
+}
+
+/* Up to 16 values of a per-sequence array, comma-separated. */
+static void print_list(const char *name, const int32_t *v, int n) {
+    printf("%s ", name);
+    for (int i = 0; i < n && i < 16; i++) printf("%s%d", i ? "," : "", (int)v[i]);
+    if (n > 16) printf(",... (%d in all)", n);
+}
+
+static void print_summary(const state *s, double first_ms) {
+    const options *o = &s->o;
+    printf("mod %s: B=%d Hq=%d Hkv=%d Q=%d KV=%d D=%d %s", fg_mod_name(s->mod), o->batch, o->heads, o->kv_heads,
+           o->q_len, o->kv_len, o->head_dim, o->dtype == FG_BF16 ? "bf16" : "fp16");
+    if (o->paged)
+        printf(", paged (page %d, %d pages, %d per sequence at most)", o->page_size, s->pg.num_pages,
+               s->pg.max_pages);
+    printf("%s, kernel: %s (first call %.1f ms)\n", s->bm ? ", GPU block mask" : "",
+           fg_cli_kernel_name(fg_kernel_kind_of(s->kernel)), first_ms);
+    if (!o->kv_lens && !o->q_offsets) return;
+    printf("per sequence: ");
+    if (o->kv_lens) print_list("kv_lens", o->kv_lens, o->batch);
+    if (o->kv_lens && o->q_offsets) printf("; ");
+    if (o->q_offsets) print_list("q_offsets", o->q_offsets, o->batch);
+    printf("%s\n", o->q_offsets_derived ? " (kv_lens - q_len: the queries are the newest tokens)" : "");
+}
+
+/* --time: the forward on the kernel that ran, and the backward. */
+static int time_check(state *s, const fg_attention_args *a) {
+    const options *o = &s->o;
+    fg_ctx *ctx = s->ctx;
+    double density, ms;
+    fg_status st = density_of(ctx, s->mod, &s->hb, s->bm, o, q_offset_of(o, 0), &density);
+    if (st == FG_OK) st = time_runs(ctx, s->kernel, a, NULL, o->time_n, &ms);
+    if (st != FG_OK) return fg_cli_fail(ctx, st, "check: timing");
+    const double keys = total_keys(o);
+    const double flops = 4.0 * o->heads * (double)o->q_len * keys * o->head_dim * density;
+    printf("time: median %.3f ms over %d launches, density %.4f, %.1f TFLOP/s\n", ms, o->time_n, density,
+           flops / (ms * 1e-3) / 1e12);
+    if (o->q_len <= FG_DECODE_MAX_Q || o->paged) { /* bound by reading K/V */
+        const double bytes = 2.0 * 2.0 * o->kv_heads * o->head_dim * keys;
+        printf("K/V: %.1f MB read per call, %.3f TB/s of K/V\n", bytes / 1e6, bytes / (ms * 1e-3) / 1e12);
+    }
+    if (!o->backward) return FG_EXIT_OK;
+    fg_kernel_config cfg = fg_kernel_config_init();
+    cfg.kind = FG_KERNEL_ATTENTION_BWD, cfg.dtype = o->dtype, cfg.head_dim = o->head_dim;
+    fg_kernel *k = NULL;
+    st = fg_kernel_get(ctx, s->mod, &cfg, &k);
+    if (st == FG_OK) st = time_runs(ctx, k, a, &s->bw.args, o->time_n, &ms);
+    fg_kernel_release(k);
+    if (st != FG_OK) return fg_cli_fail(ctx, st, "check: timing the backward");
+    printf("time backward%s: median %.3f ms over %d launches, %.1f TFLOP/s (2.5x the forward's FLOPs)\n",
+           o->deterministic ? " (deterministic)" : "", ms, o->time_n, 2.5 * flops / (ms * 1e-3) / 1e12);
+    return FG_EXIT_OK;
+}
+
+/* The GPU's outputs against the reference (or, with --no-reference, only
+ * for non-finite values); prints the summary and the errors. Whether they
+ * are within tolerance goes to *ok. */
+static int check_forward(state *s, const fg_attention_args *host, double first_ms, bool *ok) {
+    const options *o = &s->o;
+    const size_t nl = (size_t)o->batch * o->heads * o->q_len, nq = nl * (size_t)o->head_dim;
     result r;
-    fg_attention_args host = a;
-    host.binds = s->hb.binds, host.nbinds = s->hb.n;
     if (o->no_reference) {
         memset(&r, 0, sizeof r);
         r.checked_batch = o->batch, r.checked_heads = o->heads;
         for (size_t i = 0; i < nq; i++) r.nonfinite += !isfinite(from16(o->dtype, s->gout[i]));
         for (size_t i = 0; i < nl; i++) r.nonfinite += isnan(s->glse[i]);
     } else {
-        st = compare(ctx, s->mod, &host, o, s->hq, s->hk, s->hv, s->gout, s->glse, &r);
-        if (st != FG_OK) return fg_cli_fail(ctx, st, "check: reference");
+        fg_status st = compare(s->ctx, s->mod, host, o, s->hq, s->hk, s->hv, s->gout, s->glse, &r);
+        if (st != FG_OK) return fg_cli_fail(s->ctx, st, "check: reference");
     }
     const double tol = o->dtype == FG_BF16 ? 1e-2 : 2e-3;
-    bool ok = r.rel <= tol && r.lse_err <= 1e-3 && r.nonfinite == 0 && r.lse_mismatch == 0;
-    printf("mod %s: B=%d Hq=%d Hkv=%d Q=%d KV=%d D=%d %s%s (first call %.1f ms)\n", fg_mod_name(s->mod),
-           o->batch, o->heads, o->kv_heads, o->q_len, o->kv_len, o->head_dim,
-           o->dtype == FG_BF16 ? "bf16" : "fp16", s->bm ? ", GPU block mask" : "", first_ms);
+    *ok = r.rel <= tol && r.lse_err <= 1e-3 && r.nonfinite == 0 && r.lse_mismatch == 0;
+    print_summary(s, first_ms);
     if (o->no_reference) printf("no reference run (--no-reference): only non-finite values checked\n");
     else if (r.checked_batch != o->batch || r.checked_heads != o->heads)
         printf("checked against the reference: batch 0, query heads 0..%d (the whole problem is large)\n",
@@ -753,46 +1052,78 @@ static int run_check(state *s) {
                r.lse_mismatch);
     }
     printf("non-finite values: %ld\n", r.nonfinite);
+    return FG_EXIT_OK;
+}
 
-    bool bwd_ok = true;
-    if (o->backward) {
-        rc = check_backward(s, &a, &host, &seed, &bwd_ok);
-        if (rc) return rc;
-    }
+static int run_check(state *s) {
+    options *o = &s->o;
+    fg_ctx *ctx = s->ctx;
+    int rc = fg_cli_load_mod(ctx, &o->mod, &s->mod);
+    if (rc) return rc;
+    rc = fg_cli_bind(ctx, s->mod, &o->mod, &s->hb);
+    if (rc) return rc;
+    s->have_hb = true;
+    fg_status st = o->decode_kernel >= 0 ? fg_ctx_set_int(ctx, FG_OPT_DECODE_KERNEL, o->decode_kernel) : FG_OK;
+    if (st != FG_OK) return fg_cli_fail(ctx, st, "check");
+    st = fgi_cuda_ready(ctx);
+    if (st == FG_ERR_NO_DEVICE)
+        return fg_cli_error(FG_EXIT_NO_GPU, "check: no usable CUDA device (%s): the check needs a GPU",
+                            fg_errmsg(ctx));
+    if (st != FG_OK) return fg_cli_fail(ctx, st, "check");
 
-    if (o->time_n > 0) {
-        double density, ms;
-        st = density_of(ctx, s->mod, &s->hb, s->bm, o, &density);
-        if (st == FG_OK) st = time_runs(ctx, s->mod, &a, NULL, o->time_n, &ms);
-        if (st != FG_OK) return fg_cli_fail(ctx, st, "check: timing");
-        double flops = 4.0 * o->batch * o->heads * (double)o->q_len * o->kv_len * o->head_dim * density;
-        printf("time: median %.3f ms over %d launches, density %.4f, %.1f TFLOP/s\n", ms, o->time_n,
-               density, flops / (ms * 1e-3) / 1e12);
-        if (o->backward) {
-            st = time_runs(ctx, s->mod, &a, &s->bw.args, o->time_n, &ms);
-            if (st != FG_OK) return fg_cli_fail(ctx, st, "check: timing the backward");
-            printf("time backward%s: median %.3f ms over %d launches, %.1f TFLOP/s (2.5x the forward's FLOPs)\n",
-                   o->deterministic ? " (deterministic)" : "", ms, o->time_n, 2.5 * flops / (ms * 1e-3) / 1e12);
-        }
-    }
+    uint64_t seed = 0x9E3779B97F4A7C15ull ^ ((uint64_t)o->seed * 0x100000001b3ull);
+    rc = host_inputs(s, &seed);
+    if (rc) return rc;
+    st = device_inputs(s);
+    if (st != FG_OK) return fg_cli_fail(ctx, st, "check");
+    if (o->block_mask && (st = make_block_mask(s)) != FG_OK) return fg_cli_fail(ctx, st, "check: block mask");
+    const fg_attention_args a = gpu_args(s);
+    if (o->paged && (st = fg_block_table_check(ctx, &a, s->pg.table, o->kv_lens)) != FG_OK)
+        return fg_cli_fail(ctx, st, "check: block table");
+    double first_ms = 0;
+    if ((st = first_call(s, &a, &first_ms)) != FG_OK) return fg_cli_fail(ctx, st, "check");
+
+    /* the reference reads the same call from host memory */
+    fg_attention_args host = a;
+    host.binds = s->hb.binds, host.nbinds = s->hb.n;
+    host.kv_lens = o->kv_lens, host.q_offsets = o->q_offsets, host.block_table = s->pg.table;
+    bool ok = false, bwd_ok = true;
+    rc = check_forward(s, &host, first_ms, &ok);
+    if (rc == FG_EXIT_OK && o->backward) rc = check_backward(s, &a, &host, &seed, &bwd_ok);
+    if (rc == FG_EXIT_OK && o->time_n > 0) rc = time_check(s, &a);
+    if (rc) return rc;
     ok = ok && bwd_ok;
     printf("%s\n", ok ? "PASS" : "FAIL: outside tolerance");
     return ok ? FG_EXIT_OK : FG_EXIT_TOLERANCE;
+}
+
+static void options_free(options *o) {
+    free(o->kv_lens), free(o->q_offsets);
+    o->kv_lens = o->q_offsets = NULL;
 }
 
 int fg_cmd_check(int argc, char **argv) {
     state s;
     memset(&s, 0, sizeof s);
     int rc = parse_args(argc, argv, &s.o);
-    if (rc) return rc < 0 ? FG_EXIT_OK : rc;
-    if (fg_ctx_create(&s.ctx) != FG_OK) return fg_cli_error(FG_EXIT_OTHER, "check: out of memory");
+    if (rc) {
+        options_free(&s.o);
+        return rc < 0 ? FG_EXIT_OK : rc;
+    }
+    if (fg_ctx_create(&s.ctx) != FG_OK) {
+        options_free(&s.o);
+        return fg_cli_error(FG_EXIT_OTHER, "check: out of memory");
+    }
     rc = run_check(&s);
     device_free(&s.dev); /* frees only what was allocated */
     fg_block_mask_destroy(s.bm);
+    fg_kernel_release(s.kernel);
     if (s.have_hb) fg_cli_bindings_free(&s.hb);
     fg_mod_destroy(s.mod);
     backward_free(&s.bw);
+    fg_cli_paging_free(&s.pg);
     free(s.hq), free(s.hk), free(s.hv), free(s.gout), free(s.glse);
+    options_free(&s.o);
     fg_ctx_destroy(s.ctx);
     return rc;
 }

@@ -152,18 +152,13 @@ static int parse_choice(const char *arg, const char *opt, const char *const *nam
 
 /* One option of the default action; FG_EXIT_OK or FG_EXIT_USAGE. */
 static int gen_option(gen_opts *o, int c, const char *arg) {
-    static const char *const kinds[] = {"attention", "blockmask", "attention-sm90", "attention-bwd",
-                                        "attention-bwd-sm90", "decode"};
-    static const fg_kernel_kind kind_values[] = {FG_KERNEL_ATTENTION_FWD, FG_KERNEL_BLOCK_MASK,
-                                                 FG_KERNEL_ATTENTION_FWD_SM90, FG_KERNEL_ATTENTION_BWD,
-                                                 FG_KERNEL_ATTENTION_BWD_SM90, FG_KERNEL_ATTENTION_DECODE};
     static const char *const dtypes[] = {"bf16", "fp16"};
     static const char *const emits[] = {"cuda", "ptx", "cubin", "mod"};
     int i, v;
     switch (c) {
     case OPT_KERNEL:
-        if ((i = parse_choice(arg, "--kernel", kinds, 6)) < 0) return FG_EXIT_USAGE;
-        o->cfg.kind = kind_values[i];
+        if ((i = parse_choice(arg, "--kernel", fg_cli_kernel_names, FG_CLI_KERNEL_KINDS)) < 0) return FG_EXIT_USAGE;
+        o->cfg.kind = fg_cli_kernel_kinds[i];
         return 0;
     case OPT_DTYPE:
         if ((i = parse_choice(arg, "--dtype", dtypes, 2)) < 0) return FG_EXIT_USAGE;

@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include "bench.h"
-#include "blockmask.h"
 #include "cli.h"
 
 /* ---- a cache folder per case ---------------------------------------------- */
@@ -87,8 +86,7 @@ static fg_status time_backward(fg_ctx *ctx, const bench_opts *o, const bench_fwd
 
 /* ---- one case --------------------------------------------------------------- */
 
-/* The mask file's mod, the score file's, or the two combined. */
-static fg_status load_case_mod(fg_ctx *ctx, const bench_case *c, fg_mod **out) {
+fg_status bench_load_case_mod(fg_ctx *ctx, const bench_case *c, fg_mod **out) {
     fg_mod *m = NULL, *s = NULL;
     *out = NULL;
     if (c->mask_file) FGI_TRY(fg_mod_from_file(ctx, c->mask_file, &m));
@@ -119,7 +117,7 @@ fg_status bench_run_case(fg_ctx *ctx, const bench_opts *o, const bench_case *c, 
     char cache[4096] = "";
     fg_cache_stats s0, s1;
     snprintf(r->name, sizeof r->name, "%s", c->name);
-    fg_status st = load_case_mod(ctx, c, &mod);
+    fg_status st = bench_load_case_mod(ctx, c, &mod);
     if (st == FG_OK) snprintf(r->mod_name, sizeof r->mod_name, "%s", fg_mod_name(mod));
     if (st == FG_OK) st = bench_case_params(ctx, o, c, mod, B, H, S, &s);
     if (st == FG_OK) st = bench_dev_params_upload(ctx, &s, &d);
@@ -134,12 +132,8 @@ fg_status bench_run_case(fg_ctx *ctx, const bench_opts *o, const bench_case *c, 
     r->density = 1.0;
     r->bm_first_ms = r->bm_rebuild_ms = NAN; /* none without a mask_mod */
     if (st == FG_OK && fg_mod_has_mask(mod)) {
-        bool uses_b, uses_h;
-        fgi_bm_mask_uses(mod, &uses_b, &uses_h);
-        fg_block_mask_desc desc = {.batch = uses_b ? B : 1, .heads = uses_h ? H : 1, .q_len = S, .kv_len = S,
-                                   .q_block = 128, .kv_block = 128};
         double t0 = fgi_now_ms();
-        st = fg_block_mask_create_gpu(ctx, mod, &desc, d.binds, d.n, NULL, &bm);
+        st = bench_block_mask_create(ctx, mod, B, H, S, S, 0, &d, &bm);
         if (st == FG_OK) st = bench_sync(ctx);
         r->bm_first_ms = fgi_now_ms() - t0;
         bench_rebuild_arg ra = {bm, mod, d.binds, d.n};
@@ -206,7 +200,7 @@ fg_status bench_run_case(fg_ctx *ctx, const bench_opts *o, const bench_case *c, 
     fg_block_mask_destroy(bm);
     bench_dev_params_free(&d);
     bench_params_free(&s);
-    if (st == FG_OK && o->check) st = bench_check_case(ctx, o, c, mod, r);
+    if (st == FG_OK && o->check) st = bench_check_case(ctx, o, c, mod, &r->acc);
     if (st != FG_OK) { /* report now: the cleanup below may clear the error */
         snprintf(r->failure, sizeof r->failure, "%s: %s", fg_status_string(st), fg_errmsg(ctx));
         fg_cli_fail(ctx, st, r->name);

@@ -4,7 +4,17 @@
  * stream, one synchronisation at the end, and the median of the event
  * times (the mean of the middle two for an even count), which a stray slow
  * launch does not move. The launches it times are a forward pass, a
- * backward pass and a block-mask rebuild.
+ * backward pass, a block-mask rebuild and a launch of a cached kernel.
+ *
+ * The host's side of a launch is timed too: the wall-clock time of a
+ * burst of back-to-back launches with nothing else in the timed region (no
+ * synchronisation: the device runs behind), divided by the burst's length,
+ * the median over rounds with the device drained between them -- so the
+ * queue of pending launches never fills and makes a launch wait -- and
+ * apart the first launch of each burst, the one right after the drain: a
+ * serving loop that waits for every step's result pays that one each time
+ * (a launch that takes stream-ordered memory may find the pool given back
+ * at the synchronisation).
  */
 #include <stdlib.h>
 
@@ -13,6 +23,13 @@
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+/* The median of t[0 .. n) (sorted in place), the mean of the middle two
+ * for an even n. */
+static double median(double *t, int n) {
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
 fg_status bench_time_median(fg_ctx *ctx, bench_launch_fn fn, void *arg, int warmup, int iters, double *ms) {
@@ -35,12 +52,29 @@ fg_status bench_time_median(fg_ctx *ctx, bench_launch_fn fn, void *arg, int warm
         st = fgi_cu_status(ctx, cu->cuEventElapsedTime(&e, ev[2 * i], ev[2 * i + 1]), "cuEventElapsedTime");
         t[i] = e;
     }
-    if (st == FG_OK) {
-        qsort(t, (size_t)iters, sizeof *t, cmp_double);
-        *ms = iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
-    }
+    if (st == FG_OK) *ms = median(t, iters);
     for (int i = 0; i < made; i++) cu->cuEventDestroy(ev[i]);
     free(ev);
+    free(t);
+    return st;
+}
+
+fg_status bench_host_us(fg_ctx *ctx, bench_launch_fn fn, void *arg, int rounds, int burst, double *us,
+                        double *first_us) {
+    double *t = calloc((size_t)rounds * 2, sizeof *t), *first = t + rounds;
+    if (!t) return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory");
+    fg_status st = FG_OK;
+    for (int i = 0; st == FG_OK && i < rounds; i++) {
+        st = bench_sync(ctx);
+        const double t0 = fgi_now_ms();
+        if (st == FG_OK) st = fn(ctx, arg);
+        const double t1 = fgi_now_ms();
+        for (int j = 1; st == FG_OK && j < burst; j++) st = fn(ctx, arg);
+        t[i] = (fgi_now_ms() - t0) * 1e3 / burst;
+        first[i] = (t1 - t0) * 1e3;
+    }
+    if (st == FG_OK) st = bench_sync(ctx);
+    if (st == FG_OK) *us = median(t, rounds), *first_us = median(first, rounds);
     free(t);
     return st;
 }
@@ -58,6 +92,11 @@ fg_status bench_launch_forward(fg_ctx *ctx, void *p) {
 fg_status bench_launch_backward(fg_ctx *ctx, void *p) {
     bench_bwd_arg *a = p;
     return fg_attention_backward(ctx, a->mod, &a->args);
+}
+
+fg_status bench_launch_kernel(fg_ctx *ctx, void *p) {
+    bench_kernel_arg *a = p;
+    return fg_kernel_launch(ctx, a->kernel, &a->args);
 }
 
 fg_status bench_launch_rebuild(fg_ctx *ctx, void *p) {
