@@ -112,6 +112,7 @@ fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_a
     }
     void *params[2] = {&abi, blob.bytes};
     const unsigned grid[3] = {(unsigned)abi.n_split, (unsigned)(a->heads_kv * abi.row_tiles), (unsigned)a->batch};
+    if (abi.paged) entry += FGI_DEC_PAGED - FGI_DEC_R16;
     fg_status s = fgi_kernel_run(ctx, k, entry, grid, params, a->stream);
     if (s == FG_OK && abi.n_split > 1) {
         /* a thread per output element */

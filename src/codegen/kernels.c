@@ -158,6 +158,7 @@ static fgi_kernel_geom bwd_sm90_geometry(const fg_kernel_config *c, int entry) {
 static fgi_kernel_geom decode_geometry(const fg_kernel_config *c, int entry) {
     fgi_kernel_geom g = {.block_m = 16, .block_n = FGI_DEC_BLOCK_N, .threads = 128, .bands = 1};
     if (entry == FGI_DEC_MERGE) return g;
+    if (entry >= FGI_DEC_PAGED) entry -= FGI_DEC_PAGED - FGI_DEC_R16;
     g.block_m = entry == FGI_DEC_R16 ? 16 : entry == FGI_DEC_R32 ? 32 : 64;
     const size_t row = (size_t)(c->head_dim + 8) * 2;
     const int stages = c->head_dim <= 64 ? 5 : c->head_dim <= 128 ? 3 : 2;
@@ -274,7 +275,8 @@ static const fgi_kernel_entry registry[] = {
         .source_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM,
         .name_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM,
         .entries = {"fg_attention_decode_r16", "fg_attention_decode_r32", "fg_attention_decode_r64",
-                    "fg_attention_decode_merge"},
+                    "fg_attention_decode_merge", "fg_attention_decode_r16_paged", "fg_attention_decode_r32_paged",
+                    "fg_attention_decode_r64_paged"},
         .min_cc = 80,
         .check = decode_check,
         .geometry = decode_geometry,

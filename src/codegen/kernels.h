@@ -69,7 +69,7 @@ enum {
 };
 
 #define FGI_KERNEL_MAX_TEMPLATES 4
-#define FGI_KERNEL_MAX_ENTRIES 6
+#define FGI_KERNEL_MAX_ENTRIES 8
 #define FGI_KERNEL_SLOTS 16 /* rows the registry may have (per-row memos) */
 
 /* How one entry point is launched: the tile a thread block covers (q rows x
@@ -122,8 +122,10 @@ enum {
 };
 
 /* The decode kernel's entry points, in its row's order: the walk for
- * tiles of 16, 32 and 64 packed rows, and the merge of its splits. */
-enum { FGI_DEC_R16 = 0, FGI_DEC_R32 = 1, FGI_DEC_R64 = 2, FGI_DEC_MERGE = 3 };
+ * tiles of 16, 32 and 64 packed rows over contiguous K/V, the merge of
+ * its splits, then the three walks over paged K/V (FGI_DEC_PAGED + the
+ * contiguous one's index). */
+enum { FGI_DEC_R16 = 0, FGI_DEC_R32 = 1, FGI_DEC_R64 = 2, FGI_DEC_MERGE = 3, FGI_DEC_PAGED = 4 };
 /* K/V rows per decode tile (FGD_BLOCK_N), and the most splits of a walk
  * (the parts of a row its merge sums). */
 #define FGI_DEC_BLOCK_N 64

@@ -91,41 +91,69 @@ static __device__ __forceinline__ void fgd_cp16(fg_u32 dst, const void *src, boo
 
 /* ---- K/V rows ---------------------------------------------------------------- */
 
-/* Where key j's row lives, or NULL for a bad page (paged only). `kbase` is
- * the tensor at (sequence b, KV head) for contiguous K/V, at (page 0, KV
- * head) for paged; `table` the sequence's row of the block table. */
-template <bool PAGED>
-static __device__ __forceinline__ const fg_u16 *fgd_row(const fga_args &a, const fg_u16 *kbase, fg_i64 page_stride,
-                                                       fg_i64 row_stride, const int *table, int j) {
-    if (!PAGED) return kbase + (fg_i64)j * row_stride;
-    return fga_paged_row(a, kbase, page_stride, row_stride, table, j);
-}
-
-/* Copy K and V rows [kv0, kv0 + 64) into a stage; rows at or past `len`
- * and rows of bad pages are zero-filled. Returns whether this thread met a
- * bad page. Each thread keeps one 16-byte chunk column and steps down the
- * rows; K and V share the row lookups. */
-template <bool PAGED>
-static __device__ __forceinline__ bool fgd_load_kv(const fga_args &a, fg_u32 stage, const fg_u16 *kbase,
-                                                   const fg_u16 *vbase, const int *table, int kv0, int len) {
+/* Copy the K and V rows of a paged tile [kv0, kv0 + 64) into a stage
+ * (`kbase` / `vbase` at page 0 of the KV head, `table` the sequence's row
+ * of the block table); rows at or past `len` and rows of bad pages
+ * (fga_page_ok) are zero-filled. Returns whether this thread met a bad
+ * page. A tile starts at a multiple of 64 and a page holds at least 16
+ * rows, so the tile touches at most four pages: their ids are read and
+ * checked once per tile (the same words for every thread, one broadcast
+ * each) and each row picks its page from them, instead of a dependent
+ * table read and check per row in front of its copy. */
+static __device__ __forceinline__ bool fgd_load_kv_paged(const fga_args &a, fg_u32 stage, const fg_u16 *kbase,
+                                                         const fg_u16 *vbase, const int *table, int kv0, int len) {
     constexpr int STEP = FGD_THREADS / FGD_CHUNKS;
     const int r = threadIdx.x / FGD_CHUNKS, ch = threadIdx.x % FGD_CHUNKS;
     const fg_u32 dst = stage + (fg_u32)((r * FGD_ROW + ch * 8) * 2);
+    const int shift = a.page_shift, p0 = kv0 >> shift, end = min(kv0 + FGD_BLOCK_N, len);
+    int pid[4]; /* -1: a bad page, or one the tile does not reach */
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        int page = -1;
+        if (((p0 + q) << shift) < end && p0 + q < a.max_pages) page = table[p0 + q];
+        pid[q] = page >= 0 && page < a.num_pages ? page : -1;
+    }
     bool bad = false;
+#pragma unroll
+    for (int i = 0; i < FGD_BLOCK_N / STEP; i++) {
+        const int j = kv0 + r + i * STEP, q = (j >> shift) - p0;
+        const int page = q == 0 ? pid[0] : q == 1 ? pid[1] : q == 2 ? pid[2] : pid[3];
+        const bool ok = j < len && page >= 0;
+        bad |= j < len && page < 0;
+        const fg_i64 row = j & ((1 << shift) - 1);
+        const fg_u16 *kr = kbase + (fg_i64)page * a.k_stride[0] + row * a.k_stride[2] + ch * 8;
+        const fg_u16 *vr = vbase + (fg_i64)page * a.v_stride[0] + row * a.v_stride[2] + ch * 8;
+        const fg_u32 d = dst + (fg_u32)(i * STEP * FGD_ROW * 2);
+        fgd_cp16(d, ok ? kr : kbase, ok);
+        fgd_cp16(d + FGD_KV_BYTES, ok ? vr : vbase, ok);
+    }
+    return bad;
+}
+
+/* Copy K and V rows [kv0, kv0 + 64) into a stage; rows at or past `len`
+ * are zero-filled (and with PAGED, rows of bad pages: the return says
+ * whether this thread met one). Each thread keeps one 16-byte chunk
+ * column and steps down the rows. */
+template <bool PAGED>
+static __device__ __forceinline__ bool fgd_load_kv(const fga_args &a, fg_u32 stage, const fg_u16 *kbase,
+                                                   const fg_u16 *vbase, const int *table, int kv0, int len) {
+    if (PAGED) return fgd_load_kv_paged(a, stage, kbase, vbase, table, kv0, len);
+    constexpr int STEP = FGD_THREADS / FGD_CHUNKS;
+    const int r = threadIdx.x / FGD_CHUNKS, ch = threadIdx.x % FGD_CHUNKS;
+    const fg_u32 dst = stage + (fg_u32)((r * FGD_ROW + ch * 8) * 2);
 #pragma unroll
     for (int i = 0; i < FGD_BLOCK_N / STEP; i++) {
         const int j = kv0 + r + i * STEP;
         const fg_u16 *kr = 0, *vr = 0;
         if (j < len) {
-            kr = fgd_row<PAGED>(a, kbase, a.k_stride[0], a.k_stride[2], table, j);
-            vr = fgd_row<PAGED>(a, vbase, a.v_stride[0], a.v_stride[2], table, j);
-            bad |= PAGED && !kr;
+            kr = kbase + (fg_i64)j * a.k_stride[2];
+            vr = vbase + (fg_i64)j * a.v_stride[2];
         }
         const fg_u32 d = dst + (fg_u32)(i * STEP * FGD_ROW * 2);
         fgd_cp16(d, kr ? kr + ch * 8 : kbase, kr != 0);
         fgd_cp16(d + FGD_KV_BYTES, vr ? vr + ch * 8 : vbase, vr != 0);
     }
-    return bad;
+    return false;
 }
 
 /* ---- the rows a thread owns ---------------------------------------------------- */
@@ -442,12 +470,20 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     }
 }
 
+/* Contiguous and paged K/V are entry points of their own (NAME and
+ * NAME_paged), so that neither shapes the other's register allocation:
+ * in one function the paged loads cost the contiguous walk of softcap 4%
+ * (bench/attention_notes.md, decode d5). */
 #define FGD_ENTRY(NAME, WK)                                                                                   \
     extern "C" __global__ void __launch_bounds__(FGD_THREADS)                                                \
         NAME(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {                 \
         extern __shared__ __align__(128) unsigned char fgd_smem[];                                           \
-        if (a.paged) fgd_decode<WK, true>(a, p, fgd_smem);                                                   \
-        else fgd_decode<WK, false>(a, p, fgd_smem);                                                          \
+        fgd_decode<WK, false>(a, p, fgd_smem);                                                               \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(FGD_THREADS)                                                \
+        NAME##_paged(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {         \
+        extern __shared__ __align__(128) unsigned char fgd_smem[];                                           \
+        fgd_decode<WK, true>(a, p, fgd_smem);                                                                \
     }
 FGD_ENTRY(fg_attention_decode_r16, 4)
 FGD_ENTRY(fg_attention_decode_r32, 2)
