@@ -44,6 +44,10 @@
  *    serve every later call. The cache counters must not move after that.
  *    (fg_kernel_launch with those kernels would skip even the in-memory
  *    lookup of each fg_attention_forward.)
+ *  - The workspace. A decode step splits each sequence's walk over thread
+ *    blocks and merges the parts; their workspace is allocated once, sized
+ *    by fg_attention_workspace_size for the longest a sequence can grow,
+ *    and passed in every call, so a step allocates nothing.
  *
  * PAGE_SIZE is 16, vLLM's default: a sequence wastes at most 15 rows, and
  * the decode kernel reads K/V in tiles of 64 keys, so each tile gathers 4
@@ -146,6 +150,8 @@ typedef struct server {
     uint16_t *step_q, *step_out;
     float *step_lse;
     ex_dptr d_step_q, d_step_out, d_step_lse;
+    ex_dptr d_workspace; /* the decode step's, allocated once            */
+    size_t workspace_size;
     /* one prompt: q, out [prompt][HQ][D] (BSHD), lse [HQ][prompt] */
     uint16_t *pre_q, *pre_out;
     float *pre_lse;
@@ -299,6 +305,7 @@ static fg_attention_args decode_args(const server *sv, int kv_len) {
     a.kv_lens = (const int32_t *)ex_ptr(sv->pool.dkv_lens);
     a.q_offsets = (const int32_t *)ex_ptr(sv->pool.dq_offsets);
     a.block_table = (const int32_t *)ex_ptr(sv->pool.dtable);
+    a.workspace = ex_ptr(sv->d_workspace), a.workspace_size = sv->workspace_size;
     return a;
 }
 
@@ -489,6 +496,15 @@ int main(void) {
     /* The kernels, fetched once: compiled, or loaded from the disk cache
      * of an earlier run. Which one serves a call depends on its shapes
      * (q_len above all), not on lengths, offsets or the table. */
+    /* The decode step's workspace (its split walk's parts), once, for the
+     * longest a sequence can grow: the call never allocates. */
+    fg_attention_args wa = decode_args(&sv, MAX_PAGES * PAGE_SIZE);
+    EX_TRY(sv.ctx, fg_attention_workspace_size(sv.ctx, mod, &wa, &sv.workspace_size));
+    if (sv.workspace_size) {
+        sv.d_workspace = ex_alloc(sv.workspace_size);
+        EX_REQUIRE(sv.d_workspace, "out of device memory");
+    }
+    printf("decode workspace: %.1f KiB, allocated once\n", sv.workspace_size / 1024.0);
     fg_cache_reset_stats();
     fg_attention_args pa = prefill_args(&sv, 0, MAX_PROMPT), da = decode_args(&sv, 1);
     double t0 = ex_now_ms();
@@ -649,7 +665,7 @@ done:
     ex_timer_destroy(&sv.timer);
     ex_free(pool->dk), ex_free(pool->dv), ex_free(pool->dtable), ex_free(pool->dkv_lens);
     ex_free(pool->dq_offsets);
-    ex_free(sv.d_step_q), ex_free(sv.d_step_out), ex_free(sv.d_step_lse);
+    ex_free(sv.d_step_q), ex_free(sv.d_step_out), ex_free(sv.d_step_lse), ex_free(sv.d_workspace);
     ex_free(sv.d_pre_q), ex_free(sv.d_pre_out), ex_free(sv.d_pre_lse);
     free(pool->k), free(pool->v);
     free(sv.step_q), free(sv.step_out), free(sv.step_lse);

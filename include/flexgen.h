@@ -580,6 +580,17 @@ typedef struct fg_attention_args {
     const int32_t *q_offsets;
     const int32_t *block_table;
     int page_size, num_pages, max_pages;
+    /* Since 0.2: device memory the call may use as its workspace (the
+     * decode kernel's split parts), 256-byte aligned, workspace_size
+     * bytes; fg_attention_workspace_size says how much a call uses. NULL
+     * or too small: the call takes its workspace from the library's
+     * stream-ordered pool on the device and gives it back on the stream.
+     * A workspace of the caller's saves that allocation's host time on
+     * every call and keeps a captured CUDA graph free of allocations. It
+     * is used in stream order: calls running at once on different
+     * streams need one each. */
+    void *workspace;
+    size_t workspace_size;
 } fg_attention_args;
 
 #ifdef __cplusplus
@@ -620,6 +631,15 @@ FG_API fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_a
  * batch, offsets or page table. */
 FG_API fg_status fg_attention_kernel_for(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
                                          fg_kernel **out);
+/* The workspace (bytes) fg_attention_forward uses for `args` (shapes,
+ * dtype, head dim and paging; pointers may be NULL): the decode kernel's
+ * split parts, B * Hq * q_len * splits * (head_dim + 1) floats rounded up,
+ * 0 when the call runs on a forward kernel or does not split its walk.
+ * The split count follows the batch, the heads, kv_len and the GPU, so a
+ * serving loop sizes its workspace for the largest of its calls (more
+ * sequences need fewer splits). */
+FG_API fg_status fg_attention_workspace_size(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
+                                             size_t *bytes);
 /* Launch a forward-family kernel (FG_KERNEL_ATTENTION_FWD, _FWD_SM90 or
  * _DECODE). The decode kernel splits long KV walks over thread blocks and
  * takes fp32 workspace for their parts, B * Hq * q_len * splits *

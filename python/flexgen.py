@@ -147,6 +147,7 @@ class _AttentionArgs(_Growable):
         ("struct_size", ctypes.c_size_t),
         ("kv_lens", ctypes.c_void_p), ("q_offsets", ctypes.c_void_p), ("block_table", ctypes.c_void_p),
         ("page_size", ctypes.c_int), ("num_pages", ctypes.c_int), ("max_pages", ctypes.c_int),
+        ("workspace", ctypes.c_void_p), ("workspace_size", ctypes.c_size_t),
     ]
 
 

@@ -319,6 +319,74 @@ static void test_prefill(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/* ---- a workspace of the caller's -------------------------------------------------- */
+
+/* A split decode call (one long sequence) with the caller's workspace
+ * gives the same bits as with the library's pool; too small a workspace
+ * falls back to the pool; a misaligned one is refused; a call on the
+ * forward kernel needs none. */
+static void test_workspace(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    assert_int_equal(fgi_cuda_ready(ctx), FG_OK);
+    fg_mod *mod = tu_gallery_mod(ctx, "causal");
+    const int B = 1, HQ = 8, HKV = 2, Q = 2, KV = 20000, D = 128;
+    const size_t nq = (size_t)B * HQ * Q * D, nkv = (size_t)B * HKV * KV * D, nl = (size_t)B * HQ * Q;
+    uint16_t *hq = random16(FG_BF16, nq, true), *hk = random16(FG_BF16, nkv, true), *hv = random16(FG_BF16, nkv, false);
+    CUdeviceptr dq = upload(hq, nq * 2), dk = upload(hk, nkv * 2), dv = upload(hv, nkv * 2), dout[2], dlse[2];
+    fg_attention_args a = fg_attention_args_init();
+    a.batch = B, a.heads_q = HQ, a.heads_kv = HKV, a.q_len = Q, a.kv_len = KV, a.head_dim = D, a.dtype = FG_BF16;
+    a.q_offset = KV - Q;
+    size_t need = 0;
+    assert_int_equal(fg_attention_workspace_size(ctx, mod, &a, &need), FG_OK); /* pointers not needed */
+    assert_true(need > 0);
+    a.q = (const void *)(uintptr_t)dq, a.k = (const void *)(uintptr_t)dk, a.v = (const void *)(uintptr_t)dv;
+    CUdeviceptr ws;
+    assert_int_equal(fgi_cu()->cuMemAlloc(&ws, need + 512), CUDA_SUCCESS);
+    void *host[2][2];
+    for (int run = 0; run < 2; run++) {
+        assert_int_equal(fgi_cu()->cuMemAlloc(&dout[run], nq * 2), CUDA_SUCCESS);
+        assert_int_equal(fgi_cu()->cuMemAlloc(&dlse[run], nl * 4), CUDA_SUCCESS);
+        assert_int_equal(fgi_cu()->cuMemsetD8(dout[run], 0xff, nq * 2), CUDA_SUCCESS);
+        assert_int_equal(fgi_cu()->cuMemsetD8(dlse[run], 0xff, nl * 4), CUDA_SUCCESS);
+        a.out = (void *)(uintptr_t)dout[run], a.lse = (float *)(uintptr_t)dlse[run];
+        /* run 0: the pool's; run 1: the caller's */
+        a.workspace = run ? (void *)(uintptr_t)ws : NULL, a.workspace_size = run ? need : 0;
+        assert_int_equal(fg_attention_forward(ctx, mod, &a), FG_OK);
+        assert_int_equal(fgi_cu()->cuCtxSynchronize(), CUDA_SUCCESS);
+        host[run][0] = malloc(nq * 2), host[run][1] = malloc(nl * 4);
+        assert_int_equal(fgi_cu()->cuMemcpyDtoH(host[run][0], dout[run], nq * 2), CUDA_SUCCESS);
+        assert_int_equal(fgi_cu()->cuMemcpyDtoH(host[run][1], dlse[run], nl * 4), CUDA_SUCCESS);
+    }
+    assert_memory_equal(host[0][0], host[1][0], nq * 2);
+    assert_memory_equal(host[0][1], host[1][1], nl * 4);
+    long nonfinite = 0;
+    for (size_t i = 0; i < nq; i++) nonfinite += !isfinite(from16(FG_BF16, ((uint16_t *)host[1][0])[i]));
+    assert_int_equal(nonfinite, 0);
+    /* too small: the pool serves the call */
+    a.workspace_size = need - 1;
+    assert_int_equal(fg_attention_forward(ctx, mod, &a), FG_OK);
+    /* misaligned */
+    a.workspace = (void *)(uintptr_t)(ws + 16), a.workspace_size = need;
+    assert_int_equal(fg_attention_forward(ctx, mod, &a), FG_ERR_SHAPE);
+    /* the forward kernel's calls take none; bad shapes are refused */
+    a.q_len = 100;
+    assert_int_equal(fg_attention_workspace_size(ctx, mod, &a, &need), FG_OK);
+    assert_int_equal(need, 0);
+    a.heads_kv = 3;
+    assert_int_equal(fg_attention_workspace_size(ctx, mod, &a, &need), FG_ERR_SHAPE);
+    assert_int_equal(fgi_cu()->cuCtxSynchronize(), CUDA_SUCCESS);
+    for (int run = 0; run < 2; run++) {
+        free(host[run][0]), free(host[run][1]);
+        fgi_cu()->cuMemFree(dout[run]), fgi_cu()->cuMemFree(dlse[run]);
+    }
+    fgi_cu()->cuMemFree(ws), fgi_cu()->cuMemFree(dq), fgi_cu()->cuMemFree(dk), fgi_cu()->cuMemFree(dv);
+    free(hq), free(hk), free(hv);
+    fg_mod_destroy(mod);
+    fg_ctx_destroy(ctx);
+}
+
 /* ---- the merge ------------------------------------------------------------------ */
 
 /* Attention over KV cut into `nparts` uneven chunks (each a forward call on
@@ -490,6 +558,7 @@ int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_workspace),
         cmocka_unit_test(test_merge),
         cmocka_unit_test(test_features),
         cmocka_unit_test(test_prefill),

@@ -133,6 +133,8 @@ static void test_layouts(void **state) {
         assert_null(as[i]->q_offsets);
         assert_null(as[i]->block_table);
         assert_int_equal(as[i]->page_size + as[i]->num_pages + as[i]->max_pages, 0);
+        assert_null(as[i]->workspace);
+        assert_int_equal(as[i]->workspace_size, 0);
         assert_int_equal(as[i]->struct_size, sizeof(fg_attention_args));
     }
 }

@@ -14,8 +14,10 @@
  *   3. the split count (choose_split): enough thread blocks to fill every
  *      SM once with resident blocks, never more than a split per 2 K/V
  *      tiles nor FGI_DEC_MAX_SPLIT;
- *   4. with more than one split, fp32 workspace for the parts, the walk,
- *      the merge, the workspace given back -- all on the caller's stream.
+ *   4. with more than one split, fp32 workspace for the parts (the
+ *      caller's, fg_attention_args.workspace, when large enough; else the
+ *      library pool's for this call), the walk, the merge -- all on the
+ *      caller's stream.
  */
 #include "attention/attention.h"
 
@@ -65,50 +67,91 @@ static int choose_split(int sms, const fg_attention_args *a, int row_tiles) {
     return n < 1 ? 1 : (int)n;
 }
 
+/* How a decode call is laid out: the entry point (by packed rows, and
+ * with a one-row-per-q-block mask of a group of one, no taller than the
+ * mask's q blocks), the packed rows and their tiles, the split count, and
+ * the workspace of the parts (lse, then o; 0 bytes without a split). */
+typedef struct decode_plan {
+    int entry, group, rows, row_tiles, n_split;
+    size_t lse_bytes, ws_bytes;
+} decode_plan;
+
+static const int entry_rows[3] = {16, 32, 64}; /* FGI_DEC_R16 .. R64, as decode_geometry */
+
+static fg_status plan_decode(fg_ctx *ctx, const fg_attention_args *a, decode_plan *p) {
+    memset(p, 0, sizeof *p);
+    p->group = a->heads_q / a->heads_kv;
+    const int64_t rows = (int64_t)p->group * a->q_len;
+    if (rows > (1 << 30))
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "group %d x q_len %d packed rows are too many", p->group,
+                         a->q_len);
+    p->entry = rows <= 16 ? FGI_DEC_R16 : rows <= 32 ? FGI_DEC_R32 : FGI_DEC_R64;
+    if (a->block_mask && p->group == 1) {
+        /* rows of one tile inside one q block */
+        const int qb = a->block_mask->desc.q_block;
+        while (entry_rows[p->entry - FGI_DEC_R16] > qb && p->entry > FGI_DEC_R16) p->entry--;
+    }
+    const int rb = entry_rows[p->entry - FGI_DEC_R16];
+    p->rows = (int)rows;
+    p->row_tiles = (int)((rows + rb - 1) / rb);
+    if ((int64_t)a->heads_kv * p->row_tiles > 65535 || a->batch > 65535)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "heads_kv %d x %d row tiles and batch %d must each be <= 65535", a->heads_kv, p->row_tiles,
+                         a->batch);
+    int sms;
+    FGI_TRY(fgi_cuda_sm_count(ctx, &sms));
+    p->n_split = choose_split(sms, a, p->row_tiles);
+    const size_t prows = (size_t)a->batch * (size_t)a->heads_q * (size_t)a->q_len;
+    if (p->n_split > 1) {
+        p->lse_bytes = fgi_attn_ws_round(prows * (size_t)p->n_split * 4);
+        p->ws_bytes = fgi_attn_ws_round(p->lse_bytes + prows * (size_t)p->n_split * (size_t)a->head_dim * 4);
+    }
+    return FG_OK;
+}
+
+fg_status fgi_attn_decode_workspace(fg_ctx *ctx, const fg_attention_args *a, size_t *bytes) {
+    decode_plan p = {0};
+    FGI_TRY(plan_decode(ctx, a, &p));
+    *bytes = p.ws_bytes;
+    return FG_OK;
+}
+
 fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
     fgi_attn_strides st;
     FGI_TRY(fgi_attn_check_call(ctx, k, a, &st));
     FGI_TRY(fgi_attn_check_io_aligned(ctx, a, &st));
     FGI_TRY(fgi_kernel_check_context(ctx, k));
 
+    decode_plan plan = {0};
+    FGI_TRY(plan_decode(ctx, a, &plan));
     fgi_attn_abi abi;
     memset(&abi, 0, sizeof abi);
     FGI_ATTN_ABI_FILL_COMMON(&abi, a, &st);
-    const int group = a->heads_q / a->heads_kv;
-    const int64_t rows = (int64_t)group * a->q_len;
-    if (rows > (1 << 30))
-        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "group %d x q_len %d packed rows are too many", group, a->q_len);
-    int entry = rows <= 16 ? FGI_DEC_R16 : rows <= 32 ? FGI_DEC_R32 : FGI_DEC_R64;
-    if (a->block_mask && group == 1) {
-        /* rows of one tile inside one q block */
-        const int qb = a->block_mask->desc.q_block;
-        while (k->geom[entry].block_m > qb && entry > FGI_DEC_R16) entry--;
-    }
-    const int rb = k->geom[entry].block_m;
-    if (a->block_mask) FGI_TRY(block_mask_args(ctx, a, group, rb, &abi));
-    abi.group = group;
-    abi.rows = (int)rows;
-    abi.row_tiles = (int)((rows + rb - 1) / rb);
+    int entry = plan.entry;
+    if (a->block_mask) FGI_TRY(block_mask_args(ctx, a, plan.group, k->geom[entry].block_m, &abi));
+    abi.group = plan.group;
+    abi.rows = plan.rows;
+    abi.row_tiles = plan.row_tiles;
+    abi.n_split = plan.n_split;
     FGI_TRY(fgi_attn_abi_seq(ctx, a, &abi));
-    if ((int64_t)a->heads_kv * abi.row_tiles > 65535 || a->batch > 65535)
-        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
-                         "heads_kv %d x %d row tiles and batch %d must each be <= 65535", a->heads_kv,
-                         abi.row_tiles, a->batch);
-    int sms;
-    FGI_TRY(fgi_cuda_sm_count(ctx, &sms));
-    abi.n_split = choose_split(sms, a, abi.row_tiles);
 
     fgi_param_blob blob;
     FGI_TRY(fgi_kernel_pack_params(ctx, k, a->binds, a->nbinds, &blob, NULL));
 
+    /* The parts: in the caller's workspace when it is large enough, else
+     * from the library's pool for this call. */
     const int64_t prows = (int64_t)a->batch * a->heads_q * a->q_len;
     fgi_attn_ws w = {0};
-    if (abi.n_split > 1) {
-        const size_t lse_bytes = fgi_attn_ws_round((size_t)prows * (size_t)abi.n_split * 4);
-        const size_t o_bytes = (size_t)prows * (size_t)abi.n_split * (size_t)a->head_dim * 4;
-        FGI_TRY(fgi_attn_ws_alloc(ctx, &w, lse_bytes + o_bytes, a->stream));
-        abi.lse_part = w.base;
-        abi.o_part = w.base + lse_bytes;
+    if (a->workspace && (uintptr_t)a->workspace % 256 != 0)
+        return fgi_error(ctx, FG_ERR_SHAPE, "the workspace must be 256-byte aligned (cuMemAlloc's alignment)");
+    if (plan.ws_bytes > 0) {
+        CUdeviceptr base = (CUdeviceptr)(uintptr_t)a->workspace;
+        if (!base || a->workspace_size < plan.ws_bytes) {
+            FGI_TRY(fgi_attn_ws_alloc(ctx, &w, plan.ws_bytes, a->stream));
+            base = w.base;
+        }
+        abi.lse_part = base;
+        abi.o_part = base + plan.lse_bytes;
     }
     void *params[2] = {&abi, blob.bytes};
     const unsigned grid[3] = {(unsigned)abi.n_split, (unsigned)(a->heads_kv * abi.row_tiles), (unsigned)a->batch};

@@ -200,6 +200,23 @@ fg_status fg_attention_kernel_for(fg_ctx *ctx, const fg_mod *mod, const fg_atten
     return kernel_for(ctx, mod, &a, out);
 }
 
+fg_status fg_attention_workspace_size(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
+                                      size_t *bytes) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    FGI_CHECK_ARG(ctx, mod && args && bytes, "NULL mod, arguments or output pointer");
+    *bytes = 0;
+    fg_attention_args a;
+    FGI_TRY(fgi_attn_args_in(ctx, args, &a));
+    if (a.batch < 1 || a.heads_q < 1 || a.heads_kv < 1 || a.q_len < 1 || a.kv_len < 1 || a.heads_q % a.heads_kv)
+        return fgi_error(ctx, FG_ERR_SHAPE,
+                         "batch %d, heads_q %d, heads_kv %d, q_len %d, kv_len %d: each must be >= 1, heads_q a "
+                         "multiple of heads_kv",
+                         a.batch, a.heads_q, a.heads_kv, a.q_len, a.kv_len);
+    const fg_kernel_config cfg = forward_config(ctx, &a, true);
+    if (cfg.kind != FG_KERNEL_ATTENTION_DECODE || !fgi_kernel_applies(fgi_kernel_find(cfg.kind), &cfg)) return FG_OK;
+    return fgi_attn_decode_workspace(ctx, &a, bytes);
+}
+
 fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, mod && args, "NULL mod or arguments");

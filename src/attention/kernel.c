@@ -181,11 +181,10 @@ fg_status fgi_kernel_pack_params(fg_ctx *ctx, const fg_kernel *k, const fg_bindi
 fg_status fgi_kernel_run(fg_ctx *ctx, const fg_kernel *k, int entry, const unsigned grid[3], void **args,
                          void *stream) {
     const fgi_kernel_geom *g = &k->geom[entry];
-    char what[96];
+    CUresult r = fgi_cu()->cuLaunchKernel(k->fn[entry], grid[0], grid[1], grid[2], (unsigned)g->threads, 1, 1,
+                                          (unsigned)g->smem, (CUstream)stream, args, NULL);
+    if (r == CUDA_SUCCESS) return FG_OK;
+    char what[96]; /* on the error path only: a launch is microseconds */
     snprintf(what, sizeof what, "cuLaunchKernel(%s)", k->kernel->entries[entry]);
-    FGI_CU_TRY(ctx,
-               fgi_cu()->cuLaunchKernel(k->fn[entry], grid[0], grid[1], grid[2], (unsigned)g->threads, 1, 1,
-                                        (unsigned)g->smem, (CUstream)stream, args, NULL),
-               what);
-    return FG_OK;
+    return fgi_cu_status(ctx, r, what);
 }

@@ -12,10 +12,12 @@
  *               window for sliding_window), as bench/compare_decode.py
  *               counts them, so the two agree;
  *   host time   the wall-clock time of one fg_kernel_launch call on the
- *               fetched kernel (timing.c's bench_host_us): what a serving
- *               loop pays on the CPU per step, which must stay under 10 us;
- *               in a burst of launches, and right after a synchronisation
- *               (a loop that waits for each step's tokens).
+ *               fetched kernel (timing.c's bench_host_us), given a
+ *               workspace allocated once (fg_attention_workspace_size) as
+ *               a serving loop does: what such a loop pays on the CPU per
+ *               step, which must stay under 10 us; in a burst of launches,
+ *               and right after a synchronisation (a loop that waits for
+ *               each step's tokens).
  *
  * A contiguous step passes the queries' position as q_offset; a paged one
  * passes, as compare_decode.py's paged rows and a serving loop do, a
@@ -165,12 +167,22 @@ static fg_status time_step(fg_ctx *ctx, const bench_opts *o, const fg_mod *mod, 
                            bench_decode_result *r) {
     FGI_TRY(fg_attention_kernel_for(ctx, mod, &ka->args, &ka->kernel));
     r->kernel = fg_cli_kernel_name(fg_kernel_kind_of(ka->kernel));
-    FGI_TRY(bench_launch_kernel(ctx, ka));
-    FGI_TRY(bench_sync(ctx));
-    FGI_TRY(bench_time_median(ctx, bench_launch_kernel, ka, o->warmup, o->iters, &r->gpu_ms));
-    FGI_TRY(bench_host_us(ctx, bench_launch_kernel, ka, o->iters, HOST_BURST, &r->host_us, &r->host_first_us));
-    r->tbps = r->bytes / (r->gpu_ms * 1e-3) / 1e12;
-    return FG_OK;
+    /* the workspace a serving loop allocates once (fg_attention_args) */
+    size_t ws_bytes = 0;
+    CUdeviceptr ws = 0;
+    FGI_TRY(fg_attention_workspace_size(ctx, mod, &ka->args, &ws_bytes));
+    if (ws_bytes) FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&ws, ws_bytes), "cuMemAlloc");
+    ka->args.workspace = (void *)(uintptr_t)ws, ka->args.workspace_size = ws_bytes;
+    fg_status st = bench_launch_kernel(ctx, ka);
+    if (st == FG_OK) st = bench_sync(ctx);
+    if (st == FG_OK) st = bench_time_median(ctx, bench_launch_kernel, ka, o->warmup, o->iters, &r->gpu_ms);
+    if (st == FG_OK)
+        st = bench_host_us(ctx, bench_launch_kernel, ka, o->iters, HOST_BURST, &r->host_us, &r->host_first_us);
+    if (st == FG_OK) st = bench_sync(ctx);
+    if (ws) fgi_cu()->cuMemFree(ws);
+    ka->args.workspace = NULL, ka->args.workspace_size = 0;
+    if (st == FG_OK) r->tbps = r->bytes / (r->gpu_ms * 1e-3) / 1e12;
+    return st;
 }
 
 fg_status bench_run_decode(fg_ctx *ctx, const bench_opts *o, const bench_case *c, bench_decode_shape sh,
