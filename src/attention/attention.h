@@ -201,6 +201,10 @@ bool fgi_attn_takes_decode(const fg_ctx *ctx, const fg_attention_args *a);
  * block mask the decode tiles cannot walk (fg_attention_forward then
  * takes the forward kernel for contiguous K/V). */
 fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a);
+/* Whether the decode tiles can walk `a`'s block mask (true without one):
+ * fg_attention_forward and fg_attention_kernel_for take the forward
+ * kernel for a call whose mask they cannot. */
+bool fgi_attn_decode_walks(const fg_attention_args *a);
 /* The workspace a decode launch of `a` (checked) uses, in bytes: 0 when
  * its walk is not split. */
 fg_status fgi_attn_decode_workspace(fg_ctx *ctx, const fg_attention_args *a, size_t *bytes);

@@ -34,16 +34,24 @@ bool fgi_attn_takes_decode(const fg_ctx *ctx, const fg_attention_args *a) {
 
 /* A block mask the decode tiles can walk: its kv blocks whole 64-row K/V
  * tiles, and one mask row per tile of packed rows -- a group of one (the
- * tile's rows are queries of one head, `rb` of them, inside one q block),
- * or every row in one tile with the mask's heads broadcast and q_len
- * inside one q block. FG_ERR_NOT_SUPPORTED otherwise. */
-static fg_status block_mask_args(fg_ctx *ctx, const fg_attention_args *a, int group, int rb, fgi_attn_abi *abi) {
+ * tile's rows are queries of one head, never more than a q block of them:
+ * plan_decode picks the tile), or every row in one tile with the mask's
+ * heads broadcast and q_len inside one q block. */
+bool fgi_attn_decode_walks(const fg_attention_args *a) {
+    if (!a->block_mask) return true;
+    const fg_block_mask_desc *d = &a->block_mask->desc;
+    const int group = a->heads_q / a->heads_kv;
+    const bool one_row = group == 1 || (group * a->q_len <= 64 && d->heads == 1 && a->q_len <= d->q_block);
+    return d->kv_block % FGI_DEC_BLOCK_N == 0 && one_row;
+}
+
+/* The block mask's fields of the argument block, for a mask the decode
+ * tiles can walk (FG_ERR_NOT_SUPPORTED otherwise). */
+static fg_status block_mask_args(fg_ctx *ctx, const fg_attention_args *a, fgi_attn_abi *abi) {
     fg_block_mask *m = (fg_block_mask *)a->block_mask; /* uploading is a cache fill */
     const fg_block_mask_desc *d = &m->desc;
     FGI_TRY(fgi_block_mask_check(ctx, m, a->batch, a->heads_q, a->q_len, a->kv_len, d->q_block, d->kv_block));
-    const bool one_row = group == 1 ? d->q_block % rb == 0
-                                    : group * a->q_len <= 64 && d->heads == 1 && a->q_len <= d->q_block;
-    if (d->kv_block % FGI_DEC_BLOCK_N != 0 || !one_row)
+    if (!fgi_attn_decode_walks(a))
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
                          "block mask blocks %d x %d over %d heads: the decode kernel walks kv blocks of "
                          "multiples of %d, and with grouped query heads a mask broadcast over heads "
@@ -128,7 +136,7 @@ fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_a
     memset(&abi, 0, sizeof abi);
     FGI_ATTN_ABI_FILL_COMMON(&abi, a, &st);
     int entry = plan.entry;
-    if (a->block_mask) FGI_TRY(block_mask_args(ctx, a, plan.group, k->geom[entry].block_m, &abi));
+    if (a->block_mask) FGI_TRY(block_mask_args(ctx, a, &abi));
     abi.group = plan.group;
     abi.rows = plan.rows;
     abi.row_tiles = plan.row_tiles;

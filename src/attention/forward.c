@@ -179,13 +179,14 @@ static fg_kernel_config forward_config(const fg_ctx *ctx, const fg_attention_arg
     return cfg;
 }
 
-/* The decode kernel where the call takes it and it takes the head dim,
- * else the forward kernel: for per-sequence lengths, positions or paged
- * K/V its ragged form (forward_config), which only the portable kernel
- * has. */
+/* The decode kernel where the call takes it and it takes the head dim
+ * and the block mask, else the forward kernel: for per-sequence lengths,
+ * positions or paged K/V its ragged form (forward_config), which only the
+ * portable kernel has. */
 static fg_status kernel_for(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a, fg_kernel **out) {
     fg_kernel_config cfg = forward_config(ctx, a, true);
-    if (cfg.kind == FG_KERNEL_ATTENTION_DECODE && !fgi_kernel_applies(fgi_kernel_find(cfg.kind), &cfg))
+    if (cfg.kind == FG_KERNEL_ATTENTION_DECODE &&
+        (!fgi_kernel_applies(fgi_kernel_find(cfg.kind), &cfg) || !fgi_attn_decode_walks(a)))
         cfg = forward_config(ctx, a, false);
     return fg_kernel_get(ctx, mod, &cfg, out);
 }
@@ -213,7 +214,9 @@ fg_status fg_attention_workspace_size(fg_ctx *ctx, const fg_mod *mod, const fg_a
                          "multiple of heads_kv",
                          a.batch, a.heads_q, a.heads_kv, a.q_len, a.kv_len);
     const fg_kernel_config cfg = forward_config(ctx, &a, true);
-    if (cfg.kind != FG_KERNEL_ATTENTION_DECODE || !fgi_kernel_applies(fgi_kernel_find(cfg.kind), &cfg)) return FG_OK;
+    if (cfg.kind != FG_KERNEL_ATTENTION_DECODE || !fgi_kernel_applies(fgi_kernel_find(cfg.kind), &cfg) ||
+        !fgi_attn_decode_walks(&a))
+        return FG_OK;
     return fgi_attn_decode_workspace(ctx, &a, bytes);
 }
 
