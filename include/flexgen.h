@@ -626,7 +626,8 @@ FG_API fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_a
 /* The kernel fg_attention_forward runs for `args` (the shapes, dtype,
  * paging and block mask count; pointers may be NULL): the decode kernel
  * (FG_KERNEL_ATTENTION_DECODE) or a forward one, as FG_OPT_DECODE_KERNEL
- * and FG_OPT_HOPPER_KERNEL say. Fetched once, it serves every call of
+ * and FG_OPT_HOPPER_KERNEL say, and a forward one for a block mask the
+ * decode kernel cannot walk (grouped query heads with a mask per head). Fetched once, it serves every call of
  * the same configuration through fg_kernel_launch, whatever the lengths,
  * batch, offsets or page table. */
 FG_API fg_status fg_attention_kernel_for(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
