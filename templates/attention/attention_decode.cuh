@@ -75,6 +75,9 @@
 #define FGD_STAGES 2
 #endif
 #define FGD_Q_IN_REGS (FG_HEAD_DIM <= 128)
+/* Blocks resident per SM, as the stages' shared memory allows (the host's
+ * split count assumes the same): the register budget ptxas may use. */
+#define FGD_BLOCKS_PER_SM (FG_HEAD_DIM <= 128 ? 2 : 1)
 #define FGD_KV_BYTES (FGD_BLOCK_N * FGD_ROW * 2)  /* one K or V tile       */
 #define FGD_STAGE_BYTES (2 * FGD_KV_BYTES)
 
@@ -475,12 +478,12 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
  * in one function the paged loads cost the contiguous walk of softcap 4%
  * (bench/attention_notes.md, decode d5). */
 #define FGD_ENTRY(NAME, WK)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(FGD_THREADS)                                                \
+    extern "C" __global__ void __launch_bounds__(FGD_THREADS, FGD_BLOCKS_PER_SM)                             \
         NAME(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {                 \
         extern __shared__ __align__(128) unsigned char fgd_smem[];                                           \
         fgd_decode<WK, false>(a, p, fgd_smem);                                                               \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(FGD_THREADS)                                                \
+    extern "C" __global__ void __launch_bounds__(FGD_THREADS, FGD_BLOCKS_PER_SM)                             \
         NAME##_paged(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {         \
         extern __shared__ __align__(128) unsigned char fgd_smem[];                                           \
         fgd_decode<WK, true>(a, p, fgd_smem);                                                                \
