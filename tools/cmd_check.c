@@ -577,32 +577,6 @@ static fg_status time_runs(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a
     return st;
 }
 
-/* The kernel fg_attention_forward ran for `a`: the one
- * fg_attention_kernel_for names, unless that one refuses the call, where
- * the forward goes on with the forward kernel (the decode kernel and a
- * block mask its tiles cannot walk) -- the one fg_attention_kernel_for
- * names with FG_OPT_DECODE_KERNEL 0. Found by launching it: out and lse
- * are written again, with the values the same kernel wrote before. */
-static fg_status kernel_that_ran(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a, fg_kernel **out) {
-    FGI_TRY(fg_attention_kernel_for(ctx, mod, a, out));
-    fg_status st = fg_kernel_launch(ctx, *out, a);
-    if (st == FG_ERR_NOT_SUPPORTED && fg_kernel_kind_of(*out) == FG_KERNEL_ATTENTION_DECODE) {
-        fg_kernel_release(*out);
-        *out = NULL;
-        int64_t was = 1;
-        st = fg_ctx_get_int(ctx, FG_OPT_DECODE_KERNEL, &was);
-        if (st == FG_OK) st = fg_ctx_set_int(ctx, FG_OPT_DECODE_KERNEL, 0);
-        if (st == FG_OK) st = fg_attention_kernel_for(ctx, mod, a, out);
-        fg_ctx_set_int(ctx, FG_OPT_DECODE_KERNEL, was);
-        if (st == FG_OK) st = fg_kernel_launch(ctx, *out, a);
-    }
-    if (st != FG_OK) {
-        fg_kernel_release(*out);
-        *out = NULL;
-    }
-    return st;
-}
-
 /* ---- the backward pass ------------------------------------------------------------ */
 
 /* One gradient the backward writes: dq, dk or dv (16-bit, the dtype) or a
@@ -954,7 +928,7 @@ static fg_attention_args gpu_args(const state *s) {
 
 /* The checked call: fg_attention_forward (the first call compiles: timed
  * to the kernel's end), its out and lse copied to the host, then the
- * kernel that ran. */
+ * kernel that ran (fg_attention_kernel_for names it). */
 static fg_status first_call(state *s, const fg_attention_args *a, double *first_ms) {
     const options *o = &s->o;
     fg_ctx *ctx = s->ctx;
@@ -965,9 +939,7 @@ static fg_status first_call(state *s, const fg_attention_args *a, double *first_
     *first_ms = fgi_now_ms() - t0;
     FGI_CU_TRY(ctx, fgi_cu()->cuMemcpyDtoH(s->gout, s->dev.out, nq * 2), "cuMemcpyDtoH");
     FGI_CU_TRY(ctx, fgi_cu()->cuMemcpyDtoH(s->glse, s->dev.lse, nl * 4), "cuMemcpyDtoH");
-    FGI_TRY(kernel_that_ran(ctx, s->mod, a, &s->kernel));
-    FGI_CU_TRY(ctx, fgi_cu()->cuCtxSynchronize(), "kernel execution");
-    return FG_OK;
+    return fg_attention_kernel_for(ctx, s->mod, a, &s->kernel);
 }
 
 /* Up to 16 values of a per-sequence array, comma-separated. */

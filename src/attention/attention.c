@@ -59,14 +59,20 @@ static bool all_zero(const int64_t st[4]) { return st[0] == 0 && st[1] == 0 && s
 /* Paged K/V: the table, a power-of-two page of 16 to 256 rows, enough
  * pages per sequence for kv_len, and k / v strides read as (page, head,
  * row in page), all zero meaning [num_pages, page_size, heads_kv, D]. */
-static fg_status check_paged(fg_ctx *ctx, const fg_attention_args *a, fgi_attn_strides *st) {
-    FGI_CHECK_ARG(ctx, a->block_table, "page_size, num_pages or max_pages given without a block table");
+fg_status fgi_attn_check_pages(fg_ctx *ctx, const fg_attention_args *a) {
     const int ps = a->page_size;
     if (ps < 16 || ps > 256 || (ps & (ps - 1)) != 0)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "page size %d: paged K/V takes powers of two in [16, 256]", ps);
     if (a->num_pages < 1 || a->max_pages < 1)
         return fgi_error(ctx, FG_ERR_SHAPE, "num_pages %d and max_pages %d must be >= 1", a->num_pages,
                          a->max_pages);
+    return FG_OK;
+}
+
+static fg_status check_paged(fg_ctx *ctx, const fg_attention_args *a, fgi_attn_strides *st) {
+    FGI_CHECK_ARG(ctx, a->block_table, "page_size, num_pages or max_pages given without a block table");
+    FGI_TRY(fgi_attn_check_pages(ctx, a));
+    const int ps = a->page_size;
     if ((int64_t)a->max_pages * ps < a->kv_len)
         return fgi_error(ctx, FG_ERR_SHAPE, "kv_len %d does not fit in max_pages %d pages of %d rows", a->kv_len,
                          a->max_pages, ps);

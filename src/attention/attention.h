@@ -124,6 +124,10 @@ fg_status fgi_attn_abi_block_mask(fg_ctx *ctx, fg_block_mask *m, fgi_attn_abi *a
  * and decode kernels read them alike (attention_common.cuh). */
 fg_status fgi_attn_abi_seq(fg_ctx *ctx, const fg_attention_args *a, fgi_attn_abi *abi);
 
+/* A paged call's page size (a power of two in [16, 256]) and page counts
+ * (num_pages, max_pages >= 1). */
+fg_status fgi_attn_check_pages(fg_ctx *ctx, const fg_attention_args *a);
+
 /* Whether the call has per-sequence lengths or positions, or paged K/V. */
 static inline bool fgi_attn_is_seq(const fg_attention_args *a) {
     return a->kv_lens || a->q_offsets || a->block_table;

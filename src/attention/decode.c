@@ -84,8 +84,6 @@ typedef struct decode_plan {
     size_t lse_bytes, ws_bytes;
 } decode_plan;
 
-static const int entry_rows[3] = {16, 32, 64}; /* FGI_DEC_R16 .. R64, as decode_geometry */
-
 static fg_status plan_decode(fg_ctx *ctx, const fg_attention_args *a, decode_plan *p) {
     memset(p, 0, sizeof *p);
     p->group = a->heads_q / a->heads_kv;
@@ -97,9 +95,9 @@ static fg_status plan_decode(fg_ctx *ctx, const fg_attention_args *a, decode_pla
     if (a->block_mask && p->group == 1) {
         /* rows of one tile inside one q block */
         const int qb = a->block_mask->desc.q_block;
-        while (entry_rows[p->entry - FGI_DEC_R16] > qb && p->entry > FGI_DEC_R16) p->entry--;
+        while (fgi_dec_tile_rows(p->entry) > qb && p->entry > FGI_DEC_R16) p->entry--;
     }
-    const int rb = entry_rows[p->entry - FGI_DEC_R16];
+    const int rb = fgi_dec_tile_rows(p->entry);
     p->rows = (int)rows;
     p->row_tiles = (int)((rows + rb - 1) / rb);
     if ((int64_t)a->heads_kv * p->row_tiles > 65535 || a->batch > 65535)
@@ -182,12 +180,10 @@ fg_status fg_block_table_check(fg_ctx *ctx, const fg_attention_args *args, const
     FGI_CHECK_ARG(ctx, args && block_table, "NULL arguments or block table");
     fg_attention_args a;
     FGI_TRY(fgi_attn_args_in(ctx, args, &a));
+    FGI_TRY(fgi_attn_check_pages(ctx, &a));
     const int ps = a.page_size;
-    if (ps < 16 || ps > 256 || (ps & (ps - 1)) != 0)
-        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "page size %d: paged K/V takes powers of two in [16, 256]", ps);
-    if (a.batch < 1 || a.max_pages < 1 || a.num_pages < 1 || a.kv_len < 0)
-        return fgi_error(ctx, FG_ERR_SHAPE, "batch %d, max_pages %d and num_pages %d must be >= 1", a.batch,
-                         a.max_pages, a.num_pages);
+    if (a.batch < 1 || a.kv_len < 0)
+        return fgi_error(ctx, FG_ERR_SHAPE, "batch %d must be >= 1, kv_len %d >= 0", a.batch, a.kv_len);
     for (int b = 0; b < a.batch; b++) {
         int len = kv_lens ? kv_lens[b] : a.kv_len;
         if (len < 0 || len > a.kv_len)

@@ -158,8 +158,7 @@ static fgi_kernel_geom bwd_sm90_geometry(const fg_kernel_config *c, int entry) {
 static fgi_kernel_geom decode_geometry(const fg_kernel_config *c, int entry) {
     fgi_kernel_geom g = {.block_m = 16, .block_n = FGI_DEC_BLOCK_N, .threads = 128, .bands = 1};
     if (entry == FGI_DEC_MERGE) return g;
-    if (entry >= FGI_DEC_PAGED) entry -= FGI_DEC_PAGED - FGI_DEC_R16;
-    g.block_m = entry == FGI_DEC_R16 ? 16 : entry == FGI_DEC_R32 ? 32 : 64;
+    g.block_m = fgi_dec_tile_rows(entry);
     const size_t row = (size_t)(c->head_dim + 8) * 2;
     const int stages = c->head_dim <= 64 ? 5 : c->head_dim <= 128 ? 3 : 2;
     g.smem = (size_t)stages * 2 * FGI_DEC_BLOCK_N * row + (c->head_dim > 128 ? 64 * row : 0) + 1024;

@@ -130,6 +130,12 @@ enum { FGI_DEC_R16 = 0, FGI_DEC_R32 = 1, FGI_DEC_R64 = 2, FGI_DEC_MERGE = 3, FGI
  * (the parts of a row its merge sums). */
 #define FGI_DEC_BLOCK_N 64
 #define FGI_DEC_MAX_SPLIT 128
+/* Packed rows per tile of decode walk entry `entry` (R16..R64 or their
+ * paged twins): 16, 32 or 64. */
+static inline int fgi_dec_tile_rows(int entry) {
+    if (entry >= FGI_DEC_PAGED) entry -= FGI_DEC_PAGED - FGI_DEC_R16;
+    return 16 << (entry - FGI_DEC_R16);
+}
 
 /* The row of public kind `kind`, or NULL. */
 const fgi_kernel_entry *fgi_kernel_find(fg_kernel_kind kind);

@@ -109,7 +109,10 @@ static __device__ __forceinline__ bool fgd_load_kv_paged(const fga_args &a, fg_u
     const int r = threadIdx.x / FGD_CHUNKS, ch = threadIdx.x % FGD_CHUNKS;
     const fg_u32 dst = stage + (fg_u32)((r * FGD_ROW + ch * 8) * 2);
     const int shift = a.page_shift, p0 = kv0 >> shift, end = min(kv0 + FGD_BLOCK_N, len);
-    int pid[4]; /* -1: a bad page, or one the tile does not reach */
+    /* -1: a bad page, or one the tile does not reach. fga_page_ok's test,
+     * written out: calling it here (a second table read for the CSE to
+     * find) cost paged softcap 3-6% (bench/attention_notes.md, decode d7). */
+    int pid[4];
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         int page = -1;
