@@ -68,13 +68,36 @@ typedef struct ex_cuda {
     int (*cuEventRecord)(void *, void *);
     int (*cuEventSynchronize)(void *);
     int (*cuEventElapsedTime)(float *, void *, void *);
+    /* Streams and CUDA graphs (serving_loop --graph). Optional: NULL when
+     * the driver lacks them (cuGraphInstantiateWithFlags: CUDA 11.4), and
+     * only the program that uses them fails then. CUstream, CUgraph and
+     * CUgraphExec are pointers; CUstreamCaptureMode is an enum (int). */
+    int (*cuStreamCreate)(void **, unsigned);
+    int (*cuStreamDestroy)(void *);
+    int (*cuStreamSynchronize)(void *);
+    int (*cuStreamBeginCapture)(void *, int);
+    int (*cuStreamEndCapture)(void *, void **);
+    int (*cuGraphInstantiate)(void **, void *, unsigned long long);
+    int (*cuGraphLaunch)(void *, void *);
+    int (*cuGraphExecDestroy)(void *);
+    int (*cuGraphDestroy)(void *);
 } ex_cuda;
+
+/* cuda.h's values of the enums and flags above. */
+#define EX_CU_STREAM_DEFAULT 0x0             /* CU_STREAM_DEFAULT: syncs with the legacy stream */
+#define EX_CU_STREAM_CAPTURE_MODE_GLOBAL 0   /* CU_STREAM_CAPTURE_MODE_GLOBAL                   */
+#define EX_CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
 
 static ex_cuda ex_cu;
 
-/* The exported names: cuda.h maps several functions to versioned symbols. */
+/* The exported names: cuda.h maps several functions to versioned symbols
+ * (cuMemAlloc to cuMemAlloc_v2, cuStreamBeginCapture to
+ * cuStreamBeginCapture_v2, cuGraphInstantiate to cuGraphInstantiateWithFlags
+ * since CUDA 12), and with CUDA_API_PER_THREAD_DEFAULT_STREAM some to _ptsz /
+ * _ptds variants; these are the legacy default stream's names, as in
+ * flexgen. A missing optional entry point stays NULL. */
 static inline int ex_cuda_lookup(void) {
-    struct { void **slot; const char *name; } syms[] = {
+    struct ex_cuda_sym { void **slot; const char *name; } syms[] = {
         {(void **)&ex_cu.cuInit, "cuInit"},
         {(void **)&ex_cu.cuDeviceGetCount, "cuDeviceGetCount"},
         {(void **)&ex_cu.cuDeviceGet, "cuDeviceGet"},
@@ -93,9 +116,21 @@ static inline int ex_cuda_lookup(void) {
         {(void **)&ex_cu.cuEventRecord, "cuEventRecord"},
         {(void **)&ex_cu.cuEventSynchronize, "cuEventSynchronize"},
         {(void **)&ex_cu.cuEventElapsedTime, "cuEventElapsedTime"},
+    }, optional[] = {
+        {(void **)&ex_cu.cuStreamCreate, "cuStreamCreate"},
+        {(void **)&ex_cu.cuStreamDestroy, "cuStreamDestroy_v2"},
+        {(void **)&ex_cu.cuStreamSynchronize, "cuStreamSynchronize"},
+        {(void **)&ex_cu.cuStreamBeginCapture, "cuStreamBeginCapture_v2"},
+        {(void **)&ex_cu.cuStreamEndCapture, "cuStreamEndCapture"},
+        {(void **)&ex_cu.cuGraphInstantiate, "cuGraphInstantiateWithFlags"},
+        {(void **)&ex_cu.cuGraphLaunch, "cuGraphLaunch"},
+        {(void **)&ex_cu.cuGraphExecDestroy, "cuGraphExecDestroy"},
+        {(void **)&ex_cu.cuGraphDestroy, "cuGraphDestroy"},
     };
+    /* POSIX guarantees a data pointer can carry a function address. */
+    for (size_t i = 0; i < sizeof optional / sizeof optional[0]; i++)
+        *optional[i].slot = dlsym(ex_cu.lib, optional[i].name);
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-        /* POSIX guarantees a data pointer can carry a function address. */
         *syms[i].slot = dlsym(ex_cu.lib, syms[i].name);
         if (!*syms[i].slot) return 0;
     }
@@ -181,6 +216,13 @@ static inline int ex_poison(ex_dptr dst, size_t bytes) {
 static inline int ex_sync(void) { return ex_cu_ok(ex_cu.cuCtxSynchronize(), "cuCtxSynchronize"); }
 /* A device pointer as flexgen's argument structs take it. */
 static inline void *ex_ptr(ex_dptr p) { return (void *)(uintptr_t)p; }
+
+/* The stream-capture entry points, all found (see ex_cuda_lookup). */
+static inline int ex_cuda_has_graphs(void) {
+    return ex_cu.cuStreamCreate && ex_cu.cuStreamDestroy && ex_cu.cuStreamSynchronize &&
+           ex_cu.cuStreamBeginCapture && ex_cu.cuStreamEndCapture && ex_cu.cuGraphInstantiate &&
+           ex_cu.cuGraphLaunch && ex_cu.cuGraphExecDestroy && ex_cu.cuGraphDestroy;
+}
 
 /* GPU time between two events on the default stream. */
 typedef struct ex_timer {

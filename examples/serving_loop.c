@@ -43,11 +43,61 @@
  *    which kernel the library picks for a prefill and for a decode step)
  *    serve every later call. The cache counters must not move after that.
  *    (fg_kernel_launch with those kernels would skip even the in-memory
- *    lookup of each fg_attention_forward.)
+ *    lookup of each fg_attention_forward; --graph, below, skips the call.)
  *  - The workspace. A decode step splits each sequence's walk over thread
  *    blocks and merges the parts; their workspace is allocated once, sized
  *    by fg_attention_workspace_size for the longest a sequence can grow,
  *    and passed in every call, so a step allocates nothing.
+ *
+ * --graph: the decode step as a CUDA graph. A server replays its decode
+ * step instead of launching it, so that a step costs the host one
+ * cuGraphLaunch, not the checks, cache lookup, argument packing and
+ * kernel launches of fg_attention_forward. With --graph the step's
+ * attention call is captured once, after step 0, with the driver's stream
+ * capture (cuStreamBeginCapture on a stream of the example's, the call on
+ * that stream, cuStreamEndCapture, cuGraphInstantiate), and steps 1.. launch
+ * the graph instead of calling fg_attention_forward. A graph replays the
+ * launches it captured exactly -- kernels, grids, every argument by value --
+ * and that is valid here only because:
+ *  - Nothing is compiled, loaded or allocated inside the capture. The
+ *    kernels were fetched before the loop, and step 0 is an ordinary call
+ *    with the same arguments on the same stream, so the captured call finds
+ *    its kernel in memory; the workspace is the caller's, allocated once
+ *    and passed in the call, so the library takes none from its pool.
+ *  - Everything that changes per step lives in device memory at the
+ *    addresses the captured call was given: the step's q, the K/V pool,
+ *    kv_lens, q_offsets, the block table, out and lse (and the workspace).
+ *    The per-step uploads -- the new tokens' K/V into the pool, lengths and
+ *    offsets, the table when it changed, q, and the NaN poison of out and
+ *    lse -- stay outside the graph, as today: synchronous copies and
+ *    memsets on the legacy default stream before the replay. The graph's
+ *    stream is created blocking (CU_STREAM_DEFAULT, not NON_BLOCKING), so
+ *    it and the legacy stream wait for each other: the uploads are ordered
+ *    before the replay, the downloads after it, and the timing events
+ *    (recorded on the legacy stream) bracket it. Asynchronous uploads from
+ *    host memory would go on the graph's stream, before cuGraphLaunch.
+ *  - The call's scalars are baked into the graph: the shapes, the scale,
+ *    and kv_len, which also sets how many thread blocks split each walk
+ *    (the grid). Without --graph a step passes the longest running
+ *    sequence's length, a new value almost every step; with --graph every
+ *    call (step 0, the captured one) passes MAX_KV, the longest a sequence
+ *    can grow and what the workspace is sized for, and each sequence's own
+ *    length comes from kv_lens at run time (its keys past that are never
+ *    read). The launch keeps one shape, all MAX_BATCH slots, an empty one
+ *    with kv_len 0.
+ * The capture mode is CU_STREAM_CAPTURE_MODE_GLOBAL, the strictest: while
+ * the stream captures, a call that cannot be captured (cuMemAlloc, a
+ * synchronous copy, a synchronisation) made by this or any other thread
+ * fails, so anything of the kind inside fg_attention_forward would show as
+ * an error rather than be left out of the graph. This program has one
+ * thread, so THREAD_LOCAL would do the same; a server whose other threads
+ * go on allocating while one captures would choose THREAD_LOCAL. A captured
+ * call that fails ends the capture before the error is reported, so the
+ * stream is never left capturing; the graph and its executable are
+ * destroyed at the end. Every check below runs on every step in both modes.
+ * The GPU time per step is taken as without --graph, between events around
+ * the launch, so it also holds what the GPU waits for the host's launch:
+ * less with the graph.
  *
  * PAGE_SIZE is 16, vLLM's default: a sequence wastes at most 15 rows, and
  * the decode kernel reads K/V in tiles of 64 keys, so each tile gathers 4
@@ -79,11 +129,15 @@
  * What it prints: the mod; the pool; the kernel taken for a prefill and for
  * a decode step and what fetching them cost; joins and departures with their
  * pages; the decode loop's GPU time per step, host time per call and tokens
- * per second; the prefills' totals; the pool at the end; the cache counters;
- * the errors against the reference. It exits 0 only when every check passes
- * and nothing was compiled or loaded after the kernels were fetched.
+ * per second (with --graph, the host time per step of cuGraphLaunch beside
+ * that of fg_attention_forward with the same arguments, timed on as many
+ * plain calls after step 0, before the capture); the prefills' totals; the
+ * pool at the end; the cache counters; the errors against the reference.
+ * It exits 0 only when every check passes and nothing was compiled or
+ * loaded after the kernels were fetched.
  *
  * Build: cc serving_loop.c $(pkg-config --cflags --libs flexgen) -lm
+ * Run:   ./serving_loop [--graph]
  */
 #include "example_util.h"
 
@@ -93,6 +147,7 @@ enum {
     MAX_BATCH = 8, HQ = 16, HKV = 4, D = 128, WINDOW = 512,
     MIN_PROMPT = 32, MAX_PROMPT = 2048, MIN_GEN = 16, MAX_GEN = 160,
     MAX_PAGES = (MAX_PROMPT + MAX_GEN + PAGE_SIZE - 1) / PAGE_SIZE, /* per sequence      */
+    MAX_KV = MAX_PAGES * PAGE_SIZE, /* the longest a sequence can grow               */
     NUM_PAGES = 704,  /* the pool: under two thirds of MAX_BATCH * MAX_PAGES           */
     STEPS = 200,
     CHECK_EVERY = 2,  /* decode steps per reference check (the reference is the cost) */
@@ -164,6 +219,11 @@ typedef struct server {
     double prefill_gpu_ms;
     ex_error prefill_err, decode_err;
     size_t bad_rows; /* rows that failed the every-row check */
+    /* --graph: the decode step's attention, captured once and replayed */
+    int use_graph;
+    void *graph_stream;     /* CUstream, blocking (see above)    */
+    void *graph;            /* CUgraph: what the capture recorded */
+    void *graph_exec;       /* CUgraphExec: what cuGraphLaunch runs */
 } server;
 
 static int pages_for(int tokens) { return (tokens + PAGE_SIZE - 1) / PAGE_SIZE; }
@@ -295,9 +355,10 @@ static fg_attention_args prefill_args(const server *sv, int b, int prompt_len) {
     return a;
 }
 
-/* A decode step over every slot; kv_len is the longest sequence's length.
- * q and out are [MAX_BATCH][HQ][1][D]: with one query per sequence, BHSD
- * and BSHD are the same, so the strides stay zero. */
+/* A decode step over every slot; kv_len is the longest sequence's length
+ * (with --graph the longest a sequence can grow, MAX_KV). q and out are
+ * [MAX_BATCH][HQ][1][D]: with one query per sequence, BHSD and BSHD are
+ * the same, so the strides stay zero. */
 static fg_attention_args decode_args(const server *sv, int kv_len) {
     fg_attention_args a = paged_args(sv);
     a.batch = MAX_BATCH, a.q_len = 1, a.kv_len = kv_len;
@@ -375,6 +436,53 @@ static int slot_rows_ok(const server *sv, int b) {
     return 1;
 }
 
+/* ---- --graph ------------------------------------------------------------------ */
+
+/* The host time of n plain calls with the arguments the graph captures,
+ * added up in *host_ms: what a step costs the host without the graph. Each
+ * call finds the GPU idle, as a step of the loop does. */
+static int time_plain_calls(server *sv, const fg_attention_args *a, int n, double *host_ms) {
+    int rc = 1, ok = 0;
+    *host_ms = 0;
+    for (int i = 0; i < n; i++) {
+        const double h0 = ex_now_ms();
+        EX_TRY(sv->ctx, fg_attention_forward(sv->ctx, sv->mod, a));
+        *host_ms += ex_now_ms() - h0;
+        EX_REQUIRE(ex_sync(), "--graph: a plain decode call failed on the GPU");
+    }
+    ok = 1;
+done:
+    (void)rc; /* set by EX_TRY / EX_REQUIRE, which have reported already */
+    return ok;
+}
+
+/* The decode step's attention call `a` (on sv->graph_stream) captured into
+ * sv->graph and instantiated as sv->graph_exec. The call runs nothing
+ * while captured: its launches are recorded. 1 when done. */
+static int capture_decode(server *sv, const fg_attention_args *a) {
+    int rc = 1, ok = 0;
+    EX_REQUIRE(ex_cu_ok(ex_cu.cuStreamBeginCapture(sv->graph_stream, EX_CU_STREAM_CAPTURE_MODE_GLOBAL),
+                        "cuStreamBeginCapture"),
+               "--graph: the capture did not begin");
+    const fg_status st = fg_attention_forward(sv->ctx, sv->mod, a);
+    /* Ended whatever happened, so the stream is not left capturing. After
+     * a failure inside the capture the driver returns it invalidated and
+     * no graph (a graph it does return is destroyed at the end). */
+    const int end = ex_cu.cuStreamEndCapture(sv->graph_stream, &sv->graph);
+    if (st != FG_OK) {
+        rc = ex_report(sv->ctx, st, "fg_attention_forward (captured into the graph)");
+        goto done;
+    }
+    EX_REQUIRE(ex_cu_ok(end, "cuStreamEndCapture") && sv->graph, "--graph: the capture failed");
+    EX_REQUIRE(ex_cu_ok(ex_cu.cuGraphInstantiate(&sv->graph_exec, sv->graph, 0),
+                        "cuGraphInstantiateWithFlags"),
+               "--graph: the captured graph did not instantiate");
+    ok = 1;
+done:
+    (void)rc;
+    return ok;
+}
+
 /* ---- the server's work ------------------------------------------------------- */
 
 /* Request r joins empty slot b: its prompt is written into its pages and
@@ -434,7 +542,7 @@ done:
     return ok;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     int rc = 1;
     static server sv; /* large: the block table and the free stack */
     fg_mod *mod = NULL;
@@ -443,6 +551,15 @@ int main(void) {
     const size_t pool_n = (size_t)NUM_PAGES * PAGE_SIZE * ROW;
     const size_t step_n = (size_t)MAX_BATCH * HQ * D, pre_n = (size_t)MAX_PROMPT * HQ * D;
     uint64_t request_seed = 7;
+    double plain_host_ms = 0; /* --graph: STEPS - 1 plain calls */
+
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--graph") != 0) {
+            fprintf(stderr, "usage: %s [--graph]\n", argv[0]);
+            return 2;
+        }
+        sv.use_graph = 1;
+    }
 
     EX_TRY(sv.ctx, fg_ctx_create(&sv.ctx));
     EX_TRY(sv.ctx, fg_mod_from_source(sv.ctx, "serving_window.c", MOD_SOURCE, (size_t)-1, &mod));
@@ -481,6 +598,12 @@ int main(void) {
                "out of device memory");
     EX_REQUIRE(ex_poison(pool->dk, pool_n * 2) && ex_poison(pool->dv, pool_n * 2), "cuMemsetD8 failed");
     EX_REQUIRE(ex_timer_create(&sv.timer), "no CUDA events");
+    if (sv.use_graph) {
+        EX_REQUIRE(ex_cuda_has_graphs(), "--graph: libcuda lacks the stream capture entry points "
+                                         "(CUDA 11.4 has them)");
+        EX_REQUIRE(ex_cu_ok(ex_cu.cuStreamCreate(&sv.graph_stream, EX_CU_STREAM_DEFAULT), "cuStreamCreate"),
+                   "--graph: no stream");
+    }
     /* Every page free, page 0 on top; every table entry empty. */
     for (int i = 0; i < NUM_PAGES; i++) pool->free_pages[i] = NUM_PAGES - 1 - i;
     pool->nfree = NUM_PAGES;
@@ -498,7 +621,7 @@ int main(void) {
      * (q_len above all), not on lengths, offsets or the table. */
     /* The decode step's workspace (its split walk's parts), once, for the
      * longest a sequence can grow: the call never allocates. */
-    fg_attention_args wa = decode_args(&sv, MAX_PAGES * PAGE_SIZE);
+    fg_attention_args wa = decode_args(&sv, MAX_KV);
     EX_TRY(sv.ctx, fg_attention_workspace_size(sv.ctx, mod, &wa, &sv.workspace_size));
     if (sv.workspace_size) {
         sv.d_workspace = ex_alloc(sv.workspace_size);
@@ -563,11 +686,18 @@ int main(void) {
                        ex_poison(sv.d_step_lse, (size_t)MAX_BATCH * HQ * sizeof(float)),
                    "decode: upload failed");
 
-        fg_attention_args a = decode_args(&sv, batch_kv);
+        /* --graph: the arguments the graph bakes in (see above), on its
+         * stream; without it the step's longest length, default stream. */
+        fg_attention_args a = decode_args(&sv, sv.use_graph ? MAX_KV : batch_kv);
+        a.stream = sv.graph_stream;
         EX_TRY(sv.ctx, fg_block_table_check(sv.ctx, &a, &pool->table[0][0], pool->kv_lens));
         ex_timer_begin(&sv.timer);
         double h0 = ex_now_ms();
-        EX_TRY(sv.ctx, fg_attention_forward(sv.ctx, mod, &a));
+        if (sv.graph_exec)
+            EX_REQUIRE(ex_cu_ok(ex_cu.cuGraphLaunch(sv.graph_exec, sv.graph_stream), "cuGraphLaunch"),
+                       "decode step %d: the graph did not launch", t);
+        else
+            EX_TRY(sv.ctx, fg_attention_forward(sv.ctx, mod, &a));
         double h1 = ex_now_ms();
         double ms = ex_timer_end(&sv.timer);
         EX_REQUIRE(ms >= 0, "decode step %d failed on the GPU", t);
@@ -595,6 +725,16 @@ int main(void) {
             break;
         }
 
+        /* --graph: step 0 was the ordinary call (its results checked
+         * above); the plain calls timed for comparison, then the capture.
+         * Both overwrite out and lse, which the next step poisons. */
+        if (sv.use_graph && !sv.graph_exec) {
+            if (!time_plain_calls(&sv, &a, STEPS - 1, &plain_host_ms) || !capture_decode(&sv, &a)) goto done;
+            printf("step %3d: the decode step's attention captured into a CUDA graph (kv_len %d); "
+                   "steps 1..%d replay it\n",
+                   t, MAX_KV, STEPS - 1);
+        }
+
         /* Departures: their pages go back to the pool. */
         for (int b = 0; b < MAX_BATCH; b++) {
             sequence *s = &sv.seq[b];
@@ -609,10 +749,19 @@ int main(void) {
 
     printf("decode: %d steps over %d slots, %lld tokens generated, KV lengths %d..%d, window %d\n", STEPS,
            MAX_BATCH, tokens, min_kv, max_kv, WINDOW);
-    printf("  steps 1..%d: %.3f ms GPU per step, %.1f us host per fg_attention_forward, %.0f tokens/s "
-           "(attention of one layer, GPU time)\n",
-           STEPS - 1, gpu_ms / (STEPS - 1), 1e3 * host_ms / (STEPS - 1),
-           gpu_ms > 0 ? timed_tokens / (gpu_ms * 1e-3) : 0.0);
+    if (!sv.use_graph) {
+        printf("  steps 1..%d: %.3f ms GPU per step, %.1f us host per fg_attention_forward, %.0f tokens/s "
+               "(attention of one layer, GPU time)\n",
+               STEPS - 1, gpu_ms / (STEPS - 1), 1e3 * host_ms / (STEPS - 1),
+               gpu_ms > 0 ? timed_tokens / (gpu_ms * 1e-3) : 0.0);
+    } else {
+        printf("  steps 1..%d: %.3f ms GPU per step (graph replays), %.0f tokens/s (attention of one layer, "
+               "GPU time)\n",
+               STEPS - 1, gpu_ms / (STEPS - 1), gpu_ms > 0 ? timed_tokens / (gpu_ms * 1e-3) : 0.0);
+        printf("  host per decode step: %.1f us fg_attention_forward (%d plain calls after step 0), %.1f us "
+               "cuGraphLaunch (steps 1..%d)\n",
+               1e3 * plain_host_ms / (STEPS - 1), STEPS - 1, 1e3 * host_ms / (STEPS - 1), STEPS - 1);
+    }
     printf("prefill: %d prompts, %lld tokens, %.2f ms GPU, %.0f tokens/s\n", sv.prefills, sv.prefill_tokens,
            sv.prefill_gpu_ms, sv.prefill_gpu_ms > 0 ? sv.prefill_tokens / (sv.prefill_gpu_ms * 1e-3) : 0.0);
     printf("requests: %d joined, %d finished, %d waited for pages; %d slot-steps empty\n", sv.joined,
@@ -660,6 +809,11 @@ int main(void) {
     rc = 0;
 
 done:
+    /* The stream drained first: an error may leave a replay running. */
+    if (sv.graph_stream) ex_cu_ok(ex_cu.cuStreamSynchronize(sv.graph_stream), "cuStreamSynchronize");
+    if (sv.graph_exec) ex_cu_ok(ex_cu.cuGraphExecDestroy(sv.graph_exec), "cuGraphExecDestroy");
+    if (sv.graph) ex_cu_ok(ex_cu.cuGraphDestroy(sv.graph), "cuGraphDestroy");
+    if (sv.graph_stream) ex_cu_ok(ex_cu.cuStreamDestroy(sv.graph_stream), "cuStreamDestroy");
     fg_kernel_release(prefill_kernel);
     fg_kernel_release(decode_kernel);
     ex_timer_destroy(&sv.timer);

@@ -740,11 +740,14 @@ FG_API fg_status fg_block_table_check(fg_ctx *ctx, const fg_attention_args *args
  * gradient is sum ds (kv - q) with ds summing to zero along each row -- so
  * an fp32 sum's order would decide their digits.)
  *
- * The library needs fp32 workspace of (B * Hq * Q_LEN) * (D + 1) floats
- * (D + 1 without deterministic, 1 with it) and 32 bytes per buffer-gradient
- * element; it is taken from the stream's memory pool (cuMemAllocAsync) and
- * given back on the stream. Growable (see
- * Conventions): FG_ATTENTION_BWD_ARGS_INIT or fg_attention_bwd_args_init(). */
+ * The library needs fp32 workspace of about (B * Hq * Q_LEN) * (D + 1)
+ * floats (D + 1 without deterministic, 1 with it; 2 more per row on the
+ * Hopper kernel) and 32 bytes per buffer-gradient element;
+ * fg_attention_backward_workspace_size says exactly. The caller's
+ * (`workspace`, since 0.2) when it is large enough, else it is taken from
+ * the library's stream-ordered pool and given back on the stream. Growable
+ * (see Conventions): FG_ATTENTION_BWD_ARGS_INIT or
+ * fg_attention_bwd_args_init(). */
 typedef struct fg_attention_bwd_args {
     const fg_attention_args *fwd;
     const void *dout;
@@ -756,6 +759,12 @@ typedef struct fg_attention_bwd_args {
     size_t struct_size; /* sizeof(fg_attention_bwd_args); 0 means the layout
                            of the version that introduced it (every field
                            before struct_size)                             */
+    /* Since 0.2: device memory the call may use as its workspace,
+     * 256-byte aligned, workspace_size bytes (as fg_attention_args'). With
+     * one of its own the call allocates nothing, as a CUDA graph capture
+     * or a training loop that never allocates wants. */
+    void *workspace;
+    size_t workspace_size;
 } fg_attention_bwd_args;
 
 #ifdef __cplusplus
@@ -775,6 +784,12 @@ static inline fg_attention_bwd_args fg_attention_bwd_args_init(void) {
  * with kind FG_KERNEL_ATTENTION_BWD (fetched once, launched many times). */
 FG_API fg_status fg_attention_backward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args);
 FG_API fg_status fg_kernel_launch_backward(fg_ctx *ctx, fg_kernel *kernel, const fg_attention_bwd_args *args);
+/* The workspace (bytes) fg_attention_backward uses for `args`, given as
+ * for the call (checked the same way; no memory is read): it depends on
+ * the shapes, deterministic, the gradient bindings and the kernel the call
+ * runs, which is fetched (compiled if it is not cached yet). */
+FG_API fg_status fg_attention_backward_workspace_size(fg_ctx *ctx, const fg_mod *mod,
+                                                      const fg_attention_bwd_args *args, size_t *bytes);
 
 /* The CPU reference backward in float64, with host pointers: fwd's q, k, v
  * (its out and lse are not read: the reference recomputes the forward),

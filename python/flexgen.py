@@ -172,6 +172,7 @@ class _AttentionBwdArgs(_Growable):
         ("grad_binds", ctypes.POINTER(_Binding)), ("ngrad_binds", ctypes.c_size_t),
         ("deterministic", ctypes.c_int),
         ("struct_size", ctypes.c_size_t),
+        ("workspace", ctypes.c_void_p), ("workspace_size", ctypes.c_size_t),
     ]
 
 

@@ -20,11 +20,12 @@ run() { # name, command...
     printf '%-28s rc=%-3d %6d ms\n' "$name" "$rc" "$ms"
     [ $rc -eq 0 ] || fail=1
 }
-for t in gpu_jit gpu_blockmask gpu_split gpu_attention gpu_attention_bwd gpu_attention_decode; do
+for t in gpu_jit gpu_blockmask gpu_split gpu_attention gpu_attention_bwd gpu_attention_decode gpu_capture; do
     [ -x "$build/tests/$t" ] && run "$t" "$build/tests/$t"
 done
 for e in causal sliding_window document_packing alibi serving_loop train_step; do
     [ -x "$build/examples/$e" ] && run "example_$e" "$build/examples/$e"
 done
+[ -x "$build/examples/serving_loop" ] && run example_serving_loop_graph "$build/examples/serving_loop" --graph
 [ -x "$build/examples/custom_mod" ] && run example_custom_mod "$build/examples/custom_mod" mods/softcap.c
 exit $fail

@@ -190,33 +190,13 @@ static void run_case(const dcase *c) {
     if (st != FG_OK) print_error("%s: reference: %s\n", name, fg_errmsg(ctx));
     assert_int_equal(st, FG_OK);
 
-    double num = 0, den = 0, lse_err = 0;
-    long nonfinite = 0, bad_masked = 0, lse_inf_mismatch = 0;
-    for (size_t r = 0; r < nlse; r++) {
-        const bool masked = isinf(rlse[r]);
-        for (int d = 0; d < D; d++) {
-            double g = from16(c->dtype, gout[r * D + d]), x = rout[r * D + d];
-            if (!isfinite(g)) nonfinite++;
-            if (masked && g != 0.0) bad_masked++;
-            num += (g - x) * (g - x);
-            den += x * x;
-        }
-        if (isnan(glse[r])) nonfinite++;
-        else if (masked || isinf(glse[r])) lse_inf_mismatch += !(isinf(glse[r]) && glse[r] < 0 && masked);
-        else {
-            double e = fabs(glse[r] - rlse[r]) / (1 + fabs(rlse[r]));
-            if (e > lse_err) lse_err = e;
-        }
-    }
-    const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-    const double tol = c->dtype == FG_BF16 ? 1e-2 : 2e-3;
-    const bool ok = rel <= tol && lse_err <= 1e-3 && nonfinite == 0 && bad_masked == 0 && lse_inf_mismatch == 0 &&
-                    kind_is(kind, c->expect);
-    printf("%-4s %s: rel %.2e lse %.2e kernel %d\n", ok ? "ok" : "FAIL", name, rel, lse_err, (int)kind);
+    const out_check oc = check_out(c->dtype, gout, glse, rout, rlse, nlse, D);
+    const bool ok = oc.ok && kind_is(kind, c->expect);
+    printf("%-4s %s: rel %.2e lse %.2e kernel %d\n", ok ? "ok" : "FAIL", name, oc.rel, oc.lse_err, (int)kind);
     fflush(stdout);
     if (!ok) {
-        printf("     nonfinite %ld, nonzero masked %ld, lse -inf mismatch %ld, kernel %d (expected %d)\n", nonfinite,
-               bad_masked, lse_inf_mismatch, (int)kind, (int)c->expect);
+        printf("     nonfinite %ld, nonzero masked %ld, lse -inf mismatch %ld, kernel %d (expected %d)\n", oc.nonfinite,
+               oc.bad_masked, oc.lse_inf_mismatch, (int)kind, (int)c->expect);
         failures++;
     }
     free(rout), free(rlse), free(gout), free(glse), free(hq), free(hk), free(hv), free(lens), free(qoff), free(table);

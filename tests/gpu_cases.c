@@ -204,3 +204,31 @@ fg_mod *case_mod(fg_ctx *ctx, const acase *c) {
     return m;
 }
 
+
+/* ---- checks ---------------------------------------------------------------- */
+
+out_check check_out(fg_dtype dt, const uint16_t *out, const float *lse, const double *ref, const double *ref_lse,
+                    size_t rows, int d) {
+    out_check c = {0};
+    double num = 0, den = 0;
+    for (size_t r = 0; r < rows; r++) {
+        const bool masked = isinf(ref_lse[r]);
+        for (int i = 0; i < d; i++) {
+            const double g = from16(dt, out[r * (size_t)d + i]), x = ref[r * (size_t)d + i];
+            if (!isfinite(g)) c.nonfinite++;
+            if (masked && g != 0.0) c.bad_masked++;
+            num += (g - x) * (g - x);
+            den += x * x;
+        }
+        if (isnan(lse[r])) c.nonfinite++;
+        else if (masked || isinf(lse[r])) c.lse_inf_mismatch += !(isinf(lse[r]) && lse[r] < 0 && masked);
+        else {
+            const double e = fabs(lse[r] - ref_lse[r]) / (1 + fabs(ref_lse[r]));
+            if (e > c.lse_err) c.lse_err = e;
+        }
+    }
+    c.rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    const double tol = dt == FG_BF16 ? 1e-2 : 2e-3;
+    c.ok = c.rel <= tol && c.lse_err <= 1e-3 && c.nonfinite == 0 && c.bad_masked == 0 && c.lse_inf_mismatch == 0;
+    return c;
+}

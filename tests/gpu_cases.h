@@ -61,6 +61,19 @@ uint16_t *random_tensor(const acase *c, int h, int s, const int64_t st[4], size_
 CUdeviceptr upload(const void *p, size_t bytes);
 double from16(fg_dtype dt, uint16_t h);
 const char *case_name(const acase *c, char *buf, size_t n);
+
+/* A forward's out (`rows` rows of head dim d, in the dtype, contiguous)
+ * and lse against the reference's: ok when
+ *     ||out - ref||_F / ||ref||_F <= 1e-2 (bf16), 2e-3 (fp16),
+ *     |lse - ref| <= 1e-3 (1 + |ref|), -inf exactly where the reference has it,
+ *     no non-finite value, rows with LSE -inf exactly 0. */
+typedef struct out_check {
+    double rel, lse_err;
+    long nonfinite, bad_masked, lse_inf_mismatch;
+    bool ok;
+} out_check;
+out_check check_out(fg_dtype dt, const uint16_t *out, const float *lse, const double *ref, const double *ref_lse,
+                    size_t rows, int d);
 fg_mod *case_mod(fg_ctx *ctx, const acase *c);
 
 #endif

@@ -93,14 +93,18 @@ static void test_layouts(void **state) {
     (void)state;
     /* struct_size sits right after the 0.1 fields; later fields come after
      * it (the 0.2 fields: fg_kernel_config's ragged, fg_attention_args'
-     * ragged and paged ones, fg_block_mask_desc's offsets). */
+     * ragged, paged and workspace ones, fg_block_mask_desc's offsets,
+     * fg_attention_bwd_args' workspace). */
     assert_int_equal(offsetof(fg_kernel_config, struct_size) + sizeof(size_t), offsetof(fg_kernel_config, ragged));
     assert_int_equal(offsetof(fg_block_mask_desc, struct_size) + sizeof(size_t), offsetof(fg_block_mask_desc, q_offset));
     assert_int_equal(offsetof(fg_attention_args, struct_size) + sizeof(size_t), offsetof(fg_attention_args, kv_lens));
+    assert_int_equal(offsetof(fg_attention_bwd_args, struct_size) + sizeof(size_t),
+                     offsetof(fg_attention_bwd_args, workspace));
     if (sizeof(void *) == 8) { /* the 0.1 sizes on LP64: they never change */
         assert_int_equal(offsetof(fg_kernel_config, struct_size), 32);
         assert_int_equal(offsetof(fg_block_mask_desc, struct_size), 24);
         assert_int_equal(offsetof(fg_attention_args, struct_size), 248);
+        assert_int_equal(offsetof(fg_attention_bwd_args, struct_size), 192);
     }
     /* The initialisers: every field zero, struct_size set. */
     fg_kernel_config c = FG_KERNEL_CONFIG_INIT, c2 = fg_kernel_config_init();
@@ -136,6 +140,16 @@ static void test_layouts(void **state) {
         assert_null(as[i]->workspace);
         assert_int_equal(as[i]->workspace_size, 0);
         assert_int_equal(as[i]->struct_size, sizeof(fg_attention_args));
+    }
+    fg_attention_bwd_args b = FG_ATTENTION_BWD_ARGS_INIT, b2 = fg_attention_bwd_args_init();
+    const fg_attention_bwd_args *bs[2] = {&b, &b2};
+    for (int i = 0; i < 2; i++) {
+        assert_null(bs[i]->fwd);
+        assert_null(bs[i]->dout);
+        assert_int_equal(bs[i]->ngrad_binds + (size_t)bs[i]->deterministic, 0);
+        assert_null(bs[i]->workspace);
+        assert_int_equal(bs[i]->workspace_size, 0);
+        assert_int_equal(bs[i]->struct_size, sizeof(fg_attention_bwd_args));
     }
 }
 

@@ -309,6 +309,23 @@ fg_status fgi_attn_ws_alloc(fg_ctx *ctx, fgi_attn_ws *w, size_t bytes, void *str
     return FG_OK;
 }
 
+fg_status fgi_attn_ws_take(fg_ctx *ctx, fgi_attn_ws *w, const void *caller, size_t caller_size, size_t bytes,
+                           void *stream, CUdeviceptr *base) {
+    w->base = 0;
+    w->async = false;
+    *base = 0;
+    if (caller && (uintptr_t)caller % 256 != 0)
+        return fgi_error(ctx, FG_ERR_SHAPE, "the workspace must be 256-byte aligned (cuMemAlloc's alignment)");
+    if (bytes == 0) return FG_OK;
+    if (caller && caller_size >= bytes) {
+        *base = (CUdeviceptr)(uintptr_t)caller;
+        return FG_OK;
+    }
+    FGI_TRY(fgi_attn_ws_alloc(ctx, w, bytes, stream));
+    *base = w->base;
+    return FG_OK;
+}
+
 fg_status fgi_attn_ws_free(fg_ctx *ctx, fgi_attn_ws *w, void *stream) {
     if (!w->base) return FG_OK;
     CUdeviceptr p = w->base;

@@ -160,6 +160,15 @@ typedef struct fgi_attn_ws {
 } fgi_attn_ws;
 fg_status fgi_attn_ws_alloc(fg_ctx *ctx, fgi_attn_ws *w, size_t bytes, void *stream);
 fg_status fgi_attn_ws_free(fg_ctx *ctx, fgi_attn_ws *w, void *stream);
+/* A call's workspace of `bytes` at *base: the caller's (`caller`,
+ * `caller_size` from the public arguments) when it is large enough, else
+ * from the pool through `w` (fgi_attn_ws_free gives back only that). A
+ * caller's workspace that is not 256-byte aligned is FG_ERR_SHAPE whether
+ * or not the call needs one, so the mistake shows on the first call. With
+ * the caller's workspace the call allocates nothing, which is what stream
+ * capture into a CUDA graph wants. */
+fg_status fgi_attn_ws_take(fg_ctx *ctx, fgi_attn_ws *w, const void *caller, size_t caller_size, size_t bytes,
+                           void *stream, CUdeviceptr *base);
 /* A workspace part's size rounded up to 256 bytes, so the next part is
  * aligned for any access. */
 static inline size_t fgi_attn_ws_round(size_t n) { return (n + 255) & ~(size_t)255; }

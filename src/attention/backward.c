@@ -13,9 +13,10 @@
  *   4. the mod's parameters, and the gradient struct (fg_mod_grads) of the
  *      buffers whose gradients are wanted;
  *   5. for the Hopper kernel, tensor maps of q, k, v and dout;
- *   6. workspace from the stream's pool: delta (and lse * log2(e) for the
- *      Hopper kernel), the fp32 dQ accumulator (not in deterministic mode)
- *      and the fixed-point accumulators of the buffer gradients;
+ *   6. the workspace, the caller's or else from the library's pool on the
+ *      stream: delta (and lse * log2(e) for the Hopper kernel), the fp32
+ *      dQ accumulator (not in deterministic mode) and the fixed-point
+ *      accumulators of the buffer gradients;
  *   7. on the caller's stream, in order: the fixed-point accumulators and
  *      the dQ accumulator zeroed, fg_attention_bwd_pre (delta),
  *      fg_attention_bwd_dkdv (dK, dV, buffer gradients; dQ through atomics),
@@ -185,8 +186,20 @@ static fg_status run_passes(fg_ctx *ctx, const fg_kernel *k, const fg_attention_
     return FG_OK;
 }
 
-/* One backward launch of `b`, already in this library's layout. */
-static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *b) {
+/* Everything one backward launch of `b` (already in this library's
+ * layout) on kernel `k` needs before its workspace: the checks, the
+ * argument block, the parameters, the gradient layout, the tensor maps,
+ * and where each part of the workspace goes. */
+typedef struct bwd_plan {
+    fgi_attn_bwd_abi abi;
+    fgi_param_blob blob;
+    hopper_maps maps; /* 64-byte aligned, as CUtensorMap is */
+    const void *grads[FGI_MAX_GRAD_BUFFERS];
+    int64_t glen[FGI_MAX_GRAD_BUFFERS];
+    size_t off_lse2, off_accum, off_fixed[FGI_MAX_GRAD_BUFFERS], dq_accum_bytes, total;
+} bwd_plan;
+
+static fg_status plan_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *b, bwd_plan *p) {
     if (k->kernel->op != FGI_KOP_ATTENTION_BWD)
         return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
                          "fg_kernel_launch_backward runs backward kernels (kind FG_KERNEL_ATTENTION_BWD); "
@@ -208,54 +221,63 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *
     FGI_TRY(check_alignment(ctx, b, &st, &bs));
     FGI_TRY(fgi_kernel_check_context(ctx, k));
 
-    fgi_attn_bwd_abi abi;
-    memset(&abi, 0, sizeof abi);
-    fill_abi(k, b, &st, &bs, &abi);
-    if (a->block_mask) FGI_TRY(block_mask_args(ctx, k, a, &abi));
+    fgi_attn_bwd_abi *abi = &p->abi;
+    memset(abi, 0, sizeof *abi);
+    fill_abi(k, b, &st, &bs, abi);
+    if (a->block_mask) FGI_TRY(block_mask_args(ctx, k, a, abi));
 
-    fgi_param_blob blob;
     fgi_value bound[FGI_MAX_PARAMS];
-    FGI_TRY(fgi_kernel_pack_params(ctx, k, a->binds, a->nbinds, &blob, bound));
+    FGI_TRY(fgi_kernel_pack_params(ctx, k, a->binds, a->nbinds, &p->blob, bound));
     const fgi_grad_layout *L = &k->grads;
-    const void *grads[FGI_MAX_GRAD_BUFFERS];
-    int64_t glen[FGI_MAX_GRAD_BUFFERS];
-    FGI_TRY(fgi_attn_grad_binds(ctx, &k->params, L, b->grad_binds, b->ngrad_binds, bound, grads, glen));
+    FGI_TRY(fgi_attn_grad_binds(ctx, &k->params, L, b->grad_binds, b->ngrad_binds, bound, p->grads, p->glen));
 
-    hopper_maps maps; /* 64-byte aligned, as CUtensorMap is */
     const bool hopper = k->kernel->variant == FGI_VARIANT_SM90;
-    if (hopper) FGI_TRY(encode_maps(ctx, k, b, &st, &bs, &maps));
+    if (hopper) FGI_TRY(encode_maps(ctx, k, b, &st, &bs, &p->maps));
 
     /* Workspace: delta, lse2 (Hopper), the dQ accumulator, the fixed-point
      * accumulators; every part 256-byte aligned. */
-    const size_t rows = (size_t)a->batch * (size_t)a->heads_q * (size_t)abi.q_pitch;
-    const size_t off_lse2 = fgi_attn_ws_round(rows * 4);
-    size_t off_accum = hopper ? off_lse2 + fgi_attn_ws_round(rows * 4) : off_lse2, total = off_accum;
-    const size_t dq_accum_bytes = abi.dq_atomic ? rows * (size_t)a->head_dim * 4 : 0;
-    total += fgi_attn_ws_round(dq_accum_bytes);
-    size_t off_fixed[FGI_MAX_GRAD_BUFFERS] = {0};
-    for (int i = 0; i < L->n; i++)
-        if (grads[i]) {
-            off_fixed[i] = total;
-            total += fgi_attn_ws_round((size_t)glen[i] * 32);
+    const size_t rows = (size_t)a->batch * (size_t)a->heads_q * (size_t)abi->q_pitch;
+    p->off_lse2 = fgi_attn_ws_round(rows * 4);
+    p->off_accum = hopper ? p->off_lse2 + fgi_attn_ws_round(rows * 4) : p->off_lse2;
+    p->dq_accum_bytes = abi->dq_atomic ? rows * (size_t)a->head_dim * 4 : 0;
+    p->total = p->off_accum + fgi_attn_ws_round(p->dq_accum_bytes);
+    for (int i = 0; i < L->n; i++) {
+        p->off_fixed[i] = 0;
+        if (p->grads[i]) {
+            p->off_fixed[i] = p->total;
+            p->total += fgi_attn_ws_round((size_t)p->glen[i] * 32);
         }
+    }
+    return FG_OK;
+}
+
+/* One backward launch of `b`, already in this library's layout. */
+static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *b) {
+    bwd_plan p;
+    FGI_TRY(plan_launch(ctx, k, b, &p));
+    const fg_attention_args *a = b->fwd;
+    const bool hopper = k->kernel->variant == FGI_VARIANT_SM90;
     fgi_attn_ws w;
-    FGI_TRY(fgi_attn_ws_alloc(ctx, &w, total, a->stream));
-    abi.delta = w.base;
-    abi.lse2 = hopper ? w.base + off_lse2 : 0;
-    abi.dq_accum = abi.dq_atomic ? w.base + off_accum : 0;
+    CUdeviceptr base;
+    FGI_TRY(fgi_attn_ws_take(ctx, &w, b->workspace, b->workspace_size, p.total, a->stream, &base));
+    fgi_attn_bwd_abi *abi = &p.abi;
+    abi->delta = base;
+    abi->lse2 = hopper ? base + p.off_lse2 : 0;
+    abi->dq_accum = abi->dq_atomic ? base + p.off_accum : 0;
+    const fgi_grad_layout *L = &k->grads;
     CUdeviceptr fixed[FGI_MAX_GRAD_BUFFERS] = {0};
     _Alignas(16) unsigned char gblob[FGI_MAX_GRAD_BUFFERS * 16 + 16];
     memset(gblob, 0, sizeof gblob);
     for (int i = 0; i < L->n; i++) {
-        if (!grads[i]) continue;
-        fixed[i] = w.base + off_fixed[i];
+        if (!p.grads[i]) continue;
+        fixed[i] = base + p.off_fixed[i];
         uint64_t ptr = (uint64_t)fixed[i];
-        int64_t len = glen[i];
+        int64_t len = p.glen[i];
         memcpy(gblob + L->offset[i], &ptr, 8);
         memcpy(gblob + L->offset[i] + 8, &len, 8);
     }
 
-    fg_status s = run_passes(ctx, k, b, &abi, &blob, gblob, &maps, dq_accum_bytes, grads, glen, fixed);
+    fg_status s = run_passes(ctx, k, b, abi, &p.blob, gblob, &p.maps, p.dq_accum_bytes, p.grads, p.glen, fixed);
     fg_status f = fgi_attn_ws_free(ctx, &w, a->stream);
     return s != FG_OK ? s : f;
 }
@@ -269,9 +291,20 @@ fg_status fg_kernel_launch_backward(fg_ctx *ctx, fg_kernel *k, const fg_attentio
     return launch(ctx, k, &b);
 }
 
-fg_status fg_attention_backward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args) {
-    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
-    FGI_CHECK_ARG(ctx, mod, "NULL mod");
+/* The workspace launch(k, b) would use. */
+static fg_status workspace_of(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *b, size_t *bytes) {
+    bwd_plan p;
+    FGI_TRY(plan_launch(ctx, k, b, &p));
+    *bytes = p.total;
+    return FG_OK;
+}
+
+/* fg_attention_backward's kernel choice, shared by the call and its
+ * workspace size: the kernel fg_kernel_get picks, and the portable one
+ * where the Hopper kernel refuses the call. With `bytes` the chosen
+ * kernel's workspace is reported instead of launching. */
+static fg_status on_chosen_kernel(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args,
+                                  size_t *bytes) {
     fg_attention_bwd_args b;
     fg_attention_args fwd;
     FGI_TRY(fgi_attn_bwd_args_in(ctx, args, &b, &fwd));
@@ -286,7 +319,7 @@ fg_status fg_attention_backward(fg_ctx *ctx, const fg_mod *mod, const fg_attenti
     cfg.head_dim = fwd.head_dim;
     fg_kernel *k;
     FGI_TRY(fg_kernel_get(ctx, mod, &cfg, &k));
-    fg_status s = launch(ctx, k, &b);
+    fg_status s = bytes ? workspace_of(ctx, k, &b, bytes) : launch(ctx, k, &b);
     const bool retry = s == FG_ERR_NOT_SUPPORTED && k->kernel->variant == FGI_VARIANT_SM90;
     fg_kernel_release(k);
     if (retry) {
@@ -294,10 +327,26 @@ fg_status fg_attention_backward(fg_ctx *ctx, const fg_mod *mod, const fg_attenti
          * portable backward takes them (it refuses nothing the Hopper one
          * accepts, so its error, if any, is the one to report). */
         FGI_TRY(fgi_attn_kernel_get(ctx, mod, &cfg, false, &k));
-        s = launch(ctx, k, &b);
+        s = bytes ? workspace_of(ctx, k, &b, bytes) : launch(ctx, k, &b);
         fg_kernel_release(k);
     }
     return s;
+}
+
+fg_status fg_attention_backward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    FGI_CHECK_ARG(ctx, mod, "NULL mod");
+    return on_chosen_kernel(ctx, mod, args, NULL);
+}
+
+fg_status fg_attention_backward_workspace_size(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args,
+                                               size_t *bytes) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    FGI_CHECK_ARG(ctx, mod && bytes, "NULL mod or output pointer");
+    *bytes = 0;
+    FGI_TRY(on_chosen_kernel(ctx, mod, args, bytes));
+    fgi_clear_error(ctx);
+    return FG_OK;
 }
 
 /* ---- the reference ----------------------------------------------------------------- */

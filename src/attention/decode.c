@@ -147,15 +147,10 @@ fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_a
     /* The parts: in the caller's workspace when it is large enough, else
      * from the library's pool for this call. */
     const int64_t prows = (int64_t)a->batch * a->heads_q * a->q_len;
-    fgi_attn_ws w = {0};
-    if (a->workspace && (uintptr_t)a->workspace % 256 != 0)
-        return fgi_error(ctx, FG_ERR_SHAPE, "the workspace must be 256-byte aligned (cuMemAlloc's alignment)");
-    if (plan.ws_bytes > 0) {
-        CUdeviceptr base = (CUdeviceptr)(uintptr_t)a->workspace;
-        if (!base || a->workspace_size < plan.ws_bytes) {
-            FGI_TRY(fgi_attn_ws_alloc(ctx, &w, plan.ws_bytes, a->stream));
-            base = w.base;
-        }
+    fgi_attn_ws w;
+    CUdeviceptr base;
+    FGI_TRY(fgi_attn_ws_take(ctx, &w, a->workspace, a->workspace_size, plan.ws_bytes, a->stream, &base));
+    if (base) {
         abi.lse_part = base;
         abi.o_part = base + plan.lse_bytes;
     }

@@ -64,7 +64,9 @@
     X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime) X(cuPointerGetAttribute)
 #define FGI_CU_OPTIONAL(X)                                                                   \
     X(cuCtxGetId) X(cuTensorMapEncodeTiled) X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuMemPoolCreate) \
-    X(cuMemPoolSetAttribute) X(cuMemAllocFromPoolAsync)
+    X(cuMemPoolSetAttribute) X(cuMemAllocFromPoolAsync) X(cuStreamBeginCapture) X(cuStreamEndCapture) \
+    X(cuStreamIsCapturing) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphDestroy)       \
+    X(cuGraphExecDestroy) X(cuGraphGetNodes) X(cuGraphNodeGetType)
 
 typedef struct fgi_cu_sym {
     const char *name;

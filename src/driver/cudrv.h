@@ -67,6 +67,18 @@ typedef struct fgi_cu_api {
     FGI_CU_FN(cuMemPoolCreate);
     FGI_CU_FN(cuMemPoolSetAttribute);
     FGI_CU_FN(cuMemAllocFromPoolAsync);
+    /* Stream capture into CUDA graphs (CUDA 10+; 11.4 for
+     * cuGraphInstantiateWithFlags): for the tests and tools that capture
+     * the library's calls. */
+    FGI_CU_FN(cuStreamBeginCapture);
+    FGI_CU_FN(cuStreamEndCapture);
+    FGI_CU_FN(cuStreamIsCapturing);
+    FGI_CU_FN(cuGraphInstantiateWithFlags);
+    FGI_CU_FN(cuGraphLaunch);
+    FGI_CU_FN(cuGraphDestroy);
+    FGI_CU_FN(cuGraphExecDestroy);
+    FGI_CU_FN(cuGraphGetNodes);
+    FGI_CU_FN(cuGraphNodeGetType);
 } fgi_cu_api;
 #undef FGI_CU_FN
 
