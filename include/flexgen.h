@@ -765,6 +765,11 @@ typedef struct fg_attention_bwd_args {
      * or a training loop that never allocates wants. */
     void *workspace;
     size_t workspace_size;
+    /* Since 0.2: d loss / d lse, fp32 [B][Hq][Q_LEN] contiguous, for a loss
+     * that also reads the forward's log-sum-exp (NULL: zero). Since
+     * d lse_i / d s_ij = P_ij, it enters as dS_ij = P_ij (dP_ij - delta_i +
+     * dlse_i); a fully masked row (lse -inf) ignores its entry. */
+    const float *dlse;
 } fg_attention_bwd_args;
 
 #ifdef __cplusplus
@@ -793,7 +798,8 @@ FG_API fg_status fg_attention_backward_workspace_size(fg_ctx *ctx, const fg_mod 
 
 /* The CPU reference backward in float64, with host pointers: fwd's q, k, v
  * (its out and lse are not read: the reference recomputes the forward),
- * dout in the dtype; dq, dk, dv as double arrays, contiguous BHSD; each
+ * dout in the dtype, dlse (if any) fp32; dq, dk, dv as double arrays,
+ * contiguous BHSD; each
  * gradient binding's data a double array of the buffer's length. Also
  * checks what fg_attention_backward checks. */
 FG_API fg_status fg_attention_reference_backward(fg_ctx *ctx, const fg_mod *mod,

@@ -41,9 +41,12 @@ import ctypes
 import glob
 import os
 import re
+import itertools
 import threading
+import types
 import weakref
 from collections import OrderedDict
+from typing import List, Optional, Tuple
 
 try:  # the mod-level API (parsing, CPU block masks) works without torch
     import torch
@@ -173,6 +176,7 @@ class _AttentionBwdArgs(_Growable):
         ("deterministic", ctypes.c_int),
         ("struct_size", ctypes.c_size_t),
         ("workspace", ctypes.c_void_p), ("workspace_size", ctypes.c_size_t),
+        ("dlse", ctypes.c_void_p),
     ]
 
 
@@ -721,6 +725,12 @@ def _numel(t):
 # Block masks.
 # ---------------------------------------------------------------------------
 
+# Every BlockMask by a number of its own, which the custom op's schema can
+# carry (see _compiled_attention); weak, so the registry keeps none alive.
+_block_mask_ids = itertools.count()
+_block_masks = weakref.WeakValueDictionary()
+
+
 class BlockMask:
     """An fg_block_mask (FlexAttention's BlockMask layout). Built on the GPU
     (device arrays) or the CPU (host arrays). `shape` is (batch, heads,
@@ -728,6 +738,8 @@ class BlockMask:
 
     def __init__(self, handle, mod, shape, block_size, device):
         self.handle = handle
+        self._op_id = next(_block_mask_ids)  # how the custom op names it
+        _block_masks[self._op_id] = self
         self.mod = mod
         self.shape = shape
         self.block_size = block_size
@@ -1047,14 +1059,22 @@ def attention(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None,
     score_mod's value does not depend on (read only by mask_mod, under a
     comparison or through a cast to int) gets a zero gradient.
     deterministic=True makes dq and the buffer gradients bit-reproducible
-    from run to run (no floating-point atomics; somewhat slower). Not
-    differentiable, each an error rather than a silently missing gradient:
-    a scalar parameter given as a tensor that requires grad (make it a
-    one-element float buffer), the returned lse (its gradient raises
-    NotImplementedError in backward), and a second derivative."""
+    from run to run (no floating-point atomics; somewhat slower). The
+    returned lse is differentiable too (a loss may read it: d lse / d score
+    is the softmax). Not differentiable, each an error rather than a
+    silently missing gradient: a scalar parameter given as a tensor that
+    requires grad (make it a one-element float buffer), and a second
+    derivative.
+
+    Under torch.compile the call is the custom op flexgen::attention (with
+    flexgen::attention_backward for its gradient), so a compiled model keeps
+    one graph; see _compiled_attention."""
     if not isinstance(deterministic, int) or deterministic not in (0, 1):
         raise TypeError(f"deterministic must be a bool, not {deterministic!r}")
     deterministic = bool(deterministic)
+    if _compiling():
+        return _compiled_attention(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa,
+                                   return_lse, block_size, block_mask, deterministic, q_offset)
     if not _wants_grad(q, k, v, buffers):
         return _prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa,
                         return_lse, block_size, block_mask, q_offset)()
@@ -1132,6 +1152,27 @@ def prepare(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None, s
                     return_lse, block_size, block_mask, q_offset)
 
 
+def _call_block_mask(mod, q, k, binds, params, qb, kvb, block_mask, index, q_offset):
+    """The block mask a call runs with: the caller's (checked against the
+    shapes), else the cached one of its mask_mod, else None (no mask_mod:
+    every block is visited and nothing is evaluated)."""
+    B, Hq, S, _ = q.shape
+    KV = k.shape[2]
+    if block_mask is not None:
+        if block_mask.device != index:
+            raise ValueError(f"block_mask lives on {block_mask.device}, not cuda:{index}")
+        bB, bH, bS, bKV = block_mask.shape
+        if (bS, bKV) != (S, KV) or bB not in (1, B) or bH not in (1, Hq):
+            raise ValueError(f"block_mask shape {block_mask.shape} does not fit "
+                             f"(B={B}, H={Hq}, Q_LEN={S}, KV_LEN={KV})")
+        return block_mask
+    if not mod.has_mask:
+        return None
+    mB, mH = _mask_dims(mod, B, Hq)
+    return _cached_block_mask(mod, mB, mH, S, KV, qb, kvb, binds, params or {}, binds.buffers, index,
+                              _offset(q_offset, "q_offset"))
+
+
 def _prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa, return_lse,
              block_size, block_mask, q_offset=0):
     _check_qkv(q, k, v, enable_gqa)
@@ -1146,21 +1187,7 @@ def _prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa, r
     mod = load_mod(mask_mod, score_mod, params, buffers)
     binds = _Bindings(mod, params, buffers, device=index)
     B, Hq, S, D = q.shape
-    KV = k.shape[2]
-    if block_mask is not None:
-        if block_mask.device != index:
-            raise ValueError(f"block_mask lives on {block_mask.device}, not cuda:{index}")
-        bB, bH, bS, bKV = block_mask.shape
-        if (bS, bKV) != (S, KV) or bB not in (1, B) or bH not in (1, Hq):
-            raise ValueError(f"block_mask shape {block_mask.shape} does not fit "
-                             f"(B={B}, H={Hq}, Q_LEN={S}, KV_LEN={KV})")
-        bm = block_mask
-    elif mod.has_mask:
-        mB, mH = _mask_dims(mod, B, Hq)
-        bm = _cached_block_mask(mod, mB, mH, S, KV, qb, kvb, binds, params or {},
-                                binds.buffers, index, _offset(q_offset, "q_offset"))
-    else:
-        bm = None  # no mask_mod: every block is visited and nothing is evaluated
+    bm = _call_block_mask(mod, q, k, binds, params, qb, kvb, block_mask, index, q_offset)
     out = torch.empty((B, Hq, S, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device) if return_lse else None
     args = _AttentionArgs()
@@ -1350,9 +1377,13 @@ def _run_backward(c, mod, bwd, grads):
     return [n for n in grads if n not in ask]
 
 
-def _backward(ctx, q, k, v, out, lse, dout, grads):
+def _backward(ctx, q, k, v, out, lse, dout, grads, dlse=None):
     """dq, dk, dv (shaped and strided like q, k, v where those are dense)
-    from dout; fills the buffer gradients in `grads`."""
+    from dout (and dlse, d loss / d lse, when the loss reads the lse); fills
+    the buffer gradients in `grads`. `ctx` carries the forward's index,
+    scale, block_mask, binds, mod and deterministic."""
+    if dout is None:
+        dout = torch.zeros_like(out)
     if dout.dtype != out.dtype:
         dout = dout.to(out.dtype)
     # The library takes any strides with a contiguous last dimension; a
@@ -1372,6 +1403,9 @@ def _backward(ctx, q, k, v, out, lse, dout, grads):
     bwd.dk_stride = _Stride(*dk.stride())
     bwd.dv_stride = _Stride(*dv.stride())
     bwd.deterministic = 1 if ctx.deterministic else 0
+    if dlse is not None:
+        dlse = dlse.to(torch.float32).contiguous()
+        bwd.dlse = dlse.data_ptr()
     for name in _run_backward(_ctx(ctx.index), ctx.mod, bwd, grads):
         grads[name].zero_()
     return dq, dk, dv
@@ -1402,19 +1436,169 @@ if torch is not None:
         @staticmethod
         @once_differentiable
         def backward(ctx, dout, dlse):
-            if dlse is not None:
-                raise NotImplementedError(
-                    "flexgen.attention: the gradient of the returned lse is not computed; "
-                    "only out is differentiable (detach lse where it enters the loss)")
             q, k, v, out, lse, *buffers = ctx.saved_tensors
-            if dout is None:
+            if dout is None and dlse is None:
                 return (None,) * (6 + len(buffers))
             need = ctx.needs_input_grad
             grads = {n: torch.empty_like(b)
                      for n, b, wanted in zip(ctx.names, buffers, need[6:]) if wanted}
-            dq, dk, dv = _backward(ctx, q, k, v, out, lse, dout, grads)
+            dq, dk, dv = _backward(ctx, q, k, v, out, lse, dout, grads, dlse)
             return (None, None, None, dq if need[3] else None, dk if need[4] else None,
                     dv if need[5] else None, *(grads.get(n) for n in ctx.names))
+
+
+# ---------------------------------------------------------------------------
+# torch.compile: attention as a custom op.
+# ---------------------------------------------------------------------------
+#
+# Dynamo cannot trace ctypes calls: a compiled model that called attention()
+# as it runs eagerly would break its graph there. Under torch.compile,
+# attention() instead calls the custom op flexgen::attention, one node of
+# the graph, whose implementation is the eager call (so results are the
+# same), whose fake implementation gives the shapes, and whose gradient is
+# the op flexgen::attention_backward (register_autograd). An op schema
+# carries tensors, strings, numbers and lists of them; what was chosen:
+#   - mask_mod / score_mod: the text as given (a path, mod text or an
+#     expression), a Mod object as its canonical text (which parses to the
+#     same mod), "" for none;
+#   - params split by type, names joined by ',' beside their values: the
+#     expression form declares a parameter's type from its Python value.
+#     They are constants of the compiled graph: dynamo guards on them and
+#     recompiles when one changes (as for numbers a FlexAttention score_mod
+#     closes over); a value that changes every step belongs in a buffer;
+#   - buffers: their names joined by ',' and the tensors in that order;
+#   - block_mask: the BlockMask's number in a weak registry (-1: none); the
+#     caller keeps the mask alive while the compiled model uses it, and
+#     BlockMask.rebuild updates it in place as in eager;
+#   - scale (None: 1/sqrt(D)), enable_gqa, the (q, kv) block sizes, q_offset,
+#     deterministic (the backward's).
+# The op always returns (out, lse), lse being the backward's input;
+# attention() drops it unless return_lse. The backward takes dlse, so a
+# loss that reads the lse is differentiated as in eager.
+
+def _compiling():
+    return torch is not None and torch.compiler.is_compiling()
+
+
+def _mod_text(m):
+    if m is None:
+        return ""
+    if isinstance(m, Mod):
+        return m.canonical
+    if isinstance(m, str):
+        return m
+    return os.fspath(m)
+
+
+def _compiled_attention(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa,
+                        return_lse, block_size, block_mask, deterministic, q_offset):
+    params = params or {}
+    buffers = buffers or {}
+    for name, value in params.items():
+        if isinstance(value, torch.Tensor):
+            raise TypeError(f"params['{name}']: under torch.compile a parameter is a number (a "
+                            f"constant of the graph); pass a value that changes per step as a "
+                            f"one-element buffer")
+    int_names = sorted(n for n, x in params.items() if not isinstance(x, float))
+    float_names = sorted(n for n, x in params.items() if isinstance(x, float))
+    buffer_names = sorted(buffers)
+    qb, kvb = _block_dims(block_size)
+    out, lse = torch.ops.flexgen.attention(
+        q, k, v, [buffers[n] for n in buffer_names], _mod_text(mask_mod), _mod_text(score_mod),
+        ",".join(int_names), [int(params[n]) for n in int_names], ",".join(float_names),
+        [params[n] for n in float_names], ",".join(buffer_names),
+        None if scale is None else float(scale), bool(enable_gqa), [qb, kvb], q_offset,
+        -1 if block_mask is None else block_mask._op_id, bool(deterministic))
+    return (out, lse) if return_lse else out
+
+
+def _names(joined):
+    return joined.split(",") if joined else []
+
+
+class _OpCall:
+    """The op's arguments turned back into attention()'s."""
+
+    def __init__(self, q, buffers, mask_mod, score_mod, int_names, int_values, float_names,
+                 float_values, buffer_names, scale, enable_gqa, block_size, q_offset, block_mask,
+                 deterministic):
+        self.mask_mod, self.score_mod = mask_mod or None, score_mod or None
+        self.params = dict(zip(_names(int_names), int_values))
+        self.params.update(zip(_names(float_names), float_values))
+        self.buffers = dict(zip(_names(buffer_names), buffers))
+        self.scale, self.enable_gqa, self.q_offset = scale, enable_gqa, q_offset
+        self.block_size = tuple(block_size)
+        self.deterministic = deterministic
+        self.block_mask = None
+        if block_mask >= 0:
+            self.block_mask = _block_masks.get(block_mask)
+            if self.block_mask is None:
+                raise ValueError(f"flexgen.attention: block mask {block_mask} no longer exists; keep "
+                                 f"the BlockMask alive while a compiled model uses it")
+        self.index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+
+
+if torch is not None and hasattr(torch, "library") and hasattr(torch.library, "custom_op"):
+
+    @torch.library.custom_op("flexgen::attention", mutates_args=())
+    def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, buffers: List[torch.Tensor],
+                      mask_mod: str, score_mod: str, int_names: str, int_values: List[int],
+                      float_names: str, float_values: List[float], buffer_names: str,
+                      scale: Optional[float], enable_gqa: bool, block_size: List[int], q_offset: int,
+                      block_mask: int, deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+        c = _OpCall(q, buffers, mask_mod, score_mod, int_names, int_values, float_names,
+                    float_values, buffer_names, scale, enable_gqa, block_size, q_offset, block_mask,
+                    deterministic)
+        return _prepare(q, k, v, c.mask_mod, c.score_mod, c.params, c.buffers, c.scale,
+                        c.enable_gqa, True, c.block_size, c.block_mask, c.q_offset)()
+
+    @_attention_op.register_fake
+    def _attention_fake(q, k, v, buffers, *rest):
+        B, Hq, S, D = q.shape
+        return q.new_empty((B, Hq, S, D)), q.new_empty((B, Hq, S), dtype=torch.float32)
+
+    @torch.library.custom_op("flexgen::attention_backward", mutates_args=())
+    def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                               lse: torch.Tensor, dout: torch.Tensor, dlse: Optional[torch.Tensor],
+                               buffers: List[torch.Tensor], mask_mod: str, score_mod: str,
+                               int_names: str, int_values: List[int], float_names: str,
+                               float_values: List[float], buffer_names: str, scale: Optional[float],
+                               enable_gqa: bool, block_size: List[int], q_offset: int,
+                               block_mask: int, deterministic: bool) -> List[torch.Tensor]:
+        """[dq, dk, dv] and the gradient of each float32 buffer, in order."""
+        c = _OpCall(q, buffers, mask_mod, score_mod, int_names, int_values, float_names,
+                    float_values, buffer_names, scale, enable_gqa, block_size, q_offset, block_mask,
+                    deterministic)
+        mod = load_mod(c.mask_mod, c.score_mod, c.params, c.buffers)
+        binds = _Bindings(mod, c.params, c.buffers, device=c.index)
+        bm = _call_block_mask(mod, q, k, binds, c.params, c.block_size[0], c.block_size[1],
+                              c.block_mask, c.index, c.q_offset)
+        call = types.SimpleNamespace(index=c.index, scale=c.scale, block_mask=bm, binds=binds,
+                                     mod=mod, deterministic=c.deterministic)
+        grads = {n: torch.empty_like(b) for n, b in c.buffers.items() if b.dtype == torch.float32}
+        dq, dk, dv = _backward(call, q, k, v, out, lse, dout, grads, dlse)
+        return [dq, dk, dv] + list(grads.values())
+
+    @_attention_backward_op.register_fake
+    def _attention_backward_fake(q, k, v, out, lse, dout, dlse, buffers, *rest):
+        return ([torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)] +
+                [torch.empty_like(b) for b in buffers if b.dtype == torch.float32])
+
+    def _attention_op_setup(ctx, inputs, output):
+        q, k, v, buffers, *rest = inputs
+        ctx.save_for_backward(q, k, v, *output, *buffers)
+        ctx.rest = rest
+
+    def _attention_op_grad(ctx, dout, dlse):
+        q, k, v, out, lse, *buffers = ctx.saved_tensors
+        dq, dk, dv, *floats = torch.ops.flexgen.attention_backward(q, k, v, out, lse, dout, dlse,
+                                                                   buffers, *ctx.rest)
+        floats = iter(floats)
+        dbuf = [next(floats) if b.dtype == torch.float32 else None for b in buffers]
+        return (dq, dk, dv, dbuf) + (None,) * len(ctx.rest)
+
+    torch.library.register_autograd("flexgen::attention", _attention_op_grad,
+                                    setup_context=_attention_op_setup)
 
 
 # ---------------------------------------------------------------------------

@@ -842,14 +842,30 @@ class GpuBackward(unittest.TestCase):
         for name, x, y in zip(("dq", "dk", "dv"), base, run(*views, wide[..., ::2])):
             self.assertTrue(torch.equal(x, y), name)
 
+    def test_a_loss_that_reads_the_lse(self):
+        """d/d(q, k, v) of sum(dout * out) + sum(dlse * lse), and of the lse
+        alone, against float64 autograd of the same causal attention."""
+        B, H, S, D = 1, 2, 200, 64
+        q, k, v, dout = self.leaves(19, B=B, H=H, S=S, D=D)
+        dlse = torch.randn(B, H, S, device="cuda")
+        out, lse = flexgen.attention(q, k, v, gallery_file("causal"), return_lse=True)
+        x64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        s = x64[0] @ x64[1].transpose(-1, -2) / math.sqrt(D)
+        s = s.masked_fill(~torch.ones(S, S, dtype=torch.bool, device="cuda").tril(), -math.inf)
+        lse64, out64 = torch.logsumexp(s, -1), torch.softmax(s, -1) @ x64[2]
+        for outs, grads, outs64, grads64 in (
+                ([out, lse], [dout, dlse], [out64, lse64], [dout.double(), dlse.double()]),
+                ([lse], [dlse], [lse64], [dlse.double()])):
+            got = torch.autograd.grad(outs, [q, k, v], grads, retain_graph=True)
+            want = torch.autograd.grad(outs64, x64, grads64, retain_graph=True)
+            for name, x, r in zip("qkv", got, want):
+                self.assertLess(_rel(x, r), 2e-2, f"d{name} with {len(outs)} outputs")
+
     def test_what_cannot_be_differentiated_raises(self):
         q, k, v, _ = self.leaves(18, B=1, H=2, S=128)
         causal = gallery_file("causal")
         out, lse = flexgen.attention(q, k, v, causal, return_lse=True)
         self.assertIsNotNone(out.grad_fn)
-        with self.assertRaises(NotImplementedError) as cm:
-            torch.autograd.grad(lse.sum(), [q], retain_graph=True)
-        self.assertIn("lse", str(cm.exception))
         # out alone is differentiable beside a returned lse; out.sum()'s dout
         # is a broadcast (stride 0) tensor.
         (dq,) = torch.autograd.grad(out.sum(), [q], retain_graph=True)
@@ -863,6 +879,173 @@ class GpuBackward(unittest.TestCase):
         with torch.no_grad():
             self.assertIsNone(flexgen.attention(q, k, v, causal).grad_fn)
 
+
+
+def _documents(S, seed):
+    """int32 document ids of random lengths back to back, on the GPU."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, S // 2 + 2, (S,), generator=g)
+    ids = torch.repeat_interleave(torch.arange(S), lens)[:S]
+    return ids.to(torch.int32).cuda()
+
+
+DOC_CAUSAL = "doc[q_idx] == doc[kv_idx] && q_idx >= kv_idx && q_idx - kv_idx <= WINDOW"
+ALIBI = "score + slopes[h] * (float)(kv_idx - q_idx)"
+
+
+@unittest.skipUnless(HAVE_GPU and hasattr(torch.library, "custom_op") and _has_backward(),
+                     "needs a GPU, torch.library.custom_op and a library with the backward")
+class TorchCompile(unittest.TestCase):
+    """flexgen.attention inside torch.compile(fullgraph=True): one graph
+    (the custom op flexgen::attention), the same results as eager, forward
+    and backward."""
+
+    class Block(torch.nn.Module if torch is not None else object):
+        """A transformer block's attention half: qkv projection, document
+        + causal + window mask, ALiBi with learned slopes, output projection,
+        residual."""
+
+        def __init__(self, H=4, D=64):
+            super().__init__()
+            self.H, self.D = H, D
+            self.qkv = torch.nn.Linear(H * D, 3 * H * D, bias=False, dtype=torch.bfloat16)
+            self.proj = torch.nn.Linear(H * D, H * D, bias=False, dtype=torch.bfloat16)
+            self.slopes = torch.nn.Parameter(torch.tensor([2.0 ** (-8 * (i + 1) / H) for i in range(H)]))
+
+        def forward(self, x, doc):
+            B, S, _ = x.shape
+            q, k, v = self.qkv(x).view(B, S, 3, self.H, self.D).permute(2, 0, 3, 1, 4)
+            o = flexgen.attention(q, k, v, mask_mod=DOC_CAUSAL, score_mod=ALIBI, params={"WINDOW": 96},
+                                  buffers={"doc": doc, "slopes": self.slopes})
+            return x + self.proj(o.transpose(1, 2).reshape(B, S, self.H * self.D))
+
+    def run_block(self, block, x, doc):
+        y = block(x, doc)
+        grads = torch.autograd.grad(y.float().square().mean(), [x, *block.parameters()])
+        return [y, *grads]
+
+    def test_a_block_compiles_to_one_graph_with_eager_results(self):
+        torch.manual_seed(0)
+        block = self.Block().cuda()
+        x = torch.randn(2, 256, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        doc = _documents(256, 3)
+        eager = self.run_block(block, x, doc)
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(block)(x, doc)
+        self.assertEqual(explained.graph_break_count, 0, str(explained.break_reasons))
+        self.assertEqual(explained.graph_count, 1)
+        torch._dynamo.reset()
+        compiled = self.run_block(torch.compile(block, fullgraph=True), x, doc)
+        for name, a, b in zip(["y", "dx", "dqkv", "dproj", "dslopes"], compiled, eager):
+            self.assertFalse(a.isnan().any(), name)
+            self.assertLess(_rel(a, b), 2e-2, name)
+        # The attention itself is the same op in both: at the op's inputs the
+        # results are equal bit for bit.
+        q, k, v = (torch.randn(1, 4, 300, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        args = dict(mask_mod=DOC_CAUSAL, score_mod=ALIBI, params={"WINDOW": 96},
+                    buffers={"doc": _documents(300, 4), "slopes": block.slopes.detach()}, return_lse=True)
+        e_out, e_lse = flexgen.attention(q, k, v, **args)
+        c_out, c_lse = torch.compile(lambda q, k, v: flexgen.attention(q, k, v, **args), fullgraph=True)(q, k, v)
+        self.assertTrue(torch.equal(e_out, c_out))
+        self.assertTrue(torch.equal(e_lse, c_lse))
+
+    def test_block_mask_objects_lse_and_decode_under_compile(self):
+        S = 512
+        doc = _documents(S, 5)
+        bm = flexgen.block_mask(DOC_CAUSAL, 1, 1, S, S, params={"WINDOW": 200}, buffers={"doc": doc})
+        q, k, v = (torch.randn(2, 4, S, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        dout, dlse = torch.randn_like(q), torch.randn(2, 4, S, device="cuda")
+
+        def f(q, k, v):
+            return flexgen.attention(q, k, v, DOC_CAUSAL, params={"WINDOW": 200}, buffers={"doc": doc},
+                                     block_mask=bm, return_lse=True)
+        torch._dynamo.reset()
+        outs = [f(q, k, v), torch.compile(f, fullgraph=True)(q, k, v)]
+        grads = [torch.autograd.grad(o, [q, k, v], [dout, dlse]) for o in outs]
+        for a, b in zip(list(outs[0]) + list(grads[0]), list(outs[1]) + list(grads[1])):
+            self.assertLess(_rel(a, b), 1e-6)
+        # A decode step (4 queries at the end of 4096 keys) compiles too.
+        kq = torch.randn(2, 2, 4096, 128, device="cuda", dtype=torch.bfloat16)
+        qd = torch.randn(2, 8, 4, 128, device="cuda", dtype=torch.bfloat16)
+
+        def step(q, k, v):
+            return flexgen.attention(q, k, v, "q_idx >= kv_idx", enable_gqa=True, q_offset=4092)
+        torch._dynamo.reset()
+        self.assertTrue(torch.equal(step(qd, kq, kq), torch.compile(step, fullgraph=True)(qd, kq, kq)))
+
+    def test_opcheck(self):
+        q, k, v = (torch.randn(1, 2, 130, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        slopes = torch.tensor([0.5, 0.25], device="cuda", requires_grad=True)
+        args = (q, k, v, [slopes], "q_idx >= kv_idx", ALIBI, "", [], "", [], "slopes", None, False,
+                [128, 128], 0, -1, False)
+        torch.library.opcheck(torch.ops.flexgen.attention.default, args,
+                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+@unittest.skipUnless(HAVE_GPU, "needs a GPU")
+class CudaGraphs(unittest.TestCase):
+    """flexgen.attention captured with torch.cuda.graph and replayed with
+    new inputs written into the captured tensors, each replay against the
+    CPU float64 reference."""
+
+    def capture(self, fn):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # the kernels compiled and cached first
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = fn()
+        return g, out
+
+    def check(self, out, q, k, v, **ref_args):
+        want, _ = flexgen.reference(q.cpu(), k.cpu(), v.cpu(), **ref_args)
+        self.assertFalse(out.isnan().any())
+        self.assertLess(_rel(out.cpu().double(), want), 1e-2)
+
+    def test_forward_and_decode_replays(self):
+        for Q, KV, mods in ((256, 256, dict(mask_mod="q_idx >= kv_idx", score_mod=ALIBI)),
+                            (1, 4096, dict(score_mod=ALIBI))):  # a decode step: split walk + merge
+            q = torch.empty(2, 8, Q, 64, device="cuda", dtype=torch.bfloat16)
+            k = torch.empty(2, 2, KV, 64, device="cuda", dtype=torch.bfloat16)
+            v = torch.empty_like(k)
+            slopes = torch.tensor([2.0 ** -i for i in range(8)], device="cuda")
+            for t in (q, k, v):
+                t.normal_()
+            g, out = self.capture(lambda: flexgen.attention(q, k, v, **mods, buffers={"slopes": slopes},
+                                                            enable_gqa=True))
+            for i in range(20):
+                for t in (q, k, v):
+                    t.normal_()
+                slopes.uniform_(0.01, 0.5)
+                out.fill_(float("nan"))
+                g.replay()
+                torch.cuda.synchronize()
+                self.check(out, q, k, v, **mods, buffers={"slopes": slopes.cpu()}, enable_gqa=True)
+
+    def test_block_mask_rebuild_replays(self):
+        S = 384
+        doc = _documents(S, 7)
+        args = dict(params={"WINDOW": S}, buffers={"doc": doc})
+        bm = flexgen.block_mask(DOC_CAUSAL, 1, 1, S, S, **args)
+        q, k, v = (torch.randn(1, 4, S, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+
+        def step():
+            bm.rebuild(**args)
+            return flexgen.attention(q, k, v, DOC_CAUSAL, block_mask=bm, **args)
+        g, out = self.capture(step)
+        for i in range(20):
+            doc.copy_(_documents(S, 100 + i))
+            for t in (q, k, v):
+                t.normal_()
+            out.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            self.check(out, q, k, v, mask_mod=DOC_CAUSAL, params={"WINDOW": S}, buffers={"doc": doc.cpu()})
 
 
 def main():

@@ -2,8 +2,8 @@
  * test_reference_bwd.c -- the CPU reference backward against central
  * finite differences of the CPU reference forward.
  *
- * The loss is L = sum(dO * O) for a fixed random dO, so dL/dx is what the
- * backward returns for x in q, k, v. Inputs are fp16 on a grid of 2^-6 in
+ * The loss is L = sum(dO * O) + sum(dlse * lse) for a fixed random dO and
+ * dlse, so dL/dx is what the backward returns for x in q, k, v. Inputs are fp16 on a grid of 2^-6 in
  * [-1, 1], and each is moved by +-2^-8, which fp16 represents exactly there:
  * the difference quotient then sees exactly the perturbed input, and the
  * forward in double (the score_mod in float) is smooth enough at that step
@@ -74,17 +74,21 @@ typedef struct problem {
     const row *r;
     fg_attention_args a;
     uint16_t *q, *k, *v, *dout;
+    float *dlse; /* d L / d lse */
     float slopes[4];
+    double *lse;
     fg_binding bind;
     fg_block_mask *bm;
     double *out;
 } problem;
 
 static double loss(fg_ctx *ctx, const fg_mod *m, problem *p) {
-    assert_int_equal(fg_attention_reference(ctx, m, &p->a, p->out, NULL), FG_OK);
-    const size_t n = (size_t)p->r->hq * p->r->q * D;
+    assert_int_equal(fg_attention_reference(ctx, m, &p->a, p->out, p->lse), FG_OK);
+    const size_t rows = (size_t)p->r->hq * p->r->q, n = rows * D;
     double L = 0;
     for (size_t i = 0; i < n; i++) L += p->out[i] * from_fp16(p->dout[i]);
+    for (size_t i = 0; i < rows; i++) /* a fully masked row's lse, -inf, has no gradient */
+        if (isfinite(p->lse[i])) L += p->dlse[i] * p->lse[i];
     return L;
 }
 
@@ -132,6 +136,9 @@ static void test_against_differences(void **state) {
         p.v = random_fp16(nk, &rng);
         p.dout = random_fp16(nq, &rng);
         p.out = calloc(nq, sizeof(double));
+        p.lse = calloc((size_t)r->hq * r->q, sizeof(double));
+        p.dlse = malloc(sizeof(float) * (size_t)r->hq * r->q);
+        for (int i = 0; i < r->hq * r->q; i++) p.dlse[i] = (float)((int)(tu_rand_u64(&rng) % 65) - 32) / 32.0f;
         for (int i = 0; i < 4; i++) p.slopes[i] = 0.25f * (float)(i + 1);
         fg_attention_args *a = &p.a;
         a->batch = 1, a->heads_q = r->hq, a->heads_kv = r->hkv, a->q_len = r->q, a->kv_len = r->kv;
@@ -152,7 +159,7 @@ static void test_against_differences(void **state) {
         double slope_grad[4] = {0};
         double *bufs[4] = {0};
         if (r->slopes) bufs[fgi_mod_find_param(m, "slopes")] = slope_grad;
-        fgi_ref_bwd_out o = {p.dout, {0, 0, 0, 0}, dq, dk, dv, bufs};
+        fgi_ref_bwd_out o = {p.dout, {0, 0, 0, 0}, p.dlse, dq, dk, dv, bufs};
         assert_int_equal(fgi_attention_reference_backward(ctx, m, a, &o), FG_OK);
         for (size_t i = 0; i < nq; i++) assert_true(isfinite(dq[i]));
         for (size_t i = 0; i < nk; i++) assert_true(isfinite(dk[i]) && isfinite(dv[i]));
@@ -176,7 +183,7 @@ static void test_against_differences(void **state) {
                 for (int i = 0; i < 3; i++)
                     for (int d = 0; d < D; d++) assert_true(dq[((size_t)h * r->q + i) * D + d] == 0.0);
         free(dq), free(dk), free(dv);
-        free(p.q), free(p.k), free(p.v), free(p.dout), free(p.out);
+        free(p.q), free(p.k), free(p.v), free(p.dout), free(p.out), free(p.lse), free(p.dlse);
         fg_block_mask_destroy(p.bm);
         fg_mod_destroy(m);
     }

@@ -107,6 +107,7 @@ static void fill_abi(const fg_kernel *k, const fg_attention_bwd_args *b, const f
     abi->dq = (uint64_t)(uintptr_t)b->dq;
     abi->dk = (uint64_t)(uintptr_t)b->dk;
     abi->dv = (uint64_t)(uintptr_t)b->dv;
+    abi->dlse = (uint64_t)(uintptr_t)b->dlse;
     memcpy(abi->do_stride, bs->dout, sizeof bs->dout);
     memcpy(abi->dq_stride, bs->dq, sizeof bs->dq);
     memcpy(abi->dk_stride, bs->dk, sizeof bs->dk);
@@ -372,7 +373,7 @@ fg_status fg_attention_reference_backward(fg_ctx *ctx, const fg_mod *mod, const 
     FGI_TRY(fgi_attn_grad_binds(ctx, mod, &L, b.grad_binds, b.ngrad_binds, bound, grads, glen));
     double *per_param[FGI_MAX_PARAMS] = {0};
     for (int i = 0; i < L.n; i++) per_param[L.param[i]] = (double *)grads[i];
-    fgi_ref_bwd_out out = {.dout = b.dout, .dq = b.dq, .dk = b.dk, .dv = b.dv, .buf_grads = per_param};
+    fgi_ref_bwd_out out = {.dout = b.dout, .dlse = b.dlse, .dq = b.dq, .dk = b.dk, .dv = b.dv, .buf_grads = per_param};
     memcpy(out.dout_stride, b.dout_stride, sizeof out.dout_stride);
     return fgi_attention_reference_backward(ctx, mod, &fwd, &out);
 }

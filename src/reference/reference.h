@@ -57,6 +57,7 @@ bool fgi_ref_pair_kept(const fgi_ref_ctx *rc, int q, int kv, int mask_bit);
 typedef struct fgi_ref_bwd_out {
     const void *dout;
     int64_t dout_stride[4];
+    const float *dlse; /* fp32 [B][Hq][Q_LEN], or NULL */
     double *dq, *dk, *dv;
     double *const *buf_grads;
 } fgi_ref_bwd_out;

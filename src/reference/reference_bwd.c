@@ -167,6 +167,7 @@ static fg_status one_head(fg_ctx *ctx, const fgi_ref_ctx *rc, bwd_work *w, const
         }
         double delta = 0;
         for (int d = 0; d < D; d++) delta += dor[d] * o[d];
+        if (out->dlse) delta -= out->dlse[((int64_t)b * a->heads_q + h) * Q + i]; /* d lse_i / d s_ij = P_ij */
         for (int j = 0; j < KV; j++) {
             if (srow[j] == 0.0) {
                 dsrow[j] = 0.0;

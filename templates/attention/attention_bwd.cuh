@@ -4,7 +4,7 @@
  * differentiated exactly as the forward applies them.
  *
  * Three kernels, launched in this order on one stream:
- *   fg_attention_bwd_pre   delta = rowsum(dO * O) per query row (fp32; the
+ *   fg_attention_bwd_pre   delta = rowsum(dO * O) - dlse per query row (fp32; the
  *                          host has zeroed the fp32 dQ accumulator);
  *   fg_attention_bwd_dkdv  one thread block per (kv tile, kv head, batch):
  *                          K and V stay in shared memory, dK and dV in
@@ -108,7 +108,7 @@
 struct fgb_args {
 /* @abi src/attention/abi_bwd.def */
 };
-static_assert(sizeof(fgb_args) == 440, "fgb_args must match fgi_attn_bwd_abi");
+static_assert(sizeof(fgb_args) == 448, "fgb_args must match fgi_attn_bwd_abi");
 
 #define FGB_NEG_INF __int_as_float(0xff800000)
 #define FGB_LOG2E 1.4426950408889634f
@@ -227,6 +227,9 @@ fg_attention_bwd_pre(const __grid_constant__ fgb_args a) {
     for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     const fg_i64 rb = (fg_i64)b * a.heads_q + h, r = rb * a.q_pitch + row;
     if (lane != 0) return;
+    /* d lse_i / d s_ij = P_ij: a gradient on lse joins dS = P (dP - delta)
+     * as -dlse in delta. */
+    if (a.dlse) acc -= ((const float *)a.dlse)[rb * a.q_len + row];
     ((float *)a.delta)[r] = acc;
     if (a.lse2) ((float *)a.lse2)[r] = ((const float *)a.lse)[rb * a.q_len + row] * FGB_LOG2E;
 }
