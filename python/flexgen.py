@@ -1595,7 +1595,9 @@ if torch is not None and hasattr(torch, "library") and hasattr(torch.library, "c
                                                                    buffers, *ctx.rest)
         floats = iter(floats)
         dbuf = [next(floats) if b.dtype == torch.float32 else None for b in buffers]
-        return (dq, dk, dv, dbuf) + (None,) * len(ctx.rest)
+        # No gradient for the rest; an empty list argument (no params of a
+        # type) is an empty node of the inputs' tree, so it gets [] back.
+        return (dq, dk, dv, dbuf) + tuple([] if isinstance(x, list) and not x else None for x in ctx.rest)
 
     torch.library.register_autograd("flexgen::attention", _attention_op_grad,
                                     setup_context=_attention_op_setup)

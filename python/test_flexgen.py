@@ -981,7 +981,8 @@ class TorchCompile(unittest.TestCase):
         args = (q, k, v, [slopes], "q_idx >= kv_idx", ALIBI, "", [], "", [], "slopes", None, False,
                 [128, 128], 0, -1, False)
         torch.library.opcheck(torch.ops.flexgen.attention.default, args,
-                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
+                                          "test_aot_dispatch_dynamic"))
 
 
 @unittest.skipUnless(HAVE_GPU, "needs a GPU")

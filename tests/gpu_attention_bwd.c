@@ -1,6 +1,7 @@
 /* gpu_attention_bwd.c -- the backward kernels against the CPU reference.
  *
- * Every case draws fresh random q, k, v and dout, runs the GPU forward for
+ * Every case draws fresh random q, k, v and dout (and, outside
+ * deterministic mode, d loss / d lse), runs the GPU forward for
  * out and lse, poisons dq, dk, dv and the buffer gradients (all-ones bits:
  * NaN in bf16, fp16 and fp32), runs fg_attention_backward and compares with
  * fg_attention_reference_backward (float64) on the same inputs:
@@ -189,6 +190,16 @@ static void run_case(fg_ctx *ctx, const acase *c) {
     memcpy(b.dv_stride, a.k_stride, sizeof b.dv_stride);
     b.grad_binds = gr.gdev, b.ngrad_binds = (size_t)gr.n;
     b.deterministic = deterministic;
+    /* Outside deterministic mode the loss also reads the lse: a random
+     * d loss / d lse. */
+    float *hdlse = NULL;
+    CUdeviceptr ddlse = 0;
+    if (!deterministic) {
+        hdlse = malloc(4 * nlse);
+        for (size_t i = 0; i < nlse; i++) hdlse[i] = (float)normal();
+        ddlse = upload(hdlse, 4 * nlse);
+        b.dlse = (const float *)(uintptr_t)ddlse;
+    }
 
     uint16_t *out_q = malloc(nq * 2), *out_k = malloc(nk * 2), *out_v = malloc(nk * 2);
     long differs = 0;
@@ -233,7 +244,7 @@ static void run_case(fg_ctx *ctx, const acase *c) {
     ha.out = hq; /* not read by the reference */
     fg_attention_bwd_args hb = b;
     hb.fwd = &ha;
-    hb.dout = hdo, hb.dq = rq, hb.dk = rk, hb.dv = rv;
+    hb.dout = hdo, hb.dq = rq, hb.dk = rk, hb.dv = rv, hb.dlse = hdlse;
     memset(hb.dq_stride, 0, sizeof hb.dq_stride);
     memset(hb.dk_stride, 0, sizeof hb.dk_stride);
     memset(hb.dv_stride, 0, sizeof hb.dv_stride);
@@ -276,9 +287,10 @@ static void run_case(fg_ctx *ctx, const acase *c) {
         free(gr.ref[k]), free(gr.got[k]), free(gr.again[k]);
     }
     free(rq), free(rk), free(rv), free(out_q), free(out_k), free(out_v);
-    free(hq), free(hk), free(hv), free(hdo);
-    CUdeviceptr all[] = {dq, dk, dv, ddo, dout, dlse, gq, gk, gv};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fgi_cu()->cuMemFree(all[i]);
+    free(hq), free(hk), free(hv), free(hdo), free(hdlse);
+    CUdeviceptr all[] = {dq, dk, dv, ddo, dout, dlse, gq, gk, gv, ddlse};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i]) fgi_cu()->cuMemFree(all[i]);
     fg_block_mask_destroy(bm);
     binds_free(&bb);
     fg_mod_destroy(mod);
