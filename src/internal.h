@@ -270,6 +270,9 @@ typedef struct fgi_param {
         float f;
     } def;                     /* scalars                                    */
     int offset;                /* the name token, -1 when declared by API    */
+    bool divisor;              /* an int scalar some `/` or `%` divides by:
+                                  the kernels get it strength-reduced too
+                                  (fgi_mod_mark_divisors)                   */
 } fgi_param;
 
 struct fg_mod {
@@ -291,9 +294,13 @@ struct fg_mod {
 /* Parse + check `text` into a new mod (the whole fg_mod_from_source). */
 fg_status fgi_mod_parse(fg_ctx *ctx, const char *filename, const char *text, size_t len,
                         fg_mod **out);
-/* Canonical text of a mod, allocated in its arena, and its hash; called once
- * when a mod is created. */
+/* Canonical text of a mod, allocated in its arena, and its hash; marks the
+ * divisor parameters (fgi_mod_mark_divisors); called once when a mod is
+ * created. */
 fg_status fgi_mod_finish(fg_ctx *ctx, fg_mod *mod);
+/* Set params[i].divisor for each int scalar parameter that is the right
+ * operand of an int `/` or `%` (through unary plus or a same-type cast). */
+void fgi_mod_mark_divisors(fg_mod *mod);
 /* The canonical text of one expression (for tests and the emitter's comments);
  * malloc'd, the caller frees it (NULL on OOM). */
 char *fgi_expr_canonical(const fg_mod *mod, const fgi_func *fn, const fgi_expr *e);
@@ -331,11 +338,32 @@ fg_status fgi_bind(fg_ctx *ctx, const fg_mod *mod, const fg_binding *binds, size
  * trailing int32 `fg_pad` so the struct is never empty; size rounded up to 8.
  * `offsets` receives, per param, the offset of its value (buffers: of the
  * pointer; the length is at offset + 8). */
+/* The kernels' fg_mod_params: each parameter at offsets[i] in declaration
+ * order (a scalar 4 bytes, a buffer its pointer and length, 16 bytes
+ * aligned to 8), then for each divisor parameter its fg_divisor (16 bytes:
+ * the magic numbers of fgi_divisor_of) at div_offsets[i], then an int of
+ * padding, the size rounded up to 8. */
 typedef struct fgi_param_layout {
     size_t size;
     size_t offsets[256];
+    size_t div_offsets[256];
 } fgi_param_layout;
 #define FGI_MAX_PARAMS 256
+/* The largest fg_mod_params: every parameter a divisor scalar (4 + 16
+ * bytes), or every one a buffer (16), plus the padding. */
+#define FGI_PARAM_BLOB_MAX (FGI_MAX_PARAMS * 20 + 16)
+
+/* Division by a run-time divisor d strength-reduced on the host, as
+ * fg_divisor in templates/common.cuh: for n = |a| <= 2^31,
+ * n / |d| == (n * m) >> shift (64-bit product), with m = ceil(2^(31+l) / |d|)
+ * and shift = 31 + l, l = ceil(log2 |d|); the quotient then takes the sign
+ * of a * d. d == 0 is stored as 1 with `zero` set (a / 0 is 0, a % 0 is 0,
+ * as fg_idiv / fg_imod define them). */
+typedef struct fgi_divisor {
+    uint32_t m, shift;
+    int32_t d, zero;
+} fgi_divisor;
+fgi_divisor fgi_divisor_of(int32_t d);
 void fgi_param_layout_compute(const fg_mod *mod, fgi_param_layout *layout);
 /* Write values into `blob` (layout.size bytes) per the layout. */
 void fgi_param_pack(const fg_mod *mod, const fgi_param_layout *layout, const fgi_value *values,

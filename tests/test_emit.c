@@ -121,7 +121,8 @@ static const spelling spellings[] = {
     {FG_MASK_MOD, "q_idx + 1 > q_idx", "return fg_iadd(q_idx, 1) > q_idx;"},
     {FG_MASK_MOD, "q_idx - kv_idx <= N", "return fg_isub(q_idx, kv_idx) <= p.N;"},
     {FG_MASK_MOD, "q_idx * 3 == kv_idx", "return fg_imul(q_idx, 3) == kv_idx;"},
-    {FG_MASK_MOD, "q_idx / N == kv_idx / N", "return fg_idiv(q_idx, p.N) == fg_idiv(kv_idx, p.N);"},
+    {FG_MASK_MOD, "q_idx / N == kv_idx / N", "return fg_idiv_by(q_idx, p.fg_div_N) == fg_idiv_by(kv_idx, p.fg_div_N);"},
+    {FG_MASK_MOD, "N / (q_idx + 1) >= 0", "return fg_idiv(p.N, fg_iadd(q_idx, 1)) >= 0;"},
     {FG_MASK_MOD, "q_idx % 2 == 0", "return fg_imod(q_idx, 2) == 0;"},
     {FG_MASK_MOD, "(q_idx << 2) > (kv_idx >> 1)", "return fg_shl(q_idx, 2) > fg_shr(kv_idx, 1);"},
     {FG_MASK_MOD, "-q_idx < kv_idx", "return fg_ineg(q_idx) < kv_idx;"},
@@ -297,6 +298,106 @@ static void test_param_layout(void **state) {
                      FG_ERR_COMPILE);
     assert_non_null(strstr(fg_compile_log(ctx), "static assertion failed"));
     fg_free(src);
+    fg_mod_destroy(m);
+    fg_ctx_destroy(ctx);
+}
+
+/* ---- divisor parameters ---------------------------------------------------------- */
+
+/* fg_iquot_by of templates/common.cuh, spelled in C. */
+static int32_t quot_by(int32_t a, fgi_divisor v) {
+    const uint32_t n = a < 0 ? 0u - (uint32_t)a : (uint32_t)a;
+    const uint32_t q = (uint32_t)(((uint64_t)n * v.m) >> v.shift);
+    return (a < 0) != (v.d < 0) ? (int32_t)(0u - q) : (int32_t)q;
+}
+
+/* fg_idiv / fg_imod's definitions: C's truncating division, total. */
+static int32_t want_div(int32_t a, int32_t d) {
+    if (d == 0) return 0;
+    if (d == -1) return (int32_t)(0u - (uint32_t)a);
+    return a / d;
+}
+static int32_t want_mod(int32_t a, int32_t d) { return d == 0 || d == -1 ? 0 : a % d; }
+
+static void check_division(int32_t a, int32_t d) {
+    const fgi_divisor v = fgi_divisor_of(d);
+    const int32_t q = v.zero ? 0 : quot_by(a, v);
+    const int32_t r = (int32_t)((uint32_t)a - (uint32_t)quot_by(a, v) * (uint32_t)v.d);
+    if (q != want_div(a, d) || r != want_mod(a, d))
+        fail_msg("%d / %d: %d (want %d), %% %d (want %d); m %u shift %u", a, d, q, want_div(a, d), r,
+                 want_mod(a, d), v.m, v.shift);
+}
+
+static void test_divisors(void **state) {
+    (void)state;
+    /* The host's magic numbers against exact division: every divisor up to
+     * 2048 and its negative, powers of two and their neighbours, the
+     * extremes, and random ones; dividends at the edges and near multiples. */
+    int32_t ds[8192];
+    int nd = 0;
+    for (int32_t d = -2048; d <= 2048; d++) ds[nd++] = d;
+    for (int k = 11; k <= 30; k++)
+        for (int s = -1; s <= 1; s++) ds[nd++] = (int32_t)((1 << k) + s), ds[nd++] = -(int32_t)((1 << k) + s);
+    ds[nd++] = INT32_MAX, ds[nd++] = INT32_MIN, ds[nd++] = INT32_MIN + 1, ds[nd++] = 1 << 30;
+    uint64_t rng = 0xd1715;
+    while (nd < (int)(sizeof ds / sizeof ds[0])) ds[nd++] = (int32_t)(uint32_t)tu_rand_u64(&rng);
+    for (int i = 0; i < nd; i++) {
+        const int32_t d = ds[i];
+        const int32_t edges[] = {0, 1, -1, 2, -2, INT32_MAX, INT32_MIN, INT32_MIN + 1, INT32_MAX - 1};
+        for (size_t e = 0; e < sizeof edges / sizeof edges[0]; e++) check_division(edges[e], d);
+        for (int k = 0; k < 24; k++) {
+            const int64_t mult = (int64_t)(tu_rand_u64(&rng) % 2000001) - 1000000;
+            const int64_t near = mult * d + (int64_t)(tu_rand_u64(&rng) % 3) - 1;
+            if (near >= INT32_MIN && near <= INT32_MAX) check_division((int32_t)near, d);
+            check_division((int32_t)(uint32_t)tu_rand_u64(&rng), d);
+        }
+    }
+
+    /* Which parameters are divisors: int scalars on the right of an int / or
+     * % (through + and casts), not float divisions, literals or buffers. */
+    static const char src[] = "int P = 3;\nint Q = 5;\nint R = 7;\nfloat F = 2.0;\nconst int *buf;\n"
+                              "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+                              "    int d = (q_idx - kv_idx) % P;\n"
+                              "    return d == 0 && q_idx / +Q < R && (float)kv_idx / F < 100.0 &&\n"
+                              "           kv_idx / 3 >= 0 && buf[q_idx % (int)Q] >= 0;\n}\n";
+    fg_ctx *ctx = new_ctx();
+    fg_mod *m = NULL;
+    assert_int_equal(fg_mod_from_source(ctx, "divisors.c", src, (size_t)-1, &m), FG_OK);
+    const bool want[] = {true, true, false, false, false};
+    assert_int_equal(m->nparams, 5);
+    for (int i = 0; i < 5; i++) assert_int_equal(m->params[i].divisor, want[i]);
+    fgi_param_layout layout;
+    fgi_param_layout_compute(m, &layout);
+    char *out = emit_mod(ctx, m);
+    assert_non_null(strstr(out, "fg_imod_by(fg_isub(q_idx, kv_idx), p.fg_div_P)"));
+    assert_non_null(strstr(out, "fg_idiv_by(q_idx, p.fg_div_Q)"));
+    assert_null(strstr(out, "fg_div_R"));
+    char line[160];
+    snprintf(line, sizeof line, "static_assert(fg_offsetof(fg_mod_params, fg_div_Q) == %zu,", layout.div_offsets[1]);
+    assert_non_null(strstr(out, line));
+    free(out);
+    /* The packed blob holds each divisor's magic numbers where the kernel
+     * reads them, and NVRTC agrees with the host's layout. */
+    fgi_value values[FGI_MAX_PARAMS];
+    fg_binding binds[] = {fg_bind_int("P", -6), fg_bind_int_buffer("buf", NULL, 0)};
+    assert_int_equal(fgi_bind(ctx, m, binds, 2, values), FG_OK);
+    unsigned char blob[FGI_PARAM_BLOB_MAX];
+    fgi_param_pack(m, &layout, values, blob);
+    fgi_divisor got, p6 = fgi_divisor_of(-6), q5 = fgi_divisor_of(5);
+    memcpy(&got, blob + layout.div_offsets[0], sizeof got);
+    assert_memory_equal(&got, &p6, sizeof got);
+    memcpy(&got, blob + layout.div_offsets[1], sizeof got);
+    assert_memory_equal(&got, &q5, sizeof got);
+    char *gen = NULL;
+    fg_kernel_config cfg = {FG_KERNEL_BLOCK_MASK, 0, 0, 0, 0, "sm_80"};
+    assert_int_equal(fg_generate_source(ctx, m, &cfg, &gen), FG_OK);
+    void *img = NULL;
+    size_t size = 0;
+    fg_status st = fgi_nvrtc_compile(ctx, gen, "divisors", "sm_80", FG_EMIT_PTX, &img, &size, NULL);
+    if (st != FG_OK) print_error("%s\n", fg_compile_log(ctx));
+    assert_int_equal(st, FG_OK);
+    free(img);
+    fg_free(gen);
     fg_mod_destroy(m);
     fg_ctx_destroy(ctx);
 }
@@ -649,7 +750,7 @@ int main(void) {
         cmocka_unit_test(test_line_directives), cmocka_unit_test(test_composition),
         cmocka_unit_test(test_param_layout),    cmocka_unit_test(test_configs),
         cmocka_unit_test(test_keys),            cmocka_unit_test(test_cli),
-        cmocka_unit_test(test_gallery_compiles),
+        cmocka_unit_test(test_gallery_compiles), cmocka_unit_test(test_divisors),
     };
     snprintf(tmpdir, sizeof tmpdir, "/tmp/flexgen_test_emit_XXXXXX");
     if (!mkdtemp(tmpdir)) {

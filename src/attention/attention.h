@@ -267,7 +267,7 @@ fg_status fgi_kernel_check_context(fg_ctx *ctx, const fg_kernel *k);
 
 /* The by-value struct fg_mod_params the emitted code declares, packed. */
 typedef struct fgi_param_blob {
-    _Alignas(16) unsigned char bytes[FGI_MAX_PARAMS * 16 + 16];
+    _Alignas(16) unsigned char bytes[FGI_PARAM_BLOB_MAX];
 } fgi_param_blob;
 
 /* Resolve the mod's parameters from `binds` (fgi_bind: defaults for

@@ -73,7 +73,7 @@ static fg_status launch(fg_ctx *ctx, const fg_mod *mod, const bm_kernels *k, fg_
     fgi_param_layout_compute(mod, &layout);
     /* The kernel takes fg_mod_params by value; the driver copies
      * layout.size bytes from here, so 8-byte alignment is all it needs. */
-    uint64_t blob[(sizeof layout.offsets / sizeof layout.offsets[0]) * 2 + 1];
+    uint64_t blob[(FGI_PARAM_BLOB_MAX + 7) / 8];
     if (layout.size > sizeof blob)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "parameter struct of %zu bytes is too large",
                          layout.size);

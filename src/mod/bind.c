@@ -112,11 +112,80 @@ fg_status fgi_bind(fg_ctx *ctx, const fg_mod *mod, const fg_binding *binds, size
     return FG_OK;
 }
 
+/* ---- divisor parameters ------------------------------------------------ */
+
+/* Integer division by a value only known at run time costs the GPU a
+ * sequence of some twenty instructions (there is no divide unit); a mask
+ * that takes `(q_idx - kv_idx) % DILATION` at every element pays it per
+ * score. When the divisor is a scalar parameter it is the same for the
+ * whole launch, so the host turns it into a multiply and a shift once
+ * (fgi_divisor_of) and the kernels use those (fg_idiv_by, fg_imod_by).
+ *
+ * Why m = ceil(2^(31+l) / D), l = ceil(log2 D), is exact for every
+ * n <= 2^31: m = (2^(31+l) + e) / D with 0 <= e < D, so
+ * n m / 2^(31+l) = n / D + n e / (D 2^(31+l)), and the second term is below
+ * n / 2^(31+l) <= 2^-l <= 1 / D: too little to carry n / D past the next
+ * integer, whose distance from n / D is at least 1 / D. m < 2^32 since
+ * D > 2^(l-1), and n m < 2^63. */
+fgi_divisor fgi_divisor_of(int32_t d) {
+    fgi_divisor v = {0, 0, d, d == 0};
+    if (d == 0) v.d = 1;
+    const uint64_t D = v.d < 0 ? (uint64_t)0 - (uint64_t)(int64_t)v.d : (uint64_t)v.d; /* 1 .. 2^31 */
+    uint32_t l = 0;
+    while (((uint64_t)1 << l) < D) l++;
+    v.m = (uint32_t)((((uint64_t)1 << (31 + l)) + D - 1) / D);
+    v.shift = 31 + l;
+    return v;
+}
+
+static bool is_divisor_of(const fg_mod *mod, const fgi_expr *e, int *param) {
+    while (e && ((e->kind == FGI_E_UNARY && e->op == FGI_OP_PLUS) ||
+                 (e->kind == FGI_E_CAST && e->a && e->a->type == e->type)))
+        e = e->a;
+    if (!e || e->kind != FGI_E_PARAM || e->index < 0 || e->index >= mod->nparams) return false;
+    const fgi_param *p = &mod->params[e->index];
+    if (p->kind != FG_PARAM_SCALAR || p->type != FGI_T_INT) return false;
+    *param = e->index;
+    return true;
+}
+
+static void mark_expr(fg_mod *mod, const fgi_expr *e) {
+    if (!e) return;
+    int i;
+    if (e->kind == FGI_E_BINARY && (e->op == FGI_OP_DIV || e->op == FGI_OP_MOD) && e->type == FGI_T_INT &&
+        is_divisor_of(mod, e->b, &i))
+        mod->params[i].divisor = true;
+    mark_expr(mod, e->a);
+    mark_expr(mod, e->b);
+    mark_expr(mod, e->c);
+    for (int k = 0; k < e->nargs; k++) mark_expr(mod, e->args[k]);
+}
+
+static void mark_func(fg_mod *mod, const fgi_func *f) {
+    if (!f) return;
+    for (int i = 0; i < f->nlocals; i++) mark_expr(mod, f->locals[i].init);
+    mark_expr(mod, f->ret);
+}
+
+static void mark_mask(fg_mod *mod, const fgi_mask_node *n) {
+    if (!n) return;
+    if (n->op == FGI_MASK_LEAF) mark_func(mod, n->func);
+    mark_mask(mod, n->a);
+    mark_mask(mod, n->b);
+}
+
+void fgi_mod_mark_divisors(fg_mod *mod) {
+    for (int i = 0; i < mod->nparams; i++) mod->params[i].divisor = false;
+    mark_mask(mod, mod->mask);
+    mark_func(mod, mod->score);
+}
+
 /* ---- parameter struct layout ------------------------------------------ */
 
 void fgi_param_layout_compute(const fg_mod *mod, fgi_param_layout *layout) {
     size_t off = 0;
-    for (int i = 0; i < mod->nparams && i < FGI_MAX_PARAMS; i++) {
+    const int n = mod->nparams < FGI_MAX_PARAMS ? mod->nparams : FGI_MAX_PARAMS;
+    for (int i = 0; i < n; i++) {
         if (mod->params[i].kind == FG_PARAM_BUFFER) {
             off = (off + 7) & ~(size_t)7;
             layout->offsets[i] = off;
@@ -124,6 +193,13 @@ void fgi_param_layout_compute(const fg_mod *mod, fgi_param_layout *layout) {
         } else {
             layout->offsets[i] = off;
             off += 4;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        layout->div_offsets[i] = 0;
+        if (mod->params[i].divisor) {
+            layout->div_offsets[i] = off;
+            off += sizeof(fgi_divisor);
         }
     }
     off += 4; /* fg_pad */
@@ -142,6 +218,10 @@ void fgi_param_pack(const fg_mod *mod, const fgi_param_layout *layout, const fgi
             memcpy(p + layout->offsets[i] + 8, &len, 8);
         } else {
             memcpy(p + layout->offsets[i], &values[i].scalar, 4);
+            if (mod->params[i].divisor) {
+                const fgi_divisor v = fgi_divisor_of(values[i].scalar.i);
+                memcpy(p + layout->div_offsets[i], &v, sizeof v);
+            }
         }
     }
 }

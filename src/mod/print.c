@@ -303,5 +303,6 @@ fg_status fgi_mod_finish(fg_ctx *ctx, fg_mod *mod) {
     if (!text) return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory printing the canonical form");
     mod->canonical = text;
     mod->hash = fgi_fnv1a(FGI_FNV_SEED, text, len);
+    fgi_mod_mark_divisors(mod);
     return FG_OK;
 }
