@@ -211,6 +211,31 @@ def setup_flamingo(B, H, S, device):
     return {"params": {}, "buffers": {"text_image": ti, "kv_image": ki}, "mask_mod": mask_mod}
 
 
+DILATION = 4
+DILATED_WINDOW = 256  # keys at distances 0, 4, ..., 1024: sliding_window's reach
+
+
+def setup_dilated(B, H, S, device):
+    dil, w = DILATION, DILATED_WINDOW
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        d = q_idx - kv_idx
+        return (d >= 0) & (d <= w * dil) & (d % dil == 0)
+    return {"params": {"DILATION": dil, "WINDOW": w}, "buffers": {}, "mask_mod": mask_mod}
+
+
+LOCAL_WINDOW = 512
+GLOBAL_TOKENS = 64
+
+
+def setup_local_global(B, H, S, device):
+    w, g = LOCAL_WINDOW, GLOBAL_TOKENS
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & ((kv_idx < g) | (q_idx - kv_idx <= w))
+    return {"params": {"WINDOW": w, "GLOBAL": g}, "buffers": {}, "mask_mod": mask_mod}
+
+
 def _gallery():
     def mod(name):
         return os.path.join(ROOT, "mods", name + ".c")
@@ -227,6 +252,8 @@ def _gallery():
         ("alibi", setup_alibi, None),
         ("softcap", setup_softcap, None),
         ("flamingo", setup_flamingo, None),
+        ("dilated", setup_dilated, None),
+        ("local_global", setup_local_global, None),
     ):
         g[name] = Spec(name, setup, sdpa, mask_file=mod(name))
     return g

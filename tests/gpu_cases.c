@@ -10,9 +10,10 @@
 
 uint64_t rng = 0x5eed1234abcdULL;
 
-const char *const gallery[NGALLERY] = {"noop",     "causal", "sliding_window", "prefix_lm",
-                                       "document", "jagged", "sasa",           "natten",
-                                       "alibi",    "softcap", "flamingo"};
+const char *const gallery[NGALLERY] = {"noop",     "causal",  "sliding_window", "prefix_lm",
+                                       "document", "jagged",  "sasa",           "natten",
+                                       "alibi",    "softcap", "flamingo",       "dilated",
+                                       "local_global"};
 const shape shapes[NSHAPES] = {
     {1, 2, 2, 1, 1},     {2, 2, 1, 17, 129},  {1, 2, 2, 127, 127}, {1, 1, 1, 129, 1000},
     {2, 2, 2, 257, 255}, {1, 1, 1, 1000, 17}, {1, 2, 1, 1000, 1000},
@@ -138,6 +139,14 @@ void gallery_binds(const char *name, const acase *c, binds *bb) {
         for (int j = 0; j < nkv; j++) ki[j] = (int)((int64_t)j * 4 / nkv);
         add_buffer(bb, "text_image", FG_TYPE_INT, ti, nq);
         add_buffer(bb, "kv_image", FG_TYPE_INT, ki, nkv);
+    } else if (!strcmp(name, "dilated")) {
+        /* every third key, reaching back about 0.3 n */
+        add_scalar(bb, fg_bind_int("DILATION", 3));
+        add_scalar(bb, fg_bind_int("WINDOW", n / 10 + 2));
+    } else if (!strcmp(name, "local_global")) {
+        /* a band of about n / 8, and the first 5 keys for every query */
+        add_scalar(bb, fg_bind_int("WINDOW", n / 8 + 1));
+        add_scalar(bb, fg_bind_int("GLOBAL", 5));
     }
 }
 

@@ -38,7 +38,7 @@ typedef struct binds {
 /* The gallery's mods, and the shapes the gallery sweeps rotate through
  * (lengths 1, 17, 127, 129, 1000, Q_LEN != KV_LEN, GQA and MQA). */
 extern const char *const gallery[];
-#define NGALLERY 11
+#define NGALLERY 13
 typedef struct shape {
     int b, hq, hkv, q, kv;
 } shape;

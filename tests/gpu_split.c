@@ -96,7 +96,7 @@ static fg_status run_check(fg_ctx *ctx, const fg_mod *m, int b, int h, int bad[2
 
 static const char *const gallery[] = {"natten", "sasa", "document", "jagged", "flamingo",
                                       "prefix_lm", "sliding_window", "causal", "alibi",
-                                      "softcap", "noop"};
+                                      "softcap", "noop", "dilated", "local_global"};
 
 static void split_equals_whole(void **state) {
     (void)state;

@@ -22,9 +22,10 @@
 #include "internal.h"
 #include "codegen/codegen.h"
 
-static const char *const GALLERY[] = {"noop",   "causal", "sliding_window", "prefix_lm",
-                                      "document", "jagged", "sasa",          "natten",
-                                      "alibi",  "softcap", "flamingo"};
+static const char *const GALLERY[] = {"noop",     "causal",  "sliding_window", "prefix_lm",
+                                      "document", "jagged",  "sasa",           "natten",
+                                      "alibi",    "softcap", "flamingo",       "dilated",
+                                      "local_global"};
 
 static const char TWO_READS[] =
     "const float *bias;\nconst float *temp;\nconst int *doc;\n"

@@ -10,7 +10,7 @@
  * and heads) over the whole (q_idx, kv_idx) range and over an offset
  * sub-tile, and compared element by element. Scores are compared bit for
  * bit: the C functions compute in the same order, in float, with the same
- * libm.
+ * libm. Two mods are also checked against a 7 x 7 picture drawn by hand.
  */
 #include "testutil.h"
 
@@ -34,7 +34,7 @@ static const shape SHAPES[] = {
 
 /* Parameter values of one evaluation, as the C functions see them. */
 typedef struct env {
-    int window, prefix, width, height, kernel;
+    int window, prefix, width, height, kernel, dilation, global;
     float softcap;
     int32_t *doc, *offsets, *seq_idx, *text_image, *kv_image;
     float *slopes;
@@ -109,6 +109,21 @@ static bool natten_c(const env *e, int b, int h, int q, int kv) {
 static bool flamingo_c(const env *e, int b, int h, int q, int kv) {
     (void)b, (void)h;
     return e->text_image[q] != -1 && e->text_image[q] == e->kv_image[kv];
+}
+
+/* Written with a division instead of the mod's multiplication, as a second
+ * opinion: d is a whole number of DILATION steps, at most WINDOW of them. */
+static bool dilated_c(const env *e, int b, int h, int q, int kv) {
+    (void)b, (void)h;
+    if (kv > q) return false;
+    int d = q - kv;
+    return d % e->dilation == 0 && d / e->dilation <= e->window;
+}
+
+static bool local_global_c(const env *e, int b, int h, int q, int kv) {
+    (void)b, (void)h;
+    if (kv > q) return false;
+    return kv < e->global || kv >= q - e->window;
 }
 
 static float noop_c(const env *e, float s, int b, int h, int q, int kv) {
@@ -240,6 +255,32 @@ static void prep_flamingo(env *e, const shape *s, uint64_t *seed) {
     e->binds[e->nbinds++] = fg_bind_int_buffer("kv_image", e->kv_image, s->kv_len);
 }
 
+static void prep_dilated_default(env *e, const shape *s, uint64_t *seed) {
+    (void)s, (void)seed;
+    e->dilation = 4;
+    e->window = 256;
+}
+static void prep_dilated_small(env *e, const shape *s, uint64_t *seed) {
+    (void)s;
+    e->dilation = rand_int(seed, 1, 7);
+    e->window = rand_int(seed, 0, 20);
+    bind_i(e, "DILATION", e->dilation);
+    bind_i(e, "WINDOW", e->window);
+}
+
+static void prep_local_global_default(env *e, const shape *s, uint64_t *seed) {
+    (void)s, (void)seed;
+    e->window = 512;
+    e->global = 64;
+}
+static void prep_local_global_small(env *e, const shape *s, uint64_t *seed) {
+    (void)s;
+    e->window = rand_int(seed, 0, 20);
+    e->global = rand_int(seed, 0, 10);
+    bind_i(e, "WINDOW", e->window);
+    bind_i(e, "GLOBAL", e->global);
+}
+
 /* ---- the table ----------------------------------------------------------- */
 
 typedef bool (*mask_fn)(const env *, int, int, int, int);
@@ -270,6 +311,10 @@ static const gallery_row ROWS[] = {
     {"softcap", "SOFTCAP=20 (default)", prep_softcap_default, causal_c, softcap_c},
     {"softcap", "SOFTCAP=3.5", prep_softcap_small, causal_c, softcap_c},
     {"flamingo", "random intervals", prep_flamingo, flamingo_c, NULL},
+    {"dilated", "DILATION=4 WINDOW=256 (default)", prep_dilated_default, dilated_c, NULL},
+    {"dilated", "DILATION in [1, 7], WINDOW in [0, 20]", prep_dilated_small, dilated_c, NULL},
+    {"local_global", "WINDOW=512 GLOBAL=64 (default)", prep_local_global_default, local_global_c, NULL},
+    {"local_global", "WINDOW in [0, 20], GLOBAL in [0, 10]", prep_local_global_small, local_global_c, NULL},
 };
 
 static bool same_float(float a, float b) {
@@ -366,6 +411,10 @@ static void test_gallery_params(void **state) {
         {"softcap", "SOFTCAP", FG_PARAM_SCALAR, FG_TYPE_FLOAT, 20},
         {"flamingo", "text_image", FG_PARAM_BUFFER, FG_TYPE_INT, 0},
         {"flamingo", "kv_image", FG_PARAM_BUFFER, FG_TYPE_INT, 0},
+        {"dilated", "DILATION", FG_PARAM_SCALAR, FG_TYPE_INT, 4},
+        {"dilated", "WINDOW", FG_PARAM_SCALAR, FG_TYPE_INT, 256},
+        {"local_global", "WINDOW", FG_PARAM_SCALAR, FG_TYPE_INT, 512},
+        {"local_global", "GLOBAL", FG_PARAM_SCALAR, FG_TYPE_INT, 64},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         fg_mod *m = tu_gallery_mod(ctx, rows[i].mod);
@@ -419,6 +468,42 @@ static void test_gallery_guards(void **state) {
     fg_mod_destroy(fl);
 }
 
+/* The two window mods on 7 x 7, drawn by hand (row q, column kv): dilated
+ * with DILATION=2 WINDOW=2 sees distances 0, 2 and 4; local_global with
+ * WINDOW=1 GLOBAL=2 the keys 0 and 1 and the one before the query. */
+static void test_gallery_pictures(void **state) {
+    fg_ctx *ctx = *state;
+    static const struct {
+        const char *mod, *p1, *p2;
+        int v1, v2;
+        const char *want[7];
+    } rows[] = {
+        {"dilated", "DILATION", "WINDOW", 2, 2,
+         {"1000000", "0100000", "1010000", "0101000", "1010100", "0101010", "0010101"}},
+        {"local_global", "WINDOW", "GLOBAL", 1, 2,
+         {"1000000", "1100000", "1110000", "1111000", "1101100", "1100110", "1100011"}},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        fg_mod *m = tu_gallery_mod(ctx, rows[i].mod);
+        fg_binding binds[2] = {fg_bind_int(rows[i].p1, rows[i].v1), fg_bind_int(rows[i].p2, rows[i].v2)};
+        uint8_t out[49];
+        assert_int_equal(fg_mod_eval_mask(ctx, m, binds, 2, 0, 0, 0, 7, 0, 7, out), FG_OK);
+        for (int q = 0; q < 7; q++)
+            for (int kv = 0; kv < 7; kv++)
+                if (out[q * 7 + kv] != rows[i].want[q][kv] - '0') {
+                    print_error("%s: q=%d kv=%d is %d\n", rows[i].mod, q, kv, out[q * 7 + kv]);
+                    fail();
+                }
+        fg_mod_destroy(m);
+    }
+    /* DILATION must be positive: 0 is the evaluator's division by zero. */
+    fg_mod *d = tu_gallery_mod(ctx, "dilated");
+    fg_binding zero = fg_bind_int("DILATION", 0);
+    uint8_t out;
+    assert_int_equal(fg_mod_eval_mask(ctx, d, &zero, 1, 0, 0, 0, 1, 0, 1, &out), FG_ERR_EVAL);
+    fg_mod_destroy(d);
+}
+
 static int setup(void **state) {
     fg_ctx *ctx = NULL;
     if (fg_ctx_create(&ctx) != FG_OK) return -1;
@@ -436,6 +521,7 @@ int main(void) {
         cmocka_unit_test(test_gallery_rows),
         cmocka_unit_test(test_gallery_params),
         cmocka_unit_test(test_gallery_guards),
+        cmocka_unit_test(test_gallery_pictures),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -5,8 +5,9 @@
  * b, h and parameters only; row: q_idx without kv_idx; column: kv_idx
  * without q_idx) and which operations must have left the per-element
  * function: natten's divisions and clamps, document's loads, ALiBi's
- * slopes[h]; and whether the emitter calls the mask's column part costly
- * (FG_MASK_COL_COSTLY: worth computing once per column and sharing). Then
+ * slopes[h], dilated's WINDOW * DILATION; and whether the emitter calls
+ * the mask's column part costly (FG_MASK_COL_COSTLY: worth computing once
+ * per column and sharing). Then
  * every gallery mod, and a composition, must compile with
  * NVRTC next to a kernel that compares split and whole mods (gpu_split runs
  * it).
@@ -39,6 +40,8 @@ static const split_row rows[] = {
     {"alibi", {0, 0, 0}, {1, 0, 0}, {NULL}, {"fg_load", NULL}, 0},
     {"softcap", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0},
     {"noop", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0},
+    {"dilated", {1, 0, 0}, {0, 0, 0}, {"fg_imul", NULL}, {NULL}, 0},
+    {"local_global", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0},
 };
 
 static char *emit_split(fg_ctx *ctx, const fg_mod *m) {

@@ -27,6 +27,8 @@
  *   names):
  *     fg_iadd fg_isub fg_imul fg_ineg   int + - * and unary -, wrapping
  *     fg_idiv fg_imod                   int / and %, total
+ *     fg_idiv_by fg_imod_by             the same by a scalar parameter
+ *                                       (fg_divisor, made on the host)
  *     fg_shl fg_shr                     int << and >>, count & 31
  *     fg_fadd fg_fsub fg_fmul fg_fdiv   float + - * /, never fused
  *     fg_f2i                            float -> int
@@ -110,6 +112,22 @@ FG_DEV int fg_idiv(int a, int b) {
 }
 /* a % b with the sign of a; 0 when b == 0 or b == -1 (x % 1 is 0). */
 FG_DEV int fg_imod(int a, int b) { return a % ((b == 0 || b == -1) ? 1 : b); }
+/* Division by a scalar parameter, strength-reduced on the host once per
+ * launch (fgi_divisor_of in src/mod/bind.c, which proves it exact): for
+ * n = |a|, n / |d| is (n * m) >> shift, then the sign of a * d. d == 0 comes
+ * as d = 1 with `zero` set. The same results as fg_idiv and fg_imod, in a
+ * handful of instructions instead of a software division. */
+struct fg_divisor {
+    fg_u32 m, shift;
+    int d, zero;
+};
+FG_DEV int fg_iquot_by(int a, fg_divisor v) {
+    const fg_u32 n = a < 0 ? 0u - (fg_u32)a : (fg_u32)a;
+    const fg_u32 q = (fg_u32)(((unsigned long long)n * v.m) >> v.shift);
+    return (a < 0) != (v.d < 0) ? (int)(0u - q) : (int)q;
+}
+FG_DEV int fg_idiv_by(int a, fg_divisor v) { return v.zero ? 0 : fg_iquot_by(a, v); }
+FG_DEV int fg_imod_by(int a, fg_divisor v) { return fg_isub(a, fg_imul(fg_iquot_by(a, v), v.d)); }
 /* a << (n & 31), bits shifted out are lost. */
 FG_DEV int fg_shl(int a, int n) { return (int)((fg_u32)a << (n & 31)); }
 /* a >> (n & 31), arithmetic (sign-filling), spelled so it is for any a. */
@@ -239,13 +257,13 @@ static_assert(sizeof(fg_mod_params) == 24, "fg_mod_params size");
 __device__ __forceinline__ bool fg_mask_mod(const fg_mod_params &p, int b, int h, int q_idx, int kv_idx) {
 #line 19 "mods/alibi.c"
     return q_idx >= kv_idx;
-#line 243 "attention_fwd-alibi-bf16-d128.cu"
+#line 261 "attention_fwd-alibi-bf16-d128.cu"
 }
 
 __device__ __forceinline__ float fg_score_mod(const fg_mod_params &p, float score, int b, int h, int q_idx, int kv_idx) {
 #line 15 "mods/alibi.c"
     return fg_fadd(score, fg_fmul(fg_load_f32(p.slopes, p.fg_len_slopes, h), (float)fg_isub(kv_idx, q_idx)));
-#line 249 "attention_fwd-alibi-bf16-d128.cu"
+#line 267 "attention_fwd-alibi-bf16-d128.cu"
 }
 
 

@@ -223,11 +223,22 @@ static bool setup_flamingo(int B, int H, int S, bench_params *s) {
     return set_buffer(s, "kv_image", FG_TYPE_INT, kv, S);
 }
 
+static bool setup_dilated(int B, int H, int S, bench_params *s) {
+    (void)B, (void)H, (void)S;
+    return set_scalar(s, "DILATION", FG_TYPE_INT, 4) && set_scalar(s, "WINDOW", FG_TYPE_INT, 256);
+}
+
+static bool setup_local_global(int B, int H, int S, bench_params *s) {
+    (void)B, (void)H, (void)S;
+    return set_scalar(s, "WINDOW", FG_TYPE_INT, 512) && set_scalar(s, "GLOBAL", FG_TYPE_INT, 64);
+}
+
 const bench_gallery_entry bench_gallery[] = {
     {"noop", setup_none},       {"causal", setup_none},           {"sliding_window", setup_sliding_window},
     {"prefix_lm", setup_prefix_lm}, {"document", setup_document}, {"jagged", setup_jagged},
     {"sasa", setup_sasa},       {"natten", setup_natten},         {"alibi", setup_alibi},
-    {"softcap", setup_softcap}, {"flamingo", setup_flamingo},
+    {"softcap", setup_softcap}, {"flamingo", setup_flamingo},     {"dilated", setup_dilated},
+    {"local_global", setup_local_global},
 };
 const size_t bench_gallery_count = sizeof bench_gallery / sizeof bench_gallery[0];
 
