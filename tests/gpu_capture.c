@@ -123,6 +123,11 @@ static CUgraphExec end(CUstream s, fg_status call, fg_ctx *ctx, const char *name
     return exec;
 }
 
+static void free_dev(const CUdeviceptr *p, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i]) fgi_cu()->cuMemFree(p[i]);
+}
+
 static void replay(CUgraphExec exec, CUstream s) {
     assert_int_equal(fgi_cu()->cuGraphLaunch(exec, s), CUDA_SUCCESS);
     assert_int_equal(fgi_cu()->cuStreamSynchronize(s), CUDA_SUCCESS);
@@ -154,6 +159,19 @@ static void verdict(const char *name, const worst *w, bool graph_ok, int n) {
            w->lse, w->bad, graph_ok ? "" : ", graph not as expected");
     fflush(stdout);
     if (!ok) failures++;
+}
+
+static fg_ctx *gpu_ctx(void) {
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    assert_int_equal(fgi_cuda_ready(ctx), FG_OK);
+    return ctx;
+}
+
+/* The end of a test: its context gone, no case failed. */
+static void done(fg_ctx *ctx) {
+    fg_ctx_destroy(ctx);
+    assert_int_equal(failures, 0);
 }
 
 /* ---- a decode step ------------------------------------------------------------- */
@@ -278,9 +296,8 @@ static void decode_case(fg_ctx *ctx, const dstep *c) {
 
     assert_int_equal(fgi_cu()->cuGraphExecDestroy(exec), CUDA_SUCCESS);
     assert_int_equal(fgi_cu()->cuStreamDestroy(s), CUDA_SUCCESS);
-    CUdeviceptr all[] = {dq, dk, dv, dout, dlse, dlens, dqoff, dtable, dws};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        if (all[i]) fgi_cu()->cuMemFree(all[i]);
+    const CUdeviceptr all[] = {dq, dk, dv, dout, dlse, dlens, dqoff, dtable, dws};
+    free_dev(all, sizeof all / sizeof all[0]);
     free(hq), free(hk), free(hv), free(gout), free(glse), free(rout), free(rlse), free(lens), free(qoff), free(table);
     binds_free(&bb);
     fg_mod_destroy(mod);
@@ -288,12 +305,9 @@ static void decode_case(fg_ctx *ctx, const dstep *c) {
 
 static void test_decode(void **state) {
     (void)state;
-    fg_ctx *ctx;
-    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
-    assert_int_equal(fgi_cuda_ready(ctx), FG_OK);
+    fg_ctx *ctx = gpu_ctx();
     for (size_t i = 0; i < sizeof dsteps / sizeof dsteps[0]; i++) decode_case(ctx, &dsteps[i]);
-    fg_ctx_destroy(ctx);
-    assert_int_equal(failures, 0);
+    done(ctx);
 }
 
 /* ---- a forward with its block mask rebuilt -------------------------------------- */
@@ -384,8 +398,8 @@ static void rebuild_case(fg_ctx *ctx, const fstep *c) {
 
     assert_int_equal(fgi_cu()->cuGraphExecDestroy(exec), CUDA_SUCCESS);
     assert_int_equal(fgi_cu()->cuStreamDestroy(s), CUDA_SUCCESS);
-    CUdeviceptr all[] = {dq, dk, dv, dout, dlse};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fgi_cu()->cuMemFree(all[i]);
+    const CUdeviceptr all[] = {dq, dk, dv, dout, dlse};
+    free_dev(all, sizeof all / sizeof all[0]);
     free(hq), free(hk), free(hv), free(gout), free(glse), free(rout), free(rlse);
     fg_block_mask_destroy(bm);
     binds_free(&bb);
@@ -394,12 +408,9 @@ static void rebuild_case(fg_ctx *ctx, const fstep *c) {
 
 static void test_rebuild(void **state) {
     (void)state;
-    fg_ctx *ctx;
-    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
-    assert_int_equal(fgi_cuda_ready(ctx), FG_OK);
+    fg_ctx *ctx = gpu_ctx();
     for (size_t i = 0; i < sizeof fsteps / sizeof fsteps[0]; i++) rebuild_case(ctx, &fsteps[i]);
-    fg_ctx_destroy(ctx);
-    assert_int_equal(failures, 0);
+    done(ctx);
 }
 
 /* ---- a training step: forward and backward ---------------------------------------- */
@@ -519,8 +530,8 @@ static void train_case(fg_ctx *ctx, const tstep *c) {
 
     assert_int_equal(fgi_cu()->cuGraphExecDestroy(exec), CUDA_SUCCESS);
     assert_int_equal(fgi_cu()->cuStreamDestroy(s), CUDA_SUCCESS);
-    CUdeviceptr all[] = {dq, dk, dv, dout, dlse, ddo, gq, gk, gv, dws};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fgi_cu()->cuMemFree(all[i]);
+    const CUdeviceptr all[] = {dq, dk, dv, dout, dlse, ddo, gq, gk, gv, dws};
+    free_dev(all, sizeof all / sizeof all[0]);
     free(hq), free(hk), free(hv), free(hdo), free(gout), free(gdq), free(gdk), free(gdv), free(glse);
     free(rout), free(rlse), free(rdq), free(rdk), free(rdv);
     binds_free(&bb);
@@ -529,12 +540,9 @@ static void train_case(fg_ctx *ctx, const tstep *c) {
 
 static void test_train(void **state) {
     (void)state;
-    fg_ctx *ctx;
-    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
-    assert_int_equal(fgi_cuda_ready(ctx), FG_OK);
+    fg_ctx *ctx = gpu_ctx();
     for (size_t i = 0; i < sizeof tsteps / sizeof tsteps[0]; i++) train_case(ctx, &tsteps[i]);
-    fg_ctx_destroy(ctx);
-    assert_int_equal(failures, 0);
+    done(ctx);
 }
 
 int main(void) {

@@ -260,6 +260,21 @@ static const char layout_mod[] =
     "    return D[q_idx] > A + E && (float)kv_idx < C * B[kv_idx];\n"
     "}\n";
 
+/* The block-mask kernel of m as source, after checking that NVRTC compiles
+ * it (its static_asserts hold the host's parameter layout); fg_free it. */
+static char *block_mask_compiles(fg_ctx *ctx, const fg_mod *m, const char *name) {
+    char *src = NULL;
+    fg_kernel_config cfg = {FG_KERNEL_BLOCK_MASK, 0, 0, 0, 0, "sm_80"};
+    assert_int_equal(fg_generate_source(ctx, m, &cfg, &src), FG_OK);
+    void *img = NULL;
+    size_t size = 0;
+    fg_status st = fgi_nvrtc_compile(ctx, src, name, "sm_80", FG_EMIT_PTX, &img, &size, NULL);
+    if (st != FG_OK) print_error("%s\n", fg_compile_log(ctx));
+    assert_int_equal(st, FG_OK);
+    free(img);
+    return src;
+}
+
 static void test_param_layout(void **state) {
     (void)state;
     fg_ctx *ctx = new_ctx();
@@ -279,15 +294,9 @@ static void test_param_layout(void **state) {
     free(out);
 
     /* NVRTC agrees with the host ... */
-    char *src = NULL;
-    fg_kernel_config cfg = {FG_KERNEL_BLOCK_MASK, 0, 0, 0, 0, "sm_80"};
-    assert_int_equal(fg_generate_source(ctx, m, &cfg, &src), FG_OK);
+    char *src = block_mask_compiles(ctx, m, "layout");
     void *img = NULL;
     size_t size = 0;
-    fg_status st = fgi_nvrtc_compile(ctx, src, "layout", "sm_80", FG_EMIT_PTX, &img, &size, NULL);
-    if (st != FG_OK) print_error("%s\n", fg_compile_log(ctx));
-    assert_int_equal(st, FG_OK);
-    free(img);
     /* ... and the asserts are live: a wrong offset does not compile */
     snprintf(line, sizeof line, "fg_offsetof(fg_mod_params, D) == %zu", layout.offsets[3]);
     char *hit = strstr(src, line);
@@ -388,16 +397,7 @@ static void test_divisors(void **state) {
     assert_memory_equal(&got, &p6, sizeof got);
     memcpy(&got, blob + layout.div_offsets[1], sizeof got);
     assert_memory_equal(&got, &q5, sizeof got);
-    char *gen = NULL;
-    fg_kernel_config cfg = {FG_KERNEL_BLOCK_MASK, 0, 0, 0, 0, "sm_80"};
-    assert_int_equal(fg_generate_source(ctx, m, &cfg, &gen), FG_OK);
-    void *img = NULL;
-    size_t size = 0;
-    fg_status st = fgi_nvrtc_compile(ctx, gen, "divisors", "sm_80", FG_EMIT_PTX, &img, &size, NULL);
-    if (st != FG_OK) print_error("%s\n", fg_compile_log(ctx));
-    assert_int_equal(st, FG_OK);
-    free(img);
-    fg_free(gen);
+    fg_free(block_mask_compiles(ctx, m, "divisors"));
     fg_mod_destroy(m);
     fg_ctx_destroy(ctx);
 }
