@@ -811,6 +811,75 @@ FG_API fg_status fg_attention_reference_backward(fg_ctx *ctx, const fg_mod *mod,
 FG_API fg_status fg_attention_reference(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
                                         double *out, double *lse);
 
+/* ---- context parallelism: one sequence over several GPUs ---- */
+
+/* How a sequence of S rows is cut across the N ranks of a communicator.
+ * CONTIGUOUS: rank r holds the r-th of N consecutive chunks. ZIGZAG: the
+ * sequence is cut into 2N chunks and rank r holds chunks r and 2N-1-r, back
+ * to back in its buffers; under causal-like masks (work growing along the
+ * diagonal) every rank then does the same work at every ring step, which
+ * contiguous chunks do not (rank N-1 would do 2N-1 times rank 0's work).
+ * Chunks are cut in units of 128 rows (the kernels' block), the first
+ * ones taking a unit more when they do not divide evenly. Contiguous is the
+ * right choice for masks whose work per row is even (no mask, windows
+ * shorter than a chunk, short documents); docs/context_parallel.md. */
+typedef enum fg_cp_layout { FG_CP_CONTIGUOUS = 1, FG_CP_ZIGZAG = 2 } fg_cp_layout;
+
+/* The global rows rank `rank` of `world` holds of a sequence of `len` rows:
+ * starts[i], lens[i] for its *nchunks (1, or 2 under zig-zag) chunks, in
+ * the order they sit in its buffers. FG_ERR_INVALID_ARGUMENT for a world
+ * outside 1..64, a rank outside it, an unknown layout or NULL outputs;
+ * FG_ERR_SHAPE for len outside 1..2^31-1. */
+FG_API fg_status fg_cp_shard_rows(fg_cp_layout layout, int world, int rank, int64_t len, int64_t starts[2],
+                                  int64_t lens[2], int *nchunks);
+
+/* The forward of self-attention over a sequence sharded across the ranks
+ * of an NCCL communicator (ring attention). Every rank calls it with its
+ * own shard; `local` describes that shard as a plain call would: q, k, v,
+ * out (and lse, optional) of its rows only (q_len = kv_len = the rank's
+ * rows, fg_cp_shard_rows), shapes, dtype, scale, binds and stream. The mods
+ * see global positions. Buffer parameters (document ids) cover the whole
+ * sequence and hold the same values on every rank. k and v must be
+ * contiguous [B, Hkv, rows, D] (they travel round the ring as they are);
+ * q, out may have any strides the forward takes; q_offset, kv_offset,
+ * block_mask, kv_lens, q_offsets and block_table must be unset (the
+ * library places each pair itself and builds its block masks).
+ *
+ * What it does: K/V shards travel round the ring (NCCL send / receive on a
+ * stream of the library's, ordered against the caller's stream by events)
+ * while each step's (q chunk, kv chunk) pairs compute on the caller's
+ * stream; pairs the mask leaves empty are skipped, and so is any transfer
+ * of a shard past the last rank that needs it; the partial results merge
+ * exactly by their log-sum-exps (fg_attention_merge). The pairs' classes
+ * come from block masks of every chunk pair of the sequence, built on the
+ * GPU at each call, so every rank reaches the same schedule: one host
+ * synchronisation per call. `comm` is the application's ncclComm_t, on the
+ * context's device; libnccl is opened with dlopen ($FLEXGEN_NCCL_LIB, else
+ * libnccl.so.2): without it FG_ERR_NOT_SUPPORTED. Growable (see
+ * Conventions): FG_CP_ARGS_INIT or fg_cp_args_init(). */
+typedef struct fg_cp_args {
+    const fg_attention_args *local;
+    void *comm;             /* ncclComm_t                                   */
+    int64_t global_len;     /* S, the whole sequence's rows                 */
+    fg_cp_layout layout;
+    size_t struct_size;     /* sizeof(fg_cp_args); 0 means the layout of the
+                               version that introduced it                   */
+} fg_cp_args;
+
+#ifdef __cplusplus
+#define FG_CP_ARGS_INIT fg_cp_args_init()
+#else
+#define FG_CP_ARGS_INIT {.struct_size = sizeof(fg_cp_args)}
+#endif
+static inline fg_cp_args fg_cp_args_init(void) {
+    fg_cp_args a;
+    memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    return a;
+}
+
+FG_API fg_status fg_attention_forward_cp(fg_ctx *ctx, const fg_mod *mod, const fg_cp_args *args);
+
 #ifdef __cplusplus
 }
 #endif

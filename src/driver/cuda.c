@@ -66,7 +66,8 @@
     X(cuCtxGetId) X(cuTensorMapEncodeTiled) X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuMemPoolCreate) \
     X(cuMemPoolSetAttribute) X(cuMemAllocFromPoolAsync) X(cuStreamBeginCapture) X(cuStreamEndCapture) \
     X(cuStreamIsCapturing) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphDestroy)       \
-    X(cuGraphExecDestroy) X(cuGraphGetNodes) X(cuGraphNodeGetType)
+    X(cuGraphExecDestroy) X(cuGraphGetNodes) X(cuGraphNodeGetType) X(cuStreamWaitEvent)           \
+    X(cuMemcpy2DAsync)
 
 typedef struct fgi_cu_sym {
     const char *name;

@@ -79,6 +79,10 @@ typedef struct fgi_cu_api {
     FGI_CU_FN(cuGraphExecDestroy);
     FGI_CU_FN(cuGraphGetNodes);
     FGI_CU_FN(cuGraphNodeGetType);
+    /* Two streams ordered by events, and strided copies (context
+     * parallelism's ring). */
+    FGI_CU_FN(cuStreamWaitEvent);
+    FGI_CU_FN(cuMemcpy2DAsync);
 } fgi_cu_api;
 #undef FGI_CU_FN
 

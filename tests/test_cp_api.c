@@ -1,0 +1,126 @@
+/* test_cp_api.c -- the public face of context parallelism without a GPU or
+ * NCCL: which rows each rank holds (fg_cp_shard_rows), and the sharded
+ * forward's argument checks and its answer when libnccl is missing. (The
+ * planner itself: test_cp_plan.c; the 2-GPU results: a gpu test on a
+ * machine with two GPUs and NCCL.) */
+#include "testutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct shard_row {
+    fg_cp_layout layout;
+    int world, rank;
+    int64_t len;
+    int n;
+    int64_t start[2], rows[2];
+} shard_row;
+
+/* Cut in units of 128 rows: 1000 rows are 8 units (the last of 104 rows). */
+static const shard_row SHARDS[] = {
+    {FG_CP_CONTIGUOUS, 1, 0, 1000, 1, {0, 0}, {1000, 0}},
+    {FG_CP_CONTIGUOUS, 2, 0, 1000, 1, {0, 0}, {512, 0}},
+    {FG_CP_CONTIGUOUS, 2, 1, 1000, 1, {512, 0}, {488, 0}},
+    {FG_CP_ZIGZAG, 2, 0, 1000, 2, {0, 768}, {256, 232}},
+    {FG_CP_ZIGZAG, 2, 1, 1000, 2, {256, 512}, {256, 256}},
+    {FG_CP_ZIGZAG, 2, 0, 131072, 2, {0, 98304}, {32768, 32768}},
+    {FG_CP_CONTIGUOUS, 3, 2, 128 * 7, 1, {128 * 5, 0}, {256, 0}}, /* 7 units: 3, 2, 2 */
+};
+
+static void test_shard_rows(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof SHARDS / sizeof SHARDS[0]; i++) {
+        const shard_row *r = &SHARDS[i];
+        int64_t start[2], rows[2];
+        int n = -1;
+        assert_int_equal(fg_cp_shard_rows(r->layout, r->world, r->rank, r->len, start, rows, &n), FG_OK);
+        assert_int_equal(n, r->n);
+        for (int c = 0; c < n; c++) {
+            assert_int_equal(start[c], r->start[c]);
+            assert_int_equal(rows[c], r->rows[c]);
+        }
+    }
+    /* every row once over the ranks, for both layouts and odd lengths */
+    for (int layout = FG_CP_CONTIGUOUS; layout <= FG_CP_ZIGZAG; layout++)
+        for (int world = 1; world <= 8; world++)
+            for (int64_t len = 1; len < 3000; len += 377) {
+                char *seen = calloc((size_t)len, 1);
+                for (int rank = 0; rank < world; rank++) {
+                    int64_t start[2], rows[2];
+                    int n;
+                    assert_int_equal(fg_cp_shard_rows((fg_cp_layout)layout, world, rank, len, start, rows, &n), FG_OK);
+                    for (int c = 0; c < n; c++)
+                        for (int64_t j = start[c]; j < start[c] + rows[c]; j++) seen[j]++;
+                }
+                for (int64_t j = 0; j < len; j++) assert_int_equal(seen[j], 1);
+                free(seen);
+            }
+    int64_t s[2], l[2];
+    int n;
+    assert_int_equal(fg_cp_shard_rows(FG_CP_ZIGZAG, 0, 0, 100, s, l, &n), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_cp_shard_rows(FG_CP_ZIGZAG, 2, 2, 100, s, l, &n), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_cp_shard_rows((fg_cp_layout)7, 2, 0, 100, s, l, &n), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_cp_shard_rows(FG_CP_ZIGZAG, 2, 0, 0, s, l, &n), FG_ERR_SHAPE);
+    assert_int_equal(fg_cp_shard_rows(FG_CP_ZIGZAG, 2, 0, 100, NULL, l, &n), FG_ERR_INVALID_ARGUMENT);
+}
+
+static void test_forward_errors(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    fg_mod *mod = tu_gallery_mod(ctx, "causal");
+    static uint16_t x[2 * 4 * 256 * 64];
+    fg_attention_args a = fg_attention_args_init();
+    a.batch = 1, a.heads_q = 4, a.heads_kv = 2, a.q_len = a.kv_len = 256, a.head_dim = 64, a.dtype = FG_BF16;
+    a.q = a.k = a.v = x, a.out = x;
+    int comm_stand_in[3] = {0, 2, 0};
+    fg_cp_args cp = fg_cp_args_init();
+    cp.local = &a, cp.comm = comm_stand_in, cp.global_len = 512, cp.layout = FG_CP_ZIGZAG;
+    typedef struct bad {
+        const char *what;
+        fg_status want;
+        const char *says;
+    } bad;
+    const bad cases[] = {
+        {"no comm", FG_ERR_INVALID_ARGUMENT, "communicator"},
+        {"layout", FG_ERR_INVALID_ARGUMENT, "layout"},
+        {"global_len", FG_ERR_SHAPE, "global_len"},
+        {"q_offset", FG_ERR_INVALID_ARGUMENT, "places its pairs"},
+        {"q_len != kv_len", FG_ERR_SHAPE, "self-attention"},
+        {"strided k", FG_ERR_SHAPE, "contiguous"},
+        {"no nccl", FG_ERR_NOT_SUPPORTED, "/nonexistent/libnccl.so.2"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fg_attention_args a2 = a;
+        fg_cp_args c2 = cp;
+        c2.local = &a2;
+        switch (i) {
+        case 0: c2.comm = NULL; break;
+        case 1: c2.layout = (fg_cp_layout)0; break;
+        case 2: c2.global_len = 0; break;
+        case 3: a2.q_offset = 5; break;
+        case 4: a2.kv_len = 128; break;
+        case 5:
+            a2.k_stride[0] = 4 * 256 * 64, a2.k_stride[1] = 2 * 256 * 64, a2.k_stride[2] = 128, a2.k_stride[3] = 1;
+            break;
+        default: break;
+        }
+        fg_status st = fg_attention_forward_cp(ctx, mod, &c2);
+        if (st != cases[i].want || !strstr(fg_errmsg(ctx), cases[i].says))
+            fail_msg("%s: %s: %s", cases[i].what, fg_status_string(st), fg_errmsg(ctx));
+    }
+    assert_int_equal(fg_attention_forward_cp(ctx, NULL, &cp), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_attention_forward_cp(NULL, mod, &cp), FG_ERR_INVALID_ARGUMENT);
+    fg_mod_destroy(mod);
+    fg_ctx_destroy(ctx);
+}
+
+int main(void) {
+    /* The process-wide NCCL loader looks once: make it look somewhere empty. */
+    setenv("FLEXGEN_NCCL_LIB", "/nonexistent/libnccl.so.2", 1);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shard_rows),
+        cmocka_unit_test(test_forward_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
