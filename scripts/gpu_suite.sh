@@ -20,7 +20,7 @@ run() { # name, command...
     printf '%-28s rc=%-3d %6d ms\n' "$name" "$rc" "$ms"
     [ $rc -eq 0 ] || fail=1
 }
-for t in gpu_jit gpu_blockmask gpu_split gpu_attention gpu_attention_bwd gpu_attention_decode gpu_capture; do
+for t in gpu_jit gpu_blockmask gpu_split gpu_attention gpu_attention_bwd gpu_attention_decode gpu_capture gpu_cp; do
     [ -x "$build/tests/$t" ] && run "$t" "$build/tests/$t"
 done
 for e in causal sliding_window document_packing alibi serving_loop train_step; do
