@@ -174,7 +174,7 @@ typedef enum fg_option {
                                    apply, 0 keeps the portable ones (default
                                    1 unless the environment has
                                    FLEXGEN_HOPPER_KERNEL=0)                    */
-    FG_OPT_DECODE_KERNEL = 10   /* int: which forward kernel serves a call
+    FG_OPT_DECODE_KERNEL = 10,  /* int: which forward kernel serves a call
                                    (fg_attention_forward,
                                    fg_attention_kernel_for): 1 the decode
                                    kernel for q_len up to FG_DECODE_MAX_Q,
@@ -185,6 +185,15 @@ typedef enum fg_option {
                                    and paged calls follow the same rule;
                                    on the forward side they take the
                                    portable kernel                        */
+    FG_OPT_APPROX_MATH = 11     /* int: 1 makes the attention kernels of
+                                   this context compute score_mod (and its
+                                   derivative) with the GPU's approximate
+                                   instructions, 0 with the accurate
+                                   functions (default 0, or
+                                   FLEXGEN_APPROX_MATH=1); see "Approximate
+                                   math" below. It applies where a config's
+                                   approx_math is 0: fg_attention_forward,
+                                   _backward, fg_kernel_get, fg_compile ... */
 } fg_option;
 
 /* The longest q_len the decode kernel serves by default (FG_OPT_DECODE_KERNEL
@@ -193,6 +202,37 @@ typedef enum fg_option {
  * does once per KV head across the whole GPU; past it, the forward kernel's
  * 128-row q tiles do more work per K/V byte. */
 #define FG_DECODE_MAX_Q 16
+
+/* Approximate math (FG_OPT_APPROX_MATH 1, or fg_kernel_config.approx_math
+ * 1), opt-in for speed. By default a mod's float math is spelled with
+ * CUDA's accurate functions and one IEEE rounding per operation, as the CPU
+ * evaluator computes it. With approximate math score_mod -- and in the
+ * backward its derivative -- computes these with the hardware's fast
+ * instructions instead (inline PTX; bounds from the PTX ISA 9.1, section
+ * "Floating Point Instructions"):
+ *     tanh     tanh.approx.f32 (sm_75 and newer)  relative error 2^-11
+ *     exp2     ex2.approx.f32                     2 ulp
+ *     exp      ex2.approx.f32 of x * log2(e)      2^-22 + |x| 2^-23 relative
+ *     log2     lg2.approx.f32                     2^-22 absolute for x in
+ *     log      lg2.approx.f32 * ln 2              (0.5, 2), else 2^-21 relative
+ *     sigmoid  1 / (1 + exp(-x)) of these         under 2^-16 relative
+ *     rsqrt    rsqrt.approx.f32                   relative error 2^-22.9
+ *     x / y    div.full.f32                       2 ulp over the full range
+ * Everything else (+ - *, sqrt, pow, sin, cos, the int operations) is
+ * computed as before, and mask_mod never changes: it decides which keys are
+ * kept, and must agree with the block masks built from it on the CPU.
+ * The largest bound, tanh's 2^-11, is fp16's unit roundoff and an eighth
+ * of bf16's (2^-8): a score s moves by at most |s| 2^-11, its softmax
+ * weight by that factor -- for |s| up to 8 less than the rounding of the
+ * weights to bf16 that every kernel does before its P V product (for fp16,
+ * |s| up to 1). The GPU tests hold approximate kernels to the accurate
+ * ones' tolerances (tests/gpu_attention.c, gpu_attention_bwd.c: 1e-2 bf16,
+ * 2e-3 fp16 relative on the output, 1e-3 (1 + |lse|) on the LSE, 2e-2 /
+ * 5e-3 on the gradients). Give the forward and the backward of one call
+ * the same setting: the backward recomputes the scores against the
+ * forward's LSE. The kernels are compiled and cached apart from the
+ * accurate ones (the key says "approx_math 1", the name ends in "-approx",
+ * the source defines FG_APPROX_MATH 1). */
 
 FG_API fg_status fg_ctx_set_int(fg_ctx *ctx, fg_option opt, int64_t value);
 FG_API fg_status fg_ctx_set_string(fg_ctx *ctx, fg_option opt, const char *value);
@@ -371,6 +411,13 @@ typedef struct fg_kernel_config {
      * has no such form; other kinds ignore it. fg_attention_kernel_for
      * sets it from the call. */
     int ragged;
+    /* Since 0.2. The attention kinds (forward, Hopper forward, backward,
+     * decode): 1 asks for approximate math in score_mod (see "Approximate
+     * math" above; its own compile, named -approx), 0 for the context's
+     * FG_OPT_APPROX_MATH, as arch NULL asks for the context's arch; other
+     * values are FG_ERR_INVALID_ARGUMENT. The block-mask builder, which
+     * runs mask_mod only, ignores it. */
+    int approx_math;
 } fg_kernel_config;
 
 #ifdef __cplusplus

@@ -57,7 +57,7 @@ __all__ = [
     "FlexgenError", "LibraryNotFound", "Mod", "BlockMask", "Prepared", "attention", "prepare",
     "block_mask",
     "load_mod", "reference", "reference_backward", "cache_stats", "reset_cache_stats",
-    "forget_memory_cache", "set_cache_dir", "cache_dir", "library_path", "version",
+    "forget_memory_cache", "set_cache_dir", "cache_dir", "set_approx_math", "library_path", "version",
     "generate_source", "compile_kernel",
 ]
 
@@ -78,6 +78,7 @@ FG_KERNEL_ATTENTION_BWD = 4
 FG_KERNEL_ATTENTION_BWD_SM90 = 5
 FG_KERNEL_ATTENTION_DECODE = 6
 FG_OPT_DEVICE, FG_OPT_ARCH, FG_OPT_CACHE_DIR, FG_OPT_DISK_CACHE = 1, 2, 3, 4
+FG_OPT_APPROX_MATH = 11
 FG_BM_ARRAYS = {
     "kv_num_blocks": 1, "kv_indices": 2, "full_kv_num_blocks": 3, "full_kv_indices": 4,
     "q_num_blocks": 5, "q_indices": 6, "full_q_num_blocks": 7, "full_q_indices": 8,
@@ -375,6 +376,8 @@ class _Context:
         if _cache_dir_override is not None:
             self.check(lib.fg_ctx_set_string(handle, FG_OPT_CACHE_DIR,
                                              _cache_dir_override.encode()))
+        if _approx_math_override is not None:
+            self.check(lib.fg_ctx_set_int(handle, FG_OPT_APPROX_MATH, int(_approx_math_override)))
 
     def check(self, status):
         if status == FG_OK:
@@ -396,6 +399,7 @@ class _Context:
 _contexts = {}
 _contexts_lock = threading.Lock()
 _cache_dir_override = None
+_approx_math_override = None  # set_approx_math(); None: $FLEXGEN_APPROX_MATH
 
 
 def _ctx(device=None):
@@ -1746,6 +1750,27 @@ def set_cache_dir(path):
             c.check(c._lib.fg_ctx_set_string(c.handle, FG_OPT_CACHE_DIR,
                                              _cache_dir_override.encode()
                                              if _cache_dir_override else None))
+
+
+def set_approx_math(enabled):
+    """Approximate math in score_mod and its derivative, for every context
+    (FG_OPT_APPROX_MATH): the hardware's tanh.approx, ex2 / lg2 /
+    rsqrt.approx and div.full instead of the accurate functions, mask_mod
+    unchanged. The largest error is tanh's, relative 2^-11 (an eighth of
+    bf16's rounding); include/flexgen.h gives every bound. Such kernels are
+    compiled and cached apart from the accurate ones. It applies to the
+    calls that start after it (a Prepared call keeps the kernel it
+    fetched): switch between training steps, not between a forward and its
+    backward. Without a call, $FLEXGEN_APPROX_MATH=1 turns it on."""
+    global _approx_math_override
+    if not isinstance(enabled, int) or enabled not in (0, 1):
+        raise TypeError(f"enabled must be a bool, not {enabled!r}")
+    _approx_math_override = bool(enabled)
+    with _contexts_lock:
+        contexts = list(_contexts.values())
+    for c in contexts:
+        with c.lock:
+            c.check(c._lib.fg_ctx_set_int(c.handle, FG_OPT_APPROX_MATH, int(enabled)))
 
 
 def cache_dir():

@@ -264,6 +264,22 @@ class Mods(unittest.TestCase):
 
 
 @needs_lib
+class ApproxMath(unittest.TestCase):
+    @needs_lib
+    def test_set_approx_math_respells_score_mod_only(self):
+        try:
+            flexgen.set_approx_math(True)
+            src = flexgen.generate_source(gallery_file("softcap"))
+            self.assertIn("#define FG_APPROX_MATH 1\n", src)
+            self.assertIn("fg_tanh_approx(fg_fdiv_approx(score, p.SOFTCAP))", src)
+            self.assertNotIn("FG_APPROX_MATH", flexgen.generate_source(gallery_file("softcap"), kernel="blockmask"))
+        finally:
+            flexgen.set_approx_math(False)
+        self.assertNotIn("FG_APPROX_MATH", flexgen.generate_source(gallery_file("softcap")))
+        with self.assertRaises(TypeError):
+            flexgen.set_approx_math(2)
+
+
 class CpuBlockMask(unittest.TestCase):
     def test_causal_counts_from_first_principles(self):
         for S, blk in ((1000, 128), (1024, 128), (256, 64), (129, 128)):
@@ -476,6 +492,25 @@ class Gpu(unittest.TestCase):
                 for b, h in ((0, 0), (self.B - 1, self.H - 1)):
                     self.assertLess(_rel(out[b, h], self.reference(q, k, v, st, b, h)), 1e-2)
                 self.assertLess(_rel(out, flex), 2e-2)
+
+    def test_approx_math_softcap_forward_and_backward(self):
+        # tanh.approx's relative 2^-11 on scores within the cap (2 here)
+        # stays inside the accurate kernels' tolerances (flexgen.h)
+        q, k, v = self.inputs(9, dtype=torch.float16, S=300)
+        spec = GALLERY["softcap"]
+        st = spec.setup(self.B, self.H, 300, "cuda")
+        params = dict(st["params"], SOFTCAP=2.0)
+        st = dict(st, score_mod=lambda s, b, h, qi, ki: 2.0 * torch.tanh(s / 2.0))
+        try:
+            flexgen.set_approx_math(True)
+            qg = q.detach().clone().requires_grad_()
+            out = flexgen.attention(qg, k, v, spec.mask_file, spec.score_file, params, st["buffers"])
+            out.float().sum().backward()
+        finally:
+            flexgen.set_approx_math(False)
+        self.assertFalse(out.isnan().any() or qg.grad.isnan().any())
+        for b, h in ((0, 0), (self.B - 1, self.H - 1)):
+            self.assertLess(_rel(out[b, h], self.reference(q, k, v, st, b, h)), 2e-3)
 
     def test_lse_fp16_and_explicit_scale(self):
         q, k, v = self.inputs(2, dtype=torch.float16)

@@ -104,6 +104,7 @@ struct fg_ctx {
     int disk_cache;           /* 0/1                                       */
     int hopper_kernel;        /* 0/1: FG_OPT_HOPPER_KERNEL                 */
     int decode_kernel;        /* 0/1/2: FG_OPT_DECODE_KERNEL               */
+    int approx_math;          /* 0/1: FG_OPT_APPROX_MATH                   */
     int64_t cache_max_bytes;
     int max_source, max_depth, max_locals;
     /* lazily initialised CUDA state (driver/cuda.c) */
@@ -200,6 +201,8 @@ typedef struct fgi_builtin_info {
     bool generic;           /* an int version exists                           */
     const char *cuda_int;   /* CUDA function of the int version, or NULL       */
     const char *cuda_float; /* CUDA function of the float version              */
+    const char *cuda_approx;/* the float version under approximate math
+                               (FG_OPT_APPROX_MATH), or NULL: cuda_float      */
     bool costly;            /* a transcendental or a division: real work       */
     const char *deriv[3];   /* d/dx, d/dy, d/dz as mod-language expressions of
                                x, y, z ("" past the arity)                      */
@@ -392,10 +395,23 @@ fg_status fgi_eval_func(fg_ctx *ctx, const fg_mod *mod, const fgi_func *fn, cons
 /* Emitters (codegen/emit.c, emit_split.c, cuda_expr.c)                     */
 /* ------------------------------------------------------------------------- */
 
+/* How the emitters spell score_mod's float math, and its derivatives'
+ * (mask_mod's is always accurate: it must keep the keys a block mask built
+ * on the CPU keeps). ACCURATE: what the CPU evaluator computes, one IEEE
+ * rounding per operation (templates/common.cuh). APPROX: the kernels'
+ * FG_APPROX_MATH: builtins.def's cuda_approx spellings and float division
+ * through fg_fdiv_approx (templates/approx_math.cuh); flexgen.h lists the
+ * error bounds. */
+typedef enum fgi_math { FGI_MATH_ACCURATE = 0, FGI_MATH_APPROX = 1 } fgi_math;
+
 /* Append the CUDA for a mod: `struct fg_mod_params`, `fg_mask_mod`,
  * `fg_score_mod` (identity / always-true when absent), FG_HAS_MASK_MOD and
  * FG_HAS_SCORE_MOD, with #line directives back to the mod's files. */
 fg_status fgi_emit_mod(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out);
+/* The same for a source NVRTC will know as `generated_name` (codegen.h's
+ * fgi_emit_mod_named), with score_mod's float math spelled as `math` says. */
+fg_status fgi_emit_mod_math(fg_ctx *ctx, const fg_mod *mod, const char *generated_name, fgi_math math,
+                            fgi_buf *out);
 /* The spellings of codegen/cuda_expr.c, the one printer both emitters use,
  * so that the split functions compute each value with exactly the same
  * operations:
@@ -412,12 +428,17 @@ void fgi_emit_float(fgi_buf *out, float f);
  * _col with their _init functions and fg_mask_split, the same for score_mod,
  * and FG_HAS_SPLIT_MODS; for the attention kernel, after fgi_emit_mod. */
 fg_status fgi_emit_split(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out);
+/* The same with score_mod's float math spelled as `math` says. */
+fg_status fgi_emit_split_math(fg_ctx *ctx, const fg_mod *mod, fgi_math math, fgi_buf *out);
 /* Append the derivatives of score_mod for the backward kernels (emit.c, from
  * mod/deriv.c's trees): struct fg_mod_grads, fg_score_grad, per float buffer
  * read fg_grad_indexK / fg_grad_valueK, and fg_accumulate_grads; #line
  * directives end with the generated file `generated_name` (NULL:
  * "flexgen.cu"). */
 fg_status fgi_emit_grad(fg_ctx *ctx, const fg_mod *mod, const char *generated_name, fgi_buf *out);
+/* The same with the float math spelled as `math` says. */
+fg_status fgi_emit_grad_math(fg_ctx *ctx, const fg_mod *mod, const char *generated_name, fgi_math math,
+                             fgi_buf *out);
 
 /* Embedded templates (generated at build time from templates/\*.cuh). */
 typedef struct fgi_template {

@@ -15,7 +15,16 @@
  * The features and the gallery run twice: with the Hopper kernel allowed
  * (on a compute capability 9.0 GPU it serves head dims 64 and 128 with
  * blocks of 128) and with FG_OPT_HOPPER_KERNEL 0, so the portable kernel is
- * checked on every case too.
+ * checked on every case too. So does the approximate-math set
+ * (FG_OPT_APPROX_MATH 1: softcap, ALiBi, noop and a score_mod on every
+ * function it respells, D 64 and 128, bf16 and fp16, decode-shaped calls
+ * among them), held to the same tolerances: its largest error, tanh's
+ * relative 2^-11, moves a score s by |s| 2^-11 (softcap's scores here stay
+ * within +-2, its cap), so each softmax weight by under 2^-10 relative --
+ * a quarter of the rounding of the weights to bf16 (2^-8) that the kernels
+ * do anyway, twice fp16's (2^-11) -- and the LSE by under 2^-10 absolute,
+ * while fp16's output tolerance 2e-3 is 4x 2^-11 and the LSE's at least
+ * 1e-3. The other functions are good to 2^-16 or better.
  * FLEXGEN_TEST_QUICK=1 runs a reduced table (for compute-sanitizer). */
 #include "gpu_cases.h"
 
@@ -24,11 +33,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
 #include "cudrv.h"
 #include "internal.h"
 
 static int failures = 0;
 static int hopper_allowed = 1; /* the FG_OPT_HOPPER_KERNEL of the running test */
+static int approx_math = 0;    /* its FG_OPT_APPROX_MATH                        */
 
 static void run_case(fg_ctx *ctx, const acase *c) {
     char name[256];
@@ -125,9 +136,9 @@ static void run_case(fg_ctx *ctx, const acase *c) {
                     pad_written == 0 && lse_inf_mismatch == 0 &&
                     masked_rows == (long)c->expect_masked_rows * c->b * c->hq;
     const double t_end = fgi_now_ms();
-    printf("%-4s %s%s: rel %.2e lse %.2e (setup %.0f ms, gpu %.0f ms, reference %.0f ms)\n",
-           ok ? "ok" : "FAIL", hopper_allowed ? "" : "[portable] ", name, rel, lse_err,
-           t_gpu - t_start, t_ref - t_gpu, t_end - t_ref);
+    printf("%-4s %s%s%s: rel %.2e lse %.2e (setup %.0f ms, gpu %.0f ms, reference %.0f ms)\n",
+           ok ? "ok" : "FAIL", hopper_allowed ? "" : "[portable] ", approx_math ? "[approx] " : "", name, rel,
+           lse_err, t_gpu - t_start, t_ref - t_gpu, t_end - t_ref);
     fflush(stdout);
     if (!ok) {
         printf("     nonfinite %ld, nonzero masked %ld, padding written %ld, lse -inf mismatch %ld, "
@@ -153,17 +164,28 @@ static fg_ctx *gpu_ctx(void) {
     assert_int_equal(fg_ctx_create(&ctx), FG_OK);
     assert_int_equal(fgi_cuda_ready(ctx), FG_OK);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_HOPPER_KERNEL, hopper_allowed), FG_OK);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_APPROX_MATH, approx_math), FG_OK);
     return ctx;
 }
 
 static int allow_hopper(void **state) {
     (void)state;
-    hopper_allowed = 1;
+    hopper_allowed = 1, approx_math = 0;
     return 0;
 }
 static int portable_only(void **state) {
     (void)state;
-    hopper_allowed = 0;
+    hopper_allowed = 0, approx_math = 0;
+    return 0;
+}
+static int approx_hopper(void **state) {
+    (void)state;
+    hopper_allowed = 1, approx_math = 1;
+    return 0;
+}
+static int approx_portable(void **state) {
+    (void)state;
+    hopper_allowed = 0, approx_math = 1;
     return 0;
 }
 
@@ -253,6 +275,73 @@ static void test_features(void **state) {
         if (quick() && (i % 3 != 0 || (double)features[i].q * features[i].kv > 300.0 * 300.0)) continue;
         run_case(ctx, &features[i]);
     }
+    fg_ctx_destroy(ctx);
+    assert_int_equal(failures, 0);
+}
+
+/* ---- approximate math ------------------------------------------------------- */
+
+/* A score_mod on every function approximate math respells, and a float
+ * division; the reference computes it accurately. Its values stay within a
+ * few units, as real score_mods' do, its tanh term within +-2. */
+static const char APPROX_SRC[] =
+    "float T = 2.0;\n"
+    "bool mask_mod(int b, int h, int q_idx, int kv_idx) { return q_idx + 16 >= kv_idx; }\n"
+    "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+    "    float d = (float)(abs(q_idx - kv_idx) + 1);\n"
+    "    return T * tanh(score / T) + 0.5 * sigmoid(score) - 0.25 * log(d) + 0.5 * exp(-d / 8.0)\n"
+    "           + 0.1 * (log2(d) - exp2(-d) + rsqrt(d));\n}\n";
+
+/* softcap, ALiBi and noop (the issue's set: a transcendental, a bias, and
+ * neither) at D 64 and 128 in bf16 and fp16 over the sweep's shapes, and
+ * APPROX_SRC, all at the accurate kernels' tolerances (the file's top
+ * comment says why they hold). The kernels that ran must be the
+ * approximate ones. */
+static void test_approx_math(void **state) {
+    (void)state;
+    fg_ctx *ctx = gpu_ctx();
+    static const char *const mods[] = {"softcap", "alibi", "noop", NULL};
+    const int dims[2] = {64, 128};
+    const fg_dtype dts[2] = {FG_BF16, FG_FP16};
+    int k = 0;
+    for (int m = 0; m < 4; m++)
+        for (int di = 0; di < 2; di++)
+            for (int ti = 0; ti < 2; ti++, k++) {
+                if (quick() && (di + ti + m) % 2) continue;
+                const shape *s = &shapes[(k * 3 + m) % NSHAPES];
+                acase c = {mods[m], mods[m] ? NULL : APPROX_SRC, dims[di], dts[ti], s->b, s->hq, s->hkv,
+                           s->q, s->kv, 0, 0, BHSD, 0, k % 3, 0, 0, k % 2 ? 64 : 128, 128, 0.f, 0};
+                run_case(ctx, &c);
+            }
+    /* the kernels that serve such calls (a decode step, a prefill, the
+     * backward) are the approximate ones */
+    fg_mod *mod = tu_gallery_mod(ctx, "softcap");
+    for (int q = 1; q <= 256; q += 255) {
+        fg_attention_args a = fg_attention_args_init();
+        a.batch = 1, a.heads_q = a.heads_kv = 2, a.q_len = q, a.kv_len = 256, a.head_dim = 128;
+        a.dtype = FG_BF16;
+        fg_kernel *kern = NULL;
+        assert_int_equal(fg_attention_kernel_for(ctx, mod, &a, &kern), FG_OK);
+        assert_int_equal(kern->config.approx_math, 1);
+        fg_kernel_release(kern);
+    }
+    fg_kernel_config cfg = fg_kernel_config_init();
+    cfg.kind = FG_KERNEL_ATTENTION_BWD, cfg.head_dim = 64;
+    fg_kernel *kern = NULL;
+    assert_int_equal(fg_kernel_get(ctx, mod, &cfg, &kern), FG_OK);
+    assert_int_equal(kern->config.approx_math, 1);
+    fg_kernel_release(kern);
+    /* a config's 1 asks for it whatever the context says */
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_APPROX_MATH, 0), FG_OK);
+    cfg.kind = FG_KERNEL_ATTENTION_FWD, cfg.approx_math = 1;
+    assert_int_equal(fg_kernel_get(ctx, mod, &cfg, &kern), FG_OK);
+    assert_int_equal(kern->config.approx_math, 1);
+    fg_kernel_release(kern);
+    cfg.approx_math = 0;
+    assert_int_equal(fg_kernel_get(ctx, mod, &cfg, &kern), FG_OK);
+    assert_int_equal(kern->config.approx_math, 0);
+    fg_kernel_release(kern);
+    fg_mod_destroy(mod);
     fg_ctx_destroy(ctx);
     assert_int_equal(failures, 0);
 }
@@ -378,6 +467,8 @@ int main(void) {
         cmocka_unit_test_setup(test_gallery, allow_hopper),
         cmocka_unit_test_setup(test_features, portable_only),
         cmocka_unit_test_setup(test_gallery, portable_only),
+        cmocka_unit_test_setup(test_approx_math, approx_hopper),
+        cmocka_unit_test_setup(test_approx_math, approx_portable),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fg_cache_stats cs;

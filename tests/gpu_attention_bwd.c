@@ -19,7 +19,14 @@
  * twice. On a Hopper GPU the table runs over the Hopper kernels (head
  * dims 64 and 128; the others, and kv blocks under 128, take the portable
  * ones), then once more with FG_OPT_HOPPER_KERNEL 0 over the portable
- * ones. Errors only a device call meets close it.
+ * ones. Then approximate math (FG_OPT_APPROX_MATH 1, forward and backward):
+ * softcap at D 64 and 128 in bf16 and fp16, ALiBi with its slopes'
+ * gradient and a score_mod on every function it respells, on the Hopper
+ * and the portable kernels, at the same tolerances (tanh's relative 2^-11
+ * moves softcap's scores, within its cap of 2 here, by under 2^-10, and
+ * the derivative 1 - tanh^2 by under 2^-10 absolute: at most a fifth of
+ * fp16's 5e-3, a twentieth of bf16's 2e-2). Errors only a device call
+ * meets close it.
  * FLEXGEN_TEST_QUICK=1 runs a reduced table (for compute-sanitizer). */
 #include "gpu_cases.h"
 
@@ -51,6 +58,7 @@ static int deterministic = 0;   /* the mode of the running test           */
 static int hopper_allowed = 1;  /* its FG_OPT_HOPPER_KERNEL: 0 keeps the
                                    portable kernels where the Hopper ones
                                    would apply (head dims 64 and 128)     */
+static int approx_math = 0;     /* its FG_OPT_APPROX_MATH                 */
 
 static bool quick(void) {
     const char *q = getenv("FLEXGEN_TEST_QUICK");
@@ -271,8 +279,8 @@ static void run_case(fg_ctx *ctx, const acase *c) {
     const bool judge_grads = c->q <= 8 * c->kv;
     for (int k = 0; k < gr.n; k++) ok &= eg[k] <= tol || !judge_grads;
     const double t_end = fgi_now_ms();
-    printf("%-4s %s%s%s: dq %.2e dk %.2e dv %.2e", ok ? "ok" : "FAIL", deterministic ? "[deterministic] " : "",
-           hopper_allowed ? "" : "[portable] ", name, eq, ek, ev);
+    printf("%-4s %s%s%s%s: dq %.2e dk %.2e dv %.2e", ok ? "ok" : "FAIL", deterministic ? "[deterministic] " : "",
+           hopper_allowed ? "" : "[portable] ", approx_math ? "[approx] " : "", name, eq, ek, ev);
     for (int k = 0; k < gr.n; k++) printf(" d%s %.2e%s", gr.name[k], eg[k], judge_grads ? "" : " (not judged)");
     printf(" (setup %.0f ms, gpu %.0f ms, reference %.0f ms)\n", t_gpu - t_start, t_ref - t_gpu, t_end - t_ref);
     if (!ok) {
@@ -301,22 +309,33 @@ static fg_ctx *gpu_ctx(void) {
     assert_int_equal(fg_ctx_create(&ctx), FG_OK);
     assert_int_equal(fgi_cuda_ready(ctx), FG_OK);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_HOPPER_KERNEL, hopper_allowed), FG_OK);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_APPROX_MATH, approx_math), FG_OK);
     return ctx;
 }
 
 static int atomic_mode(void **state) {
     (void)state;
-    deterministic = 0, hopper_allowed = 1;
+    deterministic = 0, hopper_allowed = 1, approx_math = 0;
     return 0;
 }
 static int deterministic_mode(void **state) {
     (void)state;
-    deterministic = 1, hopper_allowed = 1;
+    deterministic = 1, hopper_allowed = 1, approx_math = 0;
     return 0;
 }
 static int portable_mode(void **state) {
     (void)state;
-    deterministic = 0, hopper_allowed = 0;
+    deterministic = 0, hopper_allowed = 0, approx_math = 0;
+    return 0;
+}
+static int approx_mode(void **state) {
+    (void)state;
+    deterministic = 0, hopper_allowed = 1, approx_math = 1;
+    return 0;
+}
+static int approx_portable_mode(void **state) {
+    (void)state;
+    deterministic = 0, hopper_allowed = 0, approx_math = 1;
     return 0;
 }
 
@@ -394,6 +413,41 @@ static void test_features(void **state) {
     for (int i = 0; i < n; i++) {
         if (quick() && (i % 3 != 0 || (double)features[i].q * features[i].kv > 300.0 * 300.0)) continue;
         run_case(ctx, &features[i]);
+    }
+    fg_ctx_destroy(ctx);
+    assert_int_equal(failures, 0);
+}
+
+/* ---- approximate math ------------------------------------------------------- */
+
+/* Every function approximate math respells, in a score_mod with a
+ * derivative for each (the reference's are accurate). */
+#define APPROX_SRC                                                                                  \
+    "float T = 2.0;\n"                                                                              \
+    "bool mask_mod(int b, int h, int q_idx, int kv_idx) { return q_idx + 16 >= kv_idx; }\n"         \
+    "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"                         \
+    "    float d = (float)(abs(q_idx - kv_idx) + 1);\n"                                            \
+    "    return T * tanh(score / T) + 0.5 * sigmoid(score) - 0.25 * log(d) + 0.5 * exp(-d / 8.0)\n" \
+    "           + 0.1 * (log2(d) - exp2(-d) + rsqrt(d)) + 0.2 * exp(0.1 * score);\n}\n"
+
+static const acase approx_cases[] = {
+    /* mod  src  D  dtype  B Hq Hkv Q KV  qoff kvoff  layout pad  bm bmB bmH qb kvb scale masked */
+    {"softcap", NULL, 64, FG_BF16, 1, 2, 2, 129, 129, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {"softcap", NULL, 64, FG_FP16, 2, 4, 2, 300, 300, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
+    {"softcap", NULL, 128, FG_BF16, 1, 2, 1, 257, 700, 0, 0, BHSD, 0, BM_GPU, 0, 0, 128, 128, 0, 0},
+    {"softcap", NULL, 128, FG_FP16, 1, 2, 2, 17, 1000, 0, 0, BSHD, 8, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {"alibi", NULL, 64, FG_FP16, 2, 4, 4, 300, 300, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
+    {NULL, APPROX_SRC, 64, FG_BF16, 1, 2, 2, 200, 200, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {NULL, APPROX_SRC, 128, FG_FP16, 1, 2, 1, 300, 260, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
+};
+
+static void test_approx(void **state) {
+    (void)state;
+    fg_ctx *ctx = gpu_ctx();
+    const int n = (int)(sizeof approx_cases / sizeof approx_cases[0]);
+    for (int i = 0; i < n; i++) {
+        if (quick() && i % 2) continue;
+        run_case(ctx, &approx_cases[i]);
     }
     fg_ctx_destroy(ctx);
     assert_int_equal(failures, 0);
@@ -555,6 +609,8 @@ int main(void) {
         cmocka_unit_test_setup(test_gallery, deterministic_mode),
         cmocka_unit_test_setup(test_features, portable_mode),
         cmocka_unit_test_setup(test_gallery, portable_mode),
+        cmocka_unit_test_setup(test_approx, approx_mode),
+        cmocka_unit_test_setup(test_approx, approx_portable_mode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

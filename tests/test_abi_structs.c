@@ -96,12 +96,14 @@ static void test_layouts(void **state) {
      * ragged, paged and workspace ones, fg_block_mask_desc's offsets,
      * fg_attention_bwd_args' workspace). */
     assert_int_equal(offsetof(fg_kernel_config, struct_size) + sizeof(size_t), offsetof(fg_kernel_config, ragged));
+    assert_int_equal(offsetof(fg_kernel_config, ragged) + sizeof(int), offsetof(fg_kernel_config, approx_math));
     assert_int_equal(offsetof(fg_block_mask_desc, struct_size) + sizeof(size_t), offsetof(fg_block_mask_desc, q_offset));
     assert_int_equal(offsetof(fg_attention_args, struct_size) + sizeof(size_t), offsetof(fg_attention_args, kv_lens));
     assert_int_equal(offsetof(fg_attention_bwd_args, struct_size) + sizeof(size_t),
                      offsetof(fg_attention_bwd_args, workspace));
     if (sizeof(void *) == 8) { /* the 0.1 sizes on LP64: they never change */
         assert_int_equal(offsetof(fg_kernel_config, struct_size), 32);
+        assert_int_equal(sizeof(fg_kernel_config), 48); /* approx_math took ragged's padding */
         assert_int_equal(offsetof(fg_block_mask_desc, struct_size), 24);
         assert_int_equal(offsetof(fg_attention_args, struct_size), 248);
         assert_int_equal(offsetof(fg_attention_bwd_args, struct_size), 192);
@@ -120,6 +122,7 @@ static void test_layouts(void **state) {
         assert_int_equal(cs[i]->head_dim + cs[i]->q_block + cs[i]->kv_block, 0);
         assert_null(cs[i]->arch);
         assert_int_equal(cs[i]->ragged, 0);
+        assert_int_equal(cs[i]->approx_math, 0);
         assert_int_equal(cs[i]->struct_size, sizeof(fg_kernel_config));
     }
     assert_memory_equal(&d, &d2, sizeof d); /* six ints, a size_t, two ints: no padding */
@@ -206,6 +209,25 @@ static void test_kernel_config(void **state) {
     fg_free(rs), fg_free(ps);
     rc.kind = FG_KERNEL_ATTENTION_FWD_SM90;
     assert_int_equal(fg_generate_source(ctx, m, &rc, &rs), FG_ERR_NOT_SUPPORTED);
+    /* 0.2's approx_math: its own source (FG_APPROX_MATH 1, named -approx);
+     * a caller of the 0.1 layout cannot ask for it (the field is past its
+     * struct_size, so not read); 2 is no value of it */
+    fg_kernel_config ac = fg_kernel_config_init();
+    ac.kind = plain.kind = FG_KERNEL_ATTENTION_FWD;
+    ac.approx_math = 1;
+    assert_int_equal(fg_generate_source(ctx, m, &ac, &rs), FG_OK);
+    assert_int_equal(fg_generate_source(ctx, m, &plain, &ps), FG_OK);
+    assert_non_null(strstr(rs, "#define FG_APPROX_MATH 1\n"));
+    assert_non_null(strstr(rs, "-approx.cu"));
+    assert_null(strstr(ps, "FG_APPROX_MATH"));
+    fg_free(rs);
+    ac.struct_size = 0;
+    assert_int_equal(fg_generate_source(ctx, m, &ac, &rs), FG_OK);
+    assert_string_equal(rs, ps);
+    fg_free(rs), fg_free(ps);
+    ac.struct_size = sizeof ac, ac.approx_math = 2;
+    assert_int_equal(fg_generate_source(ctx, m, &ac, &rs), FG_ERR_INVALID_ARGUMENT);
+    assert_null(rs);
     fg_mod_destroy(m);
     fg_ctx_destroy(ctx);
 }

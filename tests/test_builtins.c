@@ -7,6 +7,9 @@
  *  - the CUDA spellings exist: an fg_ name is defined as `FG_DEV ... name(`
  *    in templates/common.cuh, any other is one of the CUDA math functions of
  *    CUDA_MATH below (the accurate ones, never an __expf-style intrinsic);
+ *    an approximate spelling (cuda_approx) is an fg_..._approx defined in
+ *    templates/approx_math.cuh, for float-only functions, and every helper
+ *    that file defines is some row's (or float division's);
  *  - include/flexgen/mod.h gives host C the canonical name: a macro, a
  *    function, or the <math.h> function of that name;
  *  - the CPU evaluator computes the row's c_float: at points whose value is
@@ -46,15 +49,15 @@ typedef struct def_row {
     const char *name;
     int arity;
     bool generic;
-    const char *cuda_int, *cuda_float;
+    const char *cuda_int, *cuda_float, *cuda_approx;
     float (*c_float)(float x, float y, float z);
     const char *deriv[3];
 } def_row;
 
 static const def_row ROWS[] = {
-#define FGI_BUILTIN(ID, NAME, ARITY, GENERIC, C_INT, C_FLOAT, CUDA_INT, CUDA_FLOAT, COSTLY, DX,  \
-                    DY, DZ)                                                                     \
-    {FGI_FN_##ID, NAME, ARITY, GENERIC, CUDA_INT, CUDA_FLOAT, c_float_##ID, {DX, DY, DZ}},
+#define FGI_BUILTIN(ID, NAME, ARITY, GENERIC, C_INT, C_FLOAT, CUDA_INT, CUDA_FLOAT, CUDA_APPROX, COSTLY, \
+                    DX, DY, DZ)                                                                     \
+    {FGI_FN_##ID, NAME, ARITY, GENERIC, CUDA_INT, CUDA_FLOAT, CUDA_APPROX, c_float_##ID, {DX, DY, DZ}},
 #include "mod/builtins.def"
 };
 #define NROWS (sizeof ROWS / sizeof ROWS[0])
@@ -180,6 +183,55 @@ static void test_cuda_spellings(void **state) {
     assert_true(any_line_declares(common, "FG_DEV ", "fg_iclamp"));
     assert_false(declares("FG_DEV int fg_iclamp(int x) { return fg_imin(x, 0); }\n", "FG_DEV ",
                           "fg_imin"));
+    free(common);
+}
+
+/* Approximate math: a row's cuda_approx is a float-only builtin's
+ * fg_..._approx of templates/approx_math.cuh (none of common.cuh's: the
+ * accurate sources do not carry that file), the builtins whose fast
+ * versions have no bound over the whole range keep their accurate
+ * spelling, and approx_math.cuh defines nothing but the rows' helpers and
+ * float division's. */
+static void test_approx_spellings(void **state) {
+    (void)state;
+    char *approx = slurp("templates/approx_math.cuh"), *common = slurp("templates/common.cuh");
+    const char *seen[NROWS + 1];
+    size_t nseen = 0;
+    for (size_t i = 0; i < NROWS; i++) {
+        const def_row *r = &ROWS[i];
+        const fgi_builtin_info *bi = fgi_builtin_get(r->fn);
+        if ((bi->cuda_approx == NULL) != (r->cuda_approx == NULL) ||
+            (r->cuda_approx && strcmp(bi->cuda_approx, r->cuda_approx) != 0))
+            fail_msg("%s: builtins.c serves another cuda_approx than builtins.def's", r->name);
+        if (!r->cuda_approx) continue;
+        size_t n = strlen(r->cuda_approx);
+        if (strncmp(r->cuda_approx, "fg_", 3) != 0 || n < 10 || strcmp(r->cuda_approx + n - 7, "_approx") != 0)
+            fail_msg("%s: cuda_approx %s is not an fg_..._approx name", r->name, r->cuda_approx);
+        if (!any_line_declares(approx, "FG_DEV float ", r->cuda_approx))
+            fail_msg("%s: %s is not defined as `FG_DEV float %s(` in templates/approx_math.cuh", r->name,
+                     r->cuda_approx, r->cuda_approx);
+        if (any_line_declares(common, "FG_DEV ", r->cuda_approx))
+            fail_msg("%s: %s belongs in approx_math.cuh, not common.cuh", r->name, r->cuda_approx);
+        if (r->generic) fail_msg("%s: an approximate spelling for a function with an int version", r->name);
+        seen[nseen++] = r->cuda_approx;
+    }
+    /* tanh is the reason the option exists; pow, sin and cos stay accurate */
+    assert_string_equal(fgi_builtin_get(FGI_FN_TANH)->cuda_approx, "fg_tanh_approx");
+    assert_null(fgi_builtin_get(FGI_FN_POW)->cuda_approx);
+    assert_null(fgi_builtin_get(FGI_FN_SIN)->cuda_approx);
+    assert_null(fgi_builtin_get(FGI_FN_COS)->cuda_approx);
+    seen[nseen++] = "fg_fdiv_approx";
+    assert_true(any_line_declares(approx, "FG_DEV float ", "fg_fdiv_approx"));
+    for (const char *line = approx; line && *line;) {
+        if (strncmp(line, "FG_DEV ", 7) == 0) {
+            bool known = false;
+            for (size_t k = 0; k < nseen && !known; k++) known = declares(line, "FG_DEV ", seen[k]);
+            if (!known) fail_msg("templates/approx_math.cuh defines a helper no row spells: %.60s", line);
+        }
+        line = strchr(line, '\n');
+        if (line) line++;
+    }
+    free(approx);
     free(common);
 }
 
@@ -544,6 +596,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rows),
         cmocka_unit_test(test_cuda_spellings),
+        cmocka_unit_test(test_approx_spellings),
         cmocka_unit_test(test_host_header),
         cmocka_unit_test(test_evaluator),
         cmocka_unit_test(test_derivatives_smooth),

@@ -72,6 +72,34 @@ static void test_options(void **state) {
     assert_int_equal(fg_ctx_get_int(ctx, FG_OPT_HOPPER_KERNEL, &v), FG_OK);
     assert_int_equal(v, 0);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_HOPPER_KERNEL, 2), FG_ERR_INVALID_ARGUMENT);
+    /* Approximate math: off unless the environment says 1 (the test
+     * environment says 0); 0 or 1. */
+    const char *am = getenv("FLEXGEN_APPROX_MATH");
+    assert_int_equal(fg_ctx_get_int(ctx, FG_OPT_APPROX_MATH, &v), FG_OK);
+    assert_int_equal(v, am && strcmp(am, "1") == 0 ? 1 : 0);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_APPROX_MATH, 1), FG_OK);
+    assert_int_equal(fg_ctx_get_int(ctx, FG_OPT_APPROX_MATH, &v), FG_OK);
+    assert_int_equal(v, 1);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_APPROX_MATH, 2), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_APPROX_MATH, -1), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_ctx_get_int(ctx, FG_OPT_APPROX_MATH, &v), FG_OK);
+    assert_int_equal(v, 1);
+    static const struct {
+        const char *env;
+        int64_t want;
+    } envs[] = {{"1", 1}, {"0", 0}, {"", 0}, {"yes", 0}, {"2", 0}};
+    char *saved = am ? strdup(am) : NULL;
+    for (size_t i = 0; i < sizeof envs / sizeof envs[0]; i++) {
+        setenv("FLEXGEN_APPROX_MATH", envs[i].env, 1);
+        fg_ctx *e;
+        assert_int_equal(fg_ctx_create(&e), FG_OK);
+        assert_int_equal(fg_ctx_get_int(e, FG_OPT_APPROX_MATH, &v), FG_OK);
+        assert_int_equal(v, envs[i].want);
+        fg_ctx_destroy(e);
+    }
+    if (saved) setenv("FLEXGEN_APPROX_MATH", saved, 1);
+    else unsetenv("FLEXGEN_APPROX_MATH");
+    free(saved);
     assert_int_equal(fg_kernel_kind_of(NULL), 0);
     assert_int_equal(fg_ctx_set_int(NULL, FG_OPT_MAX_DEPTH, 50), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_ctx_create(NULL), FG_ERR_INVALID_ARGUMENT);

@@ -8,6 +8,9 @@
  *  - every gallery mod's kernels (attention forward and block mask) compile
  *    with NVRTC for sm_80 and sm_90a: this is where a broken template fails;
  *  - configs: validation, and what does and does not change the cache key;
+ *  - approximate math: its own key, name, macro and template for every
+ *    kind that runs score_mod, the accurate kernels untouched, mask_mod
+ *    never approximated, and each such kind compiling with it;
  *  - the CLI as a subprocess: exit codes and the caret diagnostic.
  * The test runs in the source root, so mod paths (and the file names in the
  * golden files) are relative: mods/causal.c. */
@@ -625,6 +628,237 @@ static void test_keys(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* ---- approximate math ------------------------------------------------------- */
+
+/* A score_mod calling every builtin approximate math respells, a float
+ * division, and pow (which it keeps), behind a mask whose own float math
+ * must stay accurate. */
+static const char APPROX_SRC[] =
+    "float T = 3.0;\n"
+    "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+    "    return exp(0.01 * (float)(q_idx - kv_idx)) >= 1.0;\n}\n"
+    "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+    "    float d = (float)(q_idx - kv_idx + 1);\n"
+    "    return T * tanh(score / T) + 0.1 * (exp(-d) + exp2(-d) + log(d + 1.0) + log2(d + 2.0)\n"
+    "           + sigmoid(score) + rsqrt(d + 1.0) + pow(d + 1.0, 0.5));\n}\n";
+
+/* The spellings approximate math puts into APPROX_SRC's score_mod. */
+static const char *const APPROX_NAMES[] = {"fg_tanh_approx(", "fg_fdiv_approx(", "fg_exp_approx(",
+                                           "fg_exp2_approx(", "fg_log_approx(", "fg_log2_approx(",
+                                           "fg_sigmoid_approx(", "fg_rsqrt_approx("};
+#define NAPPROX (sizeof APPROX_NAMES / sizeof APPROX_NAMES[0])
+
+/* The kinds that run score_mod, each at a head dim it takes. */
+static const struct {
+    fg_kernel_kind kind;
+    int head_dim;
+    const char *label;
+} approx_kinds[] = {
+    {FG_KERNEL_ATTENTION_FWD, 128, "attention_fwd"},
+    {FG_KERNEL_ATTENTION_FWD_SM90, 128, "attention_fwd_sm90"},
+    {FG_KERNEL_ATTENTION_BWD, 64, "attention_bwd"},
+    {FG_KERNEL_ATTENTION_BWD_SM90, 64, "attention_bwd_sm90"},
+    {FG_KERNEL_ATTENTION_DECODE, 128, "attention_decode"},
+};
+#define NAPPROX_KINDS (sizeof approx_kinds / sizeof approx_kinds[0])
+
+/* The text of `src` from `from` to the next line that is "}" alone (a
+ * function's body), malloc'd; fails when `from` is absent. */
+static char *section(const char *src, const char *from) {
+    const char *a = strstr(src, from);
+    if (!a) fail_msg("no '%s' in the source", from);
+    const char *b = strstr(a, "\n}\n");
+    size_t n = b ? (size_t)(b - a) : strlen(a);
+    char *t = malloc(n + 1);
+    assert_non_null(t);
+    memcpy(t, a, n);
+    t[n] = 0;
+    return t;
+}
+
+static fg_kernel_config approx_config(size_t k, int approx) {
+    fg_kernel_config c = fg_kernel_config_init();
+    c.kind = approx_kinds[k].kind;
+    c.head_dim = approx_kinds[k].head_dim;
+    c.approx_math = approx;
+    return c;
+}
+
+/* Keys, names and sources: the accurate kernel of every kind is what it
+ * was (no key line, no macro, no template: the goldens and test_keys hold
+ * its bytes), the approximate one differs in exactly those; the context's
+ * option stands in for the config's 0; the block-mask builder ignores it. */
+static void test_approx_keys(void **state) {
+    (void)state;
+    fg_ctx *ctx = new_ctx();
+    fg_mod *m = NULL;
+    assert_int_equal(fg_mod_from_source(ctx, "approx.c", APPROX_SRC, (size_t)-1, &m), FG_OK);
+    for (size_t k = 0; k < NAPPROX_KINDS; k++) {
+        fgi_codegen acc, apx, opt;
+        fg_kernel_config c0 = approx_config(k, 0), c1 = approx_config(k, 1);
+        assert_int_equal(fgi_codegen_init(ctx, m, &c0, &acc), FG_OK);
+        assert_int_equal(fgi_codegen_init(ctx, m, &c1, &apx), FG_OK);
+        assert_int_equal(acc.config.approx_math, 0);
+        assert_int_equal(apx.config.approx_math, 1);
+        assert_null(strstr(acc.key, "approx"));
+        assert_non_null(strstr(apx.key, "\napprox_math 1 approx_math.cuh "));
+        assert_string_not_equal(acc.key, apx.key);
+        /* one line more, and the rest the same */
+        const char *line = strstr(apx.key, "approx_math 1");
+        const char *end = strchr(line, '\n') + 1;
+        assert_int_equal(strlen(apx.key) - (size_t)(end - line), strlen(acc.key));
+        assert_memory_equal(apx.key, acc.key, (size_t)(line - apx.key));
+        assert_string_equal(end, acc.key + (line - apx.key));
+        char want[200];
+        snprintf(want, sizeof want, "%s-approx", acc.name);
+        assert_string_equal(apx.name, want);
+        assert_non_null(strstr(acc.name, approx_kinds[k].label));
+        /* the context's option, where the config says 0 */
+        assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_APPROX_MATH, 1), FG_OK);
+        assert_int_equal(fgi_codegen_init(ctx, m, &c0, &opt), FG_OK);
+        assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_APPROX_MATH, 0), FG_OK);
+        assert_string_equal(opt.key, apx.key);
+        assert_string_equal(opt.name, apx.name);
+        fgi_codegen_free(&opt);
+
+        char *sa = NULL, *s1 = NULL;
+        assert_int_equal(fg_generate_source(ctx, m, &c0, &sa), FG_OK);
+        assert_int_equal(fg_generate_source(ctx, m, &c1, &s1), FG_OK);
+        assert_null(strstr(sa, "FG_APPROX_MATH"));
+        assert_null(strstr(sa, "_approx"));
+        assert_non_null(strstr(s1, "#define FG_APPROX_MATH 1\n"));
+        assert_non_null(strstr(s1, "/* ==== templates/approx_math.cuh ==== */\n"));
+        assert_non_null(strstr(s1, ", approximate math.\n"));
+        snprintf(want, sizeof want, "%s.cu -- generated by flexgen", apx.name);
+        assert_non_null(strstr(s1, want));
+        /* after common.cuh, before the emitted mod that calls it */
+        assert_true(strstr(s1, "templates/common.cuh ====") < strstr(s1, "templates/approx_math.cuh ===="));
+        assert_true(strstr(s1, "templates/approx_math.cuh ====") < strstr(s1, "---- the mod: "));
+        /* score_mod approximate, mask_mod accurate */
+        char *score = section(s1, "float fg_score_mod("), *mask = section(s1, "bool fg_mask_mod(");
+        for (size_t i = 0; i < NAPPROX; i++)
+            if (!strstr(score, APPROX_NAMES[i])) fail_msg("%s: no %s in fg_score_mod", apx.name, APPROX_NAMES[i]);
+        assert_non_null(strstr(score, "powf("));
+        assert_null(strstr(score, "tanhf("));
+        assert_null(strstr(score, "fg_fdiv("));
+        assert_non_null(strstr(mask, "expf("));
+        assert_null(strstr(mask, "_approx"));
+        free(score), free(mask);
+        if (strstr(s1, "FG_HAS_SPLIT_MODS")) { /* and their split forms alike: the mask's, then the score's */
+            const char *mask_split = strstr(s1, "struct fg_mask_head"), *score_split = strstr(s1, "struct fg_score_head");
+            assert_true(mask_split && score_split && mask_split < score_split);
+            const size_t n = (size_t)(score_split - mask_split);
+            char *mtext = malloc(n + 1);
+            assert_non_null(mtext);
+            memcpy(mtext, mask_split, n), mtext[n] = 0;
+            assert_null(strstr(mtext, "_approx"));
+            assert_non_null(strstr(mtext, "expf("));
+            assert_non_null(strstr(score_split, "fg_tanh_approx("));
+            free(mtext);
+        }
+        if (approx_kinds[k].kind == FG_KERNEL_ATTENTION_BWD || approx_kinds[k].kind == FG_KERNEL_ATTENTION_BWD_SM90) {
+            /* the derivative of tanh is written with tanh: approximate too */
+            char *grad = section(s1, "float fg_score_grad(");
+            assert_non_null(strstr(grad, "fg_tanh_approx("));
+            assert_null(strstr(grad, "tanhf("));
+            free(grad);
+        }
+        fg_free(sa), fg_free(s1);
+        fgi_codegen_free(&acc), fgi_codegen_free(&apx);
+    }
+    /* the ragged forward: both suffixes */
+    fg_kernel_config rc = approx_config(0, 1);
+    rc.ragged = 1;
+    fgi_codegen cg;
+    assert_int_equal(fgi_codegen_init(ctx, m, &rc, &cg), FG_OK);
+    assert_string_equal(cg.name, "attention_fwd-approx-bf16-d128-ragged-approx");
+    fgi_codegen_free(&cg);
+    /* the block-mask builder runs mask_mod only: one kernel either way */
+    fg_kernel_config b0 = {FG_KERNEL_BLOCK_MASK, 0, 0, 64, 64, NULL, sizeof(fg_kernel_config), 0, 0};
+    fg_kernel_config b1 = b0;
+    b1.approx_math = 1;
+    char *k0 = key_of(ctx, m, b0), *k1 = key_of(ctx, m, b1);
+    assert_string_equal(k0, k1);
+    free(k0), free(k1);
+    char *src = NULL;
+    assert_int_equal(fg_generate_source(ctx, m, &b1, &src), FG_OK);
+    assert_null(strstr(src, "FG_APPROX_MATH"));
+    assert_null(strstr(src, "_approx("));
+    fg_free(src);
+    /* approx_math is 0 or 1 */
+    fg_kernel_config bad = approx_config(0, 2);
+    assert_int_equal(fgi_codegen_init(ctx, m, &bad, &cg), FG_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fg_errmsg(ctx), "approx_math 2"));
+    bad.approx_math = -1;
+    assert_int_equal(fgi_codegen_init(ctx, m, &bad, &cg), FG_ERR_INVALID_ARGUMENT);
+    fg_mod_destroy(m);
+    fg_ctx_destroy(ctx);
+}
+
+/* Every kind that runs score_mod compiles with approximate math for each
+ * arch it takes (the Hopper ones for sm_90a only), without a warning, and
+ * the PTX holds the instructions the bounds are stated for. */
+static void test_approx_compiles(void **state) {
+    (void)state;
+    fg_ctx *ctx = new_ctx();
+    fg_mod *mods[2] = {NULL, NULL};
+    assert_int_equal(fg_mod_from_source(ctx, "approx.c", APPROX_SRC, (size_t)-1, &mods[0]), FG_OK);
+    mods[1] = load(ctx, "mods/softcap.c");
+    static const char *const archs[2] = {"sm_80", "sm_90a"};
+    int failures = 0;
+    for (int mi = 0; mi < 2; mi++)
+        for (size_t k = 0; k < NAPPROX_KINDS; k++)
+            for (int ai = 0; ai < 2; ai++) {
+                const bool hopper = approx_kinds[k].kind == FG_KERNEL_ATTENTION_FWD_SM90 ||
+                                    approx_kinds[k].kind == FG_KERNEL_ATTENTION_BWD_SM90;
+                if (hopper && ai == 0) continue;
+                /* every kind and arch for softcap; APPROX_SRC once per kind */
+                if (mi == 0 && !hopper && ai == 1) continue;
+                fg_kernel_config c = approx_config(k, 1);
+                c.arch = archs[ai];
+                c.dtype = (k + (size_t)ai) % 2 ? FG_FP16 : FG_BF16;
+                char *src = NULL;
+                assert_int_equal(fg_generate_source(ctx, mods[mi], &c, &src), FG_OK);
+                void *img = NULL;
+                size_t size = 0;
+                char *log = NULL;
+                const bool ptx = mi == 0; /* read the instructions back */
+                fg_status st = fgi_nvrtc_compile_verbose(ctx, src, approx_kinds[k].label, archs[ai],
+                                                         ptx ? FG_EMIT_PTX : FG_EMIT_CUBIN, &img, &size, &log);
+                const char *what = mi == 0 ? "approx.c" : "softcap";
+                if (st != FG_OK) {
+                    print_error("%s %s %s: %s\n%s\n", what, approx_kinds[k].label, archs[ai], fg_errmsg(ctx),
+                                log ? log : "");
+                    failures++;
+                } else if (log && strstr(log, "warning")) {
+                    print_error("%s %s %s: NVRTC warnings:\n%s\n", what, approx_kinds[k].label, archs[ai], log);
+                    failures++;
+                } else if (!ptx && approx_kinds[k].kind == FG_KERNEL_ATTENTION_FWD_SM90 &&
+                           (!log || strstr(log, "C7514") || strstr(log, "C7508") ||
+                            !strstr(log, " 0 bytes spill stores"))) {
+                    /* the Hopper forward's wgmma pipeline, as test_gallery_compiles holds it */
+                    print_error("%s %s: ptxas report:\n%s\n", what, approx_kinds[k].label, log ? log : "(none)");
+                    failures++;
+                } else if (ptx) {
+                    static const char *const insns[] = {"tanh.approx.f32", "ex2.approx.f32", "lg2.approx.f32",
+                                                        "rsqrt.approx.f32", "div.full.f32"};
+                    for (size_t i = 0; i < sizeof insns / sizeof insns[0]; i++)
+                        if (!memmem(img, size, insns[i], strlen(insns[i]))) {
+                            print_error("%s %s %s: no %s in the PTX\n", what, approx_kinds[k].label, archs[ai],
+                                        insns[i]);
+                            failures++;
+                        }
+                }
+                free(log);
+                fg_free(img);
+                fg_free(src);
+            }
+    fg_mod_destroy(mods[0]);
+    fg_mod_destroy(mods[1]);
+    fg_ctx_destroy(ctx);
+    assert_int_equal(failures, 0);
+}
+
 /* ---- the CLI ------------------------------------------------------------------ */
 
 typedef struct cli_result {
@@ -702,6 +936,9 @@ static void test_cli(void **state) {
          "return fg_isub(q_idx, kv_idx) <= p.W;"},
         {"--mask mods/causal.c --kernel blockmask --block 64", 0, "#define FG_Q_BLOCK 64\n"},
         {"--mask mods/causal.c --score mods/softcap.c --emit mod", 0, "tanhf(fg_fdiv(score, p.SOFTCAP))"},
+        {"--mask mods/causal.c --score mods/softcap.c --emit mod --approx-math", 0,
+         "fg_tanh_approx(fg_fdiv_approx(score, p.SOFTCAP))"},
+        {"--mask mods/softcap.c --approx-math --kernel decode", 0, "#define FG_APPROX_MATH 1\n"},
         /* usage errors of check and bench --decode: found before any GPU is looked for */
         {"check --mask mods/causal.c --batch 2 --q-len 1 --kv-lens 5,6,7", 1, "one per sequence of --batch 2"},
         {"check --mask mods/causal.c --batch 2 --q-len 1 --kv-lens 5,x", 1, "'x' is not a whole number"},
@@ -713,6 +950,8 @@ static void test_cli(void **state) {
         {"check --mask mods/causal.c --q-len 1 --page-size 24", 1, "power of two"},
         {"check --mask mods/causal.c --q-len 1 --decode-kernel 3", 1, "decode-kernel"},
         {"check --help", 0, "--kv-lens L1,L2,..."},
+        {"check --help", 0, "--approx-math"},
+        {"check --mask mods/causal.c --q-len 1 --approx-math --page-size 24", 1, "power of two"},
         {"bench --decode --batch 4", 1, "--shapes B:KV:Q"},
         {"bench --decode --shapes 1:2", 1, "is not B:KV:Q"},
         {"bench --decode --pages 0,24", 1, "power of two"},
@@ -720,6 +959,8 @@ static void test_cli(void **state) {
         {"bench --decode --backward", 1, "forward only"},
         {"bench --shapes 1:2:3", 1, "go with --decode"},
         {"bench --help", 0, "--pages LIST"},
+        {"bench --help", 0, "--approx-math"},
+        {"bench --approx-math --shapes 1:2:3", 1, "go with --decode"},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         run_cli(rows[i].args, &r);
@@ -751,6 +992,7 @@ int main(void) {
         cmocka_unit_test(test_param_layout),    cmocka_unit_test(test_configs),
         cmocka_unit_test(test_keys),            cmocka_unit_test(test_cli),
         cmocka_unit_test(test_gallery_compiles), cmocka_unit_test(test_divisors),
+        cmocka_unit_test(test_approx_keys),     cmocka_unit_test(test_approx_compiles),
     };
     snprintf(tmpdir, sizeof tmpdir, "/tmp/flexgen_test_emit_XXXXXX");
     if (!mkdtemp(tmpdir)) {

@@ -9,7 +9,7 @@
  *                 [--dist uniform|normal] [--block-mask] [--block N]
  *                 [--q-offset N] [--kv-offset N] [--scale X] [--time N]
  *                 [--paged [--page-size N]] [--kv-lens L,...] [--q-offsets O,...]
- *                 [--decode-kernel 0|1|2]
+ *                 [--decode-kernel 0|1|2] [--approx-math]
  *                 [--no-reference] [--backward [--deterministic]]
  *
  * The outputs are poisoned (all bits set: NaN) before the launch, so a value
@@ -41,6 +41,10 @@
  * 1 the default, 2 wherever it applies), and the summary names the kernel
  * that ran. The backward takes none of this (it refuses such calls), so
  * --backward with them is a usage error.
+ *
+ * --approx-math sets FG_OPT_APPROX_MATH (approximate math in score_mod and
+ * its derivative, forward and backward alike); the tolerances stay the
+ * accurate kernels', which include/flexgen.h's bounds keep it inside.
  *
  * --time N times N launches of the kernel that ran, fetched once
  * (fg_attention_kernel_for), with device events after three warm-up
@@ -96,7 +100,7 @@ typedef struct options {
     int seed, block, time_n, q_offset, kv_offset;
     int page_size;                /* --paged: rows per page; 0: contiguous K/V */
     int decode_kernel;            /* FG_OPT_DECODE_KERNEL; -1: the default     */
-    bool block_mask, normal, no_reference, backward, deterministic;
+    bool block_mask, normal, no_reference, backward, deterministic, approx_math;
     bool paged, q_offset_given, q_offsets_derived;
     double scale;
     const char *kv_lens_arg, *q_offsets_arg; /* read once --batch is known      */
@@ -111,7 +115,7 @@ static void usage(FILE *f) {
             "                     [--dist uniform|normal] [--block-mask] [--block N]\n"
             "                     [--q-offset N] [--kv-offset N] [--scale X] [--time N]\n"
             "                     [--paged [--page-size N]] [--kv-lens L,...] [--q-offsets O,...]\n"
-            "                     [--decode-kernel 0|1|2]\n"
+            "                     [--decode-kernel 0|1|2] [--approx-math]\n"
             "                     [--no-reference] [--backward [--deterministic]]\n"
             "Run the GPU forward kernel against the CPU reference (float64) on fresh random\n"
             "inputs and print the relative Frobenius error of out, the largest LSE error and\n"
@@ -135,6 +139,8 @@ static void usage(FILE *f) {
             "never / by default / always takes the decode kernel (FG_OPT_DECODE_KERNEL); the\n"
             "summary names the kernel that ran. With --time, decode-shaped calls (q_len up\n"
             "to 16, or paged) also report TB/s of K/V read. The backward takes none of these.\n"
+            "--approx-math runs kernels with approximate math in score_mod (FG_OPT_APPROX_MATH:\n"
+            "tanh.approx, ex2 / lg2 / rsqrt.approx, div.full), at the same tolerances.\n"
             "Exit: 0 within tolerance, 5 over it, 4 no GPU.\n%s%s",
             fg_cli_mod_help, fg_cli_bind_help);
 }
@@ -142,7 +148,7 @@ static void usage(FILE *f) {
 enum { OPT_BATCH = 0x2000, OPT_HEADS, OPT_KV_HEADS, OPT_Q_LEN, OPT_KV_LEN, OPT_HEAD_DIM, OPT_DTYPE,
        OPT_SEED, OPT_DIST, OPT_BLOCK_MASK, OPT_BLOCK, OPT_Q_OFFSET, OPT_KV_OFFSET, OPT_SCALE,
        OPT_TIME, OPT_NO_REFERENCE, OPT_BACKWARD, OPT_DETERMINISTIC, OPT_PAGED, OPT_PAGE_SIZE, OPT_KV_LENS,
-       OPT_Q_OFFSETS, OPT_DECODE_KERNEL };
+       OPT_Q_OFFSETS, OPT_DECODE_KERNEL, OPT_APPROX_MATH };
 
 static int *int_option(options *o, int opt, long long *lo, long long *hi) {
     *lo = 1, *hi = 1 << 30;
@@ -258,6 +264,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"kv-lens", required_argument, 0, OPT_KV_LENS},
         {"q-offsets", required_argument, 0, OPT_Q_OFFSETS},
         {"decode-kernel", required_argument, 0, OPT_DECODE_KERNEL},
+        {"approx-math", no_argument, 0, OPT_APPROX_MATH},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -306,6 +313,8 @@ static int parse_args(int argc, char **argv, options *o) {
             o->backward = true;
         } else if (c == OPT_DETERMINISTIC) {
             o->deterministic = true;
+        } else if (c == OPT_APPROX_MATH) {
+            o->approx_math = true;
         } else {
             int r = fg_cli_mod_option(&o->mod, c, optarg);
             if (r < 0) return FG_EXIT_USAGE;
@@ -956,8 +965,10 @@ static void print_summary(const state *s, double first_ms) {
     if (o->paged)
         printf(", paged (page %d, %d pages, %d per sequence at most)", o->page_size, s->pg.num_pages,
                s->pg.max_pages);
-    printf("%s, kernel: %s (first call %.1f ms)\n", s->bm ? ", GPU block mask" : "",
-           fg_cli_kernel_name(fg_kernel_kind_of(s->kernel)), first_ms);
+    int64_t approx = 0;
+    fg_ctx_get_int(s->ctx, FG_OPT_APPROX_MATH, &approx);
+    printf("%s, kernel: %s%s (first call %.1f ms)\n", s->bm ? ", GPU block mask" : "",
+           fg_cli_kernel_name(fg_kernel_kind_of(s->kernel)), approx ? " with approximate math" : "", first_ms);
     if (!o->kv_lens && !o->q_offsets) return;
     printf("per sequence: ");
     if (o->kv_lens) print_list("kv_lens", o->kv_lens, o->batch);
@@ -1036,6 +1047,7 @@ static int run_check(state *s) {
     if (rc) return rc;
     s->have_hb = true;
     fg_status st = o->decode_kernel >= 0 ? fg_ctx_set_int(ctx, FG_OPT_DECODE_KERNEL, o->decode_kernel) : FG_OK;
+    if (st == FG_OK && o->approx_math) st = fg_ctx_set_int(ctx, FG_OPT_APPROX_MATH, 1);
     if (st != FG_OK) return fg_cli_fail(ctx, st, "check");
     st = fgi_cuda_ready(ctx);
     if (st == FG_ERR_NO_DEVICE)

@@ -50,7 +50,11 @@ static void usage(FILE *f) {
             "  --block N               block-mask block size, q and kv (default 128)\n"
             "  --q-block N, --kv-block N   the two separately (powers of two, 16..256)\n"
             "  --arch ARCH             NVRTC target, e.g. sm_80, sm_90a (default: the GPU's,\n"
-            "                          sm_90a without one)\n\n"
+            "                          sm_90a without one)\n"
+            "  --approx-math           approximate math in score_mod and its derivative:\n"
+            "                          tanh.approx, ex2 / lg2 / rsqrt.approx, div.full\n"
+            "                          (FG_OPT_APPROX_MATH; bounds in include/flexgen.h;\n"
+            "                          also FLEXGEN_APPROX_MATH=1)\n\n"
             "Output:\n"
             "  --emit cuda|ptx|cubin   the CUDA source (default), or compile it with NVRTC\n"
             "  --emit mod              only the emitted mod (params struct, fg_mask_mod,\n"
@@ -138,7 +142,7 @@ typedef struct gen_opts {
 
 enum {
     OPT_KERNEL = 0x2000, OPT_DTYPE, OPT_HEAD_DIM, OPT_BLOCK, OPT_Q_BLOCK, OPT_KV_BLOCK, OPT_ARCH,
-    OPT_EMIT, OPT_CANONICAL
+    OPT_EMIT, OPT_CANONICAL, OPT_APPROX_MATH
 };
 
 static int parse_choice(const char *arg, const char *opt, const char *const *names, int n) {
@@ -172,6 +176,7 @@ static int gen_option(gen_opts *o, int c, const char *arg) {
     case OPT_Q_BLOCK: return fg_cli_parse_int(arg, "--q-block", 1, 100000, &o->cfg.q_block);
     case OPT_KV_BLOCK: return fg_cli_parse_int(arg, "--kv-block", 1, 100000, &o->cfg.kv_block);
     case OPT_ARCH: o->cfg.arch = arg; return 0;
+    case OPT_APPROX_MATH: o->cfg.approx_math = 1; return 0;
     case OPT_EMIT:
         if ((i = parse_choice(arg, "--emit", emits, 4)) < 0) return FG_EXIT_USAGE;
         o->what = i == 0 ? EMIT_CUDA : i == 1 ? EMIT_PTX : i == 2 ? EMIT_CUBIN : EMIT_MOD;
@@ -218,8 +223,12 @@ static int run_generate(fg_ctx *ctx, const gen_opts *o, const fg_mod *mod) {
         return rc;
     }
     if (o->what == EMIT_MOD) {
+        /* the kernels' spelling of score_mod: approximate as the kernel
+         * would be (the flag, or the context's FLEXGEN_APPROX_MATH) */
+        int64_t approx = o->cfg.approx_math;
+        if (!approx) fg_ctx_get_int(ctx, FG_OPT_APPROX_MATH, &approx);
         fgi_buf b = {0};
-        fg_status st = fgi_emit_mod(ctx, mod, &b);
+        fg_status st = fgi_emit_mod_math(ctx, mod, NULL, approx ? FGI_MATH_APPROX : FGI_MATH_ACCURATE, &b);
         if (st != FG_OK) {
             fgi_buf_free(&b);
             return fg_cli_fail(ctx, st, NULL);
@@ -260,6 +269,7 @@ static int cmd_generate(int argc, char **argv) {
         {"q-block", required_argument, 0, OPT_Q_BLOCK},
         {"kv-block", required_argument, 0, OPT_KV_BLOCK},
         {"arch", required_argument, 0, OPT_ARCH},
+        {"approx-math", no_argument, 0, OPT_APPROX_MATH},
         {"emit", required_argument, 0, OPT_EMIT},
         {"canonical", no_argument, 0, OPT_CANONICAL},
         {"output", required_argument, 0, 'o'},
@@ -270,6 +280,7 @@ static int cmd_generate(int argc, char **argv) {
     gen_opts o;
     memset(&o, 0, sizeof o);
     fg_cli_mod_args_init(&o.mod);
+    o.cfg = fg_kernel_config_init(); /* this header's layout: approx_math is read */
     o.cfg.kind = FG_KERNEL_ATTENTION_FWD;
     int c;
     opterr = 0;

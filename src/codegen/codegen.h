@@ -9,9 +9,12 @@
  *      template, the config values that name it);
  *   2. config macros: the row's FG_KERNEL_... (=1), then the config values
  *      its source reads (FG_DTYPE_BF16 or FG_DTYPE_FP16 (=1), FG_HEAD_DIM,
- *      FG_Q_BLOCK, FG_KV_BLOCK);
+ *      FG_Q_BLOCK, FG_KV_BLOCK, FG_RAGGED, and FG_APPROX_MATH 1 only for
+ *      approximate math);
  *   3. templates/common.cuh (integer types, safe int division helpers, bf16 /
- *      fp16 conversions in inline PTX: no CUDA headers needed);
+ *      fp16 conversions in inline PTX: no CUDA headers needed), and under
+ *      approximate math templates/approx_math.cuh (the fast spellings the
+ *      emitted score_mod calls);
  *   4. the emitted pieces the row takes, in kernels.h's order: the mod
  *      (fgi_emit_mod: struct fg_mod_params, fg_mask_mod, fg_score_mod,
  *      FG_HAS_MASK_MOD, FG_HAS_SCORE_MOD) and, for the attention kernels,
@@ -23,7 +26,8 @@
  *      fg_block_mask_classify and fg_block_mask_compact).
  * The cache key is the canonical mod text, the kernel's label, its own
  * template's name and a hash of every template text, and the config values
- * the source reads; it is cheap to build (no source generation), so a
+ * the source reads (approximate math as a line of its own, with
+ * approx_math.cuh's hash, only when set); it is cheap to build (no source generation), so a
  * memory-cache hit costs microseconds.
  */
 #ifndef FLEXGEN_CODEGEN_H
@@ -75,6 +79,9 @@ typedef struct fgi_cuda_printer {
     const fg_mod *mod;    /* the parameters the expression reads            */
     const fgi_func *fn;   /* its function (the locals' range); may be NULL  */
     fgi_cuda_style style;
+    /* Float builtins and float division: accurate (0, the default) or the
+     * approximate spellings (fgi_math). */
+    fgi_math math;
     /* Asked before each node is printed: prints a replacement for `e` to
      * `out` and returns true, or returns false to let the node print as
      * itself. NULL: no replacements. */

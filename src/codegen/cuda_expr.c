@@ -22,7 +22,11 @@
  *   - buffer reads through the bounds-checked loads fg_load_i32 /
  *     fg_load_f32 (an out-of-range index reads 0);
  *   - builtins by builtins.def's CUDA names, the accurate device functions
- *     and never the __expf-style intrinsics;
+ *     and never the __expf-style intrinsics -- unless the printer is asked
+ *     for approximate math (p->math, only ever for score_mod and its
+ *     derivatives): then the builtins with a cuda_approx spelling take it
+ *     and float / is fg_fdiv_approx (div.full), all from
+ *     templates/approx_math.cuh, which the source then carries;
  *   - INT_MIN as FG_INT_MIN (the literal 2147483648 does not fit an int);
  *     floats in the shortest decimal that reads back to the same float,
  *     with an f, and inf / NaN by their bits, since NVRTC without headers
@@ -67,6 +71,8 @@ static void fail(fgi_cuda_printer *p, const char *what, const fgi_expr *e) {
 }
 
 static bool parens(const fgi_cuda_printer *p) { return p->style == FGI_CUDA_PARENS; }
+
+static bool approx(const fgi_cuda_printer *p) { return p->math == FGI_MATH_APPROX; }
 
 /* ---- spellings ---------------------------------------------------------------- */
 
@@ -239,6 +245,7 @@ static void print_binary(fgi_cuda_printer *p, const fgi_expr *e) {
     }
     if (is_arith(e->op)) {
         const char *name = fgi_emit_arith_fn(e->op, e->a ? e->a->type : FGI_T_NONE);
+        if (name && approx(p) && e->op == FGI_OP_DIV && e->a && e->a->type == FGI_T_FLOAT) name = "fg_fdiv_approx";
         if (!name || !e->a || !e->b || e->a->type != e->b->type) {
             fail(p, "an arithmetic operator on mismatched or non-number operands", e);
             return;
@@ -373,6 +380,8 @@ static void print_node(fgi_cuda_printer *p, const fgi_expr *e) {
     case FGI_E_CALL: {
         const char *name = fgi_emit_builtin_fn(e->op, e->type);
         if (!name) break;
+        if (approx(p) && e->type == FGI_T_FLOAT && fgi_builtin_get(e->op)->cuda_approx)
+            name = fgi_builtin_get(e->op)->cuda_approx;
         for (int i = 0; i < e->nargs; i++)
             if (!e->args[i] || e->args[i]->type != e->type) {
                 fail(p, "a builtin call with unconverted arguments", e);

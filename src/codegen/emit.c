@@ -23,6 +23,11 @@
  *     function per leaf, fg_mask_part0 ..., combined with && and || so the
  *     right side is evaluated only where the left does not decide.
  *
+ * Approximate math (FG_OPT_APPROX_MATH): score_mod and its derivatives
+ * may be printed with the fast spellings (cuda_expr.c, fgi_math), which
+ * only the kernel sources ask for; fg_mask_mod is always printed accurate,
+ * so a kernel keeps exactly the keys a block mask built on the CPU keeps.
+ *
  * Inside a function every local becomes `const T lN = ...;` in order and
  * the body ends with `return ...;`. Each of those lines is preceded by a
  * #line directive naming the user's file and line, so an NVRTC message or
@@ -46,6 +51,8 @@ typedef struct emitter {
     fgi_buf *out;
     const char *gen_name; /* file name for the #line that ends user text */
     fg_status st;         /* first internal error                        */
+    fgi_math math;        /* how the function being printed spells float
+                             math: mask_mod's is always accurate          */
 } emitter;
 
 static void fail(emitter *em, const char *what, const fgi_expr *e) {
@@ -116,7 +123,8 @@ static void line_generated(emitter *em) {
  * the emitter's. */
 static void emit_expr(emitter *em, const fgi_func *fn, const fgi_expr *e) {
     if (em->st != FG_OK) return;
-    fgi_cuda_printer p = {.out = em->out, .mod = em->mod, .fn = fn, .style = FGI_CUDA_READABLE};
+    fgi_cuda_printer p = {.out = em->out, .mod = em->mod, .fn = fn, .style = FGI_CUDA_READABLE,
+                          .math = em->math};
     fgi_cuda_print_expr(&p, e);
     if (p.failure) fail(em, p.failure, p.failed_at);
 }
@@ -339,24 +347,30 @@ static void emit_header(emitter *em) {
                    mod->mask ? 1 : 0, mod->score ? 1 : 0);
 }
 
-fg_status fgi_emit_mod_named(fg_ctx *ctx, const fg_mod *mod, const char *generated_name,
-                             fgi_buf *out) {
+fg_status fgi_emit_mod_math(fg_ctx *ctx, const fg_mod *mod, const char *generated_name, fgi_math math,
+                            fgi_buf *out) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, mod && out, "NULL mod or output buffer");
     emitter em = {ctx, mod, out, generated_name && *generated_name ? generated_name
                                                                    : DEFAULT_GENERATED_NAME,
-                  FG_OK};
+                  FG_OK, FGI_MATH_ACCURATE};
     emit_header(&em);
     emit_params(&em);
     if (em.st == FG_OK) emit_mask(&em);
+    em.math = math;
     if (em.st == FG_OK) emit_score(&em);
     if (em.st != FG_OK) return em.st;
     if (out->oom) return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory emitting the mod");
     return FG_OK;
 }
 
+fg_status fgi_emit_mod_named(fg_ctx *ctx, const fg_mod *mod, const char *generated_name,
+                             fgi_buf *out) {
+    return fgi_emit_mod_math(ctx, mod, generated_name, FGI_MATH_ACCURATE, out);
+}
+
 fg_status fgi_emit_mod(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out) {
-    return fgi_emit_mod_named(ctx, mod, NULL, out);
+    return fgi_emit_mod_math(ctx, mod, NULL, FGI_MATH_ACCURATE, out);
 }
 
 /* ---- the derivatives, for the backward kernels ------------------------------------- */
@@ -449,14 +463,16 @@ static void emit_grad_accumulate(emitter *em, const fgi_mod_grad *g) {
     fgi_buf_puts(out, "}\n\n");
 }
 
-fg_status fgi_emit_grad(fg_ctx *ctx, const fg_mod *mod, const char *generated_name, fgi_buf *out) {
+fg_status fgi_emit_grad_math(fg_ctx *ctx, const fg_mod *mod, const char *generated_name, fgi_math math,
+                             fgi_buf *out) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, mod && out, "NULL mod or output buffer");
     fgi_mod_grad g;
     FGI_TRY(fgi_mod_derive(ctx, mod, &g));
+    /* every function here is score_mod's, or its derivative */
     emitter em = {ctx, mod, out, generated_name && *generated_name ? generated_name
                                                                    : DEFAULT_GENERATED_NAME,
-                  FG_OK};
+                  FG_OK, math};
     fgi_grad_layout L;
     fgi_grad_layout_compute(&g, &L);
     fgi_buf_puts(out, "/* ---- the derivatives of score_mod (src/mod/deriv.c), emitted from its\n"
@@ -479,4 +495,8 @@ fg_status fgi_emit_grad(fg_ctx *ctx, const fg_mod *mod, const char *generated_na
     if (em.st != FG_OK) return em.st;
     if (out->oom) return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory emitting the derivatives");
     return FG_OK;
+}
+
+fg_status fgi_emit_grad(fg_ctx *ctx, const fg_mod *mod, const char *generated_name, fgi_buf *out) {
+    return fgi_emit_grad_math(ctx, mod, generated_name, FGI_MATH_ACCURATE, out);
 }

@@ -33,7 +33,10 @@
  * through a hook that names each hoisted value hd.fK_N, r.fK_N or c.fK_N:
  * leaf K of the mask (or the score_mod), value N. The init functions fill a
  * struct named like the one the split function reads, so one hook serves
- * all four functions. The output is part of every attention kernel's
+ * all four functions. Under approximate math (fgi_math) the score_mod's
+ * parts take the fast spellings and the mask's stay accurate, as in
+ * emit.c, so the split functions still give what fg_score_mod and
+ * fg_mask_mod give. The output is part of every attention kernel's
  * source: bump FGI_CODEGEN_VERSION (source.c) when it changes.
  */
 #include "codegen/codegen.h"
@@ -75,6 +78,8 @@ typedef struct splitter {
     int next_num;
     split_class at;  /* the class being printed (print_expr)       */
     bool col_costly; /* some leaf's column part does costly work */
+    fgi_math score_math; /* score_mod's float math (the mask's: accurate) */
+    fgi_math math;       /* that of the kind being printed            */
 } splitter;
 
 static void fail(splitter *sp, const char *what) {
@@ -230,7 +235,7 @@ static void print_expr(splitter *sp, const fgi_expr *e, split_class at) {
     if (sp->st != FG_OK) return;
     sp->at = at;
     fgi_cuda_printer p = {.out = sp->out, .mod = sp->mod, .fn = sp->fn, .style = FGI_CUDA_PARENS,
-                          .replace = replace_hoisted, .user = sp};
+                          .replace = replace_hoisted, .user = sp, .math = sp->math};
     fgi_cuda_print_expr(&p, e);
     if (p.failure) fail(sp, p.failure);
 }
@@ -373,6 +378,7 @@ static void print_mask_tree(splitter *sp, const fgi_mask_node *n, int *next) {
 static void emit_kind(splitter *sp, bool mask) {
     const char *k = mask ? "mask" : "score";
     fgi_buf *out = sp->out;
+    sp->math = mask ? FGI_MATH_ACCURATE : sp->score_math;
     static const char *const cls_name[3] = {"head", "row", "col"};
     static const char *const idx_arg[3] = {"", ", int q_idx", ", int kv_idx"};
     for (int cls = 0; cls < 3; cls++) {
@@ -421,7 +427,7 @@ static void emit_kind(splitter *sp, bool mask) {
     fgi_buf_puts(out, ";\n}\n\n");
 }
 
-fg_status fgi_emit_split(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out) {
+fg_status fgi_emit_split_math(fg_ctx *ctx, const fg_mod *mod, fgi_math math, fgi_buf *out) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, mod && out, "NULL mod or output buffer");
     splitter *sp = calloc(1, sizeof *sp);
@@ -429,6 +435,7 @@ fg_status fgi_emit_split(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out) {
     sp->ctx = ctx;
     sp->mod = mod;
     sp->out = out;
+    sp->score_math = math;
     fgi_buf_puts(out,
                  "/* ---- the mods split by dependency (emit_split.c): the kernel computes\n"
                  " * the head part once per (b, h), the row part once per q row and the\n"
@@ -444,4 +451,8 @@ fg_status fgi_emit_split(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out) {
     if (st != FG_OK) return st;
     if (out->oom) return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory splitting the mod");
     return FG_OK;
+}
+
+fg_status fgi_emit_split(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out) {
+    return fgi_emit_split_math(ctx, mod, FGI_MATH_ACCURATE, out);
 }

@@ -60,12 +60,19 @@ enum {
  * FG_DTYPE_BF16 / FG_DTYPE_FP16, FG_HEAD_DIM, FG_Q_BLOCK and FG_KV_BLOCK; in
  * the name and the header comment (name_config): "bf16" / "bf16 inputs",
  * "d128" / "head dim 128", "q128-kv128" / "blocks of 128 x 128". A value
- * a kernel does not read is in neither. */
+ * a kernel does not read is in neither.
+ * Two flags make a second kernel of a row: FGI_CFG_RAGGED (FG_RAGGED 0 / 1,
+ * "ragged N" in the key, named "-ragged") and FGI_CFG_APPROX, the rows that
+ * run score_mod: approximate math (fgi_math) adds FG_APPROX_MATH 1,
+ * templates/approx_math.cuh, an "approx_math 1" key line and "-approx" to
+ * the name, and the accurate kernel has none of them, so its source and key
+ * are what they were before the flag existed. */
 enum {
     FGI_CFG_DTYPE = 1u << 0,
     FGI_CFG_HEAD_DIM = 1u << 1,
     FGI_CFG_BLOCKS = 1u << 2,
-    FGI_CFG_RAGGED = 1u << 3
+    FGI_CFG_RAGGED = 1u << 3,
+    FGI_CFG_APPROX = 1u << 4
 };
 
 #define FGI_KERNEL_MAX_TEMPLATES 4

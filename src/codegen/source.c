@@ -15,11 +15,16 @@
  *   - the config values the row says the source reads (dtype, head dim,
  *     block sizes; the attention kernels size their q tile from
  *     FG_Q_BLOCK). A value the kernel does not read is neither in the key
- *     nor in the source.
+ *     nor in the source;
+ *   - for approximate math only, a line with the hash of
+ *     templates/approx_math.cuh, the one text such a source adds. Nothing
+ *     of it is in an accurate kernel's key or source, which are the same
+ *     as before approximate math existed.
  * The cache adds what it knows (arch, NVRTC version, options, its format).
  * The source is generated only on a miss (spec.gen_source), in the order
- * codegen.h documents: header comment, config macros, common.cuh, the
- * emitted pieces, the row's templates.
+ * codegen.h documents: header comment, config macros, common.cuh (then
+ * approx_math.cuh under approximate math), the emitted pieces, the row's
+ * templates.
  *
  * The readable name ("attention_fwd-sliding_window-bf16-d128") names the
  * disk-cache file and the NVRTC program, so it is limited to file-name-safe
@@ -91,6 +96,13 @@ static fg_status fill_config(fg_ctx *ctx, const fgi_kernel_entry *kernel, const 
     if (kernel->check) FGI_TRY(kernel->check(ctx, c));
     /* a row without a ragged form has one kernel for every call */
     c->ragged = (kernel->source_config & FGI_CFG_RAGGED) && c->ragged;
+    if (c->approx_math != 0 && c->approx_math != 1)
+        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
+                         "approx_math %d is not 0 (the context's FG_OPT_APPROX_MATH) or 1 (approximate math)",
+                         c->approx_math);
+    /* 0 takes the context's choice; a row that runs no score_mod (the
+     * block-mask builder, the merge) has one kernel for every call */
+    c->approx_math = (kernel->source_config & FGI_CFG_APPROX) && (c->approx_math || ctx->approx_math);
     return FG_OK;
 }
 
@@ -118,6 +130,7 @@ static void config_suffix(const fgi_kernel_entry *k, const fg_kernel_config *c, 
     if (k->name_config & FGI_CFG_HEAD_DIM) fgi_buf_printf(&b, "-d%d", c->head_dim);
     if (k->name_config & FGI_CFG_BLOCKS) fgi_buf_printf(&b, "-q%d-kv%d", c->q_block, c->kv_block);
     if ((k->name_config & FGI_CFG_RAGGED) && c->ragged) fgi_buf_puts(&b, "-ragged");
+    if ((k->name_config & FGI_CFG_APPROX) && c->approx_math) fgi_buf_puts(&b, "-approx");
     snprintf(out, cap, "%s", b.data && !b.oom ? b.data : "");
     fgi_buf_free(&b);
 }
@@ -172,7 +185,26 @@ static fg_status template_hash(fg_ctx *ctx, const fgi_kernel_entry *k, uint64_t 
     return FG_OK;
 }
 
-static char *build_key(const gen_state *g, uint64_t thash) {
+/* The text approximate math adds to a source, and its hash (kept as
+ * template_hash keeps the rows'). */
+#define APPROX_TEMPLATE "approx_math.cuh"
+
+static fg_status approx_template(fg_ctx *ctx, const fgi_template **t, uint64_t *hash) {
+    static _Atomic uint64_t memo;
+    *t = fgi_template_find(APPROX_TEMPLATE);
+    if (!*t)
+        return fgi_error(ctx, FG_ERR_NOT_FOUND, "template %s is not built into this library", APPROX_TEMPLATE);
+    uint64_t h = atomic_load_explicit(&memo, memory_order_acquire);
+    if (!h) {
+        h = fgi_fnv1a(FGI_FNV_SEED, (*t)->text, strlen((*t)->text) + 1);
+        if (!h) h = 1;
+        atomic_store_explicit(&memo, h, memory_order_release);
+    }
+    *hash = h;
+    return FG_OK;
+}
+
+static char *build_key(const gen_state *g, uint64_t thash, uint64_t ahash) {
     const fg_kernel_config *c = &g->config;
     const unsigned use = g->kernel->source_config;
     const char *canon = g->mod->canonical ? g->mod->canonical : "";
@@ -183,6 +215,9 @@ static char *build_key(const gen_state *g, uint64_t thash) {
     if (use & FGI_CFG_HEAD_DIM) fgi_buf_printf(&b, "head_dim %d\n", c->head_dim);
     if (use & FGI_CFG_BLOCKS) fgi_buf_printf(&b, "q_block %d\nkv_block %d\n", c->q_block, c->kv_block);
     if (use & FGI_CFG_RAGGED) fgi_buf_printf(&b, "ragged %d\n", c->ragged);
+    /* only when set: the accurate kernels' keys stay as they were */
+    if ((use & FGI_CFG_APPROX) && c->approx_math)
+        fgi_buf_printf(&b, "approx_math 1 %s %016llx\n", APPROX_TEMPLATE, (unsigned long long)ahash);
     fgi_buf_printf(&b, "mod %zu\n", strlen(canon));
     fgi_buf_puts(&b, canon);
     return fgi_buf_take(&b);
@@ -209,6 +244,7 @@ static void put_header(fgi_buf *b, const gen_state *g) {
         }
         if (use & FGI_CFG_BLOCKS) fgi_buf_printf(b, "%sblocks of %d x %d", sep, c->q_block, c->kv_block);
         if ((use & FGI_CFG_RAGGED) && c->ragged) fgi_buf_puts(b, ", ragged lengths and paged K/V");
+        if ((use & FGI_CFG_APPROX) && c->approx_math) fgi_buf_puts(b, ", approximate math");
         fgi_buf_puts(b, ".\n");
     }
     fgi_buf_puts(b, " * Regenerate with the flexgen command-line tool (flexgen --help).\n */\n\n");
@@ -225,6 +261,7 @@ static void put_macros(fgi_buf *b, const gen_state *g) {
         fgi_buf_printf(b, "#define FG_Q_BLOCK %d\n#define FG_KV_BLOCK %d\n", c->q_block,
                        c->kv_block);
     if (use & FGI_CFG_RAGGED) fgi_buf_printf(b, "#define FG_RAGGED %d\n", c->ragged);
+    if ((use & FGI_CFG_APPROX) && c->approx_math) fgi_buf_puts(b, "#define FG_APPROX_MATH 1\n");
     fgi_buf_puts(b, "\n");
 }
 
@@ -236,23 +273,24 @@ static void put_template(fgi_buf *b, const char *file, const char *text) {
 }
 
 /* The emitted pieces (kernels.h, FGI_PIECE_*), in the order they are
- * printed. `file` is the generated source's name, for #line directives. */
-static fg_status emit_mod(fg_ctx *ctx, const fg_mod *mod, const char *file, fgi_buf *b) {
-    return fgi_emit_mod_named(ctx, mod, file, b);
+ * printed. `file` is the generated source's name, for #line directives;
+ * `math` how score_mod's float math is spelled. */
+static fg_status emit_mod(fg_ctx *ctx, const fg_mod *mod, const char *file, fgi_math math, fgi_buf *b) {
+    return fgi_emit_mod_math(ctx, mod, file, math, b);
 }
 
-static fg_status emit_split(fg_ctx *ctx, const fg_mod *mod, const char *file, fgi_buf *b) {
+static fg_status emit_split(fg_ctx *ctx, const fg_mod *mod, const char *file, fgi_math math, fgi_buf *b) {
     (void)file;
-    return fgi_emit_split(ctx, mod, b);
+    return fgi_emit_split_math(ctx, mod, math, b);
 }
 
-static fg_status emit_grad(fg_ctx *ctx, const fg_mod *mod, const char *file, fgi_buf *b) {
-    return fgi_emit_grad(ctx, mod, file, b);
+static fg_status emit_grad(fg_ctx *ctx, const fg_mod *mod, const char *file, fgi_math math, fgi_buf *b) {
+    return fgi_emit_grad_math(ctx, mod, file, math, b);
 }
 
 static const struct {
     unsigned piece;
-    fg_status (*emit)(fg_ctx *ctx, const fg_mod *mod, const char *file, fgi_buf *b);
+    fg_status (*emit)(fg_ctx *ctx, const fg_mod *mod, const char *file, fgi_math math, fgi_buf *b);
 } pieces[] = {
     {FGI_PIECE_MOD, emit_mod},
     {FGI_PIECE_SPLIT, emit_split},
@@ -266,17 +304,22 @@ static fg_status gen_source(fg_ctx *ctx, void *arg, char **source) {
     FGI_TRY(find_templates(ctx, g->kernel, texts, &n));
     char file[160];
     snprintf(file, sizeof file, "%s.cu", g->name);
+    const fgi_math math = g->config.approx_math ? FGI_MATH_APPROX : FGI_MATH_ACCURATE;
+    const fgi_template *approx = NULL;
+    uint64_t ahash = 0;
+    if (math == FGI_MATH_APPROX) FGI_TRY(approx_template(ctx, &approx, &ahash));
     fgi_buf b = {0};
     put_header(&b, g);
     put_macros(&b, g);
     put_template(&b, "common.cuh", texts[0]->text);
+    if (approx) put_template(&b, APPROX_TEMPLATE, approx->text);
     fg_status st = FG_OK;
     bool first = true;
     for (size_t i = 0; st == FG_OK && i < sizeof pieces / sizeof pieces[0]; i++) {
         if (!(g->kernel->pieces & pieces[i].piece)) continue;
         if (!first) fgi_buf_puts(&b, "\n");
         first = false;
-        st = pieces[i].emit(ctx, g->mod, file, &b);
+        st = pieces[i].emit(ctx, g->mod, file, math, &b);
     }
     if (st == FG_OK) {
         fgi_buf_puts(&b, "\n");
@@ -310,8 +353,12 @@ static fg_status codegen_init(fg_ctx *ctx, const fg_mod *mod, const fgi_kernel_e
     fg_kernel_config cfg;
     const fgi_kernel_entry *k = NULL;
     FGI_TRY(fill_config(ctx, kernel, config, &cfg, &k));
-    uint64_t thash = 0;
+    uint64_t thash = 0, ahash = 0;
     FGI_TRY(template_hash(ctx, k, &thash));
+    if (cfg.approx_math) {
+        const fgi_template *approx;
+        FGI_TRY(approx_template(ctx, &approx, &ahash));
+    }
 
     gen_state *g = calloc(1, sizeof *g);
     if (!g) return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (codegen)");
@@ -326,7 +373,7 @@ static fg_status codegen_init(fg_ctx *ctx, const fg_mod *mod, const fgi_kernel_e
     if (!cfg.arch) cfg.arch = k->arch; /* a kernel made for one arch compiles for it */
     g->arch = cfg.arch ? strdup(cfg.arch) : NULL;
     g->config.arch = g->arch;
-    char *key = g->name && (!cfg.arch || g->arch) ? build_key(g, thash) : NULL;
+    char *key = g->name && (!cfg.arch || g->arch) ? build_key(g, thash, ahash) : NULL;
     if (!key) {
         state_free(g);
         return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (codegen)");

@@ -2,16 +2,17 @@
  * builtins.c -- the builtin functions of the mod language as the checker
  * and the emitters ask for them, all read from builtins.def: canonical
  * names, argument counts, whether an int version exists, the C spellings
- * accepted for them, the CUDA spelling by result type, the cost, and the
- * derivative rules.
+ * accepted for them, the CUDA spellings by result type (and the float
+ * version's under approximate math), the cost, and the derivative rules.
  */
 #include "mod/front.h"
 
 #include <string.h>
 
 static const fgi_builtin_info infos[FGI_FN_COUNT] = {
-#define FGI_BUILTIN(ID, NAME, ARITY, GENERIC, C_INT, C_FLOAT, CUDA_INT, CUDA_FLOAT, COSTLY, DX, DY, DZ) \
-    [FGI_FN_##ID] = {NAME, ARITY, GENERIC, CUDA_INT, CUDA_FLOAT, COSTLY, {DX, DY, DZ}},
+#define FGI_BUILTIN(ID, NAME, ARITY, GENERIC, C_INT, C_FLOAT, CUDA_INT, CUDA_FLOAT, CUDA_APPROX, COSTLY, DX, \
+                    DY, DZ)                                                                                 \
+    [FGI_FN_##ID] = {NAME, ARITY, GENERIC, CUDA_INT, CUDA_FLOAT, CUDA_APPROX, COSTLY, {DX, DY, DZ}},
 #include "builtins.def"
 };
 

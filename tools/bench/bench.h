@@ -87,6 +87,8 @@ typedef struct bench_opts {
     bool check;
     bool backward, deterministic; /* also time the backward, in this mode   */
     bool decode;                  /* --decode: decode steps (decode.c)      */
+    bool approx_math;             /* FG_OPT_APPROX_MATH: --approx-math, or
+                                     the environment's FLEXGEN_APPROX_MATH */
     int kv_heads;                 /* --decode: K/V heads (query heads: heads) */
     bench_decode_shape shapes[BENCH_MAX_SHAPES];
     int nshapes;

@@ -46,6 +46,10 @@
  * host's time per launch call, and the accuracy of a small step of the same
  * kind (decode.c says how).
  *
+ * --approx-math (or FLEXGEN_APPROX_MATH=1) runs every kernel with
+ * approximate math in score_mod (FG_OPT_APPROX_MATH); the accuracy check
+ * then measures what that costs against the float64 reference.
+ *
  * The tool links the static library, so the timed loop uses the library's
  * own driver table (cudrv.h) for device memory and events: no CUDA runtime.
  *
@@ -85,6 +89,9 @@ static void usage(FILE *f) {
             "                       each float buffer score_mod reads; TFLOP/s counted as 2.5x\n"
             "                       the forward's FLOPs); its accuracy: flexgen check --backward\n"
             "  --deterministic      time the backward's deterministic mode\n"
+            "  --approx-math        approximate math in score_mod and its derivative\n"
+            "                       (FG_OPT_APPROX_MATH: tanh.approx, ex2 / lg2 / rsqrt.approx,\n"
+            "                       div.full; bounds in include/flexgen.h)\n"
             "  --json FILE          also write the results as JSON ('-' for stdout)\n"
             "  -h, --help           this text\n"
             "\n"
@@ -236,7 +243,7 @@ static int decode_options(bench_opts *o, unsigned given) {
 static int parse_opts(int argc, char **argv, bench_opts *o, char **owned, int *nowned) {
     enum { O_MASK = 256, O_SCORE, O_MODS, O_GALLERY, O_BATCH, O_HEADS, O_SEQ, O_HEAD_DIM, O_DTYPE,
            O_SET, O_BUFFER, O_ITERS, O_WARMUP, O_CHECK_SEQ, O_NO_CHECK, O_JSON, O_BACKWARD,
-           O_DETERMINISTIC, O_DECODE, O_SHAPES, O_PAGES, O_KV_HEADS };
+           O_DETERMINISTIC, O_DECODE, O_SHAPES, O_PAGES, O_KV_HEADS, O_APPROX_MATH };
     static const struct option longopts[] = {
         {"mask", required_argument, 0, O_MASK},       {"score", required_argument, 0, O_SCORE},
         {"mods", required_argument, 0, O_MODS},       {"gallery", required_argument, 0, O_GALLERY},
@@ -250,6 +257,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o, char **owned, int *n
         {"backward", no_argument, 0, O_BACKWARD},     {"deterministic", no_argument, 0, O_DETERMINISTIC},
         {"decode", no_argument, 0, O_DECODE},         {"shapes", required_argument, 0, O_SHAPES},
         {"pages", required_argument, 0, O_PAGES},     {"kv-heads", required_argument, 0, O_KV_HEADS},
+        {"approx-math", no_argument, 0, O_APPROX_MATH},
         {0, 0, 0, 0}};
     const char *mods = NULL, *dir = NULL;
     bool last_was_mask = false;
@@ -314,6 +322,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o, char **owned, int *n
         case O_JSON: o->json = optarg; break;
         case O_BACKWARD: o->backward = true; break;
         case O_DETERMINISTIC: o->deterministic = true; break;
+        case O_APPROX_MATH: o->approx_math = true; break;
         case 'h': usage(stdout); return -1;
         default: usage(stderr); return FG_EXIT_USAGE;
         }
@@ -365,10 +374,11 @@ static int json_close(FILE *f, const char *path) {
 static int run_forward(fg_ctx *ctx, const bench_opts *o, int argc, char **argv, const char *device) {
     bench_result *res = calloc((size_t)o->ncases, sizeof *res);
     if (!res) return fg_cli_error(FG_EXIT_OTHER, "out of memory");
-    printf("# flexgen %s bench on %s: B=%d H=%d S=%d D=%d %s, %d warm-up + %d timed launches%s\n",
+    printf("# flexgen %s bench on %s: B=%d H=%d S=%d D=%d %s, %d warm-up + %d timed launches%s%s\n",
            fg_version_string(), device, o->batch, o->heads, o->seq, o->head_dim,
            o->dtype == FG_BF16 ? "bf16" : "fp16", o->warmup, o->iters,
-           !o->backward ? "" : o->deterministic ? ", forward and deterministic backward" : ", forward and backward");
+           !o->backward ? "" : o->deterministic ? ", forward and deterministic backward" : ", forward and backward",
+           o->approx_math ? ", approximate math" : "");
     fflush(stdout);
     int rc = 0;
     bench_inputs in;
@@ -397,10 +407,10 @@ static int run_decode(fg_ctx *ctx, const bench_opts *o, int argc, char **argv, c
     const int n = o->ncases * o->nshapes * o->npages;
     bench_decode_result *res = calloc((size_t)n, sizeof *res);
     if (!res) return fg_cli_error(FG_EXIT_OTHER, "out of memory");
-    printf("# flexgen %s decode bench on %s: Hq=%d Hkv=%d D=%d %s, %d warm-up + %d timed launches; TB/s of "
+    printf("# flexgen %s decode bench on %s: Hq=%d Hkv=%d D=%d %s%s, %d warm-up + %d timed launches; TB/s of "
            "the K/V bytes a step must read\n",
            fg_version_string(), device, o->heads, o->kv_heads, o->head_dim, o->dtype == FG_BF16 ? "bf16" : "fp16",
-           o->warmup, o->iters);
+           o->approx_math ? ", approximate math" : "", o->warmup, o->iters);
     fflush(stdout);
     int rc = 0;
     bench_decode_inputs in;
@@ -437,6 +447,12 @@ int fg_cmd_bench(int argc, char **argv) {
     int rc = parse_opts(argc, argv, &o, owned, &nowned);
     fg_ctx *ctx = NULL;
     if (rc == 0 && fg_ctx_create(&ctx) != FG_OK) rc = fg_cli_error(FG_EXIT_OTHER, "out of memory");
+    if (rc == 0) { /* the flag, or FLEXGEN_APPROX_MATH: what the report says is what ran */
+        int64_t approx = 0;
+        if (o.approx_math) fg_ctx_set_int(ctx, FG_OPT_APPROX_MATH, 1);
+        fg_ctx_get_int(ctx, FG_OPT_APPROX_MATH, &approx);
+        o.approx_math = approx != 0;
+    }
     fg_status st = rc == 0 ? fgi_cuda_ready(ctx) : FG_OK;
     if (rc == 0 && st == FG_ERR_NO_DEVICE)
         rc = fg_cli_error(FG_EXIT_NO_GPU, "bench: no usable CUDA device (%s): the benchmark needs a GPU",

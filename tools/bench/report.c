@@ -113,6 +113,7 @@ static void json_meta_begin(FILE *f, const bench_opts *o, int argc, char **argv,
     json_str(f, device);
     fprintf(f, ", \"flexgen\": \"%s\", \"dtype\": \"%s\", \"warmup\": %d, \"iters\": %d", fg_version_string(),
             o->dtype == FG_BF16 ? "bf16" : "fp16", o->warmup, o->iters);
+    fprintf(f, ", \"approx_math\": %s", o->approx_math ? "true" : "false");
 }
 
 void bench_write_json(FILE *f, const bench_opts *o, int argc, char **argv, const char *device,
