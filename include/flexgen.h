@@ -899,8 +899,9 @@ FG_API fg_status fg_cp_shard_rows(fg_cp_layout layout, int world, int rank, int6
  * of a shard past the last rank that needs it; the partial results merge
  * exactly by their log-sum-exps (fg_attention_merge). The pairs' classes
  * come from block masks of every chunk pair of the sequence, built on the
- * GPU at each call, so every rank reaches the same schedule: one host
- * synchronisation per call. `comm` is the application's ncclComm_t, on the
+ * GPU at each call, so every rank reaches the same schedule: the call
+ * synchronises with the host twice (after building the masks, and before
+ * freeing them). `comm` is the application's ncclComm_t, on the
  * context's device; libnccl is opened with dlopen ($FLEXGEN_NCCL_LIB, else
  * libnccl.so.2): without it FG_ERR_NOT_SUPPORTED. Growable (see
  * Conventions): FG_CP_ARGS_INIT or fg_cp_args_init(). */

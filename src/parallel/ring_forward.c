@@ -32,7 +32,10 @@
  *   6. per q chunk, fg_attention_merge of its partials into the caller's
  *      out (and lse: merged into a contiguous scratch row per chunk, then
  *      copied to the chunk's rows of the caller's lse, whose rows are the
- *      rank's whole local length apart).
+ *      rank's whole local length apart);
+ *   7. the pair masks freed once the caller's stream has used them: a
+ *      second synchronisation (a plan object kept across calls would save
+ *      both, and the masks' allocations).
  * A q chunk whose pairs are all empty still gets one (empty) pair
  * computed, so its rows come out 0 with LSE -inf as in a single-GPU call.
  *
@@ -240,6 +243,9 @@ static fg_status setup_streams(cp_call *c) {
 
 static void teardown(cp_call *c) {
     const fgi_cu_api *cu = fgi_cu();
+    /* The pair masks are read by kernels still queued on the caller's
+     * stream, and freeing device memory does not wait for them. */
+    if (c->pm.mask) cu->cuStreamSynchronize(c->stream);
     CUevent evs[] = {c->started, c->computed[0], c->computed[1], c->received[0], c->received[1], c->comm_done};
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
         if (evs[i]) cu->cuEventDestroy(evs[i]);
