@@ -998,8 +998,10 @@ class TorchCompile(unittest.TestCase):
         torch._dynamo.reset()
         outs = [f(q, k, v), torch.compile(f, fullgraph=True)(q, k, v)]
         grads = [torch.autograd.grad(o, [q, k, v], [dout, dlse]) for o in outs]
-        for a, b in zip(list(outs[0]) + list(grads[0]), list(outs[1]) + list(grads[1])):
-            self.assertLess(_rel(a, b), 1e-6)
+        for a, b in zip(outs[0], outs[1]):  # the same kernel on the same inputs
+            self.assertTrue(torch.equal(a, b))
+        for a, b in zip(grads[0], grads[1]):  # dq's fp32 atomics may add in another order
+            self.assertLess(_rel(a, b), 1e-2)
         # A decode step (4 queries at the end of 4096 keys) compiles too.
         kq = torch.randn(2, 2, 4096, 128, device="cuda", dtype=torch.bfloat16)
         qd = torch.randn(2, 8, 4, 128, device="cuda", dtype=torch.bfloat16)
