@@ -304,6 +304,9 @@ fg_status fgi_mod_finish(fg_ctx *ctx, fg_mod *mod);
 /* Set params[i].divisor for each int scalar parameter that is the right
  * operand of an int `/` or `%` (through unary plus or a same-type cast). */
 void fgi_mod_mark_divisors(fg_mod *mod);
+/* The parameter an int `/` or `%` node divides by, as fgi_mod_mark_divisors
+ * sees it, or -1 (another node, or a divisor that is no int scalar). */
+int fgi_divisor_param(const fg_mod *mod, const fgi_expr *e);
 /* The canonical text of one expression (for tests and the emitter's comments);
  * malloc'd, the caller frees it (NULL on OOM). */
 char *fgi_expr_canonical(const fg_mod *mod, const fgi_func *fn, const fgi_expr *e);

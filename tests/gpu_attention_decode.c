@@ -69,13 +69,6 @@ static void name_of(const dcase *c, char *buf, size_t n) {
              c->bad_page ? " bad-page" : "", c->bm ? " block-mask" : "");
 }
 
-static uint16_t *random16(fg_dtype dt, size_t n, bool is_normal) {
-    uint16_t *x = malloc(n * 2);
-    for (size_t i = 0; i < n; i++)
-        x[i] = to16(dt, is_normal ? (float)normal() : (float)(2 * tu_rand_uniform(&rng) - 1));
-    return x;
-}
-
 static void run_case(const dcase *c) {
     char name[256];
     name_of(c, name, sizeof name);

@@ -38,14 +38,6 @@ static int replays(void) {
     return q && *q && strcmp(q, "0") != 0 ? 10 : 100;
 }
 
-static uint16_t *random16(fg_dtype dt, size_t n, bool is_normal) {
-    uint16_t *x = malloc(n * 2);
-    assert_non_null(x);
-    for (size_t i = 0; i < n; i++)
-        x[i] = to16(dt, is_normal ? (float)normal() : (float)(2 * tu_rand_uniform(&rng) - 1));
-    return x;
-}
-
 static void fill16(fg_dtype dt, uint16_t *x, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = to16(dt, (float)normal());
 }

@@ -44,6 +44,14 @@ uint16_t to16(fg_dtype dt, float f) {
     return (uint16_t)(sign | h);
 }
 
+uint16_t *random16(fg_dtype dt, size_t n, bool is_normal) {
+    uint16_t *x = malloc(n * 2);
+    assert_non_null(x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = to16(dt, is_normal ? (float)normal() : (float)(2 * tu_rand_uniform(&rng) - 1));
+    return x;
+}
+
 /* ---- buffers and scalars for the gallery ---------------------------------- */
 
 

@@ -50,6 +50,8 @@ extern uint64_t rng;
 
 double normal(void);
 uint16_t to16(fg_dtype dt, float f);
+/* n random values in the dtype: normal, or uniform in [-1, 1). */
+uint16_t *random16(fg_dtype dt, size_t n, bool is_normal);
 void add_scalar(binds *bb, fg_binding b);
 void add_buffer(binds *bb, const char *name, fg_type type, void *data, int len);
 void binds_free(binds *bb);

@@ -119,9 +119,8 @@ static void run_case(void *comms[WORLD], const cp_case *c) {
              c->layout == FG_CP_ZIGZAG ? "zig-zag" : "contiguous");
     const int B = c->b, D = c->d, S = c->s;
     const size_t nq = (size_t)B * c->hq * S * D, nkv = (size_t)B * c->hkv * S * D, nlse = (size_t)B * c->hq * S;
-    uint16_t *hq = malloc(nq * 2), *hk = malloc(nkv * 2), *hv = malloc(nkv * 2);
-    for (size_t i = 0; i < nq; i++) hq[i] = to16(c->dtype, (float)normal());
-    for (size_t i = 0; i < nkv; i++) hk[i] = to16(c->dtype, (float)normal()), hv[i] = to16(c->dtype, (float)normal());
+    uint16_t *hq = random16(c->dtype, nq, true), *hk = random16(c->dtype, nkv, true),
+             *hv = random16(c->dtype, nkv, true);
     acase ac = {.mod = c->mod, .d = D, .dtype = c->dtype, .b = B, .hq = c->hq, .hkv = c->hkv, .q = S, .kv = S};
 
     rank_job jobs[WORLD];

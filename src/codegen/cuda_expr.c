@@ -226,17 +226,9 @@ static void print_call(fgi_cuda_printer *p, const char *name, const fgi_expr *co
     fgi_buf_puts(p->out, ")");
 }
 
-/* The divisor parameter an int `/` or `%` divides by, or NULL. */
-static const fgi_param *divisor_param(const fgi_cuda_printer *p, const fgi_expr *e) {
-    if (!p->mod || (e->op != FGI_OP_DIV && e->op != FGI_OP_MOD) || !e->a || e->a->type != FGI_T_INT) return NULL;
-    const fgi_expr *d = transparent(e->b);
-    if (!d || d->kind != FGI_E_PARAM || d->index < 0 || d->index >= p->mod->nparams) return NULL;
-    const fgi_param *prm = &p->mod->params[d->index];
-    return prm->divisor && prm->kind == FG_PARAM_SCALAR && prm->type == FGI_T_INT ? prm : NULL;
-}
-
 static void print_binary(fgi_cuda_printer *p, const fgi_expr *e) {
-    const fgi_param *div = divisor_param(p, e);
+    const int d = fgi_divisor_param(p->mod, e);
+    const fgi_param *div = d >= 0 && p->mod->params[d].divisor ? &p->mod->params[d] : NULL;
     if (div) { /* by the host's magic numbers: fg_idiv_by(a, p.fg_div_NAME) */
         fgi_buf_puts(p->out, e->op == FGI_OP_DIV ? "fg_idiv_by(" : "fg_imod_by(");
         print_at(p, e->a, P_NONE);

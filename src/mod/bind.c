@@ -138,23 +138,23 @@ fgi_divisor fgi_divisor_of(int32_t d) {
     return v;
 }
 
-static bool is_divisor_of(const fg_mod *mod, const fgi_expr *e, int *param) {
-    while (e && ((e->kind == FGI_E_UNARY && e->op == FGI_OP_PLUS) ||
-                 (e->kind == FGI_E_CAST && e->a && e->a->type == e->type)))
-        e = e->a;
-    if (!e || e->kind != FGI_E_PARAM || e->index < 0 || e->index >= mod->nparams) return false;
-    const fgi_param *p = &mod->params[e->index];
-    if (p->kind != FG_PARAM_SCALAR || p->type != FGI_T_INT) return false;
-    *param = e->index;
-    return true;
+int fgi_divisor_param(const fg_mod *mod, const fgi_expr *e) {
+    if (!mod || !e || e->kind != FGI_E_BINARY || (e->op != FGI_OP_DIV && e->op != FGI_OP_MOD) ||
+        e->type != FGI_T_INT)
+        return -1;
+    const fgi_expr *d = e->b;
+    while (d && ((d->kind == FGI_E_UNARY && d->op == FGI_OP_PLUS) ||
+                 (d->kind == FGI_E_CAST && d->a && d->a->type == d->type)))
+        d = d->a;
+    if (!d || d->kind != FGI_E_PARAM || d->index < 0 || d->index >= mod->nparams) return -1;
+    const fgi_param *p = &mod->params[d->index];
+    return p->kind == FG_PARAM_SCALAR && p->type == FGI_T_INT ? d->index : -1;
 }
 
 static void mark_expr(fg_mod *mod, const fgi_expr *e) {
     if (!e) return;
-    int i;
-    if (e->kind == FGI_E_BINARY && (e->op == FGI_OP_DIV || e->op == FGI_OP_MOD) && e->type == FGI_T_INT &&
-        is_divisor_of(mod, e->b, &i))
-        mod->params[i].divisor = true;
+    const int i = fgi_divisor_param(mod, e);
+    if (i >= 0) mod->params[i].divisor = true;
     mark_expr(mod, e->a);
     mark_expr(mod, e->b);
     mark_expr(mod, e->c);
