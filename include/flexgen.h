@@ -928,6 +928,50 @@ static inline fg_cp_args fg_cp_args_init(void) {
 
 FG_API fg_status fg_attention_forward_cp(fg_ctx *ctx, const fg_mod *mod, const fg_cp_args *args);
 
+/* The backward of fg_attention_forward_cp: every rank calls it with its
+ * own shard. `local` is the shard's backward as a plain call would take
+ * it: local->fwd as given to the forward (q, k, v, and out and lse as the
+ * sharded forward wrote them: the merged results, lse required), dout,
+ * dq, dk, dv of the rank's rows, dlse (optional) and deterministic. Not
+ * taken: gradient bindings of buffer parameters and a caller's workspace
+ * (FG_ERR_NOT_SUPPORTED / FG_ERR_INVALID_ARGUMENT).
+ *
+ * What it does: the forward's schedule again (the same pair masks, plan
+ * and skipping), with each held shard's dK and dV travelling beside its
+ * K and V as fp32 running sums: at each step a rank adds its pairs'
+ * contributions to the sums it received and passes them on; after the
+ * shard's last use they go straight back to the rank that owns it, which
+ * rounds them into dk, dv once. dQ stays home and sums over the steps in
+ * fp32. Each pair's gradients come from fg_attention_backward with the
+ * merged lse, so nothing of the softmax is recomputed across ranks; each
+ * pair's contribution is rounded to the dtype once before it is summed
+ * (the backward kernels write the dtype). The K/V transfer of step s + 1
+ * runs while step s computes, the dK/dV transfer of step s while step
+ * s + 1 computes. Synchronises with the host as the forward does.
+ * Growable: FG_CP_BWD_ARGS_INIT or fg_cp_bwd_args_init(). */
+typedef struct fg_cp_bwd_args {
+    const fg_attention_bwd_args *local;
+    void *comm;             /* ncclComm_t                                   */
+    int64_t global_len;     /* S, the whole sequence's rows                 */
+    fg_cp_layout layout;    /* the forward's                                */
+    size_t struct_size;     /* sizeof(fg_cp_bwd_args); 0 means the layout of
+                               the version that introduced it             */
+} fg_cp_bwd_args;
+
+#ifdef __cplusplus
+#define FG_CP_BWD_ARGS_INIT fg_cp_bwd_args_init()
+#else
+#define FG_CP_BWD_ARGS_INIT {.struct_size = sizeof(fg_cp_bwd_args)}
+#endif
+static inline fg_cp_bwd_args fg_cp_bwd_args_init(void) {
+    fg_cp_bwd_args a;
+    memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    return a;
+}
+
+FG_API fg_status fg_attention_backward_cp(fg_ctx *ctx, const fg_mod *mod, const fg_cp_bwd_args *args);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,12 +1,17 @@
 /* test_cp_api.c -- the public face of context parallelism without a GPU or
- * NCCL: which rows each rank holds (fg_cp_shard_rows), and the sharded
- * forward's argument checks and its answer when libnccl is missing. (The
- * planner itself: test_cp_plan.c; the 2-GPU results: a gpu test on a
- * machine with two GPUs and NCCL.) */
+ * NCCL: which rows each rank holds (fg_cp_shard_rows), the sharded
+ * forward's and backward's argument checks and their answer when libnccl
+ * is missing, and the kernels that read no mod (the merge, the partial
+ * sums) compiled by NVRTC. (The planner itself: test_cp_plan.c; the 2-GPU
+ * results: gpu_cp on a machine with two GPUs and NCCL.) */
 #include "testutil.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+#include "codegen/codegen.h"
+#include "codegen/kernels.h"
+#include "jit.h"
 
 typedef struct shard_row {
     fg_cp_layout layout;
@@ -115,12 +120,114 @@ static void test_forward_errors(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+static void test_backward_errors(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    fg_mod *mod = tu_gallery_mod(ctx, "causal");
+    static uint16_t x[2 * 4 * 256 * 64];
+    static float lse[4 * 256];
+    fg_attention_args a = fg_attention_args_init();
+    a.batch = 1, a.heads_q = 4, a.heads_kv = 2, a.q_len = a.kv_len = 256, a.head_dim = 64, a.dtype = FG_BF16;
+    a.q = a.k = a.v = x, a.out = x, a.lse = lse;
+    fg_attention_bwd_args b = fg_attention_bwd_args_init();
+    b.fwd = &a, b.dout = x, b.dq = b.dk = b.dv = x;
+    int comm_stand_in[3] = {0, 2, 0};
+    fg_cp_bwd_args cp = fg_cp_bwd_args_init();
+    cp.local = &b, cp.comm = comm_stand_in, cp.global_len = 512, cp.layout = FG_CP_ZIGZAG;
+    fg_binding grad = {.name = "slopes"};
+    typedef struct bad {
+        const char *what;
+        fg_status want;
+        const char *says;
+    } bad;
+    const bad cases[] = {
+        {"no comm", FG_ERR_INVALID_ARGUMENT, "communicator"},
+        {"layout", FG_ERR_INVALID_ARGUMENT, "fg_cp_bwd_args.layout"},
+        {"global_len", FG_ERR_SHAPE, "global_len"},
+        {"kv_offset", FG_ERR_INVALID_ARGUMENT, "places its pairs"},
+        {"no lse", FG_ERR_INVALID_ARGUMENT, "lse"},
+        {"buffer gradients", FG_ERR_NOT_SUPPORTED, "buffer parameters"},
+        {"workspace", FG_ERR_INVALID_ARGUMENT, "workspace"},
+        {"no local", FG_ERR_INVALID_ARGUMENT, "local shard"},
+        {"wrong shard length", FG_ERR_NOT_SUPPORTED, "/nonexistent/libnccl.so.2"},
+        {"no nccl", FG_ERR_NOT_SUPPORTED, "/nonexistent/libnccl.so.2"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fg_attention_args a2 = a;
+        fg_attention_bwd_args b2 = b;
+        b2.fwd = &a2;
+        fg_cp_bwd_args c2 = cp;
+        c2.local = &b2;
+        switch (i) {
+        case 0: c2.comm = NULL; break;
+        case 1: c2.layout = (fg_cp_layout)0; break;
+        case 2: c2.global_len = 0; break;
+        case 3: a2.kv_offset = 5; break;
+        case 4: a2.lse = NULL; break;
+        case 5: b2.grad_binds = &grad, b2.ngrad_binds = 1; break;
+        case 6: b2.workspace = x, b2.workspace_size = 256; break;
+        case 7: c2.local = NULL; break;
+        case 8: c2.global_len = 4096; break; /* the communicator is asked first */
+        default: break;
+        }
+        fg_status st = fg_attention_backward_cp(ctx, mod, &c2);
+        if (st != cases[i].want || !strstr(fg_errmsg(ctx), cases[i].says))
+            fail_msg("%s: %s: %s", cases[i].what, fg_status_string(st), fg_errmsg(ctx));
+    }
+    assert_int_equal(fg_attention_backward_cp(ctx, NULL, &cp), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_attention_backward_cp(NULL, mod, &cp), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_attention_backward_cp(ctx, mod, NULL), FG_ERR_INVALID_ARGUMENT);
+    fg_mod_destroy(mod);
+    fg_ctx_destroy(ctx);
+}
+
+/* The rows without a mod compile for both dtypes on the oldest device they
+ * run on, each entry point in the PTX: their templates are only ever
+ * compiled at run time, so this is where a typo in one shows without a
+ * GPU. */
+static void test_modless_kernels_compile(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    fg_mod *mod;
+    assert_int_equal(fg_mod_from_expr(ctx, FG_SCORE_MOD, "score", NULL, 0, &mod), FG_OK);
+    const fgi_kernel_op ops[] = {FGI_KOP_ATTENTION_MERGE, FGI_KOP_PARTIAL_SUM};
+    const fg_dtype dtypes[] = {FG_BF16, FG_FP16};
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        for (size_t j = 0; j < 2; j++) {
+            const fgi_kernel_entry *row = fgi_kernel_lookup(ops[i], FGI_VARIANT_PORTABLE);
+            assert_non_null(row);
+            fg_kernel_config cfg = fg_kernel_config_init();
+            cfg.dtype = dtypes[j];
+            fgi_codegen cg;
+            assert_int_equal(fgi_codegen_init_kernel(ctx, mod, row, &cfg, &cg), FG_OK);
+            char *src = NULL;
+            assert_int_equal(cg.spec.gen_source(ctx, cg.spec.gen_arg, &src), FG_OK);
+            void *img = NULL;
+            size_t n = 0;
+            fg_status st = fgi_nvrtc_compile(ctx, src, cg.spec.name, "sm_80", FG_EMIT_PTX, &img, &n, NULL);
+            if (st != FG_OK) fail_msg("%s: %s\n%s", row->label, fg_errmsg(ctx), fg_compile_log(ctx));
+            bool found = false;
+            for (size_t k = 0; k + strlen(row->entries[0]) <= n && !found; k++)
+                found = memcmp((const char *)img + k, row->entries[0], strlen(row->entries[0])) == 0;
+            if (!found) fail_msg("%s: no entry point %s in the PTX", row->label, row->entries[0]);
+            fg_free(img);
+            free(src);
+            fgi_codegen_free(&cg);
+        }
+    fg_mod_destroy(mod);
+    fg_ctx_destroy(ctx);
+}
+
 int main(void) {
     /* The process-wide NCCL loader looks once: make it look somewhere empty. */
     setenv("FLEXGEN_NCCL_LIB", "/nonexistent/libnccl.so.2", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shard_rows),
         cmocka_unit_test(test_forward_errors),
+        cmocka_unit_test(test_backward_errors),
+        cmocka_unit_test(test_modless_kernels_compile),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -261,6 +261,11 @@ fg_status fgi_kernel_choose(fg_ctx *ctx, const fgi_kernel_entry *asked, const fg
 fg_status fgi_kernel_make(fg_ctx *ctx, const fg_mod *mod, const fgi_kernel_entry *row,
                           const fg_kernel_config *config, fg_kernel **out);
 
+/* A kernel of operation `op` (portable row) that reads no mod (the merge,
+ * the partial sums), for inputs of `dtype`: made for an identity mod kept
+ * for the process. Needs nothing ready (it readies CUDA). */
+fg_status fgi_kernel_make_modless(fg_ctx *ctx, fgi_kernel_op op, fg_dtype dtype, fg_kernel **out);
+
 /* What every launch checks before touching the device: CUDA is ready and
  * the current CUDA context is the one the kernel was loaded in. */
 fg_status fgi_kernel_check_context(fg_ctx *ctx, const fg_kernel *k);

@@ -25,6 +25,7 @@
 
 #include "codegen/codegen.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,6 +145,34 @@ fg_status fgi_kernel_make(fg_ctx *ctx, const fg_mod *mod, const fgi_kernel_entry
     }
     *out = k;
     return FG_OK;
+}
+
+/* Kernels that read no mod (the merge, the partial sums) are still made
+ * and cached per mod, like every other: they are made for the identity
+ * score_mod, parsed once per process. */
+static struct {
+    pthread_once_t once;
+    fg_mod *mod;
+    fg_status status;
+} identity = {PTHREAD_ONCE_INIT, NULL, FG_OK};
+
+static void make_identity(void) {
+    fg_ctx *ctx;
+    identity.status = fg_ctx_create(&ctx);
+    if (identity.status != FG_OK) return;
+    identity.status = fg_mod_from_expr(ctx, FG_SCORE_MOD, "score", NULL, 0, &identity.mod);
+    fg_ctx_destroy(ctx);
+}
+
+fg_status fgi_kernel_make_modless(fg_ctx *ctx, fgi_kernel_op op, fg_dtype dtype, fg_kernel **out) {
+    *out = NULL;
+    pthread_once(&identity.once, make_identity);
+    if (identity.status != FG_OK)
+        return fgi_error(ctx, identity.status, "the identity mod of the kernels without a mod could not be made");
+    FGI_TRY(fgi_cuda_ready(ctx));
+    fg_kernel_config cfg = fg_kernel_config_init();
+    cfg.dtype = dtype;
+    return fgi_kernel_make(ctx, identity.mod, fgi_kernel_lookup(op, FGI_VARIANT_PORTABLE), &cfg, out);
 }
 
 fg_kernel_kind fg_kernel_kind_of(const fg_kernel *k) { return k ? k->kernel->kind : (fg_kernel_kind)0; }

@@ -2,15 +2,13 @@
  * merge.c -- fg_attention_merge: partial attention results merged by their
  * log-sum-exps (templates/attention/attention_merge.cuh).
  *
- * The merge kernel reads no mod, but kernels are made and cached per mod,
- * so it is made for the identity score_mod, parsed once per process; its
- * argument block comes from abi_merge.def like the attention kernels'.
+ * The merge kernel reads no mod (fgi_kernel_make_modless); its argument
+ * block comes from abi_merge.def like the attention kernels'.
  */
 #include "attention/attention.h"
 
 #include "base/growable.h"
 
-#include <pthread.h>
 #include <string.h>
 
 typedef struct fgi_attn_merge_abi {
@@ -19,21 +17,6 @@ typedef struct fgi_attn_merge_abi {
 } fgi_attn_merge_abi;
 _Static_assert(sizeof(fgi_attn_merge_abi) == 344, "fgi_attn_merge_abi must match fgm_args");
 _Static_assert(FG_MERGE_MAX_PARTS == 16, "abi_merge.def holds 16 parts");
-
-/* The identity mod the merge kernel is keyed by. */
-static struct {
-    pthread_once_t once;
-    fg_mod *mod;
-    fg_status status;
-} identity = {PTHREAD_ONCE_INIT, NULL, FG_OK};
-
-static void make_identity(void) {
-    fg_ctx *ctx;
-    identity.status = fg_ctx_create(&ctx);
-    if (identity.status != FG_OK) return;
-    identity.status = fg_mod_from_expr(ctx, FG_SCORE_MOD, "score", NULL, 0, &identity.mod);
-    fg_ctx_destroy(ctx);
-}
 
 static fg_status part_strides(fg_ctx *ctx, const char *name, const int64_t in[4], const fg_merge_args *a,
                               int64_t out[3]) {
@@ -87,15 +70,8 @@ fg_status fg_attention_merge(fg_ctx *ctx, const fg_merge_args *args) {
     if ((elems + 127) / 128 > 0x7fffffff)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "%lld elements are too many for one merge", (long long)elems);
 
-    pthread_once(&identity.once, make_identity);
-    if (identity.status != FG_OK)
-        return fgi_error(ctx, identity.status, "the merge kernel's identity mod could not be made");
-    FGI_TRY(fgi_cuda_ready(ctx));
-    fg_kernel_config cfg = fg_kernel_config_init();
-    cfg.dtype = a.dtype;
     fg_kernel *k;
-    FGI_TRY(fgi_kernel_make(ctx, identity.mod, fgi_kernel_lookup(FGI_KOP_ATTENTION_MERGE, FGI_VARIANT_PORTABLE),
-                            &cfg, &k));
+    FGI_TRY(fgi_kernel_make_modless(ctx, FGI_KOP_ATTENTION_MERGE, a.dtype, &k));
     void *params[1] = {&abi};
     const unsigned grid[3] = {(unsigned)((elems + 127) / 128), 1, 1};
     fg_status s = fgi_kernel_check_context(ctx, k);

@@ -172,6 +172,13 @@ static fgi_kernel_geom merge_geometry(const fg_kernel_config *c, int entry) {
     return (fgi_kernel_geom){.block_m = 1, .block_n = 1, .threads = 128, .smem = 0, .bands = 1};
 }
 
+/* The partial sums (templates/parallel/partial_sum.cuh, FGS_THREADS): a
+ * thread per two adjacent elements, no shared memory. */
+static fgi_kernel_geom sum_geometry(const fg_kernel_config *c, int entry) {
+    (void)c, (void)entry;
+    return (fgi_kernel_geom){.block_m = 1, .block_n = 1, .threads = 256, .smem = 0, .bands = 1};
+}
+
 /* ---- the rows ------------------------------------------------------------------- */
 
 #define ATTENTION_CONFIG (FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_BLOCKS)
@@ -295,6 +302,22 @@ static const fgi_kernel_entry registry[] = {
         .entries = {"fg_attention_merge"},
         .min_cc = 80,
         .geometry = merge_geometry,
+    },
+    {
+        /* internal: context parallelism's backward sums its gradient
+         * contributions with it, made like the merge */
+        .op = FGI_KOP_PARTIAL_SUM,
+        .variant = FGI_VARIANT_PORTABLE,
+        .label = "partial_sum",
+        .macro = "FG_KERNEL_PARTIAL_SUM",
+        .what = "fp32 sum of partial results",
+        .templates = {"parallel/partial_sum.cuh"},
+        .pieces = 0,
+        .source_config = FGI_CFG_DTYPE,
+        .name_config = FGI_CFG_DTYPE,
+        .entries = {"fg_partial_sum"},
+        .min_cc = 80,
+        .geometry = sum_geometry,
     },
 };
 

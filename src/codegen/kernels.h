@@ -35,7 +35,8 @@ typedef enum fgi_kernel_op {
                                   dout, the forward's out and lse           */
     FGI_KOP_ATTENTION_DECODE = 4,/* the forward for few queries per
                                   sequence: split-KV, packed GQA, paged    */
-    FGI_KOP_ATTENTION_MERGE = 5 /* partial (out, lse) results merged       */
+    FGI_KOP_ATTENTION_MERGE = 5,/* partial (out, lse) results merged       */
+    FGI_KOP_PARTIAL_SUM = 6   /* partial gradients summed in fp32         */
 } fgi_kernel_op;
 
 typedef enum fgi_kernel_variant {

@@ -216,6 +216,43 @@ fg_status fgi_nccl_comm_info_get(fg_ctx *ctx, const fgi_nccl_lib *lib, void *com
     return FG_OK;
 }
 
+fg_status fgi_nccl_group(fg_ctx *ctx, const fgi_nccl_lib *lib, void *comm, const fgi_nccl_op *ops, int nops,
+                         void *stream) {
+    FGI_CHECK_ARG(ctx, comm && (ops || nops == 0), "NULL NCCL communicator or ops");
+    FGI_CHECK_ARG(ctx, nops >= 0 && nops <= FGI_NCCL_MAX_OPS, "NCCL group of %d ops: 0..%d", nops,
+                  FGI_NCCL_MAX_OPS);
+    bool any = false;
+    for (int i = 0; i < nops; i++) {
+        FGI_CHECK_ARG(ctx, ops[i].buf || !ops[i].bytes, "ring transfer: %s buffer %d is NULL",
+                      ops[i].send ? "send" : "receive", i);
+        any |= ops[i].bytes > 0;
+    }
+    if (!any) return FG_OK;
+    FGI_TRY(resolve_lib(ctx, &lib));
+    fgi_nccl_comm c = (fgi_nccl_comm)comm;
+    NCCL_TRY(ctx, lib, lib->api.ncclGroupStart(), "ncclGroupStart");
+    /* The group must be closed whatever happens inside it; the first error
+     * is the one reported. Ops of 0 bytes are skipped on both ends (both
+     * sizes come from the same plan). Bytes go as ncclUint8. */
+    fgi_nccl_result first = FGI_NCCL_SUCCESS;
+    const char *what = NULL;
+    for (int i = 0; i < nops && first == FGI_NCCL_SUCCESS; i++) {
+        const fgi_nccl_op *o = &ops[i];
+        if (!o->bytes) continue;
+        if (o->send) {
+            first = lib->api.ncclSend(o->buf, o->bytes, FGI_NCCL_UINT8, o->peer, c, stream);
+            what = "ncclSend";
+        } else {
+            first = lib->api.ncclRecv(o->buf, o->bytes, FGI_NCCL_UINT8, o->peer, c, stream);
+            what = "ncclRecv";
+        }
+    }
+    fgi_nccl_result end = lib->api.ncclGroupEnd();
+    if (first != FGI_NCCL_SUCCESS) return fgi_nccl_status(ctx, lib, first, what);
+    NCCL_TRY(ctx, lib, end, "ncclGroupEnd");
+    return FG_OK;
+}
+
 fg_status fgi_nccl_ring_exchange(fg_ctx *ctx, const fgi_nccl_lib *lib, void *comm,
                                  const fgi_nccl_transfer *t, void *stream) {
     FGI_CHECK_ARG(ctx, comm && t, "NULL NCCL communicator or transfer");
@@ -223,31 +260,11 @@ fg_status fgi_nccl_ring_exchange(fg_ctx *ctx, const fgi_nccl_lib *lib, void *com
                            t->nrecv <= FGI_NCCL_MAX_BUFS,
                   "ring transfer of %d sends and %d receives: each must be in 0..%d", t->nsend, t->nrecv,
                   FGI_NCCL_MAX_BUFS);
+    _Static_assert(2 * FGI_NCCL_MAX_BUFS <= FGI_NCCL_MAX_OPS, "a ring step fits one group");
+    fgi_nccl_op ops[FGI_NCCL_MAX_OPS];
+    int n = 0;
     for (int i = 0; i < t->nsend; i++)
-        FGI_CHECK_ARG(ctx, t->send_buf[i] || !t->send_bytes[i], "ring transfer: send buffer %d is NULL", i);
-    for (int i = 0; i < t->nrecv; i++)
-        FGI_CHECK_ARG(ctx, t->recv_buf[i] || !t->recv_bytes[i], "ring transfer: receive buffer %d is NULL", i);
-    if (t->nsend == 0 && t->nrecv == 0) return FG_OK;
-    FGI_TRY(resolve_lib(ctx, &lib));
-    fgi_nccl_comm c = (fgi_nccl_comm)comm;
-    NCCL_TRY(ctx, lib, lib->api.ncclGroupStart(), "ncclGroupStart");
-    /* The group must be closed whatever happens inside it; the first error
-     * is the one reported. Buffers of 0 bytes are skipped on both ends
-     * (both sizes come from the same plan). */
-    fgi_nccl_result first = FGI_NCCL_SUCCESS;
-    const char *what = NULL;
-    for (int i = 0; i < t->nsend && first == FGI_NCCL_SUCCESS; i++)
-        if (t->send_bytes[i]) {
-            first = lib->api.ncclSend(t->send_buf[i], t->send_bytes[i], FGI_NCCL_UINT8, t->next, c, stream);
-            what = "ncclSend";
-        }
-    for (int i = 0; i < t->nrecv && first == FGI_NCCL_SUCCESS; i++)
-        if (t->recv_bytes[i]) {
-            first = lib->api.ncclRecv(t->recv_buf[i], t->recv_bytes[i], FGI_NCCL_UINT8, t->prev, c, stream);
-            what = "ncclRecv";
-        }
-    fgi_nccl_result end = lib->api.ncclGroupEnd();
-    if (first != FGI_NCCL_SUCCESS) return fgi_nccl_status(ctx, lib, first, what);
-    NCCL_TRY(ctx, lib, end, "ncclGroupEnd");
-    return FG_OK;
+        ops[n++] = (fgi_nccl_op){true, t->next, (void *)(uintptr_t)t->send_buf[i], t->send_bytes[i]};
+    for (int i = 0; i < t->nrecv; i++) ops[n++] = (fgi_nccl_op){false, t->prev, t->recv_buf[i], t->recv_bytes[i]};
+    return fgi_nccl_group(ctx, lib, comm, ops, n, stream);
 }

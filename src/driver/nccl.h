@@ -131,4 +131,21 @@ typedef struct fgi_nccl_transfer {
 fg_status fgi_nccl_ring_exchange(fg_ctx *ctx, const fgi_nccl_lib *lib, void *comm,
                                  const fgi_nccl_transfer *t, void *stream);
 
+/* Sends and receives with any peers as one NCCL group, posted in the
+ * order given (NCCL matches a pair of ranks' sends and receives in the
+ * order each posts them): the backward's dK/dV step, which may send to
+ * rank r + 1 or to a shard's owner and receive from rank r - 1 and from
+ * whoever returns its own shard's sums. Ops of 0 bytes are skipped; none
+ * at all calls nothing. fgi_nccl_ring_exchange is this with its sends to
+ * `next`, then its receives from `prev`. */
+#define FGI_NCCL_MAX_OPS 8
+typedef struct fgi_nccl_op {
+    bool send;      /* else receive                                        */
+    int peer;
+    void *buf;      /* const for a send                                    */
+    size_t bytes;
+} fgi_nccl_op;
+fg_status fgi_nccl_group(fg_ctx *ctx, const fgi_nccl_lib *lib, void *comm, const fgi_nccl_op *ops, int nops,
+                         void *stream);
+
 #endif
