@@ -1,5 +1,5 @@
-/* gpu_cp.c -- fg_attention_forward_cp on two GPUs of one machine against
- * the CPU reference of the whole sequence.
+/* gpu_cp.c -- fg_attention_forward_cp and fg_attention_backward_cp on two
+ * GPUs of one machine against the CPU references of the whole sequence.
  *
  * One communicator per GPU from ncclCommInitAll, one thread per rank (NCCL
  * needs the ranks' calls in flight together), each with its own context,
@@ -8,7 +8,11 @@
  * evenly and lengths that do not, the ranks' out and lse rows, put back at
  * their global positions, must meet the forward's tolerances
  * (check_out: 1e-2 relative in bf16, 2e-3 in fp16; LSE 1e-3; -inf and 0
- * exactly where every key is masked). Outputs are poisoned first.
+ * exactly where every key is masked). Then every rank runs the backward
+ * on its rows of one random dout (and, in some cases, dlse), and dq, dk,
+ * dv put back at their global positions must meet the backward's
+ * tolerances (relative Frobenius error 2e-2 in bf16, 5e-3 in fp16, no
+ * non-finite value). Outputs and gradients are poisoned first.
  *
  * Skips (77) without two GPUs or without NCCL ($FLEXGEN_NCCL_LIB, else
  * libnccl.so.2). NVLink multicast stays off (NCCL_NVLS_ENABLE=0 unless
@@ -32,18 +36,19 @@ typedef struct cp_case {
     fg_dtype dtype;
     int b, hq, hkv, s;
     fg_cp_layout layout;
+    bool dlse; /* the backward also gets d loss / d lse */
 } cp_case;
 
 static const cp_case cases[] = {
-    {"causal", 64, FG_BF16, 1, 4, 2, 1000, FG_CP_ZIGZAG},
-    {"causal", 64, FG_BF16, 1, 4, 2, 1000, FG_CP_CONTIGUOUS},
-    {"noop", 128, FG_FP16, 2, 2, 2, 1536, FG_CP_CONTIGUOUS},
-    {"sliding_window", 64, FG_BF16, 1, 4, 4, 2048, FG_CP_CONTIGUOUS},
-    {"sliding_window", 64, FG_BF16, 1, 4, 4, 2048, FG_CP_ZIGZAG},
-    {"document", 128, FG_BF16, 1, 2, 1, 1300, FG_CP_ZIGZAG},
-    {"prefix_lm", 64, FG_FP16, 1, 2, 2, 900, FG_CP_ZIGZAG},
-    {"alibi", 128, FG_BF16, 1, 4, 2, 1000, FG_CP_ZIGZAG},
-    {"softcap", 64, FG_BF16, 1, 2, 2, 777, FG_CP_CONTIGUOUS},
+    {"causal", 64, FG_BF16, 1, 4, 2, 1000, FG_CP_ZIGZAG, true},
+    {"causal", 64, FG_BF16, 1, 4, 2, 1000, FG_CP_CONTIGUOUS, false},
+    {"noop", 128, FG_FP16, 2, 2, 2, 1536, FG_CP_CONTIGUOUS, false},
+    {"sliding_window", 64, FG_BF16, 1, 4, 4, 2048, FG_CP_CONTIGUOUS, false},
+    {"sliding_window", 64, FG_BF16, 1, 4, 4, 2048, FG_CP_ZIGZAG, true},
+    {"document", 128, FG_BF16, 1, 2, 1, 1300, FG_CP_ZIGZAG, false},
+    {"prefix_lm", 64, FG_FP16, 1, 2, 2, 900, FG_CP_ZIGZAG, true},
+    {"alibi", 128, FG_BF16, 1, 4, 2, 1000, FG_CP_ZIGZAG, false},
+    {"softcap", 64, FG_BF16, 1, 2, 2, 777, FG_CP_CONTIGUOUS, true},
 };
 
 /* ---- NCCL, for the communicators (the library itself takes them as given) */
@@ -71,18 +76,27 @@ typedef struct rank_job {
     fg_mod *mod;
     fg_attention_args a;
     fg_cp_args cp;
+    fg_attention_bwd_args b;
+    fg_cp_bwd_args cpb;
+    bool backward; /* which call rank_main makes */
     CUstream stream;
     fg_status st;
     char err[512];
     int64_t start[2], len[2];
     int nchunks;
-    CUdeviceptr q, k, v, out, lse;
+    CUdeviceptr q, k, v, out, lse, dout, dlse, dq, dk, dv;
     binds bb;
 } rank_job;
 
 static void *rank_main(void *p) {
     rank_job *j = p;
-    j->st = fg_attention_forward_cp(j->ctx, j->mod, &j->cp);
+    if (fgi_cuda_ready(j->ctx) != FG_OK) { /* this thread's current context */
+        j->st = FG_ERR_NO_DEVICE;
+        snprintf(j->err, sizeof j->err, "fgi_cuda_ready: %s", fg_errmsg(j->ctx));
+        return NULL;
+    }
+    j->st = j->backward ? fg_attention_backward_cp(j->ctx, j->mod, &j->cpb)
+                        : fg_attention_forward_cp(j->ctx, j->mod, &j->cp);
     if (j->st != FG_OK) {
         snprintf(j->err, sizeof j->err, "%s: %s", fg_status_string(j->st), fg_errmsg(j->ctx));
         return NULL;
@@ -94,22 +108,142 @@ static void *rank_main(void *p) {
     return NULL;
 }
 
-/* Rows of a [B, H, S, D] host tensor gathered into [B, H, rows, D] for the
- * chunks (start, len), back to back. */
-static uint16_t *gather(const uint16_t *x, int B, int H, int S, int D, const int64_t *start, const int64_t *len,
-                        int n) {
+/* Rows of a [B, H, S, D] host tensor of `el`-byte elements gathered into
+ * [B, H, rows, D] for the chunks (start, len), back to back (D = 1 for an
+ * lse), or, with `back`, a local tensor's rows put at their global
+ * positions. */
+static void move_rows(bool back, void *global, void *local, size_t el, int B, int H, int S, int D,
+                      const int64_t *start, const int64_t *len, int n) {
     int64_t rows = 0;
     for (int c = 0; c < n; c++) rows += len[c];
-    uint16_t *y = malloc((size_t)B * H * (size_t)rows * D * 2 + 2);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
             int64_t r = 0;
             for (int c = 0; c < n; c++)
-                for (int64_t i = 0; i < len[c]; i++, r++)
-                    memcpy(y + (((size_t)b * H + h) * rows + r) * D, x + (((size_t)b * H + h) * S + start[c] + i) * D,
-                           (size_t)D * 2);
+                for (int64_t i = 0; i < len[c]; i++, r++) {
+                    char *l = (char *)local + (((size_t)b * H + h) * rows + r) * D * el;
+                    char *g = (char *)global + (((size_t)b * H + h) * S + start[c] + i) * D * el;
+                    if (back) memcpy(g, l, (size_t)D * el);
+                    else memcpy(l, g, (size_t)D * el);
+                }
         }
-    return y;
+}
+
+/* A rank's rows of a global host tensor, uploaded. */
+static CUdeviceptr upload_rows(const void *global, size_t el, int B, int H, int S, int D, const rank_job *j) {
+    const size_t rows = (size_t)(j->len[0] + j->len[1]), bytes = (size_t)B * H * rows * D * el;
+    void *l = malloc(bytes + 4);
+    move_rows(false, (void *)global, l, el, B, H, S, D, j->start, j->len, j->nchunks);
+    CUdeviceptr d = upload(l, bytes);
+    free(l);
+    return d;
+}
+
+/* A rank's device rows downloaded into their global positions. */
+static void download_rows(void *global, CUdeviceptr dev, size_t el, int B, int H, int S, int D, const rank_job *j) {
+    const size_t rows = (size_t)(j->len[0] + j->len[1]), bytes = (size_t)B * H * rows * D * el;
+    void *l = malloc(bytes + 4);
+    assert_int_equal(fgi_cu()->cuMemcpyDtoH(l, dev, bytes), CUDA_SUCCESS);
+    move_rows(true, global, l, el, B, H, S, D, j->start, j->len, j->nchunks);
+    free(l);
+}
+
+static CUdeviceptr poisoned(size_t bytes) {
+    CUdeviceptr d;
+    assert_int_equal(fgi_cu()->cuMemAlloc(&d, bytes), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemsetD8(d, 0xff, bytes), CUDA_SUCCESS);
+    return d;
+}
+
+/* Every rank's call in its own thread (NCCL needs them in flight together);
+ * false, with the failures printed, when one failed. */
+static bool run_ranks(rank_job jobs[WORLD], const char *name, const char *what) {
+    pthread_t t[WORLD];
+    for (int r = 0; r < WORLD; r++) assert_int_equal(pthread_create(&t[r], NULL, rank_main, &jobs[r]), 0);
+    for (int r = 0; r < WORLD; r++) pthread_join(t[r], NULL);
+    bool ok = true;
+    for (int r = 0; r < WORLD; r++)
+        if (jobs[r].st != FG_OK) {
+            printf("FAIL %s: %s: rank %d: %s\n", name, what, r, jobs[r].err);
+            ok = false;
+        }
+    return ok;
+}
+
+static double rel_err16(fg_dtype dt, const uint16_t *g, const double *ref, size_t n, long *nonfinite) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double x = from16(dt, g[i]);
+        if (!isfinite(x)) (*nonfinite)++;
+        num += (x - ref[i]) * (x - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* The backward of the case on every rank, from the forward's out and lse,
+ * against the reference backward of the whole sequence. */
+static void check_backward(rank_job jobs[WORLD], const cp_case *c, const char *name, const uint16_t *hq,
+                           const uint16_t *hk, const uint16_t *hv) {
+    const int B = c->b, D = c->d, S = c->s;
+    const size_t nq = (size_t)B * c->hq * S * D, nkv = (size_t)B * c->hkv * S * D, nlse = (size_t)B * c->hq * S;
+    uint16_t *hdo = random16(c->dtype, nq, true);
+    float *hdlse = NULL;
+    if (c->dlse) {
+        hdlse = malloc(nlse * 4);
+        uint16_t *r = random16(FG_BF16, nlse, true);
+        for (size_t i = 0; i < nlse; i++) hdlse[i] = (float)from16(FG_BF16, r[i]);
+        free(r);
+    }
+    for (int r = 0; r < WORLD; r++) {
+        rank_job *j = &jobs[r];
+        assert_int_equal(fgi_cuda_ready(j->ctx), FG_OK);
+        const size_t rows = (size_t)(j->len[0] + j->len[1]);
+        j->dout = upload_rows(hdo, 2, B, c->hq, S, D, j);
+        j->dlse = hdlse ? upload_rows(hdlse, 4, B, c->hq, S, 1, j) : 0;
+        j->dq = poisoned((size_t)B * c->hq * rows * D * 2);
+        j->dk = poisoned((size_t)B * c->hkv * rows * D * 2);
+        j->dv = poisoned((size_t)B * c->hkv * rows * D * 2);
+        assert_int_equal(fgi_cu()->cuCtxSynchronize(), CUDA_SUCCESS);
+        j->b = fg_attention_bwd_args_init();
+        j->b.fwd = &j->a, j->b.dout = (const void *)(uintptr_t)j->dout;
+        j->b.dq = (void *)(uintptr_t)j->dq, j->b.dk = (void *)(uintptr_t)j->dk, j->b.dv = (void *)(uintptr_t)j->dv;
+        j->b.dlse = (const float *)(uintptr_t)j->dlse;
+        j->cpb = fg_cp_bwd_args_init();
+        j->cpb.local = &j->b, j->cpb.comm = j->cp.comm, j->cpb.global_len = S, j->cpb.layout = c->layout;
+        j->backward = true;
+    }
+    bool ok = run_ranks(jobs, name, "backward");
+    if (ok) {
+        uint16_t *gq = malloc(nq * 2), *gk = malloc(nkv * 2), *gv = malloc(nkv * 2);
+        for (int r = 0; r < WORLD; r++) {
+            const rank_job *j = &jobs[r];
+            assert_int_equal(fgi_cuda_ready(jobs[r].ctx), FG_OK);
+            download_rows(gq, j->dq, 2, B, c->hq, S, D, j);
+            download_rows(gk, j->dk, 2, B, c->hkv, S, D, j);
+            download_rows(gv, j->dv, 2, B, c->hkv, S, D, j);
+        }
+        double *rq = malloc(nq * sizeof(double)), *rk = malloc(nkv * sizeof(double)), *rv = malloc(nkv * sizeof(double));
+        fg_attention_args h = fg_attention_args_init();
+        h.batch = B, h.heads_q = c->hq, h.heads_kv = c->hkv, h.q_len = h.kv_len = S, h.head_dim = D;
+        h.dtype = c->dtype, h.q = hq, h.k = hk, h.v = hv;
+        h.binds = jobs[0].bb.host, h.nbinds = (size_t)jobs[0].bb.n;
+        fg_attention_bwd_args hb = fg_attention_bwd_args_init();
+        hb.fwd = &h, hb.dout = hdo, hb.dlse = hdlse, hb.dq = rq, hb.dk = rk, hb.dv = rv;
+        assert_int_equal(fg_attention_reference_backward(jobs[0].ctx, jobs[0].mod, &hb), FG_OK);
+        long nonfinite = 0;
+        const double eq = rel_err16(c->dtype, gq, rq, nq, &nonfinite), ek = rel_err16(c->dtype, gk, rk, nkv, &nonfinite),
+                     ev = rel_err16(c->dtype, gv, rv, nkv, &nonfinite);
+        const double tol = c->dtype == FG_BF16 ? 2e-2 : 5e-3;
+        ok = eq <= tol && ek <= tol && ev <= tol && nonfinite == 0;
+        printf("%-4s %s backward%s: dq %.2e dk %.2e dv %.2e", ok ? "ok" : "FAIL", name, c->dlse ? " (+dlse)" : "",
+               eq, ek, ev);
+        if (nonfinite) printf(", %ld non-finite", nonfinite);
+        printf("\n");
+        free(gq), free(gk), free(gv), free(rq), free(rk), free(rv);
+    }
+    failures += !ok;
+    free(hdo), free(hdlse);
 }
 
 static void run_case(void *comms[WORLD], const cp_case *c) {
@@ -136,16 +270,11 @@ static void run_case(void *comms[WORLD], const cp_case *c) {
         if (r + 1 < WORLD) rng = keep;
         assert_int_equal(fg_cp_shard_rows(c->layout, WORLD, r, S, j->start, j->len, &j->nchunks), FG_OK);
         const int rows = (int)(j->len[0] + j->len[1]);
-        uint16_t *lq = gather(hq, B, c->hq, S, D, j->start, j->len, j->nchunks);
-        uint16_t *lk = gather(hk, B, c->hkv, S, D, j->start, j->len, j->nchunks);
-        uint16_t *lv = gather(hv, B, c->hkv, S, D, j->start, j->len, j->nchunks);
-        const size_t lnq = (size_t)B * c->hq * rows * D, lnkv = (size_t)B * c->hkv * rows * D;
-        j->q = upload(lq, lnq * 2), j->k = upload(lk, lnkv * 2), j->v = upload(lv, lnkv * 2);
-        free(lq), free(lk), free(lv);
-        assert_int_equal(fgi_cu()->cuMemAlloc(&j->out, lnq * 2), CUDA_SUCCESS);
-        assert_int_equal(fgi_cu()->cuMemAlloc(&j->lse, (size_t)B * c->hq * rows * 4), CUDA_SUCCESS);
-        assert_int_equal(fgi_cu()->cuMemsetD8(j->out, 0xff, lnq * 2), CUDA_SUCCESS);
-        assert_int_equal(fgi_cu()->cuMemsetD8(j->lse, 0xff, (size_t)B * c->hq * rows * 4), CUDA_SUCCESS);
+        j->q = upload_rows(hq, 2, B, c->hq, S, D, j);
+        j->k = upload_rows(hk, 2, B, c->hkv, S, D, j);
+        j->v = upload_rows(hv, 2, B, c->hkv, S, D, j);
+        j->out = poisoned((size_t)B * c->hq * rows * D * 2);
+        j->lse = poisoned((size_t)B * c->hq * rows * 4);
         assert_int_equal(fgi_cu()->cuStreamCreate(&j->stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
         assert_int_equal(fgi_cu()->cuCtxSynchronize(), CUDA_SUCCESS);
         fg_attention_args *a = &j->a;
@@ -159,37 +288,14 @@ static void run_case(void *comms[WORLD], const cp_case *c) {
         j->cp = fg_cp_args_init();
         j->cp.local = a, j->cp.comm = comms[r], j->cp.global_len = S, j->cp.layout = c->layout;
     }
-    pthread_t t[WORLD];
-    for (int r = 0; r < WORLD; r++) assert_int_equal(pthread_create(&t[r], NULL, rank_main, &jobs[r]), 0);
-    for (int r = 0; r < WORLD; r++) pthread_join(t[r], NULL);
-
     /* The ranks' rows back at their global positions. */
     uint16_t *gout = malloc(nq * 2);
     float *glse = malloc(nlse * 4);
-    bool ran = true;
-    for (int r = 0; r < WORLD; r++) {
-        rank_job *j = &jobs[r];
-        if (j->st != FG_OK) {
-            printf("FAIL %s: rank %d: %s\n", name, r, j->err);
-            ran = false;
-            continue;
-        }
-        assert_int_equal(fgi_cuda_ready(j->ctx), FG_OK);
-        const int rows = (int)(j->len[0] + j->len[1]);
-        uint16_t *lo = malloc((size_t)B * c->hq * rows * D * 2);
-        float *ll = malloc((size_t)B * c->hq * rows * 4);
-        assert_int_equal(fgi_cu()->cuMemcpyDtoH(lo, j->out, (size_t)B * c->hq * rows * D * 2), CUDA_SUCCESS);
-        assert_int_equal(fgi_cu()->cuMemcpyDtoH(ll, j->lse, (size_t)B * c->hq * rows * 4), CUDA_SUCCESS);
-        for (int bh = 0; bh < B * c->hq; bh++) {
-            int64_t lr = 0;
-            for (int ch = 0; ch < j->nchunks; ch++)
-                for (int64_t i = 0; i < j->len[ch]; i++, lr++) {
-                    const int64_t g = j->start[ch] + i;
-                    memcpy(gout + ((size_t)bh * S + g) * D, lo + ((size_t)bh * rows + lr) * D, (size_t)D * 2);
-                    glse[(size_t)bh * S + g] = ll[(size_t)bh * rows + lr];
-                }
-        }
-        free(lo), free(ll);
+    const bool ran = run_ranks(jobs, name, "forward");
+    for (int r = 0; ran && r < WORLD; r++) {
+        assert_int_equal(fgi_cuda_ready(jobs[r].ctx), FG_OK);
+        download_rows(gout, jobs[r].out, 2, B, c->hq, S, D, &jobs[r]);
+        download_rows(glse, jobs[r].lse, 4, B, c->hq, S, 1, &jobs[r]);
     }
     if (ran) {
         double *rout = malloc(sizeof(double) * nq), *rlse = malloc(sizeof(double) * nlse);
@@ -205,6 +311,7 @@ static void run_case(void *comms[WORLD], const cp_case *c) {
                    oc.lse_inf_mismatch);
         failures += !oc.ok;
         free(rout), free(rlse);
+        if (oc.ok) check_backward(jobs, c, name, hq, hk, hv);
     } else {
         failures++;
     }
@@ -213,8 +320,9 @@ static void run_case(void *comms[WORLD], const cp_case *c) {
         rank_job *j = &jobs[r];
         fgi_cuda_ready(j->ctx);
         fgi_cu()->cuStreamDestroy(j->stream);
-        CUdeviceptr all[] = {j->q, j->k, j->v, j->out, j->lse};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fgi_cu()->cuMemFree(all[i]);
+        CUdeviceptr all[] = {j->q, j->k, j->v, j->out, j->lse, j->dout, j->dlse, j->dq, j->dk, j->dv};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            if (all[i]) fgi_cu()->cuMemFree(all[i]);
         binds_free(&j->bb);
         fg_mod_destroy(j->mod);
         fg_ctx_destroy(j->ctx);
