@@ -17,7 +17,11 @@
  *    never sends, a shard is never sent past its last use, and a rank that
  *    computes with a shard holds it;
  *  - balance: causal zig-zag gives every rank the same work, step by step,
- *    and contiguous causal does not.
+ *    and contiguous causal does not;
+ *  - the backward's dK/dV sums (fgi_ring_sum_msgs), run on the CPU with a
+ *    set of contributing ranks for each sum: sends meet receives, and
+ *    every shard's sums reach its owner with exactly the ranks that
+ *    computed with it, for causal, windowed and random class patterns.
  * The NCCL loader is checked with files that do not exist, are no library
  * or lack a symbol, and with a stand-in library (fake_nccl.c) for the
  * success path, the communicator query, a ring step's calls and the
@@ -597,6 +601,138 @@ static void test_window_skips_transfers(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* ---- the backward's dK/dV sums ---------------------------------------------- */
+
+/* Classes from a hash of the pair: arbitrary patterns of empty, partial
+ * and full pairs, so the schedule meets shards that stop early, ranks that
+ * hold a shard without computing, and shards nobody uses. */
+static fg_status random_class(void *user, int64_t q_start, int64_t q_len, int64_t kv_start, int64_t kv_len,
+                              fgi_ring_class *cls) {
+    (void)q_len, (void)kv_len;
+    uint64_t h = *(const uint64_t *)user ^ ((uint64_t)q_start * 0x9E3779B97F4A7C15u) ^
+                 ((uint64_t)kv_start * 0xC2B2AE3D27D4EB4Fu);
+    h ^= h >> 29, h *= 0xBF58476D1CE4E5B9u, h ^= h >> 32;
+    *cls = (fgi_ring_class)(h % 3);
+    return FG_OK;
+}
+
+/* Run the backward's sum messages over the plan on the CPU, with a set of
+ * contributing ranks in place of each sum (a bit per rank): every send
+ * must meet exactly one receive of the same step, peer and rows; a rank
+ * receives the sums of the shard it holds next exactly when it will hold
+ * it; and each rank's own shard ends with exactly the ranks that computed
+ * a pair with it. */
+static void check_sum_schedule(const fgi_ring_plan *p) {
+    const int N = p->world;
+    uint64_t held[FGI_RING_MAX_WORLD] = {0}; /* the sums each rank holds at a step */
+    uint64_t home[FGI_RING_MAX_WORLD] = {0};
+    bool home_set[FGI_RING_MAX_WORLD] = {false};
+    for (int s = 0; s < N; s++) {
+        uint64_t sent[FGI_RING_MAX_WORLD][FGI_RING_MAX_WORLD] = {{0}}; /* [from][to] */
+        int nsent[FGI_RING_MAX_WORLD][FGI_RING_MAX_WORLD] = {{0}};
+        int64_t rows_sent[FGI_RING_MAX_WORLD][FGI_RING_MAX_WORLD] = {{0}};
+        /* each holder adds its share, then posts its sends */
+        for (int r = 0; r < N; r++) {
+            const fgi_ring_step *st = &p->ranks[r].steps[s];
+            if (!st->holds) continue;
+            if (s == 0) held[r] = 0;
+            for (int i = 0; i < st->npairs; i++)
+                if (st->pairs[i].cls != FGI_RING_EMPTY) held[r] |= 1ull << r;
+            if (!st->send && st->kv_source == r) home[r] = held[r], home_set[r] = true; /* stored at step 0 */
+        }
+        fgi_ring_msg msgs[FGI_RING_MAX_WORLD][FGI_RING_MAX_MSGS];
+        int nmsg[FGI_RING_MAX_WORLD];
+        for (int r = 0; r < N; r++) {
+            nmsg[r] = fgi_ring_sum_msgs(p, r, s, msgs[r]);
+            for (int i = 0; i < nmsg[r]; i++) {
+                const fgi_ring_msg *m = &msgs[r][i];
+                if (!m->send) continue;
+                assert_true(p->ranks[r].steps[s].holds);
+                assert_int_equal(m->rows, p->ranks[r].steps[s].kv_rows);
+                sent[r][m->peer] = held[r];
+                rows_sent[r][m->peer] = m->rows;
+                nsent[r][m->peer]++;
+            }
+        }
+        for (int r = 0; r < N; r++) {
+            bool got_next = false;
+            for (int i = 0; i < nmsg[r]; i++) {
+                const fgi_ring_msg *m = &msgs[r][i];
+                if (m->send) continue;
+                if (nsent[m->peer][r] != 1) fail_msg("%s: step %d: rank %d receives from %d, which sends %d", current_case, s, r, m->peer, nsent[m->peer][r]);
+                assert_int_equal(rows_sent[m->peer][r], m->rows);
+                nsent[m->peer][r] = 0;
+                if (m->kind == FGI_RING_SUM_NEXT) {
+                    assert_true(s + 1 < N && p->ranks[r].steps[s + 1].holds);
+                    assert_int_equal(m->rows, p->ranks[r].steps[s + 1].kv_rows);
+                    held[r] = sent[m->peer][r];
+                    got_next = true;
+                } else {
+                    assert_int_equal(m->kind, FGI_RING_SUM_MINE);
+                    assert_false(home_set[r]);
+                    assert_int_equal(m->rows, p->ranks[r].kv_rows);
+                    home[r] = sent[m->peer][r], home_set[r] = true;
+                }
+            }
+            if (s + 1 < N) assert_int_equal(got_next, p->ranks[r].steps[s + 1].holds);
+        }
+        for (int a = 0; a < N; a++)
+            for (int b = 0; b < N; b++)
+                if (nsent[a][b]) fail_msg("%s: step %d: rank %d sends to %d, which does not receive", current_case, s, a, b);
+    }
+    for (int o = 0; o < N; o++) {
+        uint64_t want = 0;
+        for (int r = 0; r < N; r++)
+            for (int s = 0; s < N; s++) {
+                const fgi_ring_step *st = &p->ranks[r].steps[s];
+                if (st->holds && st->kv_source == o)
+                    for (int i = 0; i < st->npairs; i++)
+                        if (st->pairs[i].cls != FGI_RING_EMPTY) want |= 1ull << r;
+            }
+        if (!home_set[o] || home[o] != want)
+            fail_msg("%s: rank %d's dK/dV: contributions %#llx, want %#llx%s", current_case, o,
+                     (unsigned long long)home[o], (unsigned long long)want, home_set[o] ? "" : " (never stored)");
+    }
+}
+
+static void test_backward_sums(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    fg_mod *sliding = gallery(ctx, "sliding_window");
+    static const fgi_ring_layout layouts[] = {FGI_RING_CONTIGUOUS, FGI_RING_ZIGZAG};
+    const int worlds[] = {1, 2, 3, 4, 5, 8, 16};
+    for (size_t wi = 0; wi < sizeof worlds / sizeof worlds[0]; wi++)
+        for (size_t li = 0; li < 2; li++) {
+            const int N = worlds[wi];
+            const int64_t len = (int64_t)N * 2 * 128 + 77;
+            for (uint64_t seed = 0; seed < 40; seed++) {
+                snprintf(current_case, sizeof current_case, "N=%d %s random classes %llu", N,
+                         layouts[li] == FGI_RING_ZIGZAG ? "zig-zag" : "contiguous", (unsigned long long)seed);
+                fgi_ring_desc d = desc_of(N, len, len, layouts[li], 128, random_class, &seed);
+                fgi_ring_plan *p = plan_or_fail(ctx, &d);
+                check_sum_schedule(p);
+                fgi_ring_plan_destroy(p);
+            }
+            snprintf(current_case, sizeof current_case, "N=%d %s causal", N,
+                     layouts[li] == FGI_RING_ZIGZAG ? "zig-zag" : "contiguous");
+            fgi_ring_desc d = desc_of(N, len, len, layouts[li], 128, fgi_ring_class_causal, NULL);
+            fgi_ring_plan *p = plan_or_fail(ctx, &d);
+            check_sum_schedule(p);
+            fgi_ring_plan_destroy(p);
+            snprintf(current_case, sizeof current_case, "N=%d %s sliding window", N,
+                     layouts[li] == FGI_RING_ZIGZAG ? "zig-zag" : "contiguous");
+            fg_binding w = fg_bind_int("WINDOW", 200);
+            fgi_ring_mod_classifier mc = {ctx, sliding, &w, 1, 1, 1, 0, 0};
+            d = desc_of(N, len, len, layouts[li], 128, fgi_ring_class_mod, &mc);
+            p = plan_or_fail(ctx, &d);
+            check_sum_schedule(p);
+            fgi_ring_plan_destroy(p);
+        }
+    fg_mod_destroy(sliding);
+    fg_ctx_destroy(ctx);
+}
+
 /* ---- bad input ---------------------------------------------------------- */
 
 static fg_status fails_with_io(void *user, int64_t a, int64_t b, int64_t c, int64_t d, fgi_ring_class *cls) {
@@ -887,6 +1023,7 @@ int main(void) {
         cmocka_unit_test(test_block_size_independent),
         cmocka_unit_test(test_causal_balance),
         cmocka_unit_test(test_window_skips_transfers),
+        cmocka_unit_test(test_backward_sums),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_nccl_open_errors),
         cmocka_unit_test(test_nccl_fake),

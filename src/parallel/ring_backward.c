@@ -95,18 +95,6 @@ typedef struct bwd_call {
 
 static const fgi_ring_rank *me(const bwd_call *c) { return &c->r.plan->ranks[c->r.who.rank]; }
 
-/* Where the rank's own shard is last used: the last step s at which rank
- * r + s holds it. */
-static void find_home(bwd_call *c) {
-    const fgi_ring_plan *p = c->r.plan;
-    const int r = c->r.who.rank, N = p->world;
-    c->home_step = 0, c->home_from = r;
-    for (int s = 1; s < N; s++) {
-        const int h = (r + s) % N;
-        if (p->ranks[h].steps[s].holds && p->ranks[h].steps[s].kv_source == r) c->home_step = s, c->home_from = h;
-    }
-}
-
 static fg_status alloc_workspace(bwd_call *c) {
     const fg_attention_args *a = c->r.a;
     const fgi_ring_plan *p = c->r.plan;
@@ -260,40 +248,37 @@ static fg_status add_dkv(bwd_call *c, int s, const int slot_of[FGI_RING_MAX_PAIR
     return FG_OK;
 }
 
-/* The dK/dV group of step s on the comm stream (see the top). */
+/* The dK/dV group of step s on the comm stream (fgi_ring_sum_msgs). */
 static fg_status dkv_transfer(bwd_call *c, int s, bool added) {
     fgi_ring_call *r = &c->r;
     const fg_attention_args *a = r->a;
-    const fgi_ring_step *st = &me(c)->steps[s];
-    const int rank = r->who.rank, N = r->who.size;
     const size_t row_bytes = (size_t)a->batch * (size_t)a->heads_kv * (size_t)a->head_dim * 4;
+    fgi_ring_msg msgs[FGI_RING_MAX_MSGS];
+    const int nmsg = fgi_ring_sum_msgs(r->plan, r->who.rank, s, msgs);
+    if (nmsg == 0) return FG_OK;
+    _Static_assert(2 * FGI_RING_MAX_MSGS <= FGI_NCCL_MAX_OPS, "a dK/dV step fits one group");
     fgi_nccl_op ops[FGI_NCCL_MAX_OPS];
     int n = 0;
-    const bool going_home = st->holds && !st->send && st->kv_source != rank;
-    if (st->send || going_home) {
-        const int to = st->send ? (rank + 1) % N : st->kv_source;
-        for (int t = 0; t < 2; t++)
-            ops[n++] = (fgi_nccl_op){true, to, (void *)(uintptr_t)c->run[s % 2][t], row_bytes * (size_t)st->kv_rows};
+    bool next = false, mine = false;
+    for (int i = 0; i < nmsg; i++) {
+        const fgi_ring_msg *m = &msgs[i];
+        for (int t = 0; t < 2; t++) {
+            CUdeviceptr buf = c->run[s % 2][t]; /* the held shard's sums */
+            if (m->kind == FGI_RING_SUM_NEXT) buf = c->run[(s + 1) % 2][t];
+            if (m->kind == FGI_RING_SUM_MINE) buf = c->home[t];
+            ops[n++] = (fgi_nccl_op){m->send, m->peer, (void *)(uintptr_t)buf, row_bytes * (size_t)m->rows};
+        }
+        next |= m->kind == FGI_RING_SUM_NEXT;
+        mine |= m->kind == FGI_RING_SUM_MINE;
     }
-    if (st->recv) {
-        const int64_t rows = me(c)->steps[s + 1].kv_rows;
-        for (int t = 0; t < 2; t++)
-            ops[n++] = (fgi_nccl_op){false, (rank + N - 1) % N, (void *)(uintptr_t)c->run[(s + 1) % 2][t],
-                                     row_bytes * (size_t)rows};
-    }
-    const bool home = c->home_step > 0 && s == c->home_step;
-    if (home)
-        for (int t = 0; t < 2; t++)
-            ops[n++] = (fgi_nccl_op){false, c->home_from, (void *)(uintptr_t)c->home[t], row_bytes * (size_t)a->kv_len};
-    if (n == 0) return FG_OK;
     if (added)
         FGI_CU_TRY(r->ctx, fgi_cu()->cuStreamWaitEvent(r->comm_stream, r->ev[EV_DKV_READY0 + s % 2], 0),
                    "cuStreamWaitEvent");
     FGI_TRY(fgi_nccl_group(r->ctx, r->nccl, r->comm, ops, n, r->comm_stream));
-    if (st->recv)
+    if (next)
         FGI_CU_TRY(r->ctx, fgi_cu()->cuEventRecord(r->ev[EV_DKV_RECEIVED0 + (s + 1) % 2], r->comm_stream),
                    "cuEventRecord");
-    if (home) FGI_CU_TRY(r->ctx, fgi_cu()->cuEventRecord(r->ev[EV_HOME_RECEIVED], r->comm_stream), "cuEventRecord");
+    if (mine) FGI_CU_TRY(r->ctx, fgi_cu()->cuEventRecord(r->ev[EV_HOME_RECEIVED], r->comm_stream), "cuEventRecord");
     return FG_OK;
 }
 
@@ -390,7 +375,7 @@ fg_status fg_attention_backward_cp(fg_ctx *ctx, const fg_mod *mod, const fg_cp_b
     c.b = &b;
     const fgi_ring_call_desc d = {cp.comm, cp.global_len, cp.layout, "fg_cp_bwd_args", NEVENTS};
     FGI_TRY(fgi_ring_call_open(ctx, mod, &a, &st, &d, &c.r));
-    find_home(&c);
+    fgi_ring_home(c.r.plan, c.r.who.rank, &c.home_step, &c.home_from);
     fg_status s = alloc_workspace(&c);
     if (s == FG_OK) s = gather_lse(&c);
     if (s == FG_OK) s = run_ring(&c);

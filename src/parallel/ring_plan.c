@@ -222,6 +222,29 @@ static void plan_transfers(fgi_ring_plan *p) {
             p->ranks[r].steps[s].holds = s == 0 || p->ranks[r].steps[s - 1].recv;
 }
 
+void fgi_ring_home(const fgi_ring_plan *p, int rank, int *step, int *from) {
+    const int N = p->world;
+    *step = 0, *from = rank;
+    for (int s = 1; s < N; s++) {
+        const fgi_ring_step *st = &p->ranks[(rank + s) % N].steps[s];
+        if (st->holds && st->kv_source == rank) *step = s, *from = (rank + s) % N;
+    }
+}
+
+int fgi_ring_sum_msgs(const fgi_ring_plan *p, int rank, int s, fgi_ring_msg out[FGI_RING_MAX_MSGS]) {
+    const int N = p->world;
+    const fgi_ring_step *st = &p->ranks[rank].steps[s];
+    int n = 0;
+    if (st->send) out[n++] = (fgi_ring_msg){FGI_RING_SUM_ON, true, (rank + 1) % N, st->kv_rows};
+    else if (st->holds && st->kv_source != rank)
+        out[n++] = (fgi_ring_msg){FGI_RING_SUM_HOME, true, st->kv_source, st->kv_rows};
+    if (st->recv) out[n++] = (fgi_ring_msg){FGI_RING_SUM_NEXT, false, (rank + N - 1) % N, p->ranks[rank].steps[s + 1].kv_rows};
+    int home, from;
+    fgi_ring_home(p, rank, &home, &from);
+    if (home > 0 && home == s) out[n++] = (fgi_ring_msg){FGI_RING_SUM_MINE, false, from, p->ranks[rank].kv_rows};
+    return n;
+}
+
 static void add_totals(fgi_ring_rank *rk, int world) {
     for (int s = 0; s < world; s++) {
         const fgi_ring_step *st = &rk->steps[s];

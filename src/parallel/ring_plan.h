@@ -146,6 +146,38 @@ void fgi_ring_split(fgi_ring_layout layout, int world, int64_t len, int64_t alig
 fg_status fgi_ring_plan_create(fg_ctx *ctx, const fgi_ring_desc *desc, fgi_ring_plan **out);
 void fgi_ring_plan_destroy(fgi_ring_plan *plan);
 
+/* ---- the backward's dK/dV sums ------------------------------------------ */
+
+/* In the backward each shard's dK / dV travel as running sums beside its
+ * K / V (ring_backward.c): the holder at step s adds its pairs' shares and
+ * sends the sums on with the shard; after the shard's last use (the last
+ * step it is held) the holder sends them home to the shard's owner
+ * instead, unless that is itself (a shard that never leaves). A rank's
+ * dK/dV group at step s is these messages, each two NCCL ops (dK, dV), in
+ * this order; a send's receive is in its peer's group of the same step. */
+typedef enum fgi_ring_msg_kind {
+    FGI_RING_SUM_ON = 1,   /* send the held shard's sums to rank r + 1       */
+    FGI_RING_SUM_HOME = 2, /* send the held shard's final sums to its owner   */
+    FGI_RING_SUM_NEXT = 3, /* receive from rank r - 1 the sums of the shard
+                              held at step s + 1                             */
+    FGI_RING_SUM_MINE = 4  /* receive the own shard's final sums from its
+                              last holder                                    */
+} fgi_ring_msg_kind;
+
+typedef struct fgi_ring_msg {
+    fgi_ring_msg_kind kind;
+    bool send;
+    int peer;
+    int64_t rows; /* of the shard whose sums move                           */
+} fgi_ring_msg;
+
+#define FGI_RING_MAX_MSGS 3
+/* The messages of `rank`'s dK/dV group at step s into out; their count. */
+int fgi_ring_sum_msgs(const fgi_ring_plan *p, int rank, int s, fgi_ring_msg out[FGI_RING_MAX_MSGS]);
+/* The step at which `rank`'s own shard is last held and the rank holding
+ * it then: 0 and `rank` when it never leaves. */
+void fgi_ring_home(const fgi_ring_plan *p, int rank, int *step, int *from);
+
 /* "empty", "partial", "full". */
 const char *fgi_ring_class_name(fgi_ring_class cls);
 
