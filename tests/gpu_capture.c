@@ -421,17 +421,6 @@ static const tstep tsteps[] = {
     {"sliding_window", 64, FG_FP16, 1, 2, 1, 130, 1},
 };
 
-static double rel16(fg_dtype dt, const uint16_t *g, const double *ref, size_t n, long *nonfinite) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        const double x = from16(dt, g[i]);
-        if (!isfinite(x)) (*nonfinite)++;
-        num += (x - ref[i]) * (x - ref[i]);
-        den += ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 static void train_case(fg_ctx *ctx, const tstep *c) {
     char name[160];
     snprintf(name, sizeof name, "train step %s D=%d %s B=%d Hq=%d Hkv=%d S=%d%s", c->mod, c->d,
@@ -508,8 +497,9 @@ static void train_case(fg_ctx *ctx, const tstep *c) {
         assert_int_equal(fg_attention_reference_backward(ctx, mod, &hb), FG_OK);
         out_check oc = check_out(c->dtype, gout, glse, rout, rlse, nlse, D);
         long nonfinite = 0;
-        const double eq = rel16(c->dtype, gdq, rdq, nq, &nonfinite), ek = rel16(c->dtype, gdk, rdk, nkv, &nonfinite),
-                     ev = rel16(c->dtype, gdv, rdv, nkv, &nonfinite);
+        const double eq = rel_err_dense16(c->dtype, gdq, rdq, nq, &nonfinite),
+                     ek = rel_err_dense16(c->dtype, gdk, rdk, nkv, &nonfinite),
+                     ev = rel_err_dense16(c->dtype, gdv, rdv, nkv, &nonfinite);
         if (eq > tol || ek > tol || ev > tol || nonfinite) {
             printf("     %s replay %d: dq %.2e dk %.2e dv %.2e nonfinite %ld\n", name, i, eq, ek, ev, nonfinite);
             oc.ok = false;

@@ -204,6 +204,17 @@ double from16(fg_dtype dt, uint16_t h) {
     return (h >> 15) ? -v : v;
 }
 
+double rel_err_dense16(fg_dtype dt, const uint16_t *g, const double *ref, size_t n, long *nonfinite) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double x = from16(dt, g[i]);
+        if (!isfinite(x)) (*nonfinite)++;
+        num += (x - ref[i]) * (x - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
 const char *case_name(const acase *c, char *buf, size_t n) {
     snprintf(buf, n, "%s D=%d %s B=%d Hq=%d Hkv=%d Q=%d KV=%d off=%d/%d %s bm=%d(%dx%d, B%d H%d)",
              c->mod ? c->mod : "src", c->d, c->dtype == FG_BF16 ? "bf16" : "fp16", c->b, c->hq,

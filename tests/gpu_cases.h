@@ -62,6 +62,10 @@ uint16_t *random_tensor(const acase *c, int h, int s, const int64_t st[4], size_
                                bool is_normal);
 CUdeviceptr upload(const void *p, size_t bytes);
 double from16(fg_dtype dt, uint16_t h);
+/* ||g - ref||_F / ||ref||_F over n contiguous 16-bit values (the absolute
+ * norm when ref is all zero); non-finite values of g counted into
+ * *nonfinite. */
+double rel_err_dense16(fg_dtype dt, const uint16_t *g, const double *ref, size_t n, long *nonfinite);
 const char *case_name(const acase *c, char *buf, size_t n);
 
 /* A forward's out (`rows` rows of head dim d, in the dtype, contiguous)

@@ -170,17 +170,6 @@ static bool run_ranks(rank_job jobs[WORLD], const char *name, const char *what) 
     return ok;
 }
 
-static double rel_err16(fg_dtype dt, const uint16_t *g, const double *ref, size_t n, long *nonfinite) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        const double x = from16(dt, g[i]);
-        if (!isfinite(x)) (*nonfinite)++;
-        num += (x - ref[i]) * (x - ref[i]);
-        den += ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 /* The backward of the case on every rank, from the forward's out and lse,
  * against the reference backward of the whole sequence. */
 static void check_backward(rank_job jobs[WORLD], const cp_case *c, const char *name, const uint16_t *hq,
@@ -232,8 +221,9 @@ static void check_backward(rank_job jobs[WORLD], const cp_case *c, const char *n
         hb.fwd = &h, hb.dout = hdo, hb.dlse = hdlse, hb.dq = rq, hb.dk = rk, hb.dv = rv;
         assert_int_equal(fg_attention_reference_backward(jobs[0].ctx, jobs[0].mod, &hb), FG_OK);
         long nonfinite = 0;
-        const double eq = rel_err16(c->dtype, gq, rq, nq, &nonfinite), ek = rel_err16(c->dtype, gk, rk, nkv, &nonfinite),
-                     ev = rel_err16(c->dtype, gv, rv, nkv, &nonfinite);
+        const double eq = rel_err_dense16(c->dtype, gq, rq, nq, &nonfinite),
+                     ek = rel_err_dense16(c->dtype, gk, rk, nkv, &nonfinite),
+                     ev = rel_err_dense16(c->dtype, gv, rv, nkv, &nonfinite);
         const double tol = c->dtype == FG_BF16 ? 2e-2 : 5e-3;
         ok = eq <= tol && ek <= tol && ev <= tol && nonfinite == 0;
         printf("%-4s %s backward%s: dq %.2e dk %.2e dv %.2e", ok ? "ok" : "FAIL", name, c->dlse ? " (+dlse)" : "",
