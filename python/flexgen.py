@@ -31,6 +31,11 @@ strides, devices, parameter names and types) run first, in that order, in
 Python, so their messages name the Python argument and they work on a
 machine without a GPU. The library checks everything again.
 
+context_parallel_attention() runs one sequence over the GPUs of a
+torch.distributed NCCL group, one process per GPU, each holding a shard of
+the rows (shard_rows, shard, unshard); see the section "Context
+parallelism" at the end for how the NCCL communicator is found.
+
 The library is found through $FLEXGEN_LIB (a path to libflexgen.so), else
 beside this module (where `pip install .` puts it), else a build folder
 beside this file in a checkout (../build*/src/libflexgen.so, newest first),
@@ -59,6 +64,7 @@ __all__ = [
     "load_mod", "reference", "reference_backward", "cache_stats", "reset_cache_stats",
     "forget_memory_cache", "set_cache_dir", "cache_dir", "set_approx_math", "library_path", "version",
     "generate_source", "compile_kernel",
+    "shard_rows", "shard", "unshard", "context_parallel_attention",
 ]
 
 # ---------------------------------------------------------------------------
@@ -79,6 +85,7 @@ FG_KERNEL_ATTENTION_BWD_SM90 = 5
 FG_KERNEL_ATTENTION_DECODE = 6
 FG_OPT_DEVICE, FG_OPT_ARCH, FG_OPT_CACHE_DIR, FG_OPT_DISK_CACHE = 1, 2, 3, 4
 FG_OPT_APPROX_MATH = 11
+FG_CP_CONTIGUOUS, FG_CP_ZIGZAG = 1, 2
 FG_BM_ARRAYS = {
     "kv_num_blocks": 1, "kv_indices": 2, "full_kv_num_blocks": 3, "full_kv_indices": 4,
     "q_num_blocks": 5, "q_indices": 6, "full_q_num_blocks": 7, "full_q_indices": 8,
@@ -181,6 +188,26 @@ class _AttentionBwdArgs(_Growable):
     ]
 
 
+class _CpArgs(_Growable):  # fg_cp_args
+    _fields_ = [
+        ("local", ctypes.POINTER(_AttentionArgs)),
+        ("comm", ctypes.c_void_p),  # ncclComm_t
+        ("global_len", ctypes.c_int64),
+        ("layout", ctypes.c_int),
+        ("struct_size", ctypes.c_size_t),
+    ]
+
+
+class _CpBwdArgs(_Growable):  # fg_cp_bwd_args
+    _fields_ = [
+        ("local", ctypes.POINTER(_AttentionBwdArgs)),
+        ("comm", ctypes.c_void_p),  # ncclComm_t
+        ("global_len", ctypes.c_int64),
+        ("layout", ctypes.c_int),
+        ("struct_size", ctypes.c_size_t),
+    ]
+
+
 _P = ctypes.c_void_p
 _PP = ctypes.POINTER(ctypes.c_void_p)
 _SIGNATURES = {
@@ -253,11 +280,18 @@ _SIGNATURES = {
     "fg_cache_reset_stats": (None, []),
     "fg_cache_forget_memory": (None, []),
     "fg_cache_clear": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_size_t)]),
+    "fg_cp_shard_rows": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64,
+                                        ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64),
+                                        ctypes.POINTER(ctypes.c_int)]),
+    "fg_attention_forward_cp": (ctypes.c_int, [_P, _P, ctypes.POINTER(_CpArgs)]),
+    "fg_attention_backward_cp": (ctypes.c_int, [_P, _P, ctypes.POINTER(_CpBwdArgs)]),
 }
-# Functions a library built before the backward pass lacks: every other call
-# works without them, and the calls that need them say what is missing.
+# Functions a library built before the backward pass (or before context
+# parallelism) lacks: every other call works without them, and the calls
+# that need them say what is missing.
 _OPTIONAL = {"fg_attention_backward", "fg_kernel_launch_backward",
-             "fg_attention_reference_backward"}
+             "fg_attention_reference_backward",
+             "fg_cp_shard_rows", "fg_attention_forward_cp", "fg_attention_backward_cp"}
 
 
 class LibraryNotFound(OSError):
@@ -333,12 +367,12 @@ def _load():
                               "libflexgen.so (tried: " + "; ".join(errors) + ")")
 
 
-def _function(name):
+def _function(name, feature="the backward pass"):
     """A library function that older builds lack (_OPTIONAL), or a clear error."""
     fn = getattr(_load(), name, None)
     if fn is None:
-        raise NotImplementedError(f"{_lib_path} has no {name}: it was built before the "
-                                  f"backward pass; rebuild libflexgen")
+        raise NotImplementedError(f"{_lib_path} has no {name}: it was built before "
+                                  f"{feature}; rebuild libflexgen")
     return fn
 
 
@@ -1837,3 +1871,532 @@ def compile_kernel(mod, kernel="attention", dtype="bf16", head_dim=128, block_si
         return ctypes.string_at(image, size.value)
     finally:
         lib.fg_free(image)
+
+
+# ---------------------------------------------------------------------------
+# Context parallelism: one sequence over the GPUs of a torch.distributed group.
+# ---------------------------------------------------------------------------
+#
+# Every rank (one process per GPU) holds a shard of the sequence's rows, cut
+# by fg_cp_shard_rows (shard_rows, shard), and calls
+# context_parallel_attention on its shard; the library passes the K/V shards
+# round a ring over NCCL (include/flexgen.h, "context parallelism";
+# docs/context_parallel.md).
+#
+# The library takes the group's raw ncclComm_t and opens libnccl itself with
+# dlopen. A communicator is a pointer into the memory of the libnccl that
+# made it, so the library must reach it through that same libnccl instance.
+# Two ways to get one, the first when it is safe ($FLEXGEN_CP_COMM: auto,
+# the default; torch or own forces one):
+#   - torch's: ProcessGroupNCCL._comm_ptr() (torch 2.8 and newer) returns
+#     the communicator the group uses for collectives on the current device,
+#     0 before it exists: ProcessGroupNCCL makes it at the group's first
+#     collective on the device (or at init_process_group(device_id=...)), so
+#     a one-element all_reduce comes first. Taken only when
+#       * torch's libnccl is a shared library of this process that can be
+#         named (/proc/self/maps; a torch with NCCL linked in statically has
+#         none) and the library opens that file: $FLEXGEN_NCCL_LIB is set to
+#         it when unset. dlopen of a file already loaded returns the loaded
+#         instance, so both then share one NCCL;
+#       * the communicator is in NCCL's blocking mode: the ring expects
+#         ncclSuccess from every NCCL call, and a non-blocking communicator
+#         may answer ncclInProgress (see _torch_comm_is_blocking);
+#   - our own: rank 0 of the group draws an ncclUniqueId, broadcast_object_list
+#     gives it to the others, and every rank calls ncclCommInitRank through
+#     the libnccl the library opens ($FLEXGEN_NCCL_LIB, else torch's, else the
+#     nvidia-nccl wheel's, else libnccl.so.2). One per (group, device), kept
+#     for the life of the process (its exit frees it; a destroy at exit would
+#     have to be ordered with every peer's). It is also the choice for a group
+#     whose communicator other work uses at the same time on other streams
+#     (FLEXGEN_CP_COMM=own).
+# Every rank reaches the same choice from the same inputs (environment,
+# torch build, group options), which matters: the two ways start with
+# different collectives.
+
+_CP_LAYOUTS = {"contiguous": FG_CP_CONTIGUOUS, "zigzag": FG_CP_ZIGZAG}
+_CP_MAX_WORLD = 64  # fg_cp_shard_rows' limit
+_CP_MAX_LEN = 2 ** 31 - 1
+
+
+def _cp_layout(layout):
+    if not isinstance(layout, str) or layout not in _CP_LAYOUTS:
+        raise ValueError(f"layout must be 'zigzag' or 'contiguous', not {layout!r}")
+    return _CP_LAYOUTS[layout]
+
+
+def _cp_int(value, name, lo, hi):
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an int in {lo}..{hi}, got {value!r}")
+    return value
+
+
+def shard_rows(seq_len, world, rank, layout="zigzag"):
+    """The rows of a sequence of `seq_len` rows that rank `rank` of `world`
+    holds, as a list of (start, length) in the order they sit in its shard
+    (fg_cp_shard_rows): one chunk under 'contiguous' (rank r holds the r-th
+    of `world` consecutive chunks), two under 'zigzag' (chunks r and
+    2 * world - 1 - r of 2 * world, which balances causal-like masks).
+    Chunks are cut in units of 128 rows, the first ones taking a unit more
+    when the units do not divide evenly, so a short sequence leaves some
+    chunks empty (length 0). No GPU needed."""
+    code = _cp_layout(layout)
+    world = _cp_int(world, "world", 1, _CP_MAX_WORLD)
+    rank = _cp_int(rank, "rank", 0, world - 1)
+    seq_len = _cp_int(seq_len, "seq_len", 1, _CP_MAX_LEN)
+    starts, lens = (ctypes.c_int64 * 2)(), (ctypes.c_int64 * 2)()
+    n = ctypes.c_int()
+    st = _function("fg_cp_shard_rows", "context parallelism")(code, world, rank, seq_len, starts,
+                                                              lens, ctypes.byref(n))
+    if st != FG_OK:
+        raise FlexgenError(st, _status_name(st), f"fg_cp_shard_rows({layout}, world={world}, "
+                                                 f"rank={rank}, seq_len={seq_len}) failed")
+    return [(int(starts[i]), int(lens[i])) for i in range(n.value)]
+
+
+def _seq_dim(x, dim):
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim must be a dimension of a {x.dim()}-D tensor, got {dim!r}")
+    return dim % x.dim()
+
+
+def shard(x, world, rank, layout="zigzag", dim=2):
+    """Rank `rank`'s shard of a tensor over the whole sequence: the rows
+    shard_rows gives it along `dim` (2 for [B, H, S, D], 1 for [B, S, H, D]),
+    back to back, as a new contiguous tensor. Differentiable."""
+    _need_torch()
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, not {type(x).__name__}")
+    dim = _seq_dim(x, dim)
+    pieces = [x.narrow(dim, start, n) for start, n in shard_rows(x.shape[dim], world, rank, layout)]
+    return torch.cat(pieces, dim).contiguous()
+
+
+def unshard(shards, layout="zigzag", dim=2):
+    """The tensor over the whole sequence from every rank's shard (a list in
+    rank order, as shard() cut them, or outputs of context_parallel_attention
+    gathered from the ranks): shard()'s inverse. Differentiable."""
+    _need_torch()
+    if not isinstance(shards, (list, tuple)) or not shards:
+        raise TypeError("shards must be a non-empty list of tensors, one per rank in rank order")
+    for i, t in enumerate(shards):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"shards[{i}] must be a torch.Tensor, not {type(t).__name__}")
+    dim = _seq_dim(shards[0], dim)
+    world = len(shards)
+    seq_len = sum(t.shape[dim] for t in shards)
+    order = []  # the global row of each row of the shards put back to back
+    for r, t in enumerate(shards):
+        rows = shard_rows(seq_len, world, r, layout)
+        held = sum(n for _, n in rows)
+        if t.shape[dim] != held:
+            raise ValueError(f"shards[{r}] has {t.shape[dim]} rows along dim {dim}, but rank {r} of "
+                             f"{world} holds {held} of a {seq_len}-row sequence under the "
+                             f"{layout!r} layout (flexgen.shard_rows)")
+        order += [torch.arange(start, start + n) for start, n in rows]
+    order = torch.cat(order)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(seq_len)
+    whole = torch.cat(list(shards), dim)
+    return whole.index_select(dim, inverse.to(whole.device))
+
+
+# --- the communicator ------------------------------------------------------
+
+_NCCL_UNIQUE_ID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES, nccl.h
+
+
+class _NcclUniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * _NCCL_UNIQUE_ID_BYTES)]
+
+
+class _CpComm:
+    """How one (group, device) reaches its ncclComm_t: 'torch' (the group's
+    own, read again at each call) or 'own' (made here, `own_pointer`)."""
+
+    def __init__(self, kind, group, index, backend=None, own_pointer=None, nccl=None):
+        self.kind, self.group, self.index = kind, group, index
+        self.backend, self.own_pointer, self.nccl = backend, own_pointer, nccl
+
+    def pointer(self):
+        if self.kind == "own":
+            return self.own_pointer
+        with torch.cuda.device(self.index):
+            ptr = self.backend._comm_ptr()
+        if not ptr:
+            raise RuntimeError(f"the process group has no NCCL communicator on cuda:{self.index} any "
+                               f"more (destroyed or aborted?)")
+        return ptr
+
+
+_cp_comms = {}  # (id(group), device index) -> _CpComm; the entry keeps the group alive
+_cp_comms_lock = threading.Lock()
+
+
+def _loaded_nccl_path():
+    """The file of the libnccl mapped into this process (torch's, when torch
+    uses NCCL as a shared library), or None."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(None, 5)
+                if len(fields) == 6 and os.path.basename(fields[5].strip()).startswith("libnccl.so"):
+                    return fields[5].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _nccl_wheel_path():
+    """libnccl.so.2 of the nvidia-nccl wheel, when it is installed."""
+    try:
+        import nvidia.nccl
+    except ImportError:
+        return None
+    for folder in getattr(nvidia.nccl, "__path__", []):
+        path = os.path.join(folder, "lib", "libnccl.so.2")
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def _same_file(a, b):
+    try:
+        return bool(a and b) and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _torch_comm_is_blocking(backend):
+    """Whether ProcessGroupNCCL makes this group's communicators in NCCL's
+    blocking mode, by the order of its own rules (useNonblocking): the
+    group's pg_options config.blocking when set, else
+    $TORCH_NCCL_USE_COMM_NONBLOCKING when set, else eager init (a bound
+    device, init_process_group(device_id=...)) counts as non-blocking, which
+    some releases choose by default there."""
+    config = getattr(getattr(backend, "options", None), "config", None)
+    blocking = getattr(config, "blocking", None)
+    if blocking in (0, 1):
+        return bool(blocking)
+    env = os.environ.get("TORCH_NCCL_USE_COMM_NONBLOCKING", "").strip().lower()
+    if env:
+        return env not in ("1", "true", "yes", "on", "y")
+    return getattr(backend, "bound_device_id", None) is None
+
+
+def _nccl_check(nccl, result, what):
+    if result != 0:
+        nccl.ncclGetErrorString.restype = ctypes.c_char_p
+        nccl.ncclGetErrorString.argtypes = [ctypes.c_int]
+        text = (nccl.ncclGetErrorString(result) or b"").decode(errors="replace")
+        raise RuntimeError(f"{what}: NCCL error {result}: {text}")
+
+
+def _global_rank(group, rank):
+    dist = torch.distributed
+    fn = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank
+    return fn(group, rank)
+
+
+def _own_comm(group, index, rank, world):
+    """A communicator of our own for the group, through the libnccl the
+    library will open. Collective: every rank of the group calls it."""
+    path = (os.environ.get("FLEXGEN_NCCL_LIB") or _loaded_nccl_path() or _nccl_wheel_path()
+            or "libnccl.so.2")
+    try:
+        nccl = ctypes.CDLL(path)
+    except OSError as e:
+        nccl, error = None, (f"NCCL could not be loaded from {path} ({e}); set FLEXGEN_NCCL_LIB "
+                             f"to libnccl.so.2")
+    if nccl is not None and not os.environ.get("FLEXGEN_NCCL_LIB"):
+        # the file just loaded, by its path, so that the library's dlopen
+        # finds this instance and not another copy
+        os.environ["FLEXGEN_NCCL_LIB"] = _loaded_nccl_path() or path
+    device = torch.device("cuda", index)
+    with torch.cuda.device(index):
+        # Rank 0 sends the unique id, or its error: the others would
+        # otherwise wait in the broadcast forever.
+        payload = [None]
+        if rank == 0:
+            if nccl is None:
+                payload = [error]
+            else:
+                nccl.ncclGetUniqueId.restype = ctypes.c_int
+                nccl.ncclGetUniqueId.argtypes = [ctypes.POINTER(_NcclUniqueId)]
+                uid = _NcclUniqueId()
+                result = nccl.ncclGetUniqueId(ctypes.byref(uid))
+                payload = [bytes(uid) if result == 0 else f"ncclGetUniqueId: NCCL error {result}"]
+        torch.distributed.broadcast_object_list(payload, src=_global_rank(group, 0), group=group,
+                                                device=device)
+        if nccl is None or isinstance(payload[0], str):
+            raise RuntimeError(error if nccl is None else
+                               f"rank 0 could not start the communicator: {payload[0]}")
+        uid = _NcclUniqueId.from_buffer_copy(payload[0])
+        nccl.ncclCommInitRank.restype = ctypes.c_int
+        nccl.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                                          _NcclUniqueId, ctypes.c_int]
+        comm = ctypes.c_void_p()
+        _nccl_check(nccl, nccl.ncclCommInitRank(ctypes.byref(comm), world, uid, rank),
+                    "ncclCommInitRank")
+    return _CpComm("own", group, index, own_pointer=comm.value, nccl=nccl)
+
+
+def _torch_comm(group, backend, index):
+    """The group's own communicator on cuda:index. Collective: every rank
+    of the group calls it."""
+    with torch.cuda.device(index):
+        # makes the device's communicator if the group has none yet (lazy
+        # init), on every rank alike
+        torch.distributed.all_reduce(torch.zeros(1, device=torch.device("cuda", index)), group=group)
+        ptr = backend._comm_ptr()
+    if not ptr:
+        raise RuntimeError(f"ProcessGroupNCCL._comm_ptr() is 0 on cuda:{index} after a collective there")
+    return _CpComm("torch", group, index, backend=backend)
+
+
+def _cp_comm(group, index, rank, world):
+    """The _CpComm of (group, cuda:index), made on first use (see the
+    section's comment for the choice)."""
+    key = (id(group), index)
+    with _cp_comms_lock:
+        hit = _cp_comms.get(key)
+    if hit is not None and hit.group is group:
+        return hit
+    mode = os.environ.get("FLEXGEN_CP_COMM", "").strip().lower() or "auto"
+    if mode not in ("auto", "torch", "own"):
+        raise ValueError(f"FLEXGEN_CP_COMM must be auto, torch or own, not {mode!r}")
+    backend = group._get_backend(torch.device("cuda", index))
+    nccl_class = getattr(torch.distributed, "ProcessGroupNCCL", None)
+    if nccl_class is None or not isinstance(backend, nccl_class):
+        raise ValueError(f"the group's CUDA backend is {type(backend).__name__}, not ProcessGroupNCCL: "
+                         f"context parallelism runs over NCCL")
+    torch_nccl = _loaded_nccl_path()
+    if torch_nccl and not os.environ.get("FLEXGEN_NCCL_LIB"):
+        # The library dlopens $FLEXGEN_NCCL_LIB (else libnccl.so.2) at its
+        # first NCCL call; pointing it at the file torch loaded gives it
+        # torch's instance, the one a communicator of torch's belongs to.
+        os.environ["FLEXGEN_NCCL_LIB"] = torch_nccl
+    flexgen_nccl = os.environ.get("FLEXGEN_NCCL_LIB")
+    why_not_torch = None
+    if not hasattr(backend, "_comm_ptr"):
+        why_not_torch = f"torch {torch.__version__}'s ProcessGroupNCCL has no _comm_ptr (torch 2.8 has)"
+    elif torch_nccl is None:
+        why_not_torch = "torch's NCCL is not a shared library of this process"
+    elif not _same_file(flexgen_nccl, torch_nccl):
+        why_not_torch = f"FLEXGEN_NCCL_LIB names {flexgen_nccl}, not torch's {torch_nccl}"
+    elif not _torch_comm_is_blocking(backend):
+        why_not_torch = ("the group's communicator may be non-blocking (pg_options config.blocking, "
+                         "TORCH_NCCL_USE_COMM_NONBLOCKING or init_process_group(device_id=...))")
+    if mode == "torch" and why_not_torch:
+        raise ValueError(f"FLEXGEN_CP_COMM=torch, but the group's communicator cannot be used: "
+                         f"{why_not_torch}")
+    if mode == "own" or why_not_torch:
+        entry = _own_comm(group, index, rank, world)
+    else:
+        entry = _torch_comm(group, backend, index)
+    with _cp_comms_lock:
+        _cp_comms[key] = entry
+    return entry
+
+
+# --- the call --------------------------------------------------------------
+
+def _cp_group(group):
+    """(group, rank, world) of a torch.distributed group (None: the default one)."""
+    dist = torch.distributed
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("context_parallel_attention needs torch.distributed initialised: call "
+                         "torch.distributed.init_process_group('nccl', ...) in every process "
+                         "(one per GPU) first")
+    if group is None:
+        group = dist.group.WORLD
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup, not {type(group).__name__}")
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("this process is not a member of the group")
+    world = dist.get_world_size(group)
+    if world > _CP_MAX_WORLD:
+        raise ValueError(f"the group has {world} ranks; context parallelism takes up to {_CP_MAX_WORLD}")
+    return group, rank, world
+
+
+def _check_shard(q, seq_len, world, rank, layout):
+    held = sum(n for _, n in shard_rows(seq_len, world, rank, layout))
+    if q.shape[2] != held:
+        raise ValueError(f"rank {rank} of {world} holds {held} rows of a {seq_len}-row sequence under "
+                         f"the {layout!r} layout (flexgen.shard_rows), but q has {q.shape[2]}: cut "
+                         f"the shards with flexgen.shard(x, {world}, {rank}, {layout!r})")
+
+
+def _cp_forward(call, q, k, v, want_lse=True):
+    B, Hq, S, D = q.shape
+    out = torch.empty((B, Hq, S, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device) if want_lse else None
+    args = _AttentionArgs()
+    _fill_args(args, q, k, v, out, lse, call.scale, None, call.binds,
+               torch.cuda.current_stream(call.index).cuda_stream)
+    cp = _CpArgs()
+    cp.local = ctypes.pointer(args)
+    cp.comm = call.comm.pointer()
+    cp.global_len, cp.layout = call.seq_len, call.layout
+    fn = _function("fg_attention_forward_cp", "context parallelism")
+    c = _ctx(call.index)
+    with c.lock:
+        c.check(fn(c.handle, call.mod.handle, ctypes.byref(cp)))
+    return out, lse
+
+
+def _cp_backward(call, q, k, v, out, lse, dout, dlse):
+    """dq, dk, dv of the rank's shard (contiguous) from dout and dlse (either
+    may be None: this rank's loss does not read that output)."""
+    if dout is None:
+        dout = torch.zeros_like(out)
+    if dout.dtype != out.dtype:
+        dout = dout.to(out.dtype)
+    if dout.stride(3) != 1 or any(s == 0 and n > 1 for s, n in zip(dout.stride(), dout.shape)):
+        dout = dout.contiguous()
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    fwd = _AttentionArgs()
+    _fill_args(fwd, q, k, v, out, lse, call.scale, None, call.binds,
+               torch.cuda.current_stream(call.index).cuda_stream)
+    bwd = _AttentionBwdArgs()
+    bwd.fwd = ctypes.pointer(fwd)
+    bwd.dout = dout.data_ptr()
+    bwd.dq, bwd.dk, bwd.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+    bwd.dout_stride = _Stride(*dout.stride())
+    bwd.dq_stride = _Stride(*dq.stride())
+    bwd.dk_stride = _Stride(*dk.stride())
+    bwd.dv_stride = _Stride(*dv.stride())
+    bwd.deterministic = 1 if call.deterministic else 0
+    if dlse is not None:
+        dlse = dlse.to(torch.float32).contiguous()
+        bwd.dlse = dlse.data_ptr()
+    cp = _CpBwdArgs()
+    cp.local = ctypes.pointer(bwd)
+    cp.comm = call.comm.pointer()
+    cp.global_len, cp.layout = call.seq_len, call.layout
+    fn = _function("fg_attention_backward_cp", "the context-parallel backward")
+    c = _ctx(call.index)
+    with c.lock:
+        c.check(fn(c.handle, call.mod.handle, ctypes.byref(cp)))
+    return dq, dk, dv
+
+
+if torch is not None:
+
+    class _ContextParallelFunction(torch.autograd.Function):
+        """context_parallel_attention under autograd: the forward keeps the
+        merged lse, which the sharded backward requires; the mod, bindings
+        and communicator stay on ctx."""
+
+        @staticmethod
+        def forward(ctx, call, q, k, v):
+            out, lse = _cp_forward(call, q, k, v)
+            ctx.set_materialize_grads(False)
+            ctx.call = call
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out, lse
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, dout, dlse):
+            q, k, v, out, lse = ctx.saved_tensors
+            # Every rank's backward is a step of the same ring, so it runs
+            # (with dout = 0) even where this rank's loss ignores the output.
+            dq, dk, dv = _cp_backward(ctx.call, q, k, v, out, lse, dout, dlse)
+            need = ctx.needs_input_grad
+            return None, dq if need[1] else None, dk if need[2] else None, dv if need[3] else None
+
+
+def context_parallel_attention(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None,
+                               scale=None, enable_gqa=False, layout="zigzag", group=None,
+                               return_lse=False, seq_len=None, deterministic=False):
+    """attention() over one sequence spread across the ranks of a
+    torch.distributed NCCL group, one process per GPU (ring attention,
+    fg_attention_forward_cp). Every rank of the group calls it together,
+    with the same mods, parameters and layout.
+
+    q: (B, Hq, rows, D), k and v: (B, Hkv, rows, D), this rank's shard of
+    the sequence's rows on the GPU the rank drives: shard(x, world, rank,
+    layout) of the whole tensors, or rows made in that order (shard_rows).
+    The mods see global positions. buffers (document ids, ...) cover the
+    whole sequence and hold the same values on every rank. layout:
+    'zigzag' (the choice for causal-like masks, whose work grows along the
+    sequence) or 'contiguous' (masks with even work per row: no mask,
+    windows shorter than a shard, short documents). group: the NCCL process
+    group (default: the default group). seq_len: the whole sequence's rows;
+    None finds it with an all_reduce of the shard lengths (a synchronisation
+    more). Returns this rank's rows of the output (B, Hq, rows, D), and with
+    return_lse its log-sum-exps (B, Hq, rows) float32; unshard() puts the
+    ranks' pieces back in order.
+
+    Differentiable with respect to q, k and v (fg_attention_backward_cp):
+    every rank must then run the backward too, since its steps exchange
+    data with the others; buffers get no gradient (a float buffer that
+    requires grad is refused). Runs on torch's current stream; the call
+    synchronises with the host twice (the library builds the ring's plan
+    from block masks on the GPU).
+
+    The NCCL communicator is the group's own when the library can use it,
+    else one made for the group on first use ($FLEXGEN_CP_COMM=auto, torch
+    or own; the comment of this section in flexgen.py says when). Not
+    available under torch.compile."""
+    if _compiling():
+        raise NotImplementedError("context_parallel_attention does not run under torch.compile")
+    _check_qkv(q, k, v, enable_gqa)
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"q has {q.shape[2]} rows and k/v {k.shape[2]}: a shard of self-attention "
+                         f"holds the same rows of q, k and v")
+    code = _cp_layout(layout)
+    if seq_len is not None:
+        _cp_int(seq_len, "seq_len", 1, _CP_MAX_LEN)
+    if not isinstance(deterministic, int) or deterministic not in (0, 1):
+        raise TypeError(f"deterministic must be a bool, not {deterministic!r}")
+    _check_params(params, buffers)
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"scale must be a float, not {type(scale).__name__}")
+    if _grad_enabled():
+        for name, buf in (buffers or {}).items():
+            if buf.requires_grad:
+                raise ValueError(f"buffer '{name}' requires grad, but context_parallel_attention "
+                                 f"gives buffers no gradient: pass it detached")
+    group, rank, world = _cp_group(group)
+    if seq_len is not None:
+        _check_shard(q, seq_len, world, rank, layout)
+    backend_name = str(torch.distributed.get_backend(group)).lower()
+    if "nccl" not in backend_name:
+        raise ValueError(f"the group's backend is {backend_name!r}: context parallelism runs over "
+                         f"NCCL (init_process_group('nccl') or new_group(backend='nccl'))")
+    _check_devices(q, k, v)
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    bound = getattr(group, "bound_device_id", None)
+    if bound is not None and bound.index is not None and bound.index != index:
+        raise ValueError(f"the group is bound to {bound}, but q, k, v are on cuda:{index}")
+    if seq_len is None:
+        # Every rank learns every rank's length and checks them all, so a
+        # wrong shard stops every rank here rather than one, leaving the
+        # others waiting in the ring.
+        mine = torch.tensor([q.shape[2]], dtype=torch.int64, device=q.device)
+        every = torch.empty(world, dtype=torch.int64, device=q.device)
+        torch.distributed.all_gather_into_tensor(every, mine, group=group)
+        lengths = every.tolist()
+        seq_len = sum(lengths)
+        for r, n in enumerate(lengths):
+            held = sum(m for _, m in shard_rows(seq_len, world, r, layout))
+            if n != held:
+                raise ValueError(f"rank {r} of {world} has a shard of {n} rows, but holds {held} of the "
+                                 f"{seq_len}-row sequence the ranks' shards make under the {layout!r} "
+                                 f"layout (flexgen.shard_rows): cut the shards with flexgen.shard")
+    comm = _cp_comm(group, index, rank, world)
+    mod = load_mod(mask_mod, score_mod, params, buffers)
+    binds = _Bindings(mod, params, buffers, device=index)
+    k, v = k.contiguous(), v.contiguous()  # a K/V shard travels round the ring as it is
+    call = types.SimpleNamespace(mod=mod, binds=binds, scale=scale, comm=comm, seq_len=seq_len,
+                                 layout=code, index=index, deterministic=bool(deterministic))
+    if not _wants_grad(q, k, v, buffers):
+        out, lse = _cp_forward(call, q, k, v, want_lse=return_lse)
+    else:
+        out, lse = _ContextParallelFunction.apply(call, q, k, v)
+    return (out, lse) if return_lse else out

@@ -17,7 +17,10 @@ Three layers, each run where it can be:
     torch.compile'd flex_attention's on the same inputs; deterministic runs
     repeat bit for bit; GQA, strides, buffers without a gradient, and the
     errors for what cannot be differentiated. The library's CPU reference
-    backward is checked against float64 autograd without a GPU.
+    backward is checked against float64 autograd without a GPU;
+  - context parallelism: the shard helpers and the argument checks without
+    a GPU; with two GPUs, two processes run the sharded forward and
+    backward and match flexgen.attention on one GPU.
 
 Run directly (python3 python/test_flexgen.py [-v]) or through meson (suite
 cpu). Exit status: 0 when everything ran and passed, 1 on a failure, 77
@@ -30,6 +33,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -1084,6 +1088,370 @@ class CudaGraphs(unittest.TestCase):
             g.replay()
             torch.cuda.synchronize()
             self.check(out, q, k, v, mask_mod=DOC_CAUSAL, params={"WINDOW": S}, buffers={"doc": doc.cpu()})
+
+
+# ---------------------------------------------------------------------------
+# Context parallelism: shards on the CPU; two GPUs against one
+# ---------------------------------------------------------------------------
+
+def _has_cp(names=("fg_cp_shard_rows", "fg_attention_forward_cp", "fg_attention_backward_cp")):
+    try:
+        lib = flexgen._load()
+    except flexgen.LibraryNotFound:
+        return False
+    return all(hasattr(lib, n) for n in names)
+
+
+def _expected_chunks(S, chunks, unit=128):
+    """(start, length) of each of `chunks` chunks of S rows, from the rule
+    in flexgen.h: units of 128 rows, the first units % chunks chunks taking
+    one unit more, the last unit holding what is left."""
+    units = -(-S // unit)
+    base, rem = divmod(units, chunks)
+    out, u = [], 0
+    for c in range(chunks):
+        n = base + (c < rem)
+        a, b = min(u * unit, S), min((u + n) * unit, S)
+        out.append((a, b - a))
+        u += n
+    return out
+
+
+def _dist_initialized():
+    return (torch is not None and torch.distributed.is_available()
+            and torch.distributed.is_initialized())
+
+
+# The 2-GPU cases: (gallery mod, layout, params, k/v heads (None: as q),
+# whether the loss also reads the lse, seq_len given or found by the call).
+CP_CASES = (
+    ("causal", "zigzag", {}, None, True, True),
+    ("sliding_window", "contiguous", {"WINDOW": 200}, None, False, True),
+    ("document", "zigzag", {}, 2, False, False),
+    ("document", "contiguous", {}, None, False, True),
+)
+CP_SHAPE = (2, 4, 1000, 64)  # B, H, S, D: S not a multiple of the 128-row units
+
+
+def _cp_label(case):
+    return f"{case[0]}/{case[1]}"
+
+
+def _cp_inputs(seed=31):
+    """The whole-sequence q, k, v, dout, dlse of every case, on the CPU."""
+    B, H, S, D = CP_SHAPE
+    g = torch.Generator().manual_seed(seed)
+    data = {}
+    for case in CP_CASES:
+        hkv = case[3] or H
+
+        def r(*shape):
+            return torch.randn(*shape, generator=g).to(torch.bfloat16)
+        data[_cp_label(case)] = {"q": r(B, H, S, D), "k": r(B, hkv, S, D), "v": r(B, hkv, S, D),
+                                 "dout": r(B, H, S, D), "dlse": torch.randn(B, H, S, generator=g)}
+    return data
+
+
+def _cp_call(case, q, k, v, buffers, **kw):
+    name, layout, params, hkv, _, _ = case
+    return flexgen.context_parallel_attention(q, k, v, gallery_file(name), params=params,
+                                              buffers=buffers, enable_gqa=hkv is not None,
+                                              layout=layout, return_lse=True, **kw)
+
+
+def _cp_worker(rank, world, folder):
+    """One rank of the 2-GPU test (torch.multiprocessing, spawned): every
+    case's forward and backward on this rank's shard, written to
+    rank{rank}.pt as CPU tensors for the parent to put together."""
+    dist = torch.distributed
+    torch.cuda.set_device(rank)
+    # no device_id: the group's communicator is made lazily, in NCCL's
+    # blocking mode, so the calls use torch's own (unless the environment
+    # says otherwise; see flexgen's "Context parallelism" section)
+    dist.init_process_group("nccl", init_method=f"file://{folder}/store", rank=rank,
+                            world_size=world)
+    try:
+        data = torch.load(os.path.join(folder, "inputs.pt"))
+        dev = torch.device("cuda", rank)
+        B, H, S, D = CP_SHAPE
+        results = {}
+        for case in CP_CASES:
+            name, layout, _, _, reads_lse, give_len = case
+            x = data[_cp_label(case)]
+            cut = {n: flexgen.shard(t, world, rank, layout, dim=2).to(dev) for n, t in x.items()}
+            leaves = [cut[n].requires_grad_() for n in ("q", "k", "v")]
+            buffers = GALLERY[name].setup(B, H, S, dev)["buffers"]  # the whole sequence's
+            out, lse = _cp_call(case, *leaves, buffers, seq_len=S if give_len else None)
+            outs, grads = (([out, lse], [cut["dout"], cut["dlse"]]) if reads_lse
+                           else ([out], [cut["dout"]]))
+            dq, dk, dv = torch.autograd.grad(outs, leaves, grads)
+            results[_cp_label(case)] = {n: t.detach().cpu() for n, t in
+                                        (("out", out), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv))}
+        # The first case's forward again through a communicator made by
+        # flexgen (the other way to the group's NCCL): the same numbers.
+        case = CP_CASES[0]
+        x = data[_cp_label(case)]
+        q, k, v = (flexgen.shard(x[n], world, rank, case[1]).to(dev) for n in ("q", "k", "v"))
+        results["comm_kinds"] = sorted({e.kind for e in flexgen._cp_comms.values()})
+        with torch.no_grad():
+            os.environ["FLEXGEN_CP_COMM"] = "own"
+            flexgen._cp_comms.clear()
+            out, _ = _cp_call(case, q, k, v, {}, seq_len=S)
+            results["own_comm_out"] = out.cpu()
+        results["own_comm_kinds"] = sorted({e.kind for e in flexgen._cp_comms.values()})
+        torch.save(results, os.path.join(folder, f"rank{rank}.pt"))
+        dist.barrier(device_ids=[rank])
+    finally:
+        dist.destroy_process_group()
+
+
+def _two_gpus():
+    return (HAVE_GPU and torch.cuda.device_count() >= 2 and torch.distributed.is_available()
+            and torch.distributed.is_nccl_available() and _has_cp())
+
+
+@unittest.skipUnless(_has_cp(("fg_cp_shard_rows",)), "libflexgen has no context parallelism")
+class ContextParallel(unittest.TestCase):
+    """Shards (shard_rows, shard, unshard) and the argument checks of
+    context_parallel_attention run anywhere; the sharded forward and
+    backward on two GPUs are checked against the same attention on one."""
+
+    LAYOUTS = ("contiguous", "zigzag")
+
+    def test_shard_rows_follow_the_documented_rule(self):
+        for layout in self.LAYOUTS:
+            for world in (1, 2, 3, 4, 7):
+                for S in (1, 127, 128, 129, 1000, 1001, 4097, 65537):
+                    with self.subTest(layout=layout, world=world, S=S):
+                        count = 2 * world if layout == "zigzag" else world
+                        chunks = _expected_chunks(S, count)
+                        covered = []
+                        for rank in range(world):
+                            rows = flexgen.shard_rows(S, world, rank, layout)
+                            ids = [rank, count - 1 - rank] if layout == "zigzag" else [rank]
+                            self.assertEqual(rows, [chunks[c] for c in ids])
+                            covered += [r for a, n in rows for r in range(a, a + n)]
+                        self.assertEqual(sorted(covered), list(range(S)))  # every row once
+
+    def test_shard_rows_rejects_bad_arguments(self):
+        for args, words in (((1000, 0, 0), "world"), ((1000, 65, 0), "world"),
+                            ((1000, 2, 2), "rank"), ((1000, 2, -1), "rank"), ((0, 2, 0), "seq_len"),
+                            ((2 ** 31, 2, 0), "seq_len"), ((1000.0, 2, 0), "seq_len"),
+                            ((1000, True, 0), "world")):
+            with self.subTest(args=args), self.assertRaises(ValueError) as cm:
+                flexgen.shard_rows(*args)
+            self.assertIn(words, str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            flexgen.shard_rows(1000, 2, 0, "diagonal")
+        self.assertIn("'zigzag' or 'contiguous'", str(cm.exception))
+
+    @needs_torch
+    def test_shard_and_unshard_round_trip(self):
+        for layout in self.LAYOUTS:
+            for world in (1, 2, 3, 4):
+                for S in (1, 129, 1000, 1001):
+                    with self.subTest(layout=layout, world=world, S=S):
+                        x = torch.arange(2 * 3 * S * 4).reshape(2, 3, S, 4)
+                        parts = [flexgen.shard(x, world, r, layout) for r in range(world)]
+                        for r, p in enumerate(parts):
+                            held = sum(n for _, n in flexgen.shard_rows(S, world, r, layout))
+                            self.assertEqual(tuple(p.shape), (2, 3, held, 4))
+                            self.assertTrue(p.is_contiguous())
+                        self.assertTrue(torch.equal(flexgen.unshard(parts, layout), x))
+                        # BSHD: the sequence on dim 1
+                        xs = x.transpose(1, 2)
+                        parts = [flexgen.shard(xs, world, r, layout, dim=1) for r in range(world)]
+                        self.assertTrue(torch.equal(flexgen.unshard(parts, layout, dim=1), xs))
+
+    @needs_torch
+    def test_shard_and_unshard_are_differentiable(self):
+        x = torch.randn(1, 2, 1000, 8, requires_grad=True)
+        g = torch.randn(1, 2, 1000, 8)
+        y = flexgen.unshard([flexgen.shard(x, 3, r, "zigzag") for r in range(3)], "zigzag")
+        y.backward(g)
+        self.assertTrue(torch.equal(x.grad, g))
+
+    @needs_torch
+    def test_unshard_rejects_shards_of_the_wrong_size(self):
+        x = torch.zeros(1, 1, 1000, 4)
+        parts = [flexgen.shard(x, 2, r, "zigzag") for r in range(2)]
+        with self.assertRaises(ValueError) as cm:
+            flexgen.unshard([parts[0], parts[1][:, :, 1:]], "zigzag")
+        self.assertIn("under the 'zigzag' layout", str(cm.exception))
+        with self.assertRaises(TypeError):
+            flexgen.unshard([], "zigzag")
+
+    @needs_torch
+    @unittest.skipIf(_dist_initialized(), "torch.distributed is initialised in this process")
+    def test_arguments_checked_before_distributed(self):
+        """Each bad call raises before torch.distributed is needed; a good
+        one then says torch.distributed is not initialised."""
+        q = _t(1, 4, 640, 64)
+        kv2 = _t(1, 2, 640, 64)
+        CPA = flexgen.context_parallel_attention
+        for what, call, exc, words in (
+                ("q not a tensor", lambda: CPA([1.0], q, q), TypeError, "q must be a torch.Tensor"),
+                ("float32", lambda: CPA(q.float(), q.float(), q.float()), TypeError,
+                 "float16 or bfloat16"),
+                ("GQA without enable_gqa", lambda: CPA(q, kv2, kv2), ValueError, "enable_gqa=True"),
+                ("rows differ", lambda: CPA(q, q[:, :, :512], q[:, :, :512]), ValueError,
+                 "same rows"),
+                ("unknown layout", lambda: CPA(q, q, q, layout="ring"), ValueError,
+                 "'zigzag' or 'contiguous'"),
+                ("seq_len zero", lambda: CPA(q, q, q, seq_len=0), ValueError, "seq_len"),
+                ("deterministic a string", lambda: CPA(q, q, q, deterministic="yes"), TypeError,
+                 "deterministic must be a bool"),
+                ("buffers not a dict", lambda: CPA(q, q, q, buffers=3), TypeError,
+                 "buffers must be a dict"),
+                ("scale a string", lambda: CPA(q, q, q, scale="0.1"), TypeError,
+                 "scale must be a float"),
+                ("a buffer requiring grad",
+                 lambda: CPA(q, q, q, buffers={"bias": torch.zeros(4, requires_grad=True)}), ValueError,
+                 "gives buffers no gradient"),
+                ("torch.distributed not initialised", lambda: CPA(q, q, q, gallery_file("causal")),
+                 ValueError, "torch.distributed initialised")):
+            with self.subTest(what), self.assertRaises(exc) as cm:
+                call()
+            self.assertIn(words, str(cm.exception))
+
+    @needs_torch
+    @unittest.skipIf(_dist_initialized() or torch is None or not torch.distributed.is_available()
+                     or not torch.distributed.is_gloo_available(),
+                     "needs torch.distributed with gloo, not initialised yet")
+    def test_group_checks_with_a_cpu_group(self):
+        """In a one-process gloo group: a shard of the wrong length for the
+        layout, then the backend (NCCL only), then the device."""
+        dist = torch.distributed
+        with tempfile.TemporaryDirectory() as d:
+            dist.init_process_group("gloo", init_method=f"file://{d}/store", rank=0, world_size=1)
+            try:
+                q = _t(1, 4, 640, 64)
+                CPA = flexgen.context_parallel_attention
+                with self.assertRaises(ValueError) as cm:
+                    CPA(q, q, q, seq_len=700)
+                self.assertIn("rank 0 of 1 holds 700 rows", str(cm.exception))
+                for kw in ({"seq_len": 640}, {}):
+                    with self.assertRaises(ValueError) as cm:
+                        CPA(q, q, q, **kw)
+                    self.assertIn("'gloo'", str(cm.exception))
+                with self.assertRaises(TypeError):
+                    CPA(q, q, q, group="world")
+                if dist.is_nccl_available() and torch.cuda.is_available():
+                    cuda_group = dist.new_group([0], backend="nccl")
+                    with self.assertRaises(ValueError) as cm:  # CPU tensors, an NCCL group
+                        CPA(q, q, q, group=cuda_group, seq_len=640)
+                    self.assertIn("must be a CUDA tensor", str(cm.exception))
+            finally:
+                dist.destroy_process_group()
+
+    @needs_torch
+    @unittest.skipUnless(_has_cp(), "libflexgen has no context parallelism")
+    def test_arguments_reach_the_library(self):
+        """The fg_cp_args / fg_cp_bwd_args mirrors and the shard's arguments
+        pass every check of the library up to the communicator's (NULL
+        here), which needs no GPU: a struct that drifted from flexgen.h would
+        fail earlier, on its size or on a field read at the wrong place."""
+        import types as pytypes
+        from unittest import mock
+        S = 640
+        q, k, v = (_t(1, 4, S, 64) for _ in range(3))
+        mod = flexgen.load_mod(gallery_file("causal"))
+        call = pytypes.SimpleNamespace(mod=mod, binds=flexgen._Bindings(mod, None, None, device=0),
+                                       scale=None, comm=pytypes.SimpleNamespace(pointer=lambda: None),
+                                       seq_len=S, layout=flexgen.FG_CP_ZIGZAG, index=0,
+                                       deterministic=False)
+        stream = pytypes.SimpleNamespace(cuda_stream=None)
+        with mock.patch.object(torch.cuda, "current_stream", lambda index=None: stream):
+            with self.assertRaises(flexgen.FlexgenError) as cm:
+                flexgen._cp_forward(call, q, k, v)
+            self.assertIn("NULL communicator (fg_cp_args.comm)", str(cm.exception))
+            out, lse = torch.zeros_like(q), torch.zeros(1, 4, S)
+            with self.assertRaises(flexgen.FlexgenError) as cm:
+                flexgen._cp_backward(call, q, k, v, out, lse, None, torch.zeros(1, 4, S))
+            self.assertIn("NULL communicator (fg_cp_bwd_args.comm)", str(cm.exception))
+
+    @needs_torch
+    def test_torch_communicator_only_when_blocking(self):
+        """The group's own communicator is used only in NCCL's blocking mode
+        (the ring expects ncclSuccess from every call), by ProcessGroupNCCL's
+        rules: the group's config, then the environment, then eager init."""
+        import types as pytypes
+        from unittest import mock
+
+        def backend(blocking=None, bound=None):
+            config = pytypes.SimpleNamespace(blocking=-2 ** 31 if blocking is None else blocking)
+            return pytypes.SimpleNamespace(options=pytypes.SimpleNamespace(config=config),
+                                           bound_device_id=bound)
+        is_blocking = flexgen._torch_comm_is_blocking
+        with mock.patch.dict(os.environ, {"TORCH_NCCL_USE_COMM_NONBLOCKING": ""}):
+            self.assertTrue(is_blocking(backend()))  # lazy init
+            self.assertFalse(is_blocking(backend(bound="cuda:0")))  # eager init
+            self.assertTrue(is_blocking(backend(blocking=1, bound="cuda:0")))
+            self.assertFalse(is_blocking(backend(blocking=0)))
+        with mock.patch.dict(os.environ, {"TORCH_NCCL_USE_COMM_NONBLOCKING": "1"}):
+            self.assertFalse(is_blocking(backend()))
+            self.assertTrue(is_blocking(backend(blocking=1)))
+        with mock.patch.dict(os.environ, {"TORCH_NCCL_USE_COMM_NONBLOCKING": "0"}):
+            self.assertTrue(is_blocking(backend(bound="cuda:0")))
+
+    @unittest.skipUnless(_two_gpus(), "needs 2 GPUs, NCCL and a library with context parallelism")
+    def test_two_gpus_match_one(self):
+        """Two processes, one GPU each, run every case of CP_CASES on their
+        shards, forward and backward; the shards put back together match
+        flexgen.attention on the whole tensors on one GPU: outputs within
+        1e-2 (relative norm, as the single-GPU tests against float64), lse
+        within 1e-3 * (1 + max |lse|), gradients within 2e-2. The same
+        forward through flexgen's own communicator gives the same bits."""
+        for name, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                            ("NVSHMEM_DISABLE_NVLS", "1")):
+            os.environ[name] = value  # NVLink multicast stays off (inherited by the workers)
+        world = 2
+        B, H, S, D = CP_SHAPE
+        with tempfile.TemporaryDirectory() as folder:
+            data = _cp_inputs()
+            torch.save(data, os.path.join(folder, "inputs.pt"))
+            procs = torch.multiprocessing.start_processes(_cp_worker, args=(world, folder), nprocs=world,
+                                                          join=False, start_method="spawn")
+            deadline = time.monotonic() + 600
+            while not procs.join(timeout=5):  # raises with a worker's traceback if one failed
+                if time.monotonic() > deadline:
+                    for p in procs.processes:
+                        p.terminate()
+                    self.fail("the 2-GPU workers did not finish in 600 s (a ring that never met?)")
+            ranks = [torch.load(os.path.join(folder, f"rank{r}.pt")) for r in range(world)]
+        lazy_blocking = not (os.environ.get("FLEXGEN_CP_COMM")
+                             or os.environ.get("TORCH_NCCL_USE_COMM_NONBLOCKING"))
+        for r in ranks:
+            if lazy_blocking:
+                self.assertEqual(r["comm_kinds"], ["torch"])  # the group's own communicator
+            self.assertEqual(r["own_comm_kinds"], ["own"])
+        dev = torch.device("cuda", 0)
+        for case in CP_CASES:
+            label, layout, reads_lse = _cp_label(case), case[1], case[4]
+            x = {n: t.to(dev) for n, t in data[label].items()}
+            with self.subTest(label):
+                got = {n: flexgen.unshard([r[label][n] for r in ranks], layout).to(dev)
+                       for n in ("out", "lse", "dq", "dk", "dv")}
+                leaves = [x[n].clone().requires_grad_() for n in ("q", "k", "v")]
+                buffers = GALLERY[case[0]].setup(B, H, S, dev)["buffers"]
+                out, lse = flexgen.attention(*leaves, gallery_file(case[0]), params=case[2],
+                                             buffers=buffers, enable_gqa=case[3] is not None,
+                                             return_lse=True)
+                outs, grads = ([out, lse], [x["dout"], x["dlse"]]) if reads_lse else ([out], [x["dout"]])
+                want = dict(zip(("dq", "dk", "dv"), torch.autograd.grad(outs, leaves, grads)))
+                self.assertFalse(got["out"].isnan().any())
+                self.assertLess(_rel(got["out"], out), 1e-2)
+                finite = lse.isfinite()
+                self.assertTrue(torch.equal(finite, got["lse"].isfinite()))
+                self.assertLess(float((got["lse"][finite] - lse[finite]).abs().max()),
+                                1e-3 * (1 + float(lse[finite].abs().max())))
+                for n in ("dq", "dk", "dv"):
+                    self.assertEqual(got[n].shape, want[n].shape, n)
+                    self.assertLess(_rel(got[n], want[n]), 2e-2, n)
+        first = _cp_label(CP_CASES[0])
+        for r in ranks:
+            self.assertTrue(torch.equal(r["own_comm_out"], r[first]["out"]))
+
 
 
 def main():
