@@ -901,15 +901,19 @@ FG_API fg_status fg_cp_shard_rows(fg_cp_layout layout, int world, int rank, int6
  * come from block masks of every chunk pair of the sequence, built on the
  * GPU at each call, so every rank reaches the same schedule: the call
  * synchronises with the host twice (after building the masks, and before
- * freeing them). `comm` is the application's ncclComm_t, on the
+ * freeing them), unless it is given a plan made once (fg_cp_plan_create).
+ * `comm` is the application's ncclComm_t, on the
  * context's device; libnccl is opened with dlopen ($FLEXGEN_NCCL_LIB, else
  * libnccl.so.2): without it FG_ERR_NOT_SUPPORTED. Growable (see
  * Conventions): FG_CP_ARGS_INIT or fg_cp_args_init(). */
+typedef struct fg_cp_plan fg_cp_plan;
+
 typedef struct fg_cp_args {
     const fg_attention_args *local;
     void *comm;             /* ncclComm_t                                   */
     int64_t global_len;     /* S, the whole sequence's rows                 */
     fg_cp_layout layout;
+    const fg_cp_plan *plan; /* NULL: the call builds its schedule itself    */
     size_t struct_size;     /* sizeof(fg_cp_args); 0 means the layout of the
                                version that introduced it                   */
 } fg_cp_args;
@@ -927,6 +931,22 @@ static inline fg_cp_args fg_cp_args_init(void) {
 }
 
 FG_API fg_status fg_attention_forward_cp(fg_ctx *ctx, const fg_mod *mod, const fg_cp_args *args);
+
+/* A sharded call's schedule kept across calls: the block masks of every
+ * chunk pair and the plan made from them, which a call without a plan
+ * builds itself (GPU mask builds and two host synchronisations per call).
+ * Made from the same arguments a call takes (its `plan` field unset) and
+ * given to calls through fg_cp_args.plan / fg_cp_bwd_args.plan, a plan
+ * makes the forward and the backward synchronise with the host not at all;
+ * a training step's forward and backward share one. A call with a plan
+ * checks that it was made for the same mod, communicator rank and size,
+ * device, global length, layout, batch and query heads
+ * (FG_ERR_INVALID_ARGUMENT otherwise); the values of the mod's parameters
+ * and buffers are the caller's promise: make a new plan when they change
+ * (new document ids). Destroy it after the calls that used it have
+ * finished on their streams. */
+FG_API fg_status fg_cp_plan_create(fg_ctx *ctx, const fg_mod *mod, const fg_cp_args *args, fg_cp_plan **out);
+FG_API void fg_cp_plan_destroy(fg_cp_plan *plan);
 
 /* The backward of fg_attention_forward_cp: every rank calls it with its
  * own shard. `local` is the shard's backward as a plain call would take
@@ -947,13 +967,15 @@ FG_API fg_status fg_attention_forward_cp(fg_ctx *ctx, const fg_mod *mod, const f
  * pair's contribution is rounded to the dtype once before it is summed
  * (the backward kernels write the dtype). The K/V transfer of step s + 1
  * runs while step s computes, the dK/dV transfer of step s while step
- * s + 1 computes. Synchronises with the host as the forward does.
+ * s + 1 computes. Synchronises with the host as the forward does, not at
+ * all with a plan (fg_cp_plan_create: the forward's serves).
  * Growable: FG_CP_BWD_ARGS_INIT or fg_cp_bwd_args_init(). */
 typedef struct fg_cp_bwd_args {
     const fg_attention_bwd_args *local;
     void *comm;             /* ncclComm_t                                   */
     int64_t global_len;     /* S, the whole sequence's rows                 */
     fg_cp_layout layout;    /* the forward's                                */
+    const fg_cp_plan *plan; /* NULL: the call builds its schedule itself    */
     size_t struct_size;     /* sizeof(fg_cp_bwd_args); 0 means the layout of
                                the version that introduced it             */
 } fg_cp_bwd_args;

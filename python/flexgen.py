@@ -194,6 +194,7 @@ class _CpArgs(_Growable):  # fg_cp_args
         ("comm", ctypes.c_void_p),  # ncclComm_t
         ("global_len", ctypes.c_int64),
         ("layout", ctypes.c_int),
+        ("plan", ctypes.c_void_p),  # const fg_cp_plan *: None, the call builds its schedule
         ("struct_size", ctypes.c_size_t),
     ]
 
@@ -204,6 +205,7 @@ class _CpBwdArgs(_Growable):  # fg_cp_bwd_args
         ("comm", ctypes.c_void_p),  # ncclComm_t
         ("global_len", ctypes.c_int64),
         ("layout", ctypes.c_int),
+        ("plan", ctypes.c_void_p),  # const fg_cp_plan *: None, the call builds its schedule
         ("struct_size", ctypes.c_size_t),
     ]
 

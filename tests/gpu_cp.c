@@ -12,7 +12,8 @@
  * on its rows of one random dout (and, in some cases, dlse), and dq, dk,
  * dv put back at their global positions must meet the backward's
  * tolerances (relative Frobenius error 2e-2 in bf16, 5e-3 in fp16, no
- * non-finite value). Outputs and gradients are poisoned first.
+ * non-finite value). Half of the cases make one fg_cp_plan per rank for
+ * both calls. Outputs and gradients are poisoned first.
  *
  * Skips (77) without two GPUs or without NCCL ($FLEXGEN_NCCL_LIB, else
  * libnccl.so.2). NVLink multicast stays off (NCCL_NVLS_ENABLE=0 unless
@@ -37,18 +38,19 @@ typedef struct cp_case {
     int b, hq, hkv, s;
     fg_cp_layout layout;
     bool dlse; /* the backward also gets d loss / d lse */
+    bool plan; /* forward and backward share one fg_cp_plan */
 } cp_case;
 
 static const cp_case cases[] = {
-    {"causal", 64, FG_BF16, 1, 4, 2, 1000, FG_CP_ZIGZAG, true},
-    {"causal", 64, FG_BF16, 1, 4, 2, 1000, FG_CP_CONTIGUOUS, false},
-    {"noop", 128, FG_FP16, 2, 2, 2, 1536, FG_CP_CONTIGUOUS, false},
-    {"sliding_window", 64, FG_BF16, 1, 4, 4, 2048, FG_CP_CONTIGUOUS, false},
-    {"sliding_window", 64, FG_BF16, 1, 4, 4, 2048, FG_CP_ZIGZAG, true},
-    {"document", 128, FG_BF16, 1, 2, 1, 1300, FG_CP_ZIGZAG, false},
-    {"prefix_lm", 64, FG_FP16, 1, 2, 2, 900, FG_CP_ZIGZAG, true},
-    {"alibi", 128, FG_BF16, 1, 4, 2, 1000, FG_CP_ZIGZAG, false},
-    {"softcap", 64, FG_BF16, 1, 2, 2, 777, FG_CP_CONTIGUOUS, true},
+    {"causal", 64, FG_BF16, 1, 4, 2, 1000, FG_CP_ZIGZAG, true, true},
+    {"causal", 64, FG_BF16, 1, 4, 2, 1000, FG_CP_CONTIGUOUS, false, false},
+    {"noop", 128, FG_FP16, 2, 2, 2, 1536, FG_CP_CONTIGUOUS, false, true},
+    {"sliding_window", 64, FG_BF16, 1, 4, 4, 2048, FG_CP_CONTIGUOUS, false, true},
+    {"sliding_window", 64, FG_BF16, 1, 4, 4, 2048, FG_CP_ZIGZAG, true, false},
+    {"document", 128, FG_BF16, 1, 2, 1, 1300, FG_CP_ZIGZAG, false, true},
+    {"prefix_lm", 64, FG_FP16, 1, 2, 2, 900, FG_CP_ZIGZAG, true, false},
+    {"alibi", 128, FG_BF16, 1, 4, 2, 1000, FG_CP_ZIGZAG, false, false},
+    {"softcap", 64, FG_BF16, 1, 2, 2, 777, FG_CP_CONTIGUOUS, true, true},
 };
 
 /* ---- NCCL, for the communicators (the library itself takes them as given) */
@@ -78,6 +80,7 @@ typedef struct rank_job {
     fg_cp_args cp;
     fg_attention_bwd_args b;
     fg_cp_bwd_args cpb;
+    fg_cp_plan *plan;
     bool backward; /* which call rank_main makes */
     CUstream stream;
     fg_status st;
@@ -200,6 +203,7 @@ static void check_backward(rank_job jobs[WORLD], const cp_case *c, const char *n
         j->b.dlse = (const float *)(uintptr_t)j->dlse;
         j->cpb = fg_cp_bwd_args_init();
         j->cpb.local = &j->b, j->cpb.comm = j->cp.comm, j->cpb.global_len = S, j->cpb.layout = c->layout;
+        j->cpb.plan = j->plan;
         j->backward = true;
     }
     bool ok = run_ranks(jobs, name, "backward");
@@ -238,9 +242,9 @@ static void check_backward(rank_job jobs[WORLD], const cp_case *c, const char *n
 
 static void run_case(void *comms[WORLD], const cp_case *c) {
     char name[200];
-    snprintf(name, sizeof name, "%s D=%d %s B=%d Hq=%d Hkv=%d S=%d %s", c->mod, c->d,
+    snprintf(name, sizeof name, "%s D=%d %s B=%d Hq=%d Hkv=%d S=%d %s%s", c->mod, c->d,
              c->dtype == FG_BF16 ? "bf16" : "fp16", c->b, c->hq, c->hkv, c->s,
-             c->layout == FG_CP_ZIGZAG ? "zig-zag" : "contiguous");
+             c->layout == FG_CP_ZIGZAG ? "zig-zag" : "contiguous", c->plan ? " (plan)" : "");
     const int B = c->b, D = c->d, S = c->s;
     const size_t nq = (size_t)B * c->hq * S * D, nkv = (size_t)B * c->hkv * S * D, nlse = (size_t)B * c->hq * S;
     uint16_t *hq = random16(c->dtype, nq, true), *hk = random16(c->dtype, nkv, true),
@@ -277,6 +281,12 @@ static void run_case(void *comms[WORLD], const cp_case *c) {
         a->stream = j->stream;
         j->cp = fg_cp_args_init();
         j->cp.local = a, j->cp.comm = comms[r], j->cp.global_len = S, j->cp.layout = c->layout;
+        if (c->plan) {
+            /* no communication: each rank makes its own */
+            const fg_status st = fg_cp_plan_create(j->ctx, j->mod, &j->cp, &j->plan);
+            if (st != FG_OK) fail_msg("%s: fg_cp_plan_create: %s", c->mod, fg_errmsg(j->ctx));
+            j->cp.plan = j->plan;
+        }
     }
     /* The ranks' rows back at their global positions. */
     uint16_t *gout = malloc(nq * 2);
@@ -313,6 +323,8 @@ static void run_case(void *comms[WORLD], const cp_case *c) {
         CUdeviceptr all[] = {j->q, j->k, j->v, j->out, j->lse, j->dout, j->dlse, j->dq, j->dk, j->dv};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             if (all[i]) fgi_cu()->cuMemFree(all[i]);
+        fgi_cu()->cuCtxSynchronize();
+        fg_cp_plan_destroy(j->plan);
         binds_free(&j->bb);
         fg_mod_destroy(j->mod);
         fg_ctx_destroy(j->ctx);

@@ -116,6 +116,24 @@ static void test_forward_errors(void **state) {
     }
     assert_int_equal(fg_attention_forward_cp(ctx, NULL, &cp), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_attention_forward_cp(NULL, mod, &cp), FG_ERR_INVALID_ARGUMENT);
+
+    /* a plan is made from the arguments of a call without one, with the
+     * call's checks */
+    fg_cp_plan *plan = (fg_cp_plan *)1;
+    assert_int_equal(fg_cp_plan_create(ctx, mod, &cp, NULL), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_cp_plan_create(NULL, mod, &cp, &plan), FG_ERR_INVALID_ARGUMENT);
+    fg_cp_args with = cp;
+    with.plan = (const fg_cp_plan *)&with;
+    assert_int_equal(fg_cp_plan_create(ctx, mod, &with, &plan), FG_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fg_errmsg(ctx), "without a plan"));
+    assert_null(plan);
+    with = cp, with.layout = (fg_cp_layout)9;
+    assert_int_equal(fg_cp_plan_create(ctx, mod, &with, &plan), FG_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fg_errmsg(ctx), "layout"));
+    assert_int_equal(fg_cp_plan_create(ctx, mod, &cp, &plan), FG_ERR_NOT_SUPPORTED);
+    assert_non_null(strstr(fg_errmsg(ctx), "/nonexistent/libnccl.so.2"));
+    assert_null(plan);
+    fg_cp_plan_destroy(NULL);
     fg_mod_destroy(mod);
     fg_ctx_destroy(ctx);
 }

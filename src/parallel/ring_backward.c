@@ -100,8 +100,8 @@ static fg_status alloc_workspace(bwd_call *c) {
     const fgi_ring_plan *p = c->r.plan;
     const size_t B = (size_t)a->batch, Hq = (size_t)a->heads_q, Hkv = (size_t)a->heads_kv, D = (size_t)a->head_dim;
     c->chunk_rows = 0;
-    for (int i = 0; i < c->r.pm.nchunks; i++)
-        if (c->r.pm.len[i] > c->chunk_rows) c->chunk_rows = c->r.pm.len[i];
+    for (int i = 0; i < c->r.pm->nchunks; i++)
+        if (c->r.pm->len[i] > c->chunk_rows) c->chunk_rows = c->r.pm->len[i];
     const size_t kv_rows = (size_t)p->max_kv_rows, q_rows = (size_t)a->q_len, own = (size_t)a->kv_len;
     const size_t shard = fgi_attn_ws_round(B * Hkv * kv_rows * D * 2);
     const size_t run = fgi_attn_ws_round(B * Hkv * kv_rows * D * 4);
@@ -373,7 +373,7 @@ fg_status fg_attention_backward_cp(fg_ctx *ctx, const fg_mod *mod, const fg_cp_b
     if ((uintptr_t)a.lse % 4 || (b.dlse && (uintptr_t)b.dlse % 4))
         return fgi_error(ctx, FG_ERR_SHAPE, "lse and dlse must be 4-byte aligned");
     c.b = &b;
-    const fgi_ring_call_desc d = {cp.comm, cp.global_len, cp.layout, "fg_cp_bwd_args", NEVENTS};
+    const fgi_ring_call_desc d = {cp.comm, cp.global_len, cp.layout, cp.plan, "fg_cp_bwd_args", NEVENTS};
     FGI_TRY(fgi_ring_call_open(ctx, mod, &a, &st, &d, &c.r));
     fgi_ring_home(c.r.plan, c.r.who.rank, &c.home_step, &c.home_from);
     fg_status s = alloc_workspace(&c);

@@ -4,6 +4,7 @@
  */
 #include "parallel/ring_call.h"
 
+#include "base/growable.h"
 #include "blockmask/blockmask.h"
 
 #include <stdlib.h>
@@ -156,36 +157,93 @@ static fg_status open_streams(fgi_ring_call *c, int nevents) {
     return FG_OK;
 }
 
+/* Steps 1 of the header's list, shared by a call and fg_cp_plan_create:
+ * the checks, NCCL, the communicator, the shard's length. */
+static fg_status open_comm(fg_ctx *ctx, const fg_attention_args *a, const fgi_ring_call_desc *d,
+                           const fgi_nccl_lib **nccl, fgi_nccl_comm_info *who) {
+    FGI_TRY(check_desc(ctx, d, a));
+    FGI_TRY(fgi_nccl_ready(ctx, nccl));
+    FGI_TRY(fgi_nccl_comm_info_get(ctx, *nccl, d->comm, who));
+    FGI_TRY(fgi_cuda_ready(ctx));
+    if (who->device != ctx->device)
+        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT, "the communicator's rank %d is on device %d, the context on %d",
+                         who->rank, who->device, ctx->device);
+    int64_t starts[2], lens[2];
+    int n = 0;
+    FGI_TRY(fg_cp_shard_rows(d->layout, who->size, who->rank, d->global_len, starts, lens, &n));
+    if (lens[0] + lens[1] != a->q_len)
+        return fgi_error(ctx, FG_ERR_SHAPE,
+                         "rank %d of %d holds %lld rows of %lld under this layout (fg_cp_shard_rows); the shard has %d",
+                         who->rank, who->size, (long long)(lens[0] + lens[1]), (long long)d->global_len, a->q_len);
+    return FG_OK;
+}
+
+static void plan_free(fg_cp_plan *p) {
+    if (!p) return;
+    fgi_ring_plan_destroy(p->plan);
+    masks_free(&p->pm);
+    free(p);
+}
+
+/* Steps 2 and 3: the pair masks on `stream` (one synchronisation) and the
+ * plan, for the rank `who` says. */
+static fg_status plan_build(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a, const fgi_ring_call_desc *d,
+                            const fgi_nccl_comm_info *who, CUstream stream, fg_cp_plan **out) {
+    *out = NULL;
+    fg_cp_plan *p = calloc(1, sizeof *p);
+    if (!p) return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (context parallel)");
+    p->world = who->size, p->rank = who->rank, p->device = who->device;
+    p->global_len = d->global_len, p->layout = d->layout, p->mod_hash = fg_mod_hash(mod);
+    p->batch = a->batch, p->heads_q = a->heads_q;
+    fg_status s = build_masks(ctx, mod, a, who->size, d->layout, d->global_len, stream, &p->pm);
+    if (s == FG_OK) {
+        fgi_ring_desc rd = {0};
+        rd.world = who->size, rd.q_len = rd.kv_len = d->global_len;
+        rd.layout = d->layout == FG_CP_ZIGZAG ? FGI_RING_ZIGZAG : FGI_RING_CONTIGUOUS;
+        rd.align = FGI_CP_BLOCK, rd.pair_class = class_of, rd.user = &p->pm;
+        s = fgi_ring_plan_create(ctx, &rd, &p->plan);
+    }
+    if (s != FG_OK) {
+        /* the masks' builds may still be queued on the stream */
+        if (p->pm.mask) fgi_cu()->cuStreamSynchronize(stream);
+        plan_free(p);
+        return s;
+    }
+    *out = p;
+    return FG_OK;
+}
+
+/* A caller's plan against the call it is given to. */
+static fg_status check_plan(fg_ctx *ctx, const fg_cp_plan *p, const fg_mod *mod, const fg_attention_args *a,
+                            const fgi_ring_call_desc *d, const fgi_nccl_comm_info *who) {
+    const char *what = p->world != who->size || p->rank != who->rank ? "communicator rank and size"
+                       : p->device != who->device                     ? "device"
+                       : p->global_len != d->global_len               ? "global length"
+                       : p->layout != d->layout                       ? "layout"
+                       : p->mod_hash != fg_mod_hash(mod)              ? "mod"
+                       : p->batch != a->batch || p->heads_q != a->heads_q ? "batch and query heads"
+                                                                      : NULL;
+    if (!what) return FG_OK;
+    return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
+                     "%s.plan was made for another %s than this call's (rank %d of %d, device %d, %lld rows, "
+                     "layout %d, batch %d, %d query heads)",
+                     d->what, what, p->rank, p->world, p->device, (long long)p->global_len, (int)p->layout, p->batch,
+                     p->heads_q);
+}
+
 fg_status fgi_ring_call_open(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a,
                              const fgi_attn_strides *st, const fgi_ring_call_desc *d, fgi_ring_call *c) {
     memset(c, 0, sizeof *c);
     c->ctx = ctx, c->mod = mod, c->a = a, c->st = *st, c->comm = d->comm, c->stream = (CUstream)a->stream;
     if (d->nevents < 0 || d->nevents > FGI_RING_MAX_EVENTS)
         return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT, "a sharded call asked for %d events", d->nevents);
-    FGI_TRY(check_desc(ctx, d, a));
-    FGI_TRY(fgi_nccl_ready(ctx, &c->nccl));
-    FGI_TRY(fgi_nccl_comm_info_get(ctx, c->nccl, d->comm, &c->who));
-    FGI_TRY(fgi_cuda_ready(ctx));
-    if (c->who.device != ctx->device)
-        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT, "the communicator's rank %d is on device %d, the context on %d",
-                         c->who.rank, c->who.device, ctx->device);
-    int64_t starts[2], lens[2];
-    int n = 0;
-    FGI_TRY(fg_cp_shard_rows(d->layout, c->who.size, c->who.rank, d->global_len, starts, lens, &n));
-    if (lens[0] + lens[1] != a->q_len)
-        return fgi_error(ctx, FG_ERR_SHAPE,
-                         "rank %d of %d holds %lld rows of %lld under this layout (fg_cp_shard_rows); the shard has %d",
-                         c->who.rank, c->who.size, (long long)(lens[0] + lens[1]), (long long)d->global_len, a->q_len);
-
-    fg_status s = build_masks(ctx, mod, a, c->who.size, d->layout, d->global_len, c->stream, &c->pm);
-    if (s == FG_OK) {
-        fgi_ring_desc rd = {0};
-        rd.world = c->who.size, rd.q_len = rd.kv_len = d->global_len;
-        rd.layout = d->layout == FG_CP_ZIGZAG ? FGI_RING_ZIGZAG : FGI_RING_CONTIGUOUS;
-        rd.align = FGI_CP_BLOCK, rd.pair_class = class_of, rd.user = &c->pm;
-        s = fgi_ring_plan_create(ctx, &rd, &c->plan);
-    }
-    if (s == FG_OK) s = open_streams(c, d->nevents);
+    FGI_TRY(open_comm(ctx, a, d, &c->nccl, &c->who));
+    const fg_cp_plan *p = d->plan;
+    if (p) FGI_TRY(check_plan(ctx, p, mod, a, d, &c->who));
+    else FGI_TRY(plan_build(ctx, mod, a, d, &c->who, c->stream, &c->own));
+    if (!p) p = c->own;
+    c->plan = p->plan, c->pm = &p->pm;
+    fg_status s = open_streams(c, d->nevents);
     if (s != FG_OK) fgi_ring_call_close(c);
     return s;
 }
@@ -194,15 +252,40 @@ void fgi_ring_call_close(fgi_ring_call *c) {
     const fgi_cu_api *cu = fgi_cu();
     /* The pair masks are read by kernels still queued on the caller's
      * stream, and freeing device memory does not wait for them. */
-    if (c->pm.mask) cu->cuStreamSynchronize(c->stream);
+    if (c->own && c->own->pm.mask) cu->cuStreamSynchronize(c->stream);
     for (int i = 0; i < c->nev; i++) cu->cuEventDestroy(c->ev[i]);
     c->nev = 0;
     if (c->comm_stream) cu->cuStreamDestroy(c->comm_stream); /* its work still completes */
     c->comm_stream = NULL;
-    fgi_ring_plan_destroy(c->plan);
-    c->plan = NULL;
-    masks_free(&c->pm);
+    plan_free(c->own);
+    c->own = NULL, c->plan = NULL, c->pm = NULL;
 }
+
+fg_status fg_cp_plan_create(fg_ctx *ctx, const fg_mod *mod, const fg_cp_args *args, fg_cp_plan **out) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    FGI_CHECK_ARG(ctx, mod && args && out, "NULL mod, arguments or output");
+    *out = NULL;
+    fg_cp_args cp;
+    FGI_TRY(FGI_STRUCT_IN(ctx, fg_cp_args, args, &cp));
+    FGI_CHECK_ARG(ctx, cp.local, "NULL local shard (fg_cp_args.local)");
+    FGI_CHECK_ARG(ctx, !cp.plan, "fg_cp_plan_create takes the arguments of a call without a plan");
+    fg_attention_args a;
+    FGI_TRY(fgi_attn_args_in(ctx, cp.local, &a));
+    fgi_attn_strides st;
+    FGI_TRY(fgi_attn_check_args(ctx, mod, &a, &st));
+    const fgi_ring_call_desc d = {cp.comm, cp.global_len, cp.layout, NULL, "fg_cp_args", 0};
+    const fgi_nccl_lib *nccl;
+    fgi_nccl_comm_info who;
+    FGI_TRY(open_comm(ctx, &a, &d, &nccl, &who));
+    fg_cp_plan *p;
+    FGI_TRY(plan_build(ctx, mod, &a, &d, &who, (CUstream)a.stream, &p));
+    /* the masks' builds are done (plan_build synchronised after them when
+     * the mod has a mask_mod, and there is nothing to build otherwise) */
+    *out = p;
+    return FG_OK;
+}
+
+void fg_cp_plan_destroy(fg_cp_plan *plan) { plan_free(plan); }
 
 /* ---- pairs and the K/V step --------------------------------------------------------- */
 
@@ -236,7 +319,7 @@ void fgi_ring_pair_args(const fgi_ring_call *c, int s, const fgi_ring_pair *p, C
     pa->q_offset = (int)p->q_offset, pa->kv_offset = (int)p->kv_offset;
     int qc, kc;
     fgi_ring_pair_chunks(c, s, p, &qc, &kc);
-    pa->block_mask = c->pm.mask[qc * c->pm.nchunks + kc];
+    pa->block_mask = c->pm->mask[qc * c->pm->nchunks + kc];
     pa->stream = c->stream;
 }
 

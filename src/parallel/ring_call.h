@@ -18,9 +18,10 @@
  *   3. the plan (ring_plan.c) from those classes;
  *   4. a stream of the call's for NCCL, and the events the operation asks
  *      for.
- * Closing it frees the pair masks only after the caller's stream has used
- * them: a second synchronisation (a plan object kept across calls would
- * save both, and the masks' allocations).
+ * Steps 2 and 3 are what fg_cp_plan_create keeps across calls: given a
+ * plan, a call checks it was made for this one and builds nothing. Without
+ * one, closing the call frees the pair masks only after the caller's
+ * stream has used them: a second synchronisation.
  */
 #ifndef FLEXGEN_RING_CALL_H
 #define FLEXGEN_RING_CALL_H
@@ -44,6 +45,18 @@ typedef struct fgi_ring_masks {
     fgi_ring_class *cls;               /* [C * C]                           */
 } fgi_ring_masks;
 
+/* The public fg_cp_plan: the pair masks and the plan, with what they were
+ * made for (a call with a plan checks it). */
+struct fg_cp_plan {
+    int world, rank, device;
+    int64_t global_len;
+    fg_cp_layout layout;
+    uint64_t mod_hash;
+    int batch, heads_q;
+    fgi_ring_masks pm;
+    fgi_ring_plan *plan;
+};
+
 typedef struct fgi_ring_call {
     fg_ctx *ctx;
     const fg_mod *mod;
@@ -52,8 +65,9 @@ typedef struct fgi_ring_call {
     const fgi_nccl_lib *nccl;
     void *comm;
     fgi_nccl_comm_info who;
-    fgi_ring_plan *plan;
-    fgi_ring_masks pm;
+    const fgi_ring_plan *plan;   /* the caller's plan's or own->plan        */
+    const fgi_ring_masks *pm;    /* likewise                                */
+    fg_cp_plan *own;             /* built by this call, freed at close      */
     CUstream stream, comm_stream;
     CUevent ev[FGI_RING_MAX_EVENTS]; /* the operation's, by its own names   */
     int nev;
@@ -65,6 +79,7 @@ typedef struct fgi_ring_call_desc {
     void *comm;
     int64_t global_len;
     fg_cp_layout layout;
+    const fg_cp_plan *plan; /* the caller's, or NULL                        */
     const char *what;  /* the public struct, for messages: "fg_cp_args"     */
     int nevents;       /* events the operation needs, <= FGI_RING_MAX_EVENTS */
 } fgi_ring_call_desc;

@@ -4,8 +4,8 @@
  *
  * One call, on every rank:
  *   1. what every sharded call does first (ring_call.c): the checks, the
- *      communicator, the pair masks and their classes, the plan, a stream
- *      for NCCL;
+ *      communicator, the pair masks and their classes and the plan (or the
+ *      caller's fg_cp_plan), a stream for NCCL;
  *   2. workspace from the library's pool, on the caller's stream: two
  *      receive buffers for a K/V shard, a partial (out, lse) per computed
  *      pair and an lse per q chunk;
@@ -26,8 +26,8 @@
  *      out (and lse: merged into a contiguous scratch row per chunk, then
  *      copied to the chunk's rows of the caller's lse, whose rows are the
  *      rank's whole local length apart);
- *   5. closing the call (its second synchronisation, before the pair
- *      masks are freed).
+ *   5. closing the call (without a caller's plan, its second
+ *      synchronisation, before the pair masks are freed).
  * A q chunk whose pairs are all empty still gets one (empty) pair
  * computed, so its rows come out 0 with LSE -inf as in a single-GPU call.
  *
@@ -208,7 +208,7 @@ fg_status fg_attention_forward_cp(fg_ctx *ctx, const fg_mod *mod, const fg_cp_ar
     FGI_TRY(fgi_attn_check_args(ctx, mod, &a, &st));
     cp_call c;
     memset(&c, 0, sizeof c);
-    const fgi_ring_call_desc d = {cp.comm, cp.global_len, cp.layout, "fg_cp_args", NEVENTS};
+    const fgi_ring_call_desc d = {cp.comm, cp.global_len, cp.layout, cp.plan, "fg_cp_args", NEVENTS};
     FGI_TRY(fgi_ring_call_open(ctx, mod, &a, &st, &d, &c.r));
     fg_status s = select_parts(&c);
     if (s == FG_OK) s = alloc_workspace(&c);
