@@ -15,8 +15,11 @@ each row comes out of the one run:
           mask built once beforehand (a training step builds it once for
           all its layers; its build time is the row's 'mask' column);
   tN      every rank its shard (flexgen.shard of the same tensors):
-          flexgen.context_parallel_attention, which builds the ring's pair
-          masks at every call;
+          flexgen.context_parallel_attention with a plan made once
+          beforehand (flexgen.context_parallel_plan: the ring's pair masks
+          and schedule, the counterpart of t1's block mask; its build time
+          is the 'plan' column), and 'no plan': the same call building them
+          at every call (two host synchronisations);
   eff     t1 / (N * tN), 1 for perfect scaling; eff+mask counts the one-GPU
           mask build in t1;
   error   ||out_N - out_1|| / ||out_1||: the ranks' outputs sent to rank 0
@@ -189,11 +192,17 @@ def run_flexgen_case(spec, layout, full, opts):
     shards = [flexgen.shard(t, world, rank, layout) for t in full]
     out = None
     try:
-        def n_gpus():
+        row["tN_plan_ms"], plan = wall_ms(lambda: flexgen.context_parallel_plan(
+            *shards, mod, None, params, buffers, layout=layout, seq_len=S))
+
+        def n_gpus(plan=plan):
             return flexgen.context_parallel_attention(*shards, mod, None, params, buffers, layout=layout,
-                                                      seq_len=S)
+                                                      seq_len=S, plan=plan)
         times = timed_calls(n_gpus, opts.warmup, opts.iters)
+        row["tN_noplan_ms"], _ = slowest_rank_median(timed_calls(lambda: n_gpus(None), opts.warmup,
+                                                                 opts.iters))
         out = n_gpus()
+        plan.close()
         ok = True
     except Exception as e:
         ok = False
@@ -330,14 +339,15 @@ def fmt(x, spec="{:.1f}"):
 
 
 def table(rows, world):
-    head = ["system", "mask", "layout", "S", "mask ms", "t1 ms", f"t{world} ms", "eff", "eff+mask",
-            "TF/s 1", f"TF/s {world}", "err", "comm"]
+    head = ["system", "mask", "layout", "S", "mask ms", "t1 ms", "plan ms", f"t{world} ms",
+            f"t{world} no plan", "eff", "eff+mask", "TF/s 1", f"TF/s {world}", "err", "comm"]
     lines = []
     for r in rows:
         system = r["system"] + (f" ({r['rotate']})" if "rotate" in r else "")
         lines.append([system, r["mask"], r["layout"], str(r["S"]),
                       fmt(r.get("t1_block_mask_ms"), "{:.2f}"), fmt(r.get("t1_ms"), "{:.2f}"),
-                      fmt(r.get("tN_ms"), "{:.2f}"), fmt(r.get("efficiency"), "{:.3f}"),
+                      fmt(r.get("tN_plan_ms"), "{:.2f}"), fmt(r.get("tN_ms"), "{:.2f}"),
+                      fmt(r.get("tN_noplan_ms"), "{:.2f}"), fmt(r.get("efficiency"), "{:.3f}"),
                       fmt(r.get("efficiency_with_mask"), "{:.3f}"), fmt(r.get("tflops_1")),
                       fmt(r.get("tflops_N")), fmt(r.get("error_vs_1gpu"), "{:.1e}"),
                       ",".join(r.get("comm", [])) or "-"])

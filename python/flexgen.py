@@ -64,7 +64,8 @@ __all__ = [
     "load_mod", "reference", "reference_backward", "cache_stats", "reset_cache_stats",
     "forget_memory_cache", "set_cache_dir", "cache_dir", "set_approx_math", "library_path", "version",
     "generate_source", "compile_kernel",
-    "shard_rows", "shard", "unshard", "context_parallel_attention",
+    "shard_rows", "shard", "unshard", "context_parallel_attention", "context_parallel_plan",
+    "ContextParallelPlan",
 ]
 
 # ---------------------------------------------------------------------------
@@ -287,13 +288,16 @@ _SIGNATURES = {
                                         ctypes.POINTER(ctypes.c_int)]),
     "fg_attention_forward_cp": (ctypes.c_int, [_P, _P, ctypes.POINTER(_CpArgs)]),
     "fg_attention_backward_cp": (ctypes.c_int, [_P, _P, ctypes.POINTER(_CpBwdArgs)]),
+    "fg_cp_plan_create": (ctypes.c_int, [_P, _P, ctypes.POINTER(_CpArgs), ctypes.POINTER(_P)]),
+    "fg_cp_plan_destroy": (None, [_P]),
 }
 # Functions a library built before the backward pass (or before context
 # parallelism) lacks: every other call works without them, and the calls
 # that need them say what is missing.
 _OPTIONAL = {"fg_attention_backward", "fg_kernel_launch_backward",
              "fg_attention_reference_backward",
-             "fg_cp_shard_rows", "fg_attention_forward_cp", "fg_attention_backward_cp"}
+             "fg_cp_shard_rows", "fg_attention_forward_cp", "fg_attention_backward_cp",
+             "fg_cp_plan_create", "fg_cp_plan_destroy"}
 
 
 class LibraryNotFound(OSError):
@@ -2241,10 +2245,13 @@ def _cp_forward(call, q, k, v, want_lse=True):
     cp.local = ctypes.pointer(args)
     cp.comm = call.comm.pointer()
     cp.global_len, cp.layout = call.seq_len, call.layout
+    cp.plan = call.plan._handle if call.plan is not None else None
     fn = _function("fg_attention_forward_cp", "context parallelism")
     c = _ctx(call.index)
     with c.lock:
         c.check(fn(c.handle, call.mod.handle, ctypes.byref(cp)))
+    if call.plan is not None:
+        call.plan._used(call.index)
     return out, lse
 
 
@@ -2279,11 +2286,68 @@ def _cp_backward(call, q, k, v, out, lse, dout, dlse):
     cp.local = ctypes.pointer(bwd)
     cp.comm = call.comm.pointer()
     cp.global_len, cp.layout = call.seq_len, call.layout
+    cp.plan = call.plan._handle if call.plan is not None else None
     fn = _function("fg_attention_backward_cp", "the context-parallel backward")
     c = _ctx(call.index)
     with c.lock:
         c.check(fn(c.handle, call.mod.handle, ctypes.byref(cp)))
+    if call.plan is not None:
+        call.plan._used(call.index)
     return dq, dk, dv
+
+
+class ContextParallelPlan:
+    """The schedule of context_parallel_attention kept across calls
+    (fg_cp_plan): the block masks of every chunk pair of the sequence and
+    the ring's plan, made by context_parallel_plan() for one mod, parameter
+    and buffer values, layout, group, sequence length and shard shape.
+    Calls given it (plan=...) build nothing and do not synchronise with the
+    host; the library checks it fits the call, but new parameter or buffer
+    values (new document ids) need a new plan. Freed when it is no longer
+    referenced, after the GPU work of the calls that used it."""
+
+    def __init__(self, handle, call):
+        self._handle = handle
+        self._call = call  # keeps the mod, bindings and communicator alive
+        self._done = None
+
+    def _used(self, index):
+        if self._done is None:
+            self._done = torch.cuda.Event()
+        self._done.record(torch.cuda.current_stream(index))
+
+    def close(self):
+        """Free the plan now (after the GPU work that used it)."""
+        handle, self._handle = self._handle, None
+        if handle:
+            if self._done is not None:
+                self._done.synchronize()
+            _function("fg_cp_plan_destroy", "context parallelism")(handle)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the process frees it
+            pass
+
+
+def _cp_make_plan(call, q, k, v):
+    """A ContextParallelPlan for `call` on this shard (fg_cp_plan_create: the
+    pair masks built on torch's current stream, one synchronisation)."""
+    args = _AttentionArgs()
+    # The plan reads the shapes, binds and stream; out is not written.
+    _fill_args(args, q, k, v, q, None, call.scale, None, call.binds,
+               torch.cuda.current_stream(call.index).cuda_stream)
+    cp = _CpArgs()
+    cp.local = ctypes.pointer(args)
+    cp.comm = call.comm.pointer()
+    cp.global_len, cp.layout = call.seq_len, call.layout
+    handle = _P()
+    fn = _function("fg_cp_plan_create", "context parallelism")
+    c = _ctx(call.index)
+    with c.lock:
+        c.check(fn(c.handle, call.mod.handle, ctypes.byref(cp), ctypes.byref(handle)))
+    return ContextParallelPlan(handle.value, call)
 
 
 if torch is not None:
@@ -2312,41 +2376,11 @@ if torch is not None:
             return None, dq if need[1] else None, dk if need[2] else None, dv if need[3] else None
 
 
-def context_parallel_attention(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None,
-                               scale=None, enable_gqa=False, layout="zigzag", group=None,
-                               return_lse=False, seq_len=None, deterministic=False):
-    """attention() over one sequence spread across the ranks of a
-    torch.distributed NCCL group, one process per GPU (ring attention,
-    fg_attention_forward_cp). Every rank of the group calls it together,
-    with the same mods, parameters and layout.
-
-    q: (B, Hq, rows, D), k and v: (B, Hkv, rows, D), this rank's shard of
-    the sequence's rows on the GPU the rank drives: shard(x, world, rank,
-    layout) of the whole tensors, or rows made in that order (shard_rows).
-    The mods see global positions. buffers (document ids, ...) cover the
-    whole sequence and hold the same values on every rank. layout:
-    'zigzag' (the choice for causal-like masks, whose work grows along the
-    sequence) or 'contiguous' (masks with even work per row: no mask,
-    windows shorter than a shard, short documents). group: the NCCL process
-    group (default: the default group). seq_len: the whole sequence's rows;
-    None finds it with an all_reduce of the shard lengths (a synchronisation
-    more). Returns this rank's rows of the output (B, Hq, rows, D), and with
-    return_lse its log-sum-exps (B, Hq, rows) float32; unshard() puts the
-    ranks' pieces back in order.
-
-    Differentiable with respect to q, k and v (fg_attention_backward_cp):
-    every rank must then run the backward too, since its steps exchange
-    data with the others; buffers get no gradient (a float buffer that
-    requires grad is refused). Runs on torch's current stream; the call
-    synchronises with the host twice (the library builds the ring's plan
-    from block masks on the GPU).
-
-    The NCCL communicator is the group's own when the library can use it,
-    else one made for the group on first use ($FLEXGEN_CP_COMM=auto, torch
-    or own; the comment of this section in flexgen.py says when). Not
-    available under torch.compile."""
-    if _compiling():
-        raise NotImplementedError("context_parallel_attention does not run under torch.compile")
+def _cp_prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa, layout, group,
+                seq_len, deterministic):
+    """The checks of a context-parallel call and what it needs: the mod, the
+    bindings, the communicator, the sequence length (see
+    context_parallel_attention)."""
     _check_qkv(q, k, v, enable_gqa)
     if q.shape[2] != k.shape[2]:
         raise ValueError(f"q has {q.shape[2]} rows and k/v {k.shape[2]}: a shard of self-attention "
@@ -2394,11 +2428,78 @@ def context_parallel_attention(q, k, v, mask_mod=None, score_mod=None, params=No
     comm = _cp_comm(group, index, rank, world)
     mod = load_mod(mask_mod, score_mod, params, buffers)
     binds = _Bindings(mod, params, buffers, device=index)
+    return types.SimpleNamespace(mod=mod, binds=binds, scale=scale, comm=comm, seq_len=seq_len,
+                                 layout=code, index=index, deterministic=bool(deterministic), plan=None)
+
+
+def context_parallel_attention(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None,
+                               scale=None, enable_gqa=False, layout="zigzag", group=None,
+                               return_lse=False, seq_len=None, deterministic=False, plan=None):
+    """attention() over one sequence spread across the ranks of a
+    torch.distributed NCCL group, one process per GPU (ring attention,
+    fg_attention_forward_cp). Every rank of the group calls it together,
+    with the same mods, parameters and layout.
+
+    q: (B, Hq, rows, D), k and v: (B, Hkv, rows, D), this rank's shard of
+    the sequence's rows on the GPU the rank drives: shard(x, world, rank,
+    layout) of the whole tensors, or rows made in that order (shard_rows).
+    The mods see global positions. buffers (document ids, ...) cover the
+    whole sequence and hold the same values on every rank. layout:
+    'zigzag' (the choice for causal-like masks, whose work grows along the
+    sequence) or 'contiguous' (masks with even work per row: no mask,
+    windows shorter than a shard, short documents). group: the NCCL process
+    group (default: the default group). seq_len: the whole sequence's rows;
+    None finds it with an all_reduce of the shard lengths (a synchronisation
+    more). Returns this rank's rows of the output (B, Hq, rows, D), and with
+    return_lse its log-sum-exps (B, Hq, rows) float32; unshard() puts the
+    ranks' pieces back in order.
+
+    Differentiable with respect to q, k and v (fg_attention_backward_cp):
+    every rank must then run the backward too, since its steps exchange
+    data with the others; buffers get no gradient (a float buffer that
+    requires grad is refused). Runs on torch's current stream; the call
+    synchronises with the host twice (the library builds the ring's plan
+    from block masks on the GPU).
+
+    The NCCL communicator is the group's own when the library can use it,
+    else one made for the group on first use ($FLEXGEN_CP_COMM=auto, torch
+    or own; the comment of this section in flexgen.py says when). Not
+    available under torch.compile.
+
+    plan: a ContextParallelPlan (context_parallel_plan) made for these
+    mods, values and shapes: the call then builds no block masks and does
+    not synchronise with the host. Without one, a call that will be
+    differentiated makes one for its forward and backward to share."""
+    if _compiling():
+        raise NotImplementedError("context_parallel_attention does not run under torch.compile")
+    if plan is not None and not isinstance(plan, ContextParallelPlan):
+        raise TypeError(f"plan must be a flexgen.ContextParallelPlan, not {type(plan).__name__}")
+    call = _cp_prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa, layout, group,
+                       seq_len, deterministic)
     k, v = k.contiguous(), v.contiguous()  # a K/V shard travels round the ring as it is
-    call = types.SimpleNamespace(mod=mod, binds=binds, scale=scale, comm=comm, seq_len=seq_len,
-                                 layout=code, index=index, deterministic=bool(deterministic))
-    if not _wants_grad(q, k, v, buffers):
+    grad = _wants_grad(q, k, v, buffers)
+    if plan is not None:
+        if plan._handle is None:
+            raise ValueError("the plan was closed")
+        call.plan = plan
+    elif grad:
+        call.plan = _cp_make_plan(call, q, k, v)
+    if not grad:
         out, lse = _cp_forward(call, q, k, v, want_lse=return_lse)
     else:
         out, lse = _ContextParallelFunction.apply(call, q, k, v)
     return (out, lse) if return_lse else out
+
+
+def context_parallel_plan(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None, scale=None,
+                          enable_gqa=False, layout="zigzag", group=None, seq_len=None):
+    """A ContextParallelPlan for context_parallel_attention calls with these
+    arguments (the rank's shard q, k, v give the shapes and device; nothing
+    is computed): the block masks of every chunk pair, built once on the GPU
+    (one synchronisation), and the ring's schedule. Every rank makes its
+    own; no communication."""
+    if _compiling():
+        raise NotImplementedError("context_parallel_plan does not run under torch.compile")
+    call = _cp_prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa, layout, group,
+                       seq_len, False)
+    return _cp_make_plan(call, q, k.contiguous(), v.contiguous())

@@ -1199,6 +1199,17 @@ def _cp_worker(rank, world, folder):
             out, _ = _cp_call(case, q, k, v, {}, seq_len=S)
             results["own_comm_out"] = out.cpu()
         results["own_comm_kinds"] = sorted({e.kind for e in flexgen._cp_comms.values()})
+        # The second case with a plan made once and used twice
+        # (context_parallel_plan): the same kernels, so the same numbers.
+        case = CP_CASES[1]
+        x = data[_cp_label(case)]
+        q, k, v = (flexgen.shard(x[n], world, rank, case[1]).to(dev) for n in ("q", "k", "v"))
+        plan = flexgen.context_parallel_plan(q, k, v, gallery_file(case[0]), params=case[2],
+                                             layout=case[1], seq_len=S)
+        with torch.no_grad():
+            results["plan_outs"] = [_cp_call(case, q, k, v, {}, seq_len=S, plan=plan)[0].cpu()
+                                    for _ in range(2)]
+        plan.close()
         torch.save(results, os.path.join(folder, f"rank{rank}.pt"))
         dist.barrier(device_ids=[rank])
     finally:
@@ -1359,7 +1370,7 @@ class ContextParallel(unittest.TestCase):
         call = pytypes.SimpleNamespace(mod=mod, binds=flexgen._Bindings(mod, None, None, device=0),
                                        scale=None, comm=pytypes.SimpleNamespace(pointer=lambda: None),
                                        seq_len=S, layout=flexgen.FG_CP_ZIGZAG, index=0,
-                                       deterministic=False)
+                                       deterministic=False, plan=None)
         stream = pytypes.SimpleNamespace(cuda_stream=None)
         with mock.patch.object(torch.cuda, "current_stream", lambda index=None: stream):
             with self.assertRaises(flexgen.FlexgenError) as cm:
@@ -1369,6 +1380,9 @@ class ContextParallel(unittest.TestCase):
             with self.assertRaises(flexgen.FlexgenError) as cm:
                 flexgen._cp_backward(call, q, k, v, out, lse, None, torch.zeros(1, 4, S))
             self.assertIn("NULL communicator (fg_cp_bwd_args.comm)", str(cm.exception))
+            with self.assertRaises(flexgen.FlexgenError) as cm:
+                flexgen._cp_make_plan(call, q, k, v)
+            self.assertIn("NULL communicator (fg_cp_args.comm)", str(cm.exception))
 
     @needs_torch
     def test_torch_communicator_only_when_blocking(self):
@@ -1449,8 +1463,11 @@ class ContextParallel(unittest.TestCase):
                     self.assertEqual(got[n].shape, want[n].shape, n)
                     self.assertLess(_rel(got[n], want[n]), 2e-2, n)
         first = _cp_label(CP_CASES[0])
+        second = _cp_label(CP_CASES[1])
         for r in ranks:
             self.assertTrue(torch.equal(r["own_comm_out"], r[first]["out"]))
+            for out in r["plan_outs"]:
+                self.assertTrue(torch.equal(out, r[second]["out"]))
 
 
 
