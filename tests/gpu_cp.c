@@ -4,7 +4,7 @@
  * One communicator per GPU from ncclCommInitAll, one thread per rank (NCCL
  * needs the ranks' calls in flight together), each with its own context,
  * stream and shard; everything else (inputs, uploads, the reference) runs
- * on the main thread. For gallery mods, both layouts, lengths that cut
+ * on the main thread. For every gallery mod, both layouts, lengths that cut
  * evenly and lengths that do not, the ranks' out and lse rows, put back at
  * their global positions, must meet the forward's tolerances
  * (check_out: 1e-2 relative in bf16, 2e-3 in fp16; LSE 1e-3; -inf and 0
@@ -51,6 +51,12 @@ static const cp_case cases[] = {
     {"prefix_lm", 64, FG_FP16, 1, 2, 2, 900, FG_CP_ZIGZAG, true, false},
     {"alibi", 128, FG_BF16, 1, 4, 2, 1000, FG_CP_ZIGZAG, false, false},
     {"softcap", 64, FG_BF16, 1, 2, 2, 777, FG_CP_CONTIGUOUS, true, true},
+    {"flamingo", 64, FG_BF16, 1, 2, 2, 1100, FG_CP_CONTIGUOUS, false, false},
+    {"jagged", 128, FG_FP16, 1, 2, 1, 1500, FG_CP_ZIGZAG, true, true},
+    {"natten", 64, FG_BF16, 1, 2, 2, 1024, FG_CP_CONTIGUOUS, false, true},
+    {"sasa", 64, FG_BF16, 1, 2, 2, 1024, FG_CP_ZIGZAG, false, false},
+    {"dilated", 128, FG_BF16, 1, 2, 2, 1400, FG_CP_ZIGZAG, true, false},
+    {"local_global", 64, FG_FP16, 1, 4, 2, 1300, FG_CP_CONTIGUOUS, false, true},
 };
 
 /* ---- NCCL, for the communicators (the library itself takes them as given) */
