@@ -185,7 +185,7 @@ typedef enum fg_option {
                                    and paged calls follow the same rule;
                                    on the forward side they take the
                                    portable kernel                        */
-    FG_OPT_APPROX_MATH = 11     /* int: 1 makes the attention kernels of
+    FG_OPT_APPROX_MATH = 11,    /* int: 1 makes the attention kernels of
                                    this context compute score_mod (and its
                                    derivative) with the GPU's approximate
                                    instructions, 0 with the accurate
@@ -194,6 +194,14 @@ typedef enum fg_option {
                                    math" below. It applies where a config's
                                    approx_math is 0: fg_attention_forward,
                                    _backward, fg_kernel_get, fg_compile ... */
+    FG_OPT_CP_STREAMS = 12      /* int: the compute streams a sharded call
+                                   (fg_attention_forward_cp, _backward_cp)
+                                   spreads each ring step's pairs over: 2
+                                   (default) runs the pairs of a step's two
+                                   q chunks side by side, so one pair's last
+                                   wave of thread blocks overlaps the other's
+                                   work; 1 runs them one after another on
+                                   the caller's stream (FLEXGEN_CP_STREAMS=1) */
 } fg_option;
 
 /* The longest q_len the decode kernel serves by default (FG_OPT_DECODE_KERNEL

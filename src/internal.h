@@ -105,6 +105,7 @@ struct fg_ctx {
     int hopper_kernel;        /* 0/1: FG_OPT_HOPPER_KERNEL                 */
     int decode_kernel;        /* 0/1/2: FG_OPT_DECODE_KERNEL               */
     int approx_math;          /* 0/1: FG_OPT_APPROX_MATH                   */
+    int cp_streams;           /* 1/2: FG_OPT_CP_STREAMS                    */
     int64_t cache_max_bytes;
     int max_source, max_depth, max_locals;
     /* lazily initialised CUDA state (driver/cuda.c) */

@@ -13,7 +13,8 @@
  * dv put back at their global positions must meet the backward's
  * tolerances (relative Frobenius error 2e-2 in bf16, 5e-3 in fp16, no
  * non-finite value). Half of the cases make one fg_cp_plan per rank for
- * both calls. Outputs and gradients are poisoned first.
+ * both calls, and every other case runs on one compute stream
+ * (FG_OPT_CP_STREAMS 1) instead of two. Outputs and gradients are poisoned first.
  *
  * Skips (77) without two GPUs or without NCCL ($FLEXGEN_NCCL_LIB, else
  * libnccl.so.2). NVLink multicast stays off (NCCL_NVLS_ENABLE=0 unless
@@ -248,9 +249,12 @@ static void check_backward(rank_job jobs[WORLD], const cp_case *c, const char *n
 
 static void run_case(void *comms[WORLD], const cp_case *c) {
     char name[200];
-    snprintf(name, sizeof name, "%s D=%d %s B=%d Hq=%d Hkv=%d S=%d %s%s", c->mod, c->d,
+    /* every other case on one compute stream (FG_OPT_CP_STREAMS) */
+    const int streams = (c - cases) % 2 ? 1 : 2;
+    snprintf(name, sizeof name, "%s D=%d %s B=%d Hq=%d Hkv=%d S=%d %s%s, %d stream%s", c->mod, c->d,
              c->dtype == FG_BF16 ? "bf16" : "fp16", c->b, c->hq, c->hkv, c->s,
-             c->layout == FG_CP_ZIGZAG ? "zig-zag" : "contiguous", c->plan ? " (plan)" : "");
+             c->layout == FG_CP_ZIGZAG ? "zig-zag" : "contiguous", c->plan ? " (plan)" : "", streams,
+             streams > 1 ? "s" : "");
     const int B = c->b, D = c->d, S = c->s;
     const size_t nq = (size_t)B * c->hq * S * D, nkv = (size_t)B * c->hkv * S * D, nlse = (size_t)B * c->hq * S;
     uint16_t *hq = random16(c->dtype, nq, true), *hk = random16(c->dtype, nkv, true),
@@ -263,6 +267,7 @@ static void run_case(void *comms[WORLD], const cp_case *c) {
         rank_job *j = &jobs[r];
         assert_int_equal(fg_ctx_create(&j->ctx), FG_OK);
         assert_int_equal(fg_ctx_set_int(j->ctx, FG_OPT_DEVICE, r), FG_OK);
+        assert_int_equal(fg_ctx_set_int(j->ctx, FG_OPT_CP_STREAMS, streams), FG_OK);
         assert_int_equal(fgi_cuda_ready(j->ctx), FG_OK); /* device r's context current here */
         j->mod = tu_gallery_mod(j->ctx, c->mod);
         const uint64_t keep = rng;

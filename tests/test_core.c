@@ -100,6 +100,30 @@ static void test_options(void **state) {
     if (saved) setenv("FLEXGEN_APPROX_MATH", saved, 1);
     else unsetenv("FLEXGEN_APPROX_MATH");
     free(saved);
+    /* Context-parallel compute streams: 2 unless the environment says 1. */
+    static const struct {
+        const char *env;
+        int64_t want;
+    } cp_envs[] = {{NULL, 2}, {"1", 1}, {"2", 2}, {"0", 2}, {"", 2}};
+    const char *cs = getenv("FLEXGEN_CP_STREAMS");
+    saved = cs ? strdup(cs) : NULL;
+    for (size_t i = 0; i < sizeof cp_envs / sizeof cp_envs[0]; i++) {
+        if (cp_envs[i].env) setenv("FLEXGEN_CP_STREAMS", cp_envs[i].env, 1);
+        else unsetenv("FLEXGEN_CP_STREAMS");
+        fg_ctx *e;
+        assert_int_equal(fg_ctx_create(&e), FG_OK);
+        assert_int_equal(fg_ctx_get_int(e, FG_OPT_CP_STREAMS, &v), FG_OK);
+        assert_int_equal(v, cp_envs[i].want);
+        fg_ctx_destroy(e);
+    }
+    if (saved) setenv("FLEXGEN_CP_STREAMS", saved, 1);
+    else unsetenv("FLEXGEN_CP_STREAMS");
+    free(saved);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_CP_STREAMS, 1), FG_OK);
+    assert_int_equal(fg_ctx_get_int(ctx, FG_OPT_CP_STREAMS, &v), FG_OK);
+    assert_int_equal(v, 1);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_CP_STREAMS, 0), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_CP_STREAMS, 3), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_kernel_kind_of(NULL), 0);
     assert_int_equal(fg_ctx_set_int(NULL, FG_OPT_MAX_DEPTH, 50), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_ctx_create(NULL), FG_ERR_INVALID_ARGUMENT);

@@ -28,6 +28,8 @@ fg_status fg_ctx_create(fg_ctx **out) {
     ctx->decode_kernel = dk && (strcmp(dk, "0") == 0 || strcmp(dk, "2") == 0) ? dk[0] - '0' : 1;
     const char *am = getenv("FLEXGEN_APPROX_MATH");
     ctx->approx_math = am && strcmp(am, "1") == 0;
+    const char *cs = getenv("FLEXGEN_CP_STREAMS");
+    ctx->cp_streams = cs && strcmp(cs, "1") == 0 ? 1 : 2;
     ctx->cache_max_bytes = (int64_t)1 << 30;
     const char *mb = getenv("FLEXGEN_CACHE_MAX_BYTES");
     if (mb && *mb) {
@@ -76,6 +78,10 @@ fg_status fg_ctx_set_int(fg_ctx *ctx, fg_option opt, int64_t v) {
         FGI_CHECK_ARG(ctx, v == 0 || v == 1, "approximate math flag must be 0 or 1");
         ctx->approx_math = (int)v;
         return FG_OK;
+    case FG_OPT_CP_STREAMS:
+        FGI_CHECK_ARG(ctx, v == 1 || v == 2, "context-parallel compute streams must be 1 or 2");
+        ctx->cp_streams = (int)v;
+        return FG_OK;
     case FG_OPT_CACHE_MAX_BYTES:
         FGI_CHECK_ARG(ctx, v > 0, "cache size cap must be positive");
         ctx->cache_max_bytes = v;
@@ -105,6 +111,7 @@ fg_status fg_ctx_get_int(const fg_ctx *ctx, fg_option opt, int64_t *v) {
     case FG_OPT_HOPPER_KERNEL: *v = ctx->hopper_kernel; return FG_OK;
     case FG_OPT_DECODE_KERNEL: *v = ctx->decode_kernel; return FG_OK;
     case FG_OPT_APPROX_MATH: *v = ctx->approx_math; return FG_OK;
+    case FG_OPT_CP_STREAMS: *v = ctx->cp_streams; return FG_OK;
     case FG_OPT_CACHE_MAX_BYTES: *v = ctx->cache_max_bytes; return FG_OK;
     case FG_OPT_MAX_SOURCE: *v = ctx->max_source; return FG_OK;
     case FG_OPT_MAX_DEPTH: *v = ctx->max_depth; return FG_OK;

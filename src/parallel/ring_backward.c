@@ -16,7 +16,9 @@
  *     comm:    K/V group (as the forward): send K_o, V_o on, receive the
  *              next shard's (step s + 1's) K/V
  *     compute: the pairs' backward (into bf16/fp16 temporaries), each
- *              pair's dQ added to the rank's fp32 dQ sum at once; then,
+ *              pair's dQ added to the rank's fp32 dQ sum at once (a
+ *              step's second q chunk on a side stream, FG_OPT_CP_STREAMS
+ *              2, each chunk's dQ staying on its own stream); then,
  *              once the running dK_o / dV_o from rank r - 1 are here,
  *              run_o += the pairs' dK / dV
  *     comm:    dK/dV group: run_o on to rank r + 1, or, after the shard's
@@ -86,7 +88,8 @@ typedef struct bwd_call {
                                     they come back from another rank        */
     CUdeviceptr dq_sum;          /* fp32 [B][Hq][q_rows][D]                  */
     CUdeviceptr lse, dlse;       /* per q chunk, contiguous [B*Hq][len]      */
-    CUdeviceptr t_dq;            /* one pair's dQ, the dtype                 */
+    CUdeviceptr t_dq[FGI_RING_MAX_CHUNKS]; /* a pair's dQ per q chunk (its
+                                    stream's), the dtype                    */
     CUdeviceptr t_dk[FGI_RING_MAX_PAIRS], t_dv[FGI_RING_MAX_PAIRS];
     bool dq_started[FGI_RING_MAX_CHUNKS];
     int home_step, home_from;    /* the step and rank the own shard's sums
@@ -111,7 +114,8 @@ static fg_status alloc_workspace(bwd_call *c) {
     const size_t dlse = c->b->dlse ? lse : 0;
     const size_t tq = fgi_attn_ws_round(B * Hq * (size_t)c->chunk_rows * D * 2);
     const size_t tkv = fgi_attn_ws_round(B * Hkv * (size_t)c->chunk_rows * D * 2);
-    const size_t total = 4 * shard + 4 * run + 2 * home + dq + lse + dlse + tq + 2 * FGI_RING_MAX_PAIRS * tkv;
+    const size_t total = 4 * shard + 4 * run + 2 * home + dq + lse + dlse + FGI_RING_MAX_CHUNKS * tq +
+                         2 * FGI_RING_MAX_PAIRS * tkv;
     FGI_TRY(fgi_attn_ws_alloc(c->r.ctx, &c->ws, total, c->r.stream));
     CUdeviceptr at = c->ws.base;
     for (int i = 0; i < 2; i++)
@@ -122,7 +126,7 @@ static fg_status alloc_workspace(bwd_call *c) {
     c->dq_sum = at, at += dq;
     c->lse = at, at += lse;
     c->dlse = dlse ? at : 0, at += dlse;
-    c->t_dq = at, at += tq;
+    for (int i = 0; i < FGI_RING_MAX_CHUNKS; i++) c->t_dq[i] = at, at += tq;
     for (int i = 0; i < FGI_RING_MAX_PAIRS; i++) c->t_dk[i] = at, at += tkv, c->t_dv[i] = at, at += tkv;
     return FG_OK;
 }
@@ -175,13 +179,14 @@ static fg_status pair_backward(bwd_call *c, int s, const fgi_ring_pair *p, CUdev
     fg_attention_args pa;
     fgi_ring_pair_args(&c->r, s, p, hk, hv, me(c)->steps[s].kv_rows, &pa);
     pa.lse = (float *)(uintptr_t)(c->lse + bh * (size_t)qch->local * 4); /* pairs cover whole chunks */
+    pa.stream = fgi_ring_stream_of(&c->r, p->q_chunk);
     fg_attention_bwd_args pb = fg_attention_bwd_args_init();
     pb.fwd = &pa;
     const int64_t *ds = c->bs.dout;
     pb.dout = (const char *)c->b->dout + 2 * p->q_local * ds[2];
     const int64_t d4[4] = {ds[0], ds[1], ds[2], 1};
     memcpy(pb.dout_stride, d4, sizeof d4);
-    pb.dq = (void *)(uintptr_t)c->t_dq;
+    pb.dq = (void *)(uintptr_t)c->t_dq[p->q_chunk];
     dense4(pb.dq_stride, a->heads_q, p->q_len, D);
     pb.dk = (void *)(uintptr_t)c->t_dk[slot];
     pb.dv = (void *)(uintptr_t)c->t_dv[slot];
@@ -200,6 +205,7 @@ static fg_status pair_backward(bwd_call *c, int s, const fgi_ring_pair *p, CUdev
     float *dst = (float *)(uintptr_t)(c->dq_sum + 4 * (size_t)p->q_local * (size_t)D);
     sq.acc_in = c->dq_started[p->q_chunk] ? dst : NULL;
     sq.acc_out = dst;
+    sq.stream = pa.stream;
     c->dq_started[p->q_chunk] = true;
     return fgi_partial_sum(c->r.ctx, &sq);
 }
@@ -301,8 +307,10 @@ static fg_status run_ring(bwd_call *c) {
             if (slots > 0 && s >= 1)
                 FGI_CU_TRY(r->ctx, cu->cuStreamWaitEvent(r->stream, r->ev[EV_KV_RECEIVED0 + buf], 0),
                            "cuStreamWaitEvent");
+            FGI_TRY(fgi_ring_fork(r));
             for (int i = 0; i < st->npairs; i++)
                 if (slot_of[i] >= 0) FGI_TRY(pair_backward(c, s, &st->pairs[i], hk, hv, slot_of[i]));
+            FGI_TRY(fgi_ring_join_side(r));
             if (slots > 0 && s >= 1)
                 FGI_CU_TRY(r->ctx, cu->cuEventRecord(r->ev[EV_KV_COMPUTED0 + buf], r->stream), "cuEventRecord");
             /* the sums this step adds to (or, at step 0, starts) */

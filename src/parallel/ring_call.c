@@ -152,6 +152,11 @@ static fg_status open_streams(fgi_ring_call *c, int nevents) {
     if (!cu->cuStreamWaitEvent || !cu->cuMemcpy2DAsync)
         return fgi_error(c->ctx, FG_ERR_NOT_SUPPORTED, "the CUDA driver lacks cuStreamWaitEvent or cuMemcpy2DAsync");
     FGI_CU_TRY(c->ctx, cu->cuStreamCreate(&c->comm_stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    if (c->ctx->cp_streams == 2) {
+        FGI_CU_TRY(c->ctx, cu->cuStreamCreate(&c->side_stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        FGI_CU_TRY(c->ctx, cu->cuEventCreate(&c->fork, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+        FGI_CU_TRY(c->ctx, cu->cuEventCreate(&c->join, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    }
     for (; c->nev < nevents; c->nev++)
         FGI_CU_TRY(c->ctx, cu->cuEventCreate(&c->ev[c->nev], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
     return FG_OK;
@@ -256,7 +261,11 @@ void fgi_ring_call_close(fgi_ring_call *c) {
     for (int i = 0; i < c->nev; i++) cu->cuEventDestroy(c->ev[i]);
     c->nev = 0;
     if (c->comm_stream) cu->cuStreamDestroy(c->comm_stream); /* its work still completes */
-    c->comm_stream = NULL;
+    if (c->side_stream) cu->cuStreamDestroy(c->side_stream);
+    if (c->fork) cu->cuEventDestroy(c->fork);
+    if (c->join) cu->cuEventDestroy(c->join);
+    c->comm_stream = c->side_stream = NULL;
+    c->fork = c->join = NULL;
     plan_free(c->own);
     c->own = NULL, c->plan = NULL, c->pm = NULL;
 }
@@ -374,4 +383,22 @@ fg_status fgi_ring_copy_rows(fgi_ring_call *c, CUdeviceptr dst, size_t dst_pitch
     cp.Height = height;
     FGI_CU_TRY(c->ctx, fgi_cu()->cuMemcpy2DAsync(&cp, c->stream), "cuMemcpy2DAsync");
     return FG_OK;
+}
+
+fg_status fgi_ring_fork(fgi_ring_call *c) {
+    if (!c->side_stream) return FG_OK;
+    FGI_CU_TRY(c->ctx, fgi_cu()->cuEventRecord(c->fork, c->stream), "cuEventRecord");
+    FGI_CU_TRY(c->ctx, fgi_cu()->cuStreamWaitEvent(c->side_stream, c->fork, 0), "cuStreamWaitEvent");
+    return FG_OK;
+}
+
+fg_status fgi_ring_join_side(fgi_ring_call *c) {
+    if (!c->side_stream) return FG_OK;
+    FGI_CU_TRY(c->ctx, fgi_cu()->cuEventRecord(c->join, c->side_stream), "cuEventRecord");
+    FGI_CU_TRY(c->ctx, fgi_cu()->cuStreamWaitEvent(c->stream, c->join, 0), "cuStreamWaitEvent");
+    return FG_OK;
+}
+
+CUstream fgi_ring_stream_of(const fgi_ring_call *c, int qc) {
+    return qc == 1 && c->side_stream ? c->side_stream : c->stream;
 }

@@ -69,6 +69,9 @@ typedef struct fgi_ring_call {
     const fgi_ring_masks *pm;    /* likewise                                */
     fg_cp_plan *own;             /* built by this call, freed at close      */
     CUstream stream, comm_stream;
+    CUstream side_stream;        /* FG_OPT_CP_STREAMS 2: the pairs of a
+                                    step's second q chunk; else NULL      */
+    CUevent fork, join;          /* the side stream's, around a step      */
     CUevent ev[FGI_RING_MAX_EVENTS]; /* the operation's, by its own names   */
     int nev;
 } fgi_ring_call;
@@ -109,6 +112,20 @@ void fgi_ring_pair_args(const fgi_ring_call *c, int s, const fgi_ring_pair *p, C
  * `arrived_event` is recorded after it. */
 fg_status fgi_ring_kv_transfer(fgi_ring_call *c, int s, CUdeviceptr held_k, CUdeviceptr held_v, int64_t held_rows,
                                CUdeviceptr recv_k, CUdeviceptr recv_v, CUevent free_event, CUevent arrived_event);
+
+/* Two compute streams (FG_OPT_CP_STREAMS 2): a step's pairs of q chunk 0
+ * run on the caller's stream, those of q chunk 1 on the side stream, so
+ * that the last wave of thread blocks of one pair's kernel overlaps the
+ * other's instead of leaving SMs idle (a pair is a kernel of a few dozen
+ * waves: its tail is a few percent of it). Everything of one q chunk stays
+ * on one stream, so its results need no more ordering than before.
+ * fgi_ring_fork makes the side stream wait for the caller's up to here
+ * (call it before a step's pairs), fgi_ring_join_side the caller's for the
+ * side stream's work (after them); both do nothing with one stream.
+ * fgi_ring_stream_of is the stream of q chunk qc. */
+fg_status fgi_ring_fork(fgi_ring_call *c);
+fg_status fgi_ring_join_side(fgi_ring_call *c);
+CUstream fgi_ring_stream_of(const fgi_ring_call *c, int qc);
 
 /* A strided copy on the caller's stream of `height` rows of `width`
  * bytes, `src_pitch` / `dst_pitch` bytes apart (a chunk's LSE rows into

@@ -9,9 +9,11 @@
  *   2. workspace from the library's pool, on the caller's stream: two
  *      receive buffers for a K/V shard, a partial (out, lse) per computed
  *      pair and an lse per q chunk;
- *   3. the ring. Step s computes its pairs on the caller's stream
- *      (fg_attention_forward over the pair's rows, offsets and block mask,
- *      into the pair's partial) while the comm stream sends the held shard
+ *   3. the ring. Step s computes its pairs on the caller's stream (those
+ *      of the second q chunk on a side stream, FG_OPT_CP_STREAMS 2:
+ *      fgi_ring_fork / fgi_ring_join_side around the step) with
+ *      fg_attention_forward over the pair's rows, offsets and block mask,
+ *      into the pair's partial, while the comm stream sends the held shard
  *      to rank r + 1 and receives the next from rank r - 1. Shards
  *      alternate between the two receive buffers (step 0 computes on the
  *      caller's own k and v), so events order exactly what shares memory:
@@ -126,6 +128,7 @@ static fg_status compute_pair(cp_call *c, int s, const fgi_ring_pair *p, CUdevic
     const int64_t os[4] = {(int64_t)(rows * (size_t)a->heads_q * (size_t)D), (int64_t)(rows * (size_t)D), D, 1};
     memcpy(pa.out_stride, os, sizeof os);
     pa.lse = (float *)(uintptr_t)(c->part_lse + (CUdeviceptr)(4 * row * bh));
+    pa.stream = fgi_ring_stream_of(&c->r, p->q_chunk);
     return fg_attention_forward(c->r.ctx, c->r.mod, &pa);
 }
 
@@ -150,8 +153,10 @@ static fg_status run_ring(cp_call *c) {
         if (next == c->nparts || c->parts[next].step != s) continue;
         if (s >= 1)
             FGI_CU_TRY(r->ctx, cu->cuStreamWaitEvent(r->stream, r->ev[EV_RECEIVED0 + buf], 0), "cuStreamWaitEvent");
+        FGI_TRY(fgi_ring_fork(r));
         for (; next < c->nparts && c->parts[next].step == s; next++)
             FGI_TRY(compute_pair(c, s, &st->pairs[c->parts[next].pair], hk, hv, st->kv_rows, c->parts[next].row));
+        FGI_TRY(fgi_ring_join_side(r));
         if (s >= 1) FGI_CU_TRY(r->ctx, cu->cuEventRecord(r->ev[EV_COMPUTED0 + buf], r->stream), "cuEventRecord");
     }
     return fgi_ring_join(r, r->ev[EV_COMM_DONE], true);
