@@ -434,6 +434,7 @@ def main(argv=None):
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else None,
         "flexgen": flexgen.version(), "flexgen_lib": flexgen.library_path(),
         "host": platform.node(), "label": opts.label, "dtype": opts.dtype,
+        "cp_streams": 1 if os.environ.get("FLEXGEN_CP_STREAMS") == "1" else 2,
         "shape": {"B": opts.batch, "H": opts.heads, "D": opts.head_dim, "S": opts.seqs},
         "cases": [f"{n}:{l}" for n, l in opts.cases],
         "timing": {"warmup_calls": opts.warmup, "timed_calls": opts.iters,
