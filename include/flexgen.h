@@ -898,7 +898,14 @@ FG_API fg_status fg_cp_shard_rows(fg_cp_layout layout, int world, int rank, int6
  * contiguous [B, Hkv, rows, D] (they travel round the ring as they are);
  * q, out may have any strides the forward takes; q_offset, kv_offset,
  * block_mask, kv_lens, q_offsets and block_table must be unset (the
- * library places each pair itself and builds its block masks).
+ * library places each pair itself and builds its block masks). Every
+ * chunk must hold rows: global_len at least (C - 1) * 128 + 1 for C
+ * chunks (N ranks, 2N under zig-zag), FG_ERR_SHAPE otherwise. A q chunk
+ * merges at most FG_MERGE_MAX_PARTS (16) parts, one per kv chunk its
+ * mask reaches: up to 8 ranks under zig-zag and 16 contiguous when the
+ * mask leaves no pair empty (FG_ERR_NOT_SUPPORTED beyond). Every rank
+ * checks all of this before its first transfer, from what every rank
+ * passes alike, so a mistake made on every rank fails on every rank.
  *
  * What it does: K/V shards travel round the ring (NCCL send / receive on a
  * stream of the library's, ordered against the caller's stream by events)

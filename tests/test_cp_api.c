@@ -1,13 +1,18 @@
 /* test_cp_api.c -- the public face of context parallelism without a GPU or
  * NCCL: which rows each rank holds (fg_cp_shard_rows), the sharded
  * forward's and backward's argument checks and their answer when libnccl
- * is missing, and the kernels that read no mod (the merge, the partial
- * sums) compiled by NVRTC. (The planner itself: test_cp_plan.c; the 2-GPU
+ * is missing, the checks that need a communicator but no device (through
+ * a stand-in libnccl, tests/fake_nccl.c, in a child process: the library
+ * loads NCCL once per process), and the kernels that read no mod (the
+ * merge, the partial sums) compiled by NVRTC. (The planner itself: test_cp_plan.c; the 2-GPU
  * results: gpu_cp on a machine with two GPUs and NCCL.) */
 #include "testutil.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "codegen/codegen.h"
 #include "codegen/kernels.h"
@@ -238,10 +243,92 @@ static void test_modless_kernels_compile(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* With a communicator (the stand-in's: rank, size, device), what every
+ * rank checks before any transfer, in a child process whose NCCL is the
+ * stand-in. The child exits with the number of rows that failed. */
+typedef struct comm_row {
+    const char *what;
+    int rank, size;
+    int64_t global_len;
+    fg_cp_layout layout;
+    int rows; /* the shard's */
+    bool backward;
+    fg_status want;
+    const char *says;
+} comm_row;
+
+static const comm_row COMM_ROWS[] = {
+    /* 200 rows are 2 units of 128: fewer than zig-zag's 4 chunks of 2 ranks */
+    {"too short for zig-zag", 0, 2, 200, FG_CP_ZIGZAG, 128, false, FG_ERR_SHAPE, "fewer than the 4 chunks"},
+    {"too short, backward", 1, 2, 200, FG_CP_ZIGZAG, 72, true, FG_ERR_SHAPE, "at least 385 rows"},
+    {"too short for 3 ranks", 2, 3, 256, FG_CP_CONTIGUOUS, 0, false, FG_ERR_SHAPE, "2 units of 128"},
+    {"too many ranks", 0, 65, 1 << 20, FG_CP_CONTIGUOUS, 128, false, FG_ERR_NOT_SUPPORTED, "1 to 64"},
+    {"wrong shard", 1, 2, 1000, FG_CP_CONTIGUOUS, 500, false, FG_ERR_SHAPE, "holds 488 rows of 1000"},
+    {"wrong shard, backward", 0, 2, 1000, FG_CP_ZIGZAG, 500, true, FG_ERR_SHAPE, "holds 488 rows"},
+    /* everything right: the first thing that needs the device says so */
+    {"no device", 1, 2, 1000, FG_CP_ZIGZAG, 512, false, FG_ERR_NO_DEVICE, ""},
+    {"no device, backward", 0, 2, 1000, FG_CP_CONTIGUOUS, 512, true, FG_ERR_NO_DEVICE, ""},
+};
+
+static int comm_checks_child(void) {
+    fg_ctx *ctx;
+    if (fg_ctx_create(&ctx) != FG_OK) return 99;
+    fg_mod *mod = tu_gallery_mod(ctx, "causal");
+    static uint16_t x[4 * 1000 * 64];
+    static float lse[4 * 1000];
+    int failed = 0;
+    for (size_t i = 0; i < sizeof COMM_ROWS / sizeof COMM_ROWS[0]; i++) {
+        const comm_row *r = &COMM_ROWS[i];
+        int comm[3] = {r->rank, r->size, 0};
+        fg_attention_args a = fg_attention_args_init();
+        a.batch = 1, a.heads_q = a.heads_kv = 4, a.q_len = a.kv_len = r->rows > 0 ? r->rows : 1;
+        a.head_dim = 64, a.dtype = FG_BF16, a.q = a.k = a.v = x, a.out = x, a.lse = lse;
+        fg_status st;
+        if (r->backward) {
+            fg_attention_bwd_args b = fg_attention_bwd_args_init();
+            b.fwd = &a, b.dout = x, b.dq = b.dk = b.dv = x;
+            fg_cp_bwd_args cp = fg_cp_bwd_args_init();
+            cp.local = &b, cp.comm = comm, cp.global_len = r->global_len, cp.layout = r->layout;
+            st = fg_attention_backward_cp(ctx, mod, &cp);
+        } else {
+            fg_cp_args cp = fg_cp_args_init();
+            cp.local = &a, cp.comm = comm, cp.global_len = r->global_len, cp.layout = r->layout;
+            st = fg_attention_forward_cp(ctx, mod, &cp);
+        }
+        if (st != r->want || !strstr(fg_errmsg(ctx), r->says)) {
+            fprintf(stderr, "%s: %s: %s\n", r->what, fg_status_string(st), fg_errmsg(ctx));
+            failed++;
+        }
+    }
+    fg_mod_destroy(mod);
+    fg_ctx_destroy(ctx);
+    return failed;
+}
+
+static void test_checks_with_a_communicator(void **state) {
+    (void)state;
+    const char *fake = getenv("FLEXGEN_TEST_FAKE_NCCL");
+    if (!fake || access(fake, R_OK) != 0) skip(); /* run outside meson: no stand-in built */
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setenv("FLEXGEN_NCCL_LIB", fake, 1);
+        setenv("FLEXGEN_LIBCUDA", "/nonexistent/libcuda.so.1", 1); /* no device, even on a GPU machine */
+        _exit(comm_checks_child());
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 int main(void) {
     /* The process-wide NCCL loader looks once: make it look somewhere empty. */
     setenv("FLEXGEN_NCCL_LIB", "/nonexistent/libnccl.so.2", 1);
     const struct CMUnitTest tests[] = {
+        /* first: its child must not inherit a loaded (or failed) NCCL */
+        cmocka_unit_test(test_checks_with_a_communicator),
         cmocka_unit_test(test_shard_rows),
         cmocka_unit_test(test_forward_errors),
         cmocka_unit_test(test_backward_errors),

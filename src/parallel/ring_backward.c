@@ -380,6 +380,16 @@ fg_status fg_attention_backward_cp(fg_ctx *ctx, const fg_mod *mod, const fg_cp_b
                          "the sharded backward takes its workspace from the pool: workspace must be unset");
     if ((uintptr_t)a.lse % 4 || (b.dlse && (uintptr_t)b.dlse % 4))
         return fgi_error(ctx, FG_ERR_SHAPE, "lse and dlse must be 4-byte aligned");
+    /* What the pairs' backward and the sums need of the caller's buffers,
+     * checked on every rank before the ring: a rank failing inside it
+     * alone would leave its peers waiting. */
+    FGI_TRY(fgi_attn_check_aligned(ctx, "q", a.q, st.q, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "k", a.k, st.k, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "v", a.v, st.v, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "dout", b.dout, c.bs.dout, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "dq", b.dq, c.bs.dq, 4));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "dk", b.dk, c.bs.dk, 4));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "dv", b.dv, c.bs.dv, 4));
     c.b = &b;
     const fgi_ring_call_desc d = {cp.comm, cp.global_len, cp.layout, cp.plan, "fg_cp_bwd_args", NEVENTS};
     FGI_TRY(fgi_ring_call_open(ctx, mod, &a, &st, &d, &c.r));
@@ -389,9 +399,10 @@ fg_status fg_attention_backward_cp(fg_ctx *ctx, const fg_mod *mod, const fg_cp_b
     if (s == FG_OK) s = run_ring(&c);
     if (s == FG_OK) s = store(&c);
     /* The caller's stream waits for every transfer before the workspace
-     * goes back on it; on an error, the comm stream is drained first. */
+     * goes back on it; on an error, the call's own streams are drained
+     * first. */
     if (s == FG_OK) s = fgi_ring_join(&c.r, c.r.ev[EV_COMM_DONE], true);
-    if (s != FG_OK) fgi_cu()->cuStreamSynchronize(c.r.comm_stream);
+    if (s != FG_OK) fgi_ring_drain(&c.r);
     fg_status f = c.ws.base ? fgi_attn_ws_free(ctx, &c.ws, c.r.stream) : FG_OK;
     fgi_ring_call_close(&c.r);
     return s != FG_OK ? s : f;

@@ -162,17 +162,29 @@ static fg_status open_streams(fgi_ring_call *c, int nevents) {
     return FG_OK;
 }
 
-/* Steps 1 of the header's list, shared by a call and fg_cp_plan_create:
- * the checks, NCCL, the communicator, the shard's length. */
+/* Step 1 of the header's list, shared by a call and fg_cp_plan_create:
+ * the checks, NCCL, the communicator, the sequence's length against the
+ * ranks and the shard's, then CUDA (the checks that need no device come
+ * first, so they answer the same on any machine). */
 static fg_status open_comm(fg_ctx *ctx, const fg_attention_args *a, const fgi_ring_call_desc *d,
                            const fgi_nccl_lib **nccl, fgi_nccl_comm_info *who) {
     FGI_TRY(check_desc(ctx, d, a));
     FGI_TRY(fgi_nccl_ready(ctx, nccl));
     FGI_TRY(fgi_nccl_comm_info_get(ctx, *nccl, d->comm, who));
-    FGI_TRY(fgi_cuda_ready(ctx));
-    if (who->device != ctx->device)
-        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT, "the communicator's rank %d is on device %d, the context on %d",
-                         who->rank, who->device, ctx->device);
+    if (who->size > FGI_RING_MAX_WORLD)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "a communicator of %d ranks: context parallelism takes 1 to %d",
+                         who->size, FGI_RING_MAX_WORLD);
+    /* Every rank must hold rows: a rank with none would fail its own
+     * checks alone while the others started the ring and waited for it.
+     * The rule reads only what every rank passes alike. */
+    const int64_t units = (d->global_len + FGI_CP_BLOCK - 1) / FGI_CP_BLOCK;
+    const int chunks = d->layout == FG_CP_ZIGZAG ? 2 * who->size : who->size;
+    if (units < chunks)
+        return fgi_error(ctx, FG_ERR_SHAPE,
+                         "global_len %lld is %lld units of %d rows, fewer than the %d chunks of %d ranks under this "
+                         "layout: every chunk needs a unit (at least %lld rows)",
+                         (long long)d->global_len, (long long)units, FGI_CP_BLOCK, chunks, who->size,
+                         (long long)(chunks - 1) * FGI_CP_BLOCK + 1);
     int64_t starts[2], lens[2];
     int n = 0;
     FGI_TRY(fg_cp_shard_rows(d->layout, who->size, who->rank, d->global_len, starts, lens, &n));
@@ -180,6 +192,10 @@ static fg_status open_comm(fg_ctx *ctx, const fg_attention_args *a, const fgi_ri
         return fgi_error(ctx, FG_ERR_SHAPE,
                          "rank %d of %d holds %lld rows of %lld under this layout (fg_cp_shard_rows); the shard has %d",
                          who->rank, who->size, (long long)(lens[0] + lens[1]), (long long)d->global_len, a->q_len);
+    FGI_TRY(fgi_cuda_ready(ctx));
+    if (who->device != ctx->device)
+        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT, "the communicator's rank %d is on device %d, the context on %d",
+                         who->rank, who->device, ctx->device);
     return FG_OK;
 }
 
@@ -257,7 +273,13 @@ void fgi_ring_call_close(fgi_ring_call *c) {
     const fgi_cu_api *cu = fgi_cu();
     /* The pair masks are read by kernels still queued on the caller's
      * stream, and freeing device memory does not wait for them. */
-    if (c->own && c->own->pm.mask) cu->cuStreamSynchronize(c->stream);
+    bool masks = false;
+    for (int i = 0; c->own && c->own->pm.mask && i < c->own->pm.nchunks * c->own->pm.nchunks; i++)
+        masks |= c->own->pm.mask[i] != NULL;
+    if (masks) {
+        cu->cuStreamSynchronize(c->stream);
+        if (c->side_stream) cu->cuStreamSynchronize(c->side_stream); /* after an error, not joined */
+    }
     for (int i = 0; i < c->nev; i++) cu->cuEventDestroy(c->ev[i]);
     c->nev = 0;
     if (c->comm_stream) cu->cuStreamDestroy(c->comm_stream); /* its work still completes */
@@ -401,4 +423,9 @@ fg_status fgi_ring_join_side(fgi_ring_call *c) {
 
 CUstream fgi_ring_stream_of(const fgi_ring_call *c, int qc) {
     return qc == 1 && c->side_stream ? c->side_stream : c->stream;
+}
+
+void fgi_ring_drain(fgi_ring_call *c) {
+    if (c->comm_stream) fgi_cu()->cuStreamSynchronize(c->comm_stream);
+    if (c->side_stream) fgi_cu()->cuStreamSynchronize(c->side_stream);
 }

@@ -94,6 +94,11 @@ fg_status fgi_ring_call_open(fg_ctx *ctx, const fg_mod *mod, const fg_attention_
                              const fgi_attn_strides *st, const fgi_ring_call_desc *d, fgi_ring_call *c);
 void fgi_ring_call_close(fgi_ring_call *c);
 
+/* After an error inside the ring: wait for everything the call queued on
+ * its own streams (comm and side), so that the workspace and the masks can
+ * be freed. */
+void fgi_ring_drain(fgi_ring_call *c);
+
 /* The global chunk numbers of pair p at step s of this rank. */
 void fgi_ring_pair_chunks(const fgi_ring_call *c, int s, const fgi_ring_pair *p, int *qc, int *kc);
 
@@ -101,7 +106,8 @@ void fgi_ring_pair_chunks(const fgi_ring_call *c, int s, const fgi_ring_pair *p,
  * out, with lse unset) moved to the pair's q rows, k and v the held shard's
  * kv rows (contiguous [B, Hkv, held_rows, D] at held_k / held_v), the
  * pair's lengths, global offsets and block mask, on the caller's stream.
- * The operation sets where the results go. */
+ * The operation sets where the results go and, with two compute streams,
+ * the stream (fgi_ring_stream_of). */
 void fgi_ring_pair_args(const fgi_ring_call *c, int s, const fgi_ring_pair *p, CUdeviceptr held_k,
                         CUdeviceptr held_v, int64_t held_rows, fg_attention_args *pa);
 

@@ -92,6 +92,17 @@ static fg_status select_parts(cp_call *c) {
             row += (size_t)p->q_len;
         }
     c->part_rows_total = row;
+    /* One merge per q chunk takes FG_MERGE_MAX_PARTS parts: more would
+     * fail after the ring, on some ranks only; say so before it. */
+    for (int qc = 0; qc < rk->nchunks; qc++) {
+        int n = 0;
+        for (int k = 0; k < c->nparts; k++) n += rk->steps[c->parts[k].step].pairs[c->parts[k].pair].q_chunk == qc;
+        if (n > FG_MERGE_MAX_PARTS)
+            return fgi_error(r->ctx, FG_ERR_NOT_SUPPORTED,
+                             "rank %d's q chunk %d meets %d non-empty kv chunks; the sharded forward merges at "
+                             "most %d per chunk (fewer ranks, or the contiguous layout, which has half the chunks)",
+                             r->who.rank, qc, n, FG_MERGE_MAX_PARTS);
+    }
     return FG_OK;
 }
 
@@ -211,6 +222,14 @@ fg_status fg_attention_forward_cp(fg_ctx *ctx, const fg_mod *mod, const fg_cp_ar
     FGI_TRY(fgi_attn_args_in(ctx, cp.local, &a));
     fgi_attn_strides st;
     FGI_TRY(fgi_attn_check_args(ctx, mod, &a, &st));
+    /* What the pairs' kernels and the merge need, checked on every rank
+     * before the ring: a rank failing inside it alone would leave its
+     * peers waiting. */
+    FGI_TRY(fgi_attn_check_aligned(ctx, "q", a.q, st.q, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "k", a.k, st.k, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "v", a.v, st.v, 16));
+    FGI_TRY(fgi_attn_check_aligned(ctx, "out", a.out, st.o, 2));
+    if ((uintptr_t)a.lse % 4) return fgi_error(ctx, FG_ERR_SHAPE, "lse must be 4-byte aligned");
     cp_call c;
     memset(&c, 0, sizeof c);
     const fgi_ring_call_desc d = {cp.comm, cp.global_len, cp.layout, cp.plan, "fg_cp_args", NEVENTS};
@@ -221,8 +240,8 @@ fg_status fg_attention_forward_cp(fg_ctx *ctx, const fg_mod *mod, const fg_cp_ar
     if (s == FG_OK) s = merge_chunks(&c);
     /* The workspace goes back on the caller's stream after the last
      * transfer (run_ring made the stream wait for it); on an error before
-     * that, after synchronising the comm stream. */
-    if (s != FG_OK) fgi_cu()->cuStreamSynchronize(c.r.comm_stream);
+     * that, after draining the call's own streams. */
+    if (s != FG_OK) fgi_ring_drain(&c.r);
     fg_status f = c.ws.base ? fgi_attn_ws_free(ctx, &c.ws, c.r.stream) : FG_OK;
     fgi_ring_call_close(&c.r);
     free(c.parts);
