@@ -1892,8 +1892,8 @@ def compile_kernel(mod, kernel="attention", dtype="bf16", head_dim=128, block_si
 # The library takes the group's raw ncclComm_t and opens libnccl itself with
 # dlopen. A communicator is a pointer into the memory of the libnccl that
 # made it, so the library must reach it through that same libnccl instance.
-# Two ways to get one, the first when it is safe ($FLEXGEN_CP_COMM: auto,
-# the default; torch or own forces one):
+# Two ways to get one ($FLEXGEN_CP_COMM: own, the default; torch; auto,
+# torch's where it is safe, else our own):
 #   - torch's: ProcessGroupNCCL._comm_ptr() (torch 2.8 and newer) returns
 #     the communicator the group uses for collectives on the current device,
 #     0 before it exists: ProcessGroupNCCL makes it at the group's first
@@ -1912,9 +1912,13 @@ def compile_kernel(mod, kernel="attention", dtype="bf16", head_dim=128, block_si
 #     the libnccl the library opens ($FLEXGEN_NCCL_LIB, else torch's, else the
 #     nvidia-nccl wheel's, else libnccl.so.2). One per (group, device), kept
 #     for the life of the process (its exit frees it; a destroy at exit would
-#     have to be ordered with every peer's). It is also the choice for a group
-#     whose communicator other work uses at the same time on other streams
-#     (FLEXGEN_CP_COMM=own).
+#     have to be ordered with every peer's).
+# Our own is the default because the ring runs on a stream of the
+# library's: with torch's communicator, its sends and receives and the
+# collectives torch runs on its own stream (the gradient all-reduce of data
+# parallelism, say) could be in flight at once on one communicator, whose
+# operations must not overlap. torch's (FLEXGEN_CP_COMM=torch or auto) saves
+# a communicator's memory where nothing else uses the group meanwhile.
 # Every rank reaches the same choice from the same inputs (environment,
 # torch build, group options), which matters: the two ways start with
 # different collectives.
@@ -2167,7 +2171,7 @@ def _cp_comm(group, index, rank, world):
         hit = _cp_comms.get(key)
     if hit is not None and hit.group is group:
         return hit
-    mode = os.environ.get("FLEXGEN_CP_COMM", "").strip().lower() or "auto"
+    mode = os.environ.get("FLEXGEN_CP_COMM", "").strip().lower() or "own"
     if mode not in ("auto", "torch", "own"):
         raise ValueError(f"FLEXGEN_CP_COMM must be auto, torch or own, not {mode!r}")
     backend = group._get_backend(torch.device("cuda", index))
@@ -2461,9 +2465,10 @@ def context_parallel_attention(q, k, v, mask_mod=None, score_mod=None, params=No
     synchronises with the host twice (the library builds the ring's plan
     from block masks on the GPU).
 
-    The NCCL communicator is the group's own when the library can use it,
-    else one made for the group on first use ($FLEXGEN_CP_COMM=auto, torch
-    or own; the comment of this section in flexgen.py says when). Not
+    The NCCL communicator is one made for the group on first use (a
+    collective of the group), or the group's own with $FLEXGEN_CP_COMM=torch
+    or auto (the comment of this section in flexgen.py says when each is
+    right). Not
     available under torch.compile.
 
     plan: a ContextParallelPlan (context_parallel_plan) made for these
