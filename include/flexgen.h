@@ -921,7 +921,8 @@ FG_API fg_status fg_cp_shard_rows(fg_cp_layout layout, int world, int rank, int6
  * call's transfers run on a stream of the library's, so no other NCCL work
  * may use that communicator until the caller's stream has passed the call
  * (one communicator must not run two operations at once): give context
- * parallelism a communicator of its own, or order the rest after the call; libnccl is opened with dlopen ($FLEXGEN_NCCL_LIB, else
+ * parallelism a communicator of its own, or order the rest after the
+ * call. libnccl is opened with dlopen ($FLEXGEN_NCCL_LIB, else
  * libnccl.so.2): without it FG_ERR_NOT_SUPPORTED. Growable (see
  * Conventions): FG_CP_ARGS_INIT or fg_cp_args_init(). */
 typedef struct fg_cp_plan fg_cp_plan;
