@@ -367,32 +367,6 @@ done:
 /* The driver and NCCL                                                       */
 /* ------------------------------------------------------------------------- */
 
-/* libcuda opened and initialised, and its device count; no context is
- * made. 0 when there is no driver (ex_cu.why says why). */
-static int gpu_count(void) {
-    int count = 0;
-    if (!ex_cu.lib) {
-        ex_cu.tried = 1;
-        ex_cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-        if (!ex_cu.lib) {
-            snprintf(ex_cu.why, sizeof ex_cu.why, "libcuda.so.1 not found: no NVIDIA driver");
-            return 0;
-        }
-        if (!ex_cuda_lookup()) {
-            snprintf(ex_cu.why, sizeof ex_cu.why, "libcuda.so.1 lacks an entry point");
-            return 0;
-        }
-    }
-    int r = ex_cu.cuInit(0);
-    if (r == 0) r = ex_cu.cuDeviceGetCount(&count);
-    if (r != 0 || count == 0) {
-        snprintf(ex_cu.why, sizeof ex_cu.why, "%s, %d devices", r ? ex_cuda_error_name(r) : "cuInit ok",
-                 count);
-        return 0;
-    }
-    return count;
-}
-
 /* Make `device`'s primary context current on this thread: the context
  * NCCL's communicator and flexgen's calls will both use. */
 static int gpu_select(int device) {
@@ -695,7 +669,7 @@ static int run_rank(const options *o) {
     const int rows = sh.rows = (int)(sh.len[0] + sh.len[1]);
 
     /* The device first: NCCL and flexgen both take the current context. */
-    int count = gpu_count();
+    int count = ex_gpu_count();
     if (!count) {
         printf("%s", tag);
         ex_no_gpu();
@@ -991,7 +965,7 @@ static int run_launcher(int argc, char **argv, const options *o) {
 
     /* Without --world: every GPU of the machine, up to DEFAULT_WORLD; the
      * plan is shown for 2 ranks where there are fewer GPUs than that. */
-    const int count = gpu_count();
+    const int count = ex_gpu_count();
     int world = o->world;
     if (!world) world = count < 2 ? 2 : count > DEFAULT_WORLD ? DEFAULT_WORLD : count;
     if (o->seq < min_seq(o->layout, world)) {

@@ -146,27 +146,39 @@ static inline const char *ex_cuda_error_name(int r) {
 /* Open libcuda, find a device, make device 0's primary context current.
  * Returns 1 when the GPU part can run; otherwise 0, and ex_no_gpu says
  * why. Safe to call repeatedly. */
-static inline int ex_gpu_open(void) {
-    if (ex_cu.tried) return ex_cu.ok;
-    ex_cu.tried = 1;
-    ex_cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+/* libcuda opened, its entry points looked up and cuInit called: the
+ * number of devices, 0 when there is none or no driver (ex_cu.why says
+ * why). No context is made. */
+static inline int ex_gpu_count(void) {
     if (!ex_cu.lib) {
-        snprintf(ex_cu.why, sizeof ex_cu.why, "libcuda.so.1 not found: no NVIDIA driver");
-        return 0;
+        ex_cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (!ex_cu.lib) {
+            snprintf(ex_cu.why, sizeof ex_cu.why, "libcuda.so.1 not found: no NVIDIA driver");
+            return 0;
+        }
+        if (!ex_cuda_lookup()) {
+            snprintf(ex_cu.why, sizeof ex_cu.why, "libcuda.so.1 lacks an entry point");
+            dlclose(ex_cu.lib);
+            ex_cu.lib = NULL;
+            return 0;
+        }
     }
-    if (!ex_cuda_lookup()) {
-        snprintf(ex_cu.why, sizeof ex_cu.why, "libcuda.so.1 lacks an entry point");
-        return 0;
-    }
-    int count = 0, dev = 0;
-    void *cuctx = NULL;
+    int count = 0;
     int r = ex_cu.cuInit(0);
     if (r == 0) r = ex_cu.cuDeviceGetCount(&count);
     if (r != 0 || count == 0) {
-        snprintf(ex_cu.why, sizeof ex_cu.why, "%s, %d devices",
-                 r ? ex_cuda_error_name(r) : "cuInit ok", count);
+        snprintf(ex_cu.why, sizeof ex_cu.why, "%s, %d devices", r ? ex_cuda_error_name(r) : "cuInit ok", count);
         return 0;
     }
+    return count;
+}
+
+static inline int ex_gpu_open(void) {
+    if (ex_cu.tried) return ex_cu.ok;
+    ex_cu.tried = 1;
+    if (ex_gpu_count() == 0) return 0;
+    int dev = 0, r;
+    void *cuctx = NULL;
     r = ex_cu.cuDeviceGet(&dev, 0);
     if (r == 0) r = ex_cu.cuDevicePrimaryCtxRetain(&cuctx, dev);
     if (r == 0) r = ex_cu.cuCtxSetCurrent(cuctx);

@@ -1421,11 +1421,11 @@ def _run_backward(c, mod, bwd, grads):
     return [n for n in grads if n not in ask]
 
 
-def _backward(ctx, q, k, v, out, lse, dout, grads, dlse=None):
-    """dq, dk, dv (shaped and strided like q, k, v where those are dense)
-    from dout (and dlse, d loss / d lse, when the loss reads the lse); fills
-    the buffer gradients in `grads`. `ctx` carries the forward's index,
-    scale, block_mask, binds, mod and deterministic."""
+def _bwd_args(fwd, out, dout, dq, dk, dv, deterministic, dlse):
+    """fg_attention_bwd_args over the forward's `fwd`, from dout (None:
+    zero; cast to out's dtype, made dense where the library cannot take its
+    strides) and dlse (None: zero). Returns the struct and the tensors it
+    points at, which must outlive the call."""
     if dout is None:
         dout = torch.zeros_like(out)
     if dout.dtype != out.dtype:
@@ -1434,10 +1434,6 @@ def _backward(ctx, q, k, v, out, lse, dout, grads, dlse=None):
     # broadcast dout (stride 0, as out.sum() gives) is made dense.
     if dout.stride(3) != 1 or any(s == 0 and n > 1 for s, n in zip(dout.stride(), dout.shape)):
         dout = dout.contiguous()
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    stream = torch.cuda.current_stream(ctx.index).cuda_stream
-    fwd = _AttentionArgs()
-    _fill_args(fwd, q, k, v, out, lse, ctx.scale, ctx.block_mask, ctx.binds, stream)
     bwd = _AttentionBwdArgs()
     bwd.fwd = ctypes.pointer(fwd)
     bwd.dout = dout.data_ptr()
@@ -1446,10 +1442,23 @@ def _backward(ctx, q, k, v, out, lse, dout, grads, dlse=None):
     bwd.dq_stride = _Stride(*dq.stride())
     bwd.dk_stride = _Stride(*dk.stride())
     bwd.dv_stride = _Stride(*dv.stride())
-    bwd.deterministic = 1 if ctx.deterministic else 0
+    bwd.deterministic = 1 if deterministic else 0
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
         bwd.dlse = dlse.data_ptr()
+    return bwd, (dout, dlse)
+
+
+def _backward(ctx, q, k, v, out, lse, dout, grads, dlse=None):
+    """dq, dk, dv (shaped and strided like q, k, v where those are dense)
+    from dout (and dlse, d loss / d lse, when the loss reads the lse); fills
+    the buffer gradients in `grads`. `ctx` carries the forward's index,
+    scale, block_mask, binds, mod and deterministic."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    stream = torch.cuda.current_stream(ctx.index).cuda_stream
+    fwd = _AttentionArgs()
+    _fill_args(fwd, q, k, v, out, lse, ctx.scale, ctx.block_mask, ctx.binds, stream)
+    bwd, keep = _bwd_args(fwd, out, dout, dq, dk, dv, ctx.deterministic, dlse)
     for name in _run_backward(_ctx(ctx.index), ctx.mod, bwd, grads):
         grads[name].zero_()
     return dq, dk, dv
@@ -2262,30 +2271,13 @@ def _cp_forward(call, q, k, v, want_lse=True):
 def _cp_backward(call, q, k, v, out, lse, dout, dlse):
     """dq, dk, dv of the rank's shard (contiguous) from dout and dlse (either
     may be None: this rank's loss does not read that output)."""
-    if dout is None:
-        dout = torch.zeros_like(out)
-    if dout.dtype != out.dtype:
-        dout = dout.to(out.dtype)
-    if dout.stride(3) != 1 or any(s == 0 and n > 1 for s, n in zip(dout.stride(), dout.shape)):
-        dout = dout.contiguous()
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     fwd = _AttentionArgs()
     _fill_args(fwd, q, k, v, out, lse, call.scale, None, call.binds,
                torch.cuda.current_stream(call.index).cuda_stream)
-    bwd = _AttentionBwdArgs()
-    bwd.fwd = ctypes.pointer(fwd)
-    bwd.dout = dout.data_ptr()
-    bwd.dq, bwd.dk, bwd.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
-    bwd.dout_stride = _Stride(*dout.stride())
-    bwd.dq_stride = _Stride(*dq.stride())
-    bwd.dk_stride = _Stride(*dk.stride())
-    bwd.dv_stride = _Stride(*dv.stride())
-    bwd.deterministic = 1 if call.deterministic else 0
-    if dlse is not None:
-        dlse = dlse.to(torch.float32).contiguous()
-        bwd.dlse = dlse.data_ptr()
+    bwd, keep = _bwd_args(fwd, out, dout, dq, dk, dv, call.deterministic, dlse)
     cp = _CpBwdArgs()
     cp.local = ctypes.pointer(bwd)
     cp.comm = call.comm.pointer()
