@@ -971,9 +971,11 @@ FG_API void fg_cp_plan_destroy(fg_cp_plan *plan);
  * own shard. `local` is the shard's backward as a plain call would take
  * it: local->fwd as given to the forward (q, k, v, and out and lse as the
  * sharded forward wrote them: the merged results, lse required), dout,
- * dq, dk, dv of the rank's rows, dlse (optional) and deterministic. Not
- * taken: gradient bindings of buffer parameters and a caller's workspace
- * (FG_ERR_NOT_SUPPORTED / FG_ERR_INVALID_ARGUMENT).
+ * dq, dk, dv of the rank's rows, dlse (optional), deterministic and the
+ * gradient bindings of buffer parameters (every rank the same bindings:
+ * each rank's binding receives the whole sequence's gradient, summed
+ * exactly across the ranks). Not taken: a caller's workspace
+ * (FG_ERR_INVALID_ARGUMENT).
  *
  * What it does: the forward's schedule again (the same pair masks, plan
  * and skipping), with each held shard's dK and dV travelling beside its

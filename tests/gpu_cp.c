@@ -12,7 +12,8 @@
  * on its rows of one random dout (and, in some cases, dlse), and dq, dk,
  * dv put back at their global positions must meet the backward's
  * tolerances (relative Frobenius error 2e-2 in bf16, 5e-3 in fp16, no
- * non-finite value). Half of the cases make one fg_cp_plan per rank for
+ * non-finite value), as must every rank's gradient of a float buffer
+ * (ALiBi's slopes: the whole sequence's, summed across the ranks). Half of the cases make one fg_cp_plan per rank for
  * both calls, and every other case runs on one compute stream
  * (FG_OPT_CP_STREAMS 1) instead of two. Outputs and gradients are poisoned first.
  *
@@ -95,6 +96,9 @@ typedef struct rank_job {
     int64_t start[2], len[2];
     int nchunks;
     CUdeviceptr q, k, v, out, lse, dout, dlse, dq, dk, dv;
+    fg_binding gbind[1]; /* a float buffer's gradient (ALiBi's slopes) */
+    CUdeviceptr gdev;
+    int ngrad;
     binds bb;
 } rank_job;
 
@@ -208,6 +212,16 @@ static void check_backward(rank_job jobs[WORLD], const cp_case *c, const char *n
         j->b.fwd = &j->a, j->b.dout = (const void *)(uintptr_t)j->dout;
         j->b.dq = (void *)(uintptr_t)j->dq, j->b.dk = (void *)(uintptr_t)j->dk, j->b.dv = (void *)(uintptr_t)j->dv;
         j->b.dlse = (const float *)(uintptr_t)j->dlse;
+        /* every float buffer gets its gradient: each rank the whole one */
+        for (int i = 0; i < j->bb.n && !j->ngrad; i++) {
+            const fg_binding *hb = &j->bb.host[i];
+            if (hb->kind != FG_PARAM_BUFFER || hb->type != FG_TYPE_FLOAT) continue;
+            const int64_t len = hb->value.buffer.length;
+            j->gdev = poisoned(4 * (size_t)len);
+            j->gbind[0] = fg_bind_float_buffer(hb->name, (const float *)(uintptr_t)j->gdev, len);
+            j->ngrad = 1;
+        }
+        j->b.grad_binds = j->gbind, j->b.ngrad_binds = (size_t)j->ngrad;
         j->cpb = fg_cp_bwd_args_init();
         j->cpb.local = &j->b, j->cpb.comm = j->cp.comm, j->cpb.global_len = S, j->cpb.layout = c->layout;
         j->cpb.plan = j->plan;
@@ -230,15 +244,40 @@ static void check_backward(rank_job jobs[WORLD], const cp_case *c, const char *n
         h.binds = jobs[0].bb.host, h.nbinds = (size_t)jobs[0].bb.n;
         fg_attention_bwd_args hb = fg_attention_bwd_args_init();
         hb.fwd = &h, hb.dout = hdo, hb.dlse = hdlse, hb.dq = rq, hb.dk = rk, hb.dv = rv;
+        const int64_t glen = jobs[0].ngrad ? jobs[0].gbind[0].value.buffer.length : 0;
+        double *rg = glen ? malloc(sizeof(double) * (size_t)glen) : NULL;
+        fg_binding gref[1];
+        if (glen) {
+            gref[0] = fg_bind_float_buffer(jobs[0].gbind[0].name, (const float *)rg, glen);
+            hb.grad_binds = gref, hb.ngrad_binds = 1;
+        }
         assert_int_equal(fg_attention_reference_backward(jobs[0].ctx, jobs[0].mod, &hb), FG_OK);
         long nonfinite = 0;
+        /* the buffer's gradient, the same on every rank (summed across them) */
+        double eg = 0;
+        for (int r = 0; r < WORLD && glen; r++) {
+            float *got = malloc(4 * (size_t)glen);
+            assert_int_equal(fgi_cuda_ready(jobs[r].ctx), FG_OK);
+            assert_int_equal(fgi_cu()->cuMemcpyDtoH(got, jobs[r].gdev, 4 * (size_t)glen), CUDA_SUCCESS);
+            double num = 0, den = 0;
+            for (int64_t i = 0; i < glen; i++) {
+                if (!isfinite(got[i])) nonfinite++;
+                num += ((double)got[i] - rg[i]) * ((double)got[i] - rg[i]);
+                den += rg[i] * rg[i];
+            }
+            const double e = den > 0 ? sqrt(num / den) : sqrt(num);
+            eg = e > eg ? e : eg;
+            free(got);
+        }
+        free(rg);
         const double eq = rel_err_dense16(c->dtype, gq, rq, nq, &nonfinite),
                      ek = rel_err_dense16(c->dtype, gk, rk, nkv, &nonfinite),
                      ev = rel_err_dense16(c->dtype, gv, rv, nkv, &nonfinite);
         const double tol = c->dtype == FG_BF16 ? 2e-2 : 5e-3;
-        ok = eq <= tol && ek <= tol && ev <= tol && nonfinite == 0;
+        ok = eq <= tol && ek <= tol && ev <= tol && eg <= tol && nonfinite == 0;
         printf("%-4s %s backward%s: dq %.2e dk %.2e dv %.2e", ok ? "ok" : "FAIL", name, c->dlse ? " (+dlse)" : "",
                eq, ek, ev);
+        if (glen) printf(" d%s %.2e", jobs[0].gbind[0].name, eg);
         if (nonfinite) printf(", %ld non-finite", nonfinite);
         printf("\n");
         free(gq), free(gk), free(gv), free(rq), free(rk), free(rv);
@@ -331,7 +370,7 @@ static void run_case(void *comms[WORLD], const cp_case *c) {
         rank_job *j = &jobs[r];
         fgi_cuda_ready(j->ctx);
         fgi_cu()->cuStreamDestroy(j->stream);
-        CUdeviceptr all[] = {j->q, j->k, j->v, j->out, j->lse, j->dout, j->dlse, j->dq, j->dk, j->dv};
+        CUdeviceptr all[] = {j->q, j->k, j->v, j->out, j->lse, j->dout, j->dlse, j->dq, j->dk, j->dv, j->gdev};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             if (all[i]) fgi_cu()->cuMemFree(all[i]);
         fgi_cu()->cuCtxSynchronize();

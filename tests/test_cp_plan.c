@@ -995,6 +995,18 @@ static void test_nccl_fake(void **state) {
     assert_int_equal(fgi_nccl_ring_exchange(ctx, &lib, comm, &t, NULL), FG_ERR_INVALID_ARGUMENT);
     assert_says(ctx, "send buffer 1 is NULL");
 
+    /* the backward's int64 sums across the ranks: one group, in place */
+    long long g0[8], g1[4];
+    void *bufs[3] = {g0, NULL, g1};
+    const size_t counts[3] = {8, 0, 4};
+    reset();
+    assert_int_equal(fgi_nccl_sum_i64(ctx, &lib, comm, bufs, counts, 3, NULL), FG_OK);
+    assert_string_equal(log(), "start;allreduce(0,8,4);allreduce(0,4,4);end;");
+    const size_t none[1] = {0};
+    reset();
+    assert_int_equal(fgi_nccl_sum_i64(ctx, &lib, comm, bufs, none, 1, NULL), FG_OK);
+    assert_string_equal(log(), "");
+
     /* results other than misuse are communication failures */
     assert_int_equal(fgi_nccl_status(ctx, &lib, FGI_NCCL_SUCCESS, "x"), FG_OK);
     assert_int_equal(fgi_nccl_status(ctx, &lib, FGI_NCCL_SYSTEM_ERROR, "ncclGroupEnd"), FG_ERR_CUDA);

@@ -183,6 +183,20 @@ fg_status fgi_attn_kernel_get(fg_ctx *ctx, const fg_mod *mod, const fg_kernel_co
 fg_status fgi_attn_bwd_args_in(fg_ctx *ctx, const fg_attention_bwd_args *in, fg_attention_bwd_args *out,
                                fg_attention_args *fwd);
 
+/* The backward with its buffer gradients added to fixed-point sums the
+ * caller owns and zeroes (sums[i] for args->grad_binds[i]:
+ * FGI_BWD_SUM_BYTES per element of the binding's buffer), not rounded to
+ * fp32: sums of integers, so any number of calls on any streams add up
+ * exactly and in any order (context parallelism's pairs, and its ranks
+ * through an int64 all-reduce). The bindings' data are not written.
+ * fgi_attention_backward_sums_to_float then rounds a sum into fp32, with
+ * the backward kernel of (mod, dtype, head_dim). */
+#define FGI_BWD_SUM_BYTES 32 /* four int64 limbs (FGB_FIXED_LIMBS) */
+fg_status fgi_attention_backward_into_sums(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args,
+                                           const CUdeviceptr *sums);
+fg_status fgi_attention_backward_sums_to_float(fg_ctx *ctx, const fg_mod *mod, fg_dtype dtype, int head_dim,
+                                               CUdeviceptr sums, float *out, int64_t n, void *stream);
+
 /* The backward's checks besides the forward's (fgi_attn_check_args on
  * b->fwd): dout, dq, dk and dv given, their strides (effective ones in
  * `bst`), the gradient bindings' pointer. */

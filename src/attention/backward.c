@@ -150,13 +150,14 @@ static fg_status encode_maps(fg_ctx *ctx, const fg_kernel *k, const fg_attention
 static fg_status run_passes(fg_ctx *ctx, const fg_kernel *k, const fg_attention_bwd_args *b,
                             fgi_attn_bwd_abi *abi, fgi_param_blob *blob, unsigned char *gblob, hopper_maps *maps,
                             size_t dq_accum_bytes, const void *const grads[], const int64_t glen[],
-                            const CUdeviceptr fixed[]) {
+                            const CUdeviceptr fixed[], bool caller_sums) {
     const fg_attention_args *a = b->fwd;
     void *stream = a->stream;
     const fgi_grad_layout *L = &k->grads;
     for (int i = 0; i < L->n; i++)
-        if (grads[i])
-            FGI_CU_TRY(ctx, fgi_cu()->cuMemsetD8Async(fixed[i], 0, (size_t)glen[i] * 32, (CUstream)stream),
+        if (grads[i] && !caller_sums)
+            FGI_CU_TRY(ctx,
+                       fgi_cu()->cuMemsetD8Async(fixed[i], 0, (size_t)glen[i] * FGI_BWD_SUM_BYTES, (CUstream)stream),
                        "cuMemsetD8Async");
     if (abi->dq_accum)
         FGI_CU_TRY(ctx, fgi_cu()->cuMemsetD8Async(abi->dq_accum, 0, dq_accum_bytes, (CUstream)stream),
@@ -176,7 +177,7 @@ static fg_status run_passes(fg_ctx *ctx, const fg_kernel *k, const fg_attention_
         void *dqt_args[2] = {abi, blob->bytes};
         FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_DQ_TILES, q_grid, dqt_args, stream));
     }
-    for (int i = 0; i < L->n; i++) {
+    for (int i = 0; i < L->n && !caller_sums; i++) {
         if (!grads[i]) continue;
         CUdeviceptr acc = fixed[i], out = (CUdeviceptr)(uintptr_t)grads[i];
         long long n = glen[i];
@@ -246,16 +247,27 @@ static fg_status plan_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_a
         p->off_fixed[i] = 0;
         if (p->grads[i]) {
             p->off_fixed[i] = p->total;
-            p->total += fgi_attn_ws_round((size_t)p->glen[i] * 32);
+            p->total += fgi_attn_ws_round((size_t)p->glen[i] * FGI_BWD_SUM_BYTES);
         }
     }
     return FG_OK;
 }
 
-/* One backward launch of `b`, already in this library's layout. */
-static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *b) {
+/* The caller's fixed-point sum of layout entry i: the one given for the
+ * gradient binding of the same name (fgi_attention_backward_into_sums). */
+static CUdeviceptr caller_sum(const fg_kernel *k, const fg_attention_bwd_args *b, const CUdeviceptr *sums, int i) {
+    const char *name = k->params.params[k->grads.param[i]].name;
+    for (size_t j = 0; j < b->ngrad_binds; j++)
+        if (strcmp(b->grad_binds[j].name, name) == 0) return sums[j];
+    return 0;
+}
+
+/* One backward launch of `b`, already in this library's layout; with
+ * `sums`, the buffer gradients go into the caller's fixed-point sums. */
+static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *b, const CUdeviceptr *sums) {
     bwd_plan p;
     FGI_TRY(plan_launch(ctx, k, b, &p));
+    if (sums) p.total = p.off_accum + fgi_attn_ws_round(p.dq_accum_bytes); /* no sums of its own */
     const fg_attention_args *a = b->fwd;
     const bool hopper = k->kernel->variant == FGI_VARIANT_SM90;
     fgi_attn_ws w;
@@ -271,14 +283,15 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *
     memset(gblob, 0, sizeof gblob);
     for (int i = 0; i < L->n; i++) {
         if (!p.grads[i]) continue;
-        fixed[i] = base + p.off_fixed[i];
+        fixed[i] = sums ? caller_sum(k, b, sums, i) : base + p.off_fixed[i];
         uint64_t ptr = (uint64_t)fixed[i];
         int64_t len = p.glen[i];
         memcpy(gblob + L->offset[i], &ptr, 8);
         memcpy(gblob + L->offset[i] + 8, &len, 8);
     }
 
-    fg_status s = run_passes(ctx, k, b, abi, &p.blob, gblob, &p.maps, p.dq_accum_bytes, p.grads, p.glen, fixed);
+    fg_status s =
+        run_passes(ctx, k, b, abi, &p.blob, gblob, &p.maps, p.dq_accum_bytes, p.grads, p.glen, fixed, sums != NULL);
     fg_status f = fgi_attn_ws_free(ctx, &w, a->stream);
     return s != FG_OK ? s : f;
 }
@@ -289,7 +302,7 @@ fg_status fg_kernel_launch_backward(fg_ctx *ctx, fg_kernel *k, const fg_attentio
     fg_attention_bwd_args b;
     fg_attention_args fwd;
     FGI_TRY(fgi_attn_bwd_args_in(ctx, args, &b, &fwd));
-    return launch(ctx, k, &b);
+    return launch(ctx, k, &b, NULL);
 }
 
 /* The workspace launch(k, b) would use. */
@@ -305,7 +318,7 @@ static fg_status workspace_of(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_
  * where the Hopper kernel refuses the call. With `bytes` the chosen
  * kernel's workspace is reported instead of launching. */
 static fg_status on_chosen_kernel(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args,
-                                  size_t *bytes) {
+                                  size_t *bytes, const CUdeviceptr *sums) {
     fg_attention_bwd_args b;
     fg_attention_args fwd;
     FGI_TRY(fgi_attn_bwd_args_in(ctx, args, &b, &fwd));
@@ -320,7 +333,7 @@ static fg_status on_chosen_kernel(fg_ctx *ctx, const fg_mod *mod, const fg_atten
     cfg.head_dim = fwd.head_dim;
     fg_kernel *k;
     FGI_TRY(fg_kernel_get(ctx, mod, &cfg, &k));
-    fg_status s = bytes ? workspace_of(ctx, k, &b, bytes) : launch(ctx, k, &b);
+    fg_status s = bytes ? workspace_of(ctx, k, &b, bytes) : launch(ctx, k, &b, sums);
     const bool retry = s == FG_ERR_NOT_SUPPORTED && k->kernel->variant == FGI_VARIANT_SM90;
     fg_kernel_release(k);
     if (retry) {
@@ -328,7 +341,7 @@ static fg_status on_chosen_kernel(fg_ctx *ctx, const fg_mod *mod, const fg_atten
          * portable backward takes them (it refuses nothing the Hopper one
          * accepts, so its error, if any, is the one to report). */
         FGI_TRY(fgi_attn_kernel_get(ctx, mod, &cfg, false, &k));
-        s = bytes ? workspace_of(ctx, k, &b, bytes) : launch(ctx, k, &b);
+        s = bytes ? workspace_of(ctx, k, &b, bytes) : launch(ctx, k, &b, sums);
         fg_kernel_release(k);
     }
     return s;
@@ -337,7 +350,7 @@ static fg_status on_chosen_kernel(fg_ctx *ctx, const fg_mod *mod, const fg_atten
 fg_status fg_attention_backward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, mod, "NULL mod");
-    return on_chosen_kernel(ctx, mod, args, NULL);
+    return on_chosen_kernel(ctx, mod, args, NULL, NULL);
 }
 
 fg_status fg_attention_backward_workspace_size(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args,
@@ -345,9 +358,34 @@ fg_status fg_attention_backward_workspace_size(fg_ctx *ctx, const fg_mod *mod, c
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, mod && bytes, "NULL mod or output pointer");
     *bytes = 0;
-    FGI_TRY(on_chosen_kernel(ctx, mod, args, bytes));
+    FGI_TRY(on_chosen_kernel(ctx, mod, args, bytes, NULL));
     fgi_clear_error(ctx);
     return FG_OK;
+}
+
+fg_status fgi_attention_backward_into_sums(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args,
+                                           const CUdeviceptr *sums) {
+    FGI_CHECK_ARG(ctx, mod && sums, "NULL mod or sums");
+    return on_chosen_kernel(ctx, mod, args, NULL, sums);
+}
+
+fg_status fgi_attention_backward_sums_to_float(fg_ctx *ctx, const fg_mod *mod, fg_dtype dtype, int head_dim,
+                                               CUdeviceptr sums, float *out, int64_t n, void *stream) {
+    if (n <= 0) return FG_OK;
+    fg_kernel_config cfg = fg_kernel_config_init();
+    cfg.kind = FG_KERNEL_ATTENTION_BWD;
+    cfg.dtype = dtype;
+    cfg.head_dim = head_dim;
+    fg_kernel *k;
+    FGI_TRY(fg_kernel_get(ctx, mod, &cfg, &k));
+    CUdeviceptr acc = sums, dst = (CUdeviceptr)(uintptr_t)out;
+    long long len = n;
+    void *fx_args[3] = {&acc, &dst, &len};
+    const unsigned g[3] = {(unsigned)((n + 127) / 128), 1, 1};
+    fg_status s = fgi_kernel_check_context(ctx, k);
+    if (s == FG_OK) s = fgi_kernel_run(ctx, k, FGI_BWD_FIXED, g, fx_args, stream);
+    fg_kernel_release(k);
+    return s;
 }
 
 /* ---- the reference ----------------------------------------------------------------- */

@@ -35,7 +35,7 @@
 
 #define FGI_NCCL_SYMS(X)                                                                    \
     X(ncclGetVersion) X(ncclGetErrorString) X(ncclCommCount) X(ncclCommUserRank)            \
-    X(ncclCommCuDevice) X(ncclGroupStart) X(ncclGroupEnd) X(ncclSend) X(ncclRecv)
+    X(ncclCommCuDevice) X(ncclGroupStart) X(ncclGroupEnd) X(ncclSend) X(ncclRecv) X(ncclAllReduce)
 
 typedef struct fgi_nccl_sym {
     const char *name;
@@ -267,4 +267,25 @@ fg_status fgi_nccl_ring_exchange(fg_ctx *ctx, const fgi_nccl_lib *lib, void *com
         ops[n++] = (fgi_nccl_op){true, t->next, (void *)(uintptr_t)t->send_buf[i], t->send_bytes[i]};
     for (int i = 0; i < t->nrecv; i++) ops[n++] = (fgi_nccl_op){false, t->prev, t->recv_buf[i], t->recv_bytes[i]};
     return fgi_nccl_group(ctx, lib, comm, ops, n, stream);
+}
+
+fg_status fgi_nccl_sum_i64(fg_ctx *ctx, const fgi_nccl_lib *lib, void *comm, void *const bufs[], const size_t counts[],
+                           int n, void *stream) {
+    FGI_CHECK_ARG(ctx, comm && (bufs || n == 0) && n >= 0, "NULL NCCL communicator or buffers");
+    bool any = false;
+    for (int i = 0; i < n; i++) {
+        FGI_CHECK_ARG(ctx, bufs[i] || !counts[i], "all-reduce: buffer %d is NULL", i);
+        any |= counts[i] > 0;
+    }
+    if (!any) return FG_OK;
+    FGI_TRY(resolve_lib(ctx, &lib));
+    fgi_nccl_comm c = (fgi_nccl_comm)comm;
+    NCCL_TRY(ctx, lib, lib->api.ncclGroupStart(), "ncclGroupStart");
+    fgi_nccl_result first = FGI_NCCL_SUCCESS;
+    for (int i = 0; i < n && first == FGI_NCCL_SUCCESS; i++)
+        if (counts[i]) first = lib->api.ncclAllReduce(bufs[i], bufs[i], counts[i], FGI_NCCL_INT64, FGI_NCCL_SUM, c, stream);
+    fgi_nccl_result end = lib->api.ncclGroupEnd();
+    if (first != FGI_NCCL_SUCCESS) return fgi_nccl_status(ctx, lib, first, "ncclAllReduce");
+    NCCL_TRY(ctx, lib, end, "ncclGroupEnd");
+    return FG_OK;
 }

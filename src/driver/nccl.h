@@ -42,10 +42,15 @@ typedef int fgi_nccl_dtype;
 enum {
     FGI_NCCL_INT8 = 0,
     FGI_NCCL_UINT8 = 1,
+    FGI_NCCL_INT64 = 4,
     FGI_NCCL_FLOAT16 = 6,
     FGI_NCCL_FLOAT32 = 7,
     FGI_NCCL_BFLOAT16 = 9
 };
+
+/* ncclRedOp_t (the one used) */
+typedef int fgi_nccl_op_kind;
+enum { FGI_NCCL_SUM = 0 };
 
 /* ncclComm_t */
 typedef struct fgi_nccl_comm_opaque *fgi_nccl_comm;
@@ -64,6 +69,8 @@ typedef struct fgi_nccl_api {
                                 fgi_nccl_comm comm, void *stream);
     fgi_nccl_result (*ncclRecv)(void *buf, size_t count, fgi_nccl_dtype dtype, int peer,
                                 fgi_nccl_comm comm, void *stream);
+    fgi_nccl_result (*ncclAllReduce)(const void *send, void *recv, size_t count, fgi_nccl_dtype dtype,
+                                     fgi_nccl_op_kind op, fgi_nccl_comm comm, void *stream);
 } fgi_nccl_api;
 
 /* ncclSend / ncclRecv first appeared in NCCL 2.7. */
@@ -147,5 +154,11 @@ typedef struct fgi_nccl_op {
 } fgi_nccl_op;
 fg_status fgi_nccl_group(fg_ctx *ctx, const fgi_nccl_lib *lib, void *comm, const fgi_nccl_op *ops, int nops,
                          void *stream);
+
+/* In-place int64 sums across the ranks of `comm` of n buffers (counts in
+ * int64 elements), as one NCCL group on `stream`: the sharded backward's
+ * fixed-point buffer gradients, whose sums are exact in any order. */
+fg_status fgi_nccl_sum_i64(fg_ctx *ctx, const fgi_nccl_lib *lib, void *comm, void *const bufs[], const size_t counts[],
+                           int n, void *stream);
 
 #endif

@@ -50,12 +50,17 @@
  *
  * Precision: each pair's gradients are rounded to the dtype once (the
  * backward kernels write it), then summed in fp32 and rounded once more
- * into the caller's dq, dk, dv.
+ * into the caller's dq, dk, dv. Gradients of buffer parameters (a learnt
+ * bias table, ALiBi slopes) are exact: every pair adds its share to one
+ * fixed-point sum per buffer (fgi_attention_backward_into_sums), the ranks'
+ * sums are added by an int64 all-reduce, and the total is rounded to fp32
+ * once; the result does not depend on the order of anything.
  */
 #include "parallel/partial_sum.h"
 #include "parallel/ring_call.h"
 
 #include "base/growable.h"
+#include "mod/deriv.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +76,7 @@ enum {
     EV_DKV_RECEIVED0,
     EV_DKV_RECEIVED1,
     EV_HOME_RECEIVED,
+    EV_GRADS_READY,
     EV_COMM_DONE,
     NEVENTS
 };
@@ -91,6 +97,13 @@ typedef struct bwd_call {
     CUdeviceptr t_dq[FGI_RING_MAX_CHUNKS]; /* a pair's dQ per q chunk (its
                                     stream's), the dtype                    */
     CUdeviceptr t_dk[FGI_RING_MAX_PAIRS], t_dv[FGI_RING_MAX_PAIRS];
+    /* Buffer gradients: one fixed-point sum per gradient binding, added to
+     * by every pair on either stream (integer sums: exact in any order),
+     * summed across the ranks at the end, then rounded into the binding's
+     * fp32 data. */
+    int ngrads;
+    CUdeviceptr gsum[FGI_MAX_GRAD_BUFFERS];
+    int64_t glen[FGI_MAX_GRAD_BUFFERS];
     bool dq_started[FGI_RING_MAX_CHUNKS];
     int home_step, home_from;    /* the step and rank the own shard's sums
                                     come back at / from; 0: they never leave */
@@ -114,8 +127,10 @@ static fg_status alloc_workspace(bwd_call *c) {
     const size_t dlse = c->b->dlse ? lse : 0;
     const size_t tq = fgi_attn_ws_round(B * Hq * (size_t)c->chunk_rows * D * 2);
     const size_t tkv = fgi_attn_ws_round(B * Hkv * (size_t)c->chunk_rows * D * 2);
+    size_t sums = 0;
+    for (int i = 0; i < c->ngrads; i++) sums += fgi_attn_ws_round((size_t)c->glen[i] * FGI_BWD_SUM_BYTES);
     const size_t total = 4 * shard + 4 * run + 2 * home + dq + lse + dlse + FGI_RING_MAX_CHUNKS * tq +
-                         2 * FGI_RING_MAX_PAIRS * tkv;
+                         2 * FGI_RING_MAX_PAIRS * tkv + sums;
     FGI_TRY(fgi_attn_ws_alloc(c->r.ctx, &c->ws, total, c->r.stream));
     CUdeviceptr at = c->ws.base;
     for (int i = 0; i < 2; i++)
@@ -128,6 +143,12 @@ static fg_status alloc_workspace(bwd_call *c) {
     c->dlse = dlse ? at : 0, at += dlse;
     for (int i = 0; i < FGI_RING_MAX_CHUNKS; i++) c->t_dq[i] = at, at += tq;
     for (int i = 0; i < FGI_RING_MAX_PAIRS; i++) c->t_dk[i] = at, at += tkv, c->t_dv[i] = at, at += tkv;
+    for (int i = 0; i < c->ngrads; i++) {
+        c->gsum[i] = at;
+        const size_t bytes = (size_t)c->glen[i] * FGI_BWD_SUM_BYTES;
+        FGI_CU_TRY(c->r.ctx, fgi_cu()->cuMemsetD8Async(at, 0, bytes, c->r.stream), "cuMemsetD8Async");
+        at += fgi_attn_ws_round(bytes);
+    }
     return FG_OK;
 }
 
@@ -194,7 +215,12 @@ static fg_status pair_backward(bwd_call *c, int s, const fgi_ring_pair *p, CUdev
     memcpy(pb.dv_stride, pb.dk_stride, sizeof pb.dk_stride);
     pb.dlse = c->dlse ? (const float *)(uintptr_t)(c->dlse + bh * (size_t)qch->local * 4) : NULL;
     pb.deterministic = c->b->deterministic;
-    FGI_TRY(fg_attention_backward(c->r.ctx, c->r.mod, &pb));
+    if (c->ngrads) {
+        pb.grad_binds = c->b->grad_binds, pb.ngrad_binds = c->b->ngrad_binds;
+        FGI_TRY(fgi_attention_backward_into_sums(c->r.ctx, c->r.mod, &pb, c->gsum));
+    } else {
+        FGI_TRY(fg_attention_backward(c->r.ctx, c->r.mod, &pb));
+    }
 
     /* dQ of the q chunk's rows: sum += this pair's (pairs cover whole
      * chunks, so p->q_local is the chunk's first row) */
@@ -357,6 +383,54 @@ static fg_status store(bwd_call *c) {
     return FG_OK;
 }
 
+/* The gradient bindings against the mod, before the ring (every rank
+ * alike): each names a float buffer score_mod reads, once, with room for
+ * the buffer bound to it; its length is the bound buffer's. */
+static fg_status resolve_grads(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a, bwd_call *c) {
+    const fg_attention_bwd_args *b = c->b;
+    c->ngrads = (int)b->ngrad_binds;
+    if (!c->ngrads) return FG_OK;
+    if (b->ngrad_binds > FGI_MAX_GRAD_BUFFERS)
+        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT, "%zu gradient bindings: at most %d", b->ngrad_binds,
+                         FGI_MAX_GRAD_BUFFERS);
+    fgi_value bound[FGI_MAX_PARAMS];
+    FGI_TRY(fgi_bind(ctx, mod, a->binds, a->nbinds, bound));
+    fgi_mod_grad g;
+    FGI_TRY(fgi_mod_derive(ctx, mod, &g));
+    fgi_grad_layout L;
+    fgi_grad_layout_compute(&g, &L);
+    fgi_mod_grad_free(&g);
+    const void *out[FGI_MAX_GRAD_BUFFERS];
+    int64_t len[FGI_MAX_GRAD_BUFFERS];
+    FGI_TRY(fgi_attn_grad_binds(ctx, mod, &L, b->grad_binds, b->ngrad_binds, bound, out, len));
+    for (int i = 0; i < c->ngrads; i++)
+        for (int k = 0; k < L.n; k++)
+            if (strcmp(mod->params[L.param[k]].name, b->grad_binds[i].name) == 0) c->glen[i] = len[k];
+    return FG_OK;
+}
+
+/* After the ring: the ranks' sums added together (an int64 all-reduce on
+ * the comm stream, once the caller's stream has added its last share),
+ * for fgi_ring_join and then finish_grads. */
+static fg_status reduce_grads(bwd_call *c, CUevent ev) {
+    if (!c->ngrads || c->r.who.size == 1) return FG_OK;
+    FGI_TRY(fgi_ring_join(&c->r, ev, false));
+    void *bufs[FGI_MAX_GRAD_BUFFERS];
+    size_t counts[FGI_MAX_GRAD_BUFFERS];
+    for (int i = 0; i < c->ngrads; i++)
+        bufs[i] = (void *)(uintptr_t)c->gsum[i], counts[i] = (size_t)c->glen[i] * (FGI_BWD_SUM_BYTES / 8);
+    return fgi_nccl_sum_i64(c->r.ctx, c->r.nccl, c->r.comm, bufs, counts, c->ngrads, c->r.comm_stream);
+}
+
+/* Each sum rounded into its binding's fp32 data, on the caller's stream. */
+static fg_status finish_grads(bwd_call *c) {
+    for (int i = 0; i < c->ngrads; i++)
+        FGI_TRY(fgi_attention_backward_sums_to_float(c->r.ctx, c->r.mod, c->r.a->dtype, c->r.a->head_dim, c->gsum[i],
+                                                     (float *)c->b->grad_binds[i].value.buffer.data, c->glen[i],
+                                                     c->r.stream));
+    return FG_OK;
+}
+
 fg_status fg_attention_backward_cp(fg_ctx *ctx, const fg_mod *mod, const fg_cp_bwd_args *args) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, mod && args, "NULL mod or arguments");
@@ -372,9 +446,6 @@ fg_status fg_attention_backward_cp(fg_ctx *ctx, const fg_mod *mod, const fg_cp_b
     FGI_TRY(fgi_attn_check_bwd_args(ctx, mod, &b, &st, &c.bs));
     FGI_CHECK_ARG(ctx, a.lse, "the backward needs the forward's lse (fg_attention_args.lse is NULL)");
     FGI_CHECK_ARG(ctx, a.out, "the backward needs the forward's out (fg_attention_args.out is NULL)");
-    if (b.ngrad_binds > 0)
-        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
-                         "gradients of buffer parameters are not computed by the sharded backward");
     if (b.workspace || b.workspace_size)
         return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
                          "the sharded backward takes its workspace from the pool: workspace must be unset");
@@ -391,6 +462,7 @@ fg_status fg_attention_backward_cp(fg_ctx *ctx, const fg_mod *mod, const fg_cp_b
     FGI_TRY(fgi_attn_check_aligned(ctx, "dk", b.dk, c.bs.dk, 4));
     FGI_TRY(fgi_attn_check_aligned(ctx, "dv", b.dv, c.bs.dv, 4));
     c.b = &b;
+    FGI_TRY(resolve_grads(ctx, mod, &a, &c));
     const fgi_ring_call_desc d = {cp.comm, cp.global_len, cp.layout, cp.plan, "fg_cp_bwd_args", NEVENTS};
     FGI_TRY(fgi_ring_call_open(ctx, mod, &a, &st, &d, &c.r));
     fgi_ring_home(c.r.plan, c.r.who.rank, &c.home_step, &c.home_from);
@@ -398,10 +470,12 @@ fg_status fg_attention_backward_cp(fg_ctx *ctx, const fg_mod *mod, const fg_cp_b
     if (s == FG_OK) s = gather_lse(&c);
     if (s == FG_OK) s = run_ring(&c);
     if (s == FG_OK) s = store(&c);
+    if (s == FG_OK) s = reduce_grads(&c, c.r.ev[EV_GRADS_READY]);
     /* The caller's stream waits for every transfer before the workspace
      * goes back on it; on an error, the call's own streams are drained
      * first. */
     if (s == FG_OK) s = fgi_ring_join(&c.r, c.r.ev[EV_COMM_DONE], true);
+    if (s == FG_OK) s = finish_grads(&c);
     if (s != FG_OK) fgi_ring_drain(&c.r);
     fg_status f = c.ws.base ? fgi_attn_ws_free(ctx, &c.ws, c.r.stream) : FG_OK;
     fgi_ring_call_close(&c.r);
