@@ -1384,7 +1384,7 @@ def _grad_bindings(grads):
     return (_Binding * max(1, len(rows)))(*rows), names
 
 
-def _run_backward(c, mod, bwd, grads):
+def _run_backward(c, mod, bwd, grads, call=None):
     """fg_attention_backward, asking for the gradient of each float buffer
     in `grads` ({name: fp32 tensor}) that the library has not refused for
     this mod before; returns the names left out, whose gradient is zero.
@@ -1396,14 +1396,22 @@ def _run_backward(c, mod, bwd, grads):
     refused with FG_ERR_UNBOUND before any launch; the refused names are
     found (the one asked for, or with several, each tried alone), the call
     is made again without them, and once that succeeds they are remembered
-    on the mod, so the extra calls happen once per mod."""
-    fn = _function("fg_attention_backward")
+    on the mod, so the extra calls happen once per mod.
+
+    `call` (default: fg_attention_backward on bwd) makes the call once bwd
+    holds the bindings; the sharded backward passes its own, which also
+    refuses a binding before anything reaches another rank."""
+    if call is None:
+        fn = _function("fg_attention_backward")
+
+        def call():
+            return fn(c.handle, mod.handle, ctypes.byref(bwd))
 
     def launch(names):
         arr, keep = _grad_bindings({n: grads[n] for n in names})
         bwd.grad_binds = ctypes.cast(arr, ctypes.POINTER(_Binding))
         bwd.ngrad_binds = len(names)
-        st = fn(c.handle, mod.handle, ctypes.byref(bwd))
+        st = call()
         del arr, keep
         return st
 
@@ -2268,9 +2276,11 @@ def _cp_forward(call, q, k, v, want_lse=True):
     return out, lse
 
 
-def _cp_backward(call, q, k, v, out, lse, dout, dlse):
+def _cp_backward(call, q, k, v, out, lse, dout, dlse, grads=None):
     """dq, dk, dv of the rank's shard (contiguous) from dout and dlse (either
-    may be None: this rank's loss does not read that output)."""
+    may be None: this rank's loss does not read that output); fills the
+    buffer gradients in `grads` ({name: fp32 tensor}, the whole sequence's
+    gradient on every rank)."""
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -2285,8 +2295,9 @@ def _cp_backward(call, q, k, v, out, lse, dout, dlse):
     cp.plan = call.plan._handle if call.plan is not None else None
     fn = _function("fg_attention_backward_cp", "the context-parallel backward")
     c = _ctx(call.index)
-    with c.lock:
-        c.check(fn(c.handle, call.mod.handle, ctypes.byref(cp)))
+    for name in _run_backward(c, call.mod, bwd, grads or {},
+                              lambda: fn(c.handle, call.mod.handle, ctypes.byref(cp))):
+        grads[name].zero_()
     if call.plan is not None:
         call.plan._used(call.index)
     return dq, dk, dv
@@ -2354,22 +2365,25 @@ if torch is not None:
         and communicator stay on ctx."""
 
         @staticmethod
-        def forward(ctx, call, q, k, v):
+        def forward(ctx, call, names, q, k, v, *buffers):
             out, lse = _cp_forward(call, q, k, v)
             ctx.set_materialize_grads(False)
-            ctx.call = call
-            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.call, ctx.names = call, names
+            ctx.save_for_backward(q, k, v, out, lse, *buffers)
             return out, lse
 
         @staticmethod
         @once_differentiable
         def backward(ctx, dout, dlse):
-            q, k, v, out, lse = ctx.saved_tensors
+            q, k, v, out, lse, *buffers = ctx.saved_tensors
+            need = ctx.needs_input_grad
+            grads = {n: torch.empty_like(b, dtype=torch.float32)
+                     for n, b, wanted in zip(ctx.names, buffers, need[5:]) if wanted}
             # Every rank's backward is a step of the same ring, so it runs
             # (with dout = 0) even where this rank's loss ignores the output.
-            dq, dk, dv = _cp_backward(ctx.call, q, k, v, out, lse, dout, dlse)
-            need = ctx.needs_input_grad
-            return None, dq if need[1] else None, dk if need[2] else None, dv if need[3] else None
+            dq, dk, dv = _cp_backward(ctx.call, q, k, v, out, lse, dout, dlse, grads)
+            return (None, None, dq if need[2] else None, dk if need[3] else None, dv if need[4] else None,
+                    *(grads.get(n) for n in ctx.names))
 
 
 def _cp_prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa, layout, group,
@@ -2389,11 +2403,6 @@ def _cp_prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa
     _check_params(params, buffers)
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"scale must be a float, not {type(scale).__name__}")
-    if _grad_enabled():
-        for name, buf in (buffers or {}).items():
-            if buf.requires_grad:
-                raise ValueError(f"buffer '{name}' requires grad, but context_parallel_attention "
-                                 f"gives buffers no gradient: pass it detached")
     group, rank, world = _cp_group(group)
     if seq_len is not None:
         _check_shard(q, seq_len, world, rank, layout)
@@ -2450,10 +2459,11 @@ def context_parallel_attention(q, k, v, mask_mod=None, score_mod=None, params=No
     return_lse its log-sum-exps (B, Hq, rows) float32; unshard() puts the
     ranks' pieces back in order.
 
-    Differentiable with respect to q, k and v (fg_attention_backward_cp):
-    every rank must then run the backward too, since its steps exchange
-    data with the others; buffers get no gradient (a float buffer that
-    requires grad is refused). Runs on torch's current stream; the call
+    Differentiable with respect to q, k, v and float buffers that require
+    grad (fg_attention_backward_cp): every rank must then run the backward
+    too, since its steps exchange data with the others; a buffer's gradient
+    is the whole sequence's, summed exactly across the ranks, the same on
+    every rank. Runs on torch's current stream; without a plan the call
     synchronises with the host twice (the library builds the ring's plan
     from block masks on the GPU).
 
@@ -2484,7 +2494,9 @@ def context_parallel_attention(q, k, v, mask_mod=None, score_mod=None, params=No
     if not grad:
         out, lse = _cp_forward(call, q, k, v, want_lse=return_lse)
     else:
-        out, lse = _ContextParallelFunction.apply(call, q, k, v)
+        names = list(call.binds.buffers)
+        out, lse = _ContextParallelFunction.apply(call, names, q, k, v,
+                                                  *(call.binds.buffers[n] for n in names))
     return (out, lse) if return_lse else out
 
 

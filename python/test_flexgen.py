@@ -1129,6 +1129,7 @@ CP_CASES = (
     ("sliding_window", "contiguous", {"WINDOW": 200}, None, False, True),
     ("document", "zigzag", {}, 2, False, False),
     ("document", "contiguous", {}, None, False, True),
+    ("alibi", "zigzag", {}, None, True, True),  # slopes learnt: a buffer gradient
 )
 CP_SHAPE = (2, 4, 1000, 64)  # B, H, S, D: S not a multiple of the 128-row units
 
@@ -1181,12 +1182,15 @@ def _cp_worker(rank, world, folder):
             cut = {n: flexgen.shard(t, world, rank, layout, dim=2).to(dev) for n, t in x.items()}
             leaves = [cut[n].requires_grad_() for n in ("q", "k", "v")]
             buffers = GALLERY[name].setup(B, H, S, dev)["buffers"]  # the whole sequence's
+            learnt = {n: b.clone().requires_grad_() for n, b in buffers.items() if b.is_floating_point()}
+            buffers.update(learnt)
             out, lse = _cp_call(case, *leaves, buffers, seq_len=S if give_len else None)
             outs, grads = (([out, lse], [cut["dout"], cut["dlse"]]) if reads_lse
                            else ([out], [cut["dout"]]))
-            dq, dk, dv = torch.autograd.grad(outs, leaves, grads)
+            dq, dk, dv, *dbuf = torch.autograd.grad(outs, leaves + list(learnt.values()), grads)
             results[_cp_label(case)] = {n: t.detach().cpu() for n, t in
                                         (("out", out), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv))}
+            results[_cp_label(case)].update({"d" + n: g.cpu() for n, g in zip(learnt, dbuf)})
         # The first case's forward again through the group's own
         # communicator where it is safe (FLEXGEN_CP_COMM=auto; the other way
         # to the group's NCCL): the same numbers.
@@ -1317,9 +1321,6 @@ class ContextParallel(unittest.TestCase):
                  "buffers must be a dict"),
                 ("scale a string", lambda: CPA(q, q, q, scale="0.1"), TypeError,
                  "scale must be a float"),
-                ("a buffer requiring grad",
-                 lambda: CPA(q, q, q, buffers={"bias": torch.zeros(4, requires_grad=True)}), ValueError,
-                 "gives buffers no gradient"),
                 ("torch.distributed not initialised", lambda: CPA(q, q, q, gallery_file("causal")),
                  ValueError, "torch.distributed initialised")):
             with self.subTest(what), self.assertRaises(exc) as cm:
@@ -1449,11 +1450,17 @@ class ContextParallel(unittest.TestCase):
                        for n in ("out", "lse", "dq", "dk", "dv")}
                 leaves = [x[n].clone().requires_grad_() for n in ("q", "k", "v")]
                 buffers = GALLERY[case[0]].setup(B, H, S, dev)["buffers"]
+                learnt = {n: b.clone().requires_grad_() for n, b in buffers.items() if b.is_floating_point()}
+                buffers.update(learnt)
                 out, lse = flexgen.attention(*leaves, gallery_file(case[0]), params=case[2],
                                              buffers=buffers, enable_gqa=case[3] is not None,
                                              return_lse=True)
                 outs, grads = ([out, lse], [x["dout"], x["dlse"]]) if reads_lse else ([out], [x["dout"]])
-                want = dict(zip(("dq", "dk", "dv"), torch.autograd.grad(outs, leaves, grads)))
+                names = ["dq", "dk", "dv"] + ["d" + n for n in learnt]
+                want = dict(zip(names, torch.autograd.grad(outs, leaves + list(learnt.values()), grads)))
+                for n in names[3:]:  # every rank holds the whole sequence's buffer gradient
+                    for r in ranks:
+                        self.assertLess(_rel(r[label][n].to(dev), want[n]), 2e-2, n)
                 self.assertFalse(got["out"].isnan().any())
                 self.assertLess(_rel(got["out"], out), 1e-2)
                 finite = lse.isfinite()
