@@ -900,11 +900,8 @@ FG_API fg_status fg_cp_shard_rows(fg_cp_layout layout, int world, int rank, int6
  * block_mask, kv_lens, q_offsets and block_table must be unset (the
  * library places each pair itself and builds its block masks). Every
  * chunk must hold rows: global_len at least (C - 1) * 128 + 1 for C
- * chunks (N ranks, 2N under zig-zag), FG_ERR_SHAPE otherwise. A q chunk
- * merges at most FG_MERGE_MAX_PARTS (16) parts, one per kv chunk its
- * mask reaches: up to 8 ranks under zig-zag and 16 contiguous when the
- * mask leaves no pair empty (FG_ERR_NOT_SUPPORTED beyond). Every rank
- * checks all of this before its first transfer, from what every rank
+ * chunks (N ranks, 2N under zig-zag), FG_ERR_SHAPE otherwise. Every
+ * rank checks all of this before its first transfer, from what every rank
  * passes alike, so a mistake made on every rank fails on every rank.
  *
  * What it does: K/V shards travel round the ring (NCCL send / receive on a
@@ -912,7 +909,8 @@ FG_API fg_status fg_cp_shard_rows(fg_cp_layout layout, int world, int rank, int6
  * while each step's (q chunk, kv chunk) pairs compute on the caller's
  * stream; pairs the mask leaves empty are skipped, and so is any transfer
  * of a shard past the last rank that needs it; the partial results merge
- * exactly by their log-sum-exps (fg_attention_merge). The pairs' classes
+ * exactly by their log-sum-exps (fg_attention_merge, in groups of 16
+ * where a q chunk has more parts). The pairs' classes
  * come from block masks of every chunk pair of the sequence, built on the
  * GPU at each call, so every rank reaches the same schedule: the call
  * synchronises with the host twice (after building the masks, and before

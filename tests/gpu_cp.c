@@ -14,8 +14,9 @@
  * tolerances (relative Frobenius error 2e-2 in bf16, 5e-3 in fp16, no
  * non-finite value), as must every rank's gradient of a float buffer
  * (ALiBi's slopes: the whole sequence's, summed across the ranks). Half of the cases make one fg_cp_plan per rank for
- * both calls, and every other case runs on one compute stream
- * (FG_OPT_CP_STREAMS 1) instead of two. Outputs and gradients are poisoned first.
+ * both calls, every other case runs on one compute stream
+ * (FG_OPT_CP_STREAMS 1) instead of two, and every third merges its
+ * partials in groups of two (FLEXGEN_TEST_CP_MERGE_PARTS). Outputs and gradients are poisoned first.
  *
  * Skips (77) without two GPUs or without NCCL ($FLEXGEN_NCCL_LIB, else
  * libnccl.so.2). NVLink multicast stays off (NCCL_NVLS_ENABLE=0 unless
@@ -288,12 +289,17 @@ static void check_backward(rank_job jobs[WORLD], const cp_case *c, const char *n
 
 static void run_case(void *comms[WORLD], const cp_case *c) {
     char name[200];
-    /* every other case on one compute stream (FG_OPT_CP_STREAMS) */
+    /* every other case on one compute stream (FG_OPT_CP_STREAMS); every
+     * third merges its partials two at a time (the grouped merge that more
+     * ranks than a merge's 16 parts need, through its test hook) */
     const int streams = (c - cases) % 2 ? 1 : 2;
-    snprintf(name, sizeof name, "%s D=%d %s B=%d Hq=%d Hkv=%d S=%d %s%s, %d stream%s", c->mod, c->d,
+    const bool grouped = (c - cases) % 3 == 0;
+    if (grouped) setenv("FLEXGEN_TEST_CP_MERGE_PARTS", "2", 1);
+    else unsetenv("FLEXGEN_TEST_CP_MERGE_PARTS");
+    snprintf(name, sizeof name, "%s D=%d %s B=%d Hq=%d Hkv=%d S=%d %s%s, %d stream%s%s", c->mod, c->d,
              c->dtype == FG_BF16 ? "bf16" : "fp16", c->b, c->hq, c->hkv, c->s,
              c->layout == FG_CP_ZIGZAG ? "zig-zag" : "contiguous", c->plan ? " (plan)" : "", streams,
-             streams > 1 ? "s" : "");
+             streams > 1 ? "s" : "", grouped ? ", merged by twos" : "");
     const int B = c->b, D = c->d, S = c->s;
     const size_t nq = (size_t)B * c->hq * S * D, nkv = (size_t)B * c->hkv * S * D, nlse = (size_t)B * c->hq * S;
     uint16_t *hq = random16(c->dtype, nq, true), *hk = random16(c->dtype, nkv, true),

@@ -41,6 +41,7 @@
 
 #include "base/growable.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,7 +64,10 @@ typedef struct cp_call {
     CUdeviceptr part_out, part_lse, chunk_lse;
     part *parts;                /* select_parts                             */
     int nparts;
-    size_t part_rows_total;
+    size_t part_rows_total;     /* the pairs' partials, then the scratch    */
+    size_t scratch_row, scratch_rows; /* two scratch parts of scratch_rows
+                                   rows from scratch_row (grouped merges)   */
+    int group;                  /* parts per merge                          */
 } cp_call;
 
 /* The pairs this rank computes, in ring order, with the row of the
@@ -91,18 +95,20 @@ static fg_status select_parts(cp_call *c) {
             c->parts[c->nparts++] = (part){s, i, row};
             row += (size_t)p->q_len;
         }
-    c->part_rows_total = row;
-    /* One merge per q chunk takes FG_MERGE_MAX_PARTS parts: more would
-     * fail after the ring, on some ranks only; say so before it. */
+    /* A q chunk with more parts than one merge takes (FG_MERGE_MAX_PARTS,
+     * or the test hook's smaller group) merges in groups, each group's
+     * result a part of the next: two scratch parts of the longest chunk's
+     * rows after the pairs' partials. */
+    c->group = FG_MERGE_MAX_PARTS;
+    const char *hook = getenv("FLEXGEN_TEST_CP_MERGE_PARTS"); /* tests: groups of 2.. parts */
+    if (hook && atoi(hook) >= 2 && atoi(hook) < FG_MERGE_MAX_PARTS) c->group = atoi(hook);
+    c->scratch_row = row;
     for (int qc = 0; qc < rk->nchunks; qc++) {
         int n = 0;
         for (int k = 0; k < c->nparts; k++) n += rk->steps[c->parts[k].step].pairs[c->parts[k].pair].q_chunk == qc;
-        if (n > FG_MERGE_MAX_PARTS)
-            return fgi_error(r->ctx, FG_ERR_NOT_SUPPORTED,
-                             "rank %d's q chunk %d meets %d non-empty kv chunks; the sharded forward merges at "
-                             "most %d per chunk (fewer ranks, or the contiguous layout, which has half the chunks)",
-                             r->who.rank, qc, n, FG_MERGE_MAX_PARTS);
+        if (n > c->group && c->scratch_rows < (size_t)rk->q[qc].len) c->scratch_rows = (size_t)rk->q[qc].len;
     }
+    c->part_rows_total = row + 2 * c->scratch_rows;
     return FG_OK;
 }
 
@@ -183,27 +189,47 @@ static fg_status merge_chunks(cp_call *c) {
     for (int qc = 0; qc < rk->nchunks; qc++) {
         const fgi_ring_chunk *ch = &rk->q[qc];
         if (ch->len == 0) continue;
-        fg_merge_args m = fg_merge_args_init();
-        m.batch = a->batch, m.heads = a->heads_q, m.q_len = (int)ch->len, m.head_dim = a->head_dim;
-        m.dtype = a->dtype;
-        for (int k = 0; k < c->nparts; k++) {
-            const part *pt = &c->parts[k];
-            if (rk->steps[pt->step].pairs[pt->pair].q_chunk != qc) continue;
-            if (m.nparts == FG_MERGE_MAX_PARTS)
-                return fgi_error(r->ctx, FG_ERR_NOT_SUPPORTED, "more than %d partial results for one chunk",
-                                 FG_MERGE_MAX_PARTS);
-            m.outs[m.nparts] = (const void *)(uintptr_t)(c->part_out + (CUdeviceptr)(2 * pt->row * D));
-            m.lses[m.nparts] = (const float *)(uintptr_t)(c->part_lse + (CUdeviceptr)(4 * pt->row * bh));
-            m.nparts++;
-        }
         const int64_t ps[4] = {(int64_t)(rows * (size_t)a->heads_q * D), (int64_t)(rows * D), (int64_t)D, 1};
-        memcpy(m.part_stride, ps, sizeof ps);
-        m.out = (char *)a->out + 2 * ch->local * os[2];
         const int64_t o4[4] = {os[0], os[1], os[2], 1};
-        memcpy(m.out_stride, o4, sizeof o4);
-        m.lse = a->lse ? (float *)(uintptr_t)c->chunk_lse : NULL;
-        m.stream = r->stream;
-        FGI_TRY(fg_attention_merge(r->ctx, &m));
+        int k = 0, stage = 0;
+        size_t acc = SIZE_MAX; /* the row of the previous group's result */
+        for (;;) {
+            fg_merge_args m = fg_merge_args_init();
+            m.batch = a->batch, m.heads = a->heads_q, m.q_len = (int)ch->len, m.head_dim = a->head_dim;
+            m.dtype = a->dtype;
+            memcpy(m.part_stride, ps, sizeof ps);
+            m.stream = r->stream;
+            if (acc != SIZE_MAX) {
+                m.outs[0] = (const void *)(uintptr_t)(c->part_out + (CUdeviceptr)(2 * acc * D));
+                m.lses[0] = (const float *)(uintptr_t)(c->part_lse + (CUdeviceptr)(4 * acc * bh));
+                m.nparts = 1;
+            }
+            for (; k < c->nparts && m.nparts < c->group; k++) {
+                const part *pt = &c->parts[k];
+                if (rk->steps[pt->step].pairs[pt->pair].q_chunk != qc) continue;
+                m.outs[m.nparts] = (const void *)(uintptr_t)(c->part_out + (CUdeviceptr)(2 * pt->row * D));
+                m.lses[m.nparts] = (const float *)(uintptr_t)(c->part_lse + (CUdeviceptr)(4 * pt->row * bh));
+                m.nparts++;
+            }
+            bool more = false; /* another part of this chunk left */
+            for (int j = k; j < c->nparts && !more; j++)
+                more = rk->steps[c->parts[j].step].pairs[c->parts[j].pair].q_chunk == qc;
+            if (!more) {
+                m.out = (char *)a->out + 2 * ch->local * os[2];
+                memcpy(m.out_stride, o4, sizeof o4);
+                m.lse = a->lse ? (float *)(uintptr_t)c->chunk_lse : NULL;
+                FGI_TRY(fg_attention_merge(r->ctx, &m));
+                break;
+            }
+            /* a group's result: the next group's first part (its LSE kept
+             * too, and never in the buffer this merge reads) */
+            const size_t into = c->scratch_row + (size_t)stage * c->scratch_rows;
+            m.out = (void *)(uintptr_t)(c->part_out + (CUdeviceptr)(2 * into * D));
+            memcpy(m.out_stride, ps, sizeof ps);
+            m.lse = (float *)(uintptr_t)(c->part_lse + (CUdeviceptr)(4 * into * bh));
+            FGI_TRY(fg_attention_merge(r->ctx, &m));
+            acc = into, stage ^= 1;
+        }
         if (!a->lse) continue;
         /* the chunk's [B*Hq][len] LSE rows into the caller's [B*Hq][q_len] */
         FGI_TRY(fgi_ring_copy_rows(&c->r, (CUdeviceptr)(uintptr_t)(a->lse + ch->local), (size_t)a->q_len * 4,
