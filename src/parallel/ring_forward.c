@@ -24,8 +24,9 @@
  *        - the first transfer waits for the caller's stream up to the call
  *          (k, v written, workspace allocated), and the workspace is given
  *          back only after the last transfer;
- *   4. per q chunk, fg_attention_merge of its partials into the caller's
- *      out (and lse: merged into a contiguous scratch row per chunk, then
+ *   4. per q chunk, fg_attention_merge of its partials (in groups of 16
+ *      where there are more, each group's result a part of the next) into
+ *      the caller's out (and lse: merged into a contiguous scratch row per chunk, then
  *      copied to the chunk's rows of the caller's lse, whose rows are the
  *      rank's whole local length apart);
  *   5. closing the call (without a caller's plan, its second
