@@ -909,8 +909,9 @@ FG_API fg_status fg_cp_shard_rows(fg_cp_layout layout, int world, int rank, int6
  * while each step's (q chunk, kv chunk) pairs compute on the caller's
  * stream; pairs the mask leaves empty are skipped, and so is any transfer
  * of a shard past the last rank that needs it; the partial results merge
- * exactly by their log-sum-exps (fg_attention_merge, in groups of 16
- * where a q chunk has more parts). The pairs' classes
+ * by their log-sum-exps (fg_attention_merge, in groups of 16 where a q
+ * chunk has more parts; exact but for the rounding of each part, and of
+ * each group's result, to the dtype). The pairs' classes
  * come from block masks of every chunk pair of the sequence, built on the
  * GPU at each call, so every rank reaches the same schedule: the call
  * synchronises with the host twice (after building the masks, and before
@@ -970,9 +971,14 @@ FG_API void fg_cp_plan_destroy(fg_cp_plan *plan);
  * it: local->fwd as given to the forward (q, k, v, and out and lse as the
  * sharded forward wrote them: the merged results, lse required), dout,
  * dq, dk, dv of the rank's rows, dlse (optional), deterministic and the
- * gradient bindings of buffer parameters (every rank the same bindings:
- * each rank's binding receives the whole sequence's gradient, summed
- * exactly across the ranks). Not taken: a caller's workspace
+ * gradient bindings of buffer parameters (every rank the same bindings).
+ * A buffer is a parameter every rank holds a copy of, and each rank's
+ * binding receives the gradient of that rank's copy: the share of the
+ * rank's own q rows, exact; the ranks' shares add up to the whole
+ * sequence's gradient, which is what the all-reduce a data-parallel step
+ * applies to every replicated parameter makes of them. With
+ * grads_summed 1 the call adds them itself (an exact int64 all-reduce) and
+ * every rank receives the whole. Not taken: a caller's workspace
  * (FG_ERR_INVALID_ARGUMENT).
  *
  * What it does: the forward's schedule again (the same pair masks, plan
@@ -995,6 +1001,7 @@ typedef struct fg_cp_bwd_args {
     int64_t global_len;     /* S, the whole sequence's rows                 */
     fg_cp_layout layout;    /* the forward's                                */
     const fg_cp_plan *plan; /* NULL: the call builds its schedule itself    */
+    int grads_summed;       /* 1: buffer gradients summed across the ranks  */
     size_t struct_size;     /* sizeof(fg_cp_bwd_args); 0 means the layout of
                                the version that introduced it             */
 } fg_cp_bwd_args;

@@ -207,6 +207,7 @@ class _CpBwdArgs(_Growable):  # fg_cp_bwd_args
         ("global_len", ctypes.c_int64),
         ("layout", ctypes.c_int),
         ("plan", ctypes.c_void_p),  # const fg_cp_plan *: None, the call builds its schedule
+        ("grads_summed", ctypes.c_int),  # 0: each rank the gradient of its copy of a buffer
         ("struct_size", ctypes.c_size_t),
     ]
 
@@ -277,6 +278,8 @@ _SIGNATURES = {
                                               ctypes.c_void_p, ctypes.c_void_p]),
     "fg_attention_backward": (ctypes.c_int, [_P, _P, ctypes.POINTER(_AttentionBwdArgs)]),
     "fg_kernel_launch_backward": (ctypes.c_int, [_P, _P, ctypes.POINTER(_AttentionBwdArgs)]),
+    "fg_attention_backward_workspace_size": (ctypes.c_int, [_P, _P, ctypes.POINTER(_AttentionBwdArgs),
+                                                            ctypes.POINTER(ctypes.c_size_t)]),
     "fg_attention_reference_backward": (ctypes.c_int, [_P, _P,
                                                        ctypes.POINTER(_AttentionBwdArgs)]),
     "fg_cache_get_stats": (None, [ctypes.POINTER(_CacheStats)]),
@@ -295,7 +298,7 @@ _SIGNATURES = {
 # parallelism) lacks: every other call works without them, and the calls
 # that need them say what is missing.
 _OPTIONAL = {"fg_attention_backward", "fg_kernel_launch_backward",
-             "fg_attention_reference_backward",
+             "fg_attention_backward_workspace_size", "fg_attention_reference_backward",
              "fg_cp_shard_rows", "fg_attention_forward_cp", "fg_attention_backward_cp",
              "fg_cp_plan_create", "fg_cp_plan_destroy"}
 
@@ -1384,7 +1387,7 @@ def _grad_bindings(grads):
     return (_Binding * max(1, len(rows)))(*rows), names
 
 
-def _run_backward(c, mod, bwd, grads, call=None):
+def _run_backward(c, mod, bwd, grads, call=None, probe=None):
     """fg_attention_backward, asking for the gradient of each float buffer
     in `grads` ({name: fp32 tensor}) that the library has not refused for
     this mod before; returns the names left out, whose gradient is zero.
@@ -1399,26 +1402,32 @@ def _run_backward(c, mod, bwd, grads, call=None):
     on the mod, so the extra calls happen once per mod.
 
     `call` (default: fg_attention_backward on bwd) makes the call once bwd
-    holds the bindings; the sharded backward passes its own, which also
-    refuses a binding before anything reaches another rank."""
+    holds the bindings. `probe`, when given, answers the same question
+    without making the call: the sharded backward's call is collective, so
+    the refused names are found by probing (locally, the same answer on
+    every rank) and the call is made once, with the rest."""
     if call is None:
         fn = _function("fg_attention_backward")
 
         def call():
             return fn(c.handle, mod.handle, ctypes.byref(bwd))
 
-    def launch(names):
+    def launch(names, how=call):
         arr, keep = _grad_bindings({n: grads[n] for n in names})
         bwd.grad_binds = ctypes.cast(arr, ctypes.POINTER(_Binding))
         bwd.ngrad_binds = len(names)
-        st = call()
+        st = how()
         del arr, keep
         return st
 
     ask = [n for n in grads if n not in mod._no_gradient]
     with c.lock:
+        if probe is not None and ask and launch(ask, probe) == FG_ERR_UNBOUND:
+            refused = ask if len(ask) == 1 else [n for n in ask if launch([n], probe) == FG_ERR_UNBOUND]
+            mod._no_gradient.update(refused)
+            ask = [n for n in ask if n not in refused]
         st = launch(ask)
-        if st == FG_ERR_UNBOUND and ask:
+        if st == FG_ERR_UNBOUND and ask and probe is None:
             refused = ask if len(ask) == 1 else [n for n in ask if launch([n]) == FG_ERR_UNBOUND]
             rest = [n for n in ask if n not in refused]
             st = launch(rest)  # also renews the error message if it fails again
@@ -2269,10 +2278,12 @@ def _cp_forward(call, q, k, v, want_lse=True):
     cp.plan = call.plan._handle if call.plan is not None else None
     fn = _function("fg_attention_forward_cp", "context parallelism")
     c = _ctx(call.index)
-    with c.lock:
-        c.check(fn(c.handle, call.mod.handle, ctypes.byref(cp)))
-    if call.plan is not None:
-        call.plan._used(call.index)
+    try:
+        with c.lock:
+            c.check(fn(c.handle, call.mod.handle, ctypes.byref(cp)))
+    finally:
+        if call.plan is not None:
+            call.plan._used(call.index)  # its masks may be read until here
     return out, lse
 
 
@@ -2294,12 +2305,20 @@ def _cp_backward(call, q, k, v, out, lse, dout, dlse, grads=None):
     cp.global_len, cp.layout = call.seq_len, call.layout
     cp.plan = call.plan._handle if call.plan is not None else None
     fn = _function("fg_attention_backward_cp", "the context-parallel backward")
+    size_fn = _function("fg_attention_backward_workspace_size")
     c = _ctx(call.index)
-    for name in _run_backward(c, call.mod, bwd, grads or {},
-                              lambda: fn(c.handle, call.mod.handle, ctypes.byref(cp))):
+    size = ctypes.c_size_t()
+    try:
+        # which buffers have a gradient, asked of the shard's own backward
+        # (no launch, no communication); then one call of the ring
+        left_out = _run_backward(
+            c, call.mod, bwd, grads or {}, lambda: fn(c.handle, call.mod.handle, ctypes.byref(cp)),
+            probe=lambda: size_fn(c.handle, call.mod.handle, ctypes.byref(bwd), ctypes.byref(size)))
+    finally:
+        if call.plan is not None:
+            call.plan._used(call.index)  # its masks may be read until here
+    for name in left_out:
         grads[name].zero_()
-    if call.plan is not None:
-        call.plan._used(call.index)
     return dq, dk, dv
 
 
@@ -2315,7 +2334,9 @@ class ContextParallelPlan:
 
     def __init__(self, handle, call):
         self._handle = handle
-        self._call = call  # keeps the mod, bindings and communicator alive
+        # what the plan was made with stays alive with it (not `call`,
+        # which holds the plan: a cycle only the collector would free)
+        self._keep = (call.mod, call.binds, call.comm)
         self._done = None
 
     def _used(self, index):
@@ -2461,9 +2482,11 @@ def context_parallel_attention(q, k, v, mask_mod=None, score_mod=None, params=No
 
     Differentiable with respect to q, k, v and float buffers that require
     grad (fg_attention_backward_cp): every rank must then run the backward
-    too, since its steps exchange data with the others; a buffer's gradient
-    is the whole sequence's, summed exactly across the ranks, the same on
-    every rank. Runs on torch's current stream; without a plan the call
+    too, since its steps exchange data with the others. A buffer is a
+    parameter every rank holds a copy of; its gradient here is that of this
+    rank's copy (the share of this rank's q rows, exact), and the ranks'
+    gradients add up to the whole sequence's, as the gradient all-reduce of
+    data parallelism over these ranks makes them. Runs on torch's current stream; without a plan the call
     synchronises with the host twice (the library builds the ring's plan
     from block masks on the GPU).
 
@@ -2505,8 +2528,9 @@ def context_parallel_plan(q, k, v, mask_mod=None, score_mod=None, params=None, b
     """A ContextParallelPlan for context_parallel_attention calls with these
     arguments (the rank's shard q, k, v give the shapes and device; nothing
     is computed): the block masks of every chunk pair, built once on the GPU
-    (one synchronisation), and the ring's schedule. Every rank makes its
-    own; no communication."""
+    (one synchronisation), and the ring's schedule. Every rank of the group
+    calls it together: it may all-gather the shard lengths (seq_len None)
+    and makes the group's communicator on first use."""
     if _compiling():
         raise NotImplementedError("context_parallel_plan does not run under torch.compile")
     call = _cp_prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa, layout, group,

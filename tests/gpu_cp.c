@@ -12,8 +12,9 @@
  * on its rows of one random dout (and, in some cases, dlse), and dq, dk,
  * dv put back at their global positions must meet the backward's
  * tolerances (relative Frobenius error 2e-2 in bf16, 5e-3 in fp16, no
- * non-finite value), as must every rank's gradient of a float buffer
- * (ALiBi's slopes: the whole sequence's, summed across the ranks). Half of the cases make one fg_cp_plan per rank for
+ * non-finite value), as must the gradient of a float buffer (ALiBi's
+ * slopes): every rank's with grads_summed, else the sum of the ranks'
+ * shares. Half of the cases make one fg_cp_plan per rank for
  * both calls, every other case runs on one compute stream
  * (FG_OPT_CP_STREAMS 1) instead of two, and every third merges its
  * partials in groups of two (FLEXGEN_TEST_CP_MERGE_PARTS). Outputs and gradients are poisoned first.
@@ -51,7 +52,7 @@ static const cp_case cases[] = {
     {"sliding_window", 64, FG_BF16, 1, 4, 4, 2048, FG_CP_CONTIGUOUS, false, true},
     {"sliding_window", 64, FG_BF16, 1, 4, 4, 2048, FG_CP_ZIGZAG, true, false},
     {"document", 128, FG_BF16, 1, 2, 1, 1300, FG_CP_ZIGZAG, false, true},
-    {"prefix_lm", 64, FG_FP16, 1, 2, 2, 900, FG_CP_ZIGZAG, true, false},
+    {"alibi", 64, FG_FP16, 1, 4, 4, 900, FG_CP_ZIGZAG, true, true},
     {"alibi", 128, FG_BF16, 1, 4, 2, 1000, FG_CP_ZIGZAG, false, false},
     {"softcap", 64, FG_BF16, 1, 2, 2, 777, FG_CP_CONTIGUOUS, true, true},
     {"flamingo", 64, FG_BF16, 1, 2, 2, 1100, FG_CP_CONTIGUOUS, false, false},
@@ -60,6 +61,7 @@ static const cp_case cases[] = {
     {"sasa", 64, FG_BF16, 1, 2, 2, 1024, FG_CP_ZIGZAG, false, false},
     {"dilated", 128, FG_BF16, 1, 2, 2, 1400, FG_CP_ZIGZAG, true, false},
     {"local_global", 64, FG_FP16, 1, 4, 2, 1300, FG_CP_CONTIGUOUS, false, true},
+    {"prefix_lm", 64, FG_FP16, 1, 2, 2, 900, FG_CP_ZIGZAG, true, false},
 };
 
 /* ---- NCCL, for the communicators (the library itself takes them as given) */
@@ -100,6 +102,7 @@ typedef struct rank_job {
     fg_binding gbind[1]; /* a float buffer's gradient (ALiBi's slopes) */
     CUdeviceptr gdev;
     int ngrad;
+    bool cpb_summed;     /* grads_summed: every rank the whole gradient */
     binds bb;
 } rank_job;
 
@@ -223,9 +226,11 @@ static void check_backward(rank_job jobs[WORLD], const cp_case *c, const char *n
             j->ngrad = 1;
         }
         j->b.grad_binds = j->gbind, j->b.ngrad_binds = (size_t)j->ngrad;
+        j->cpb_summed = (c - cases) % 2 == 0; /* else each rank its own share */
         j->cpb = fg_cp_bwd_args_init();
         j->cpb.local = &j->b, j->cpb.comm = j->cp.comm, j->cpb.global_len = S, j->cpb.layout = c->layout;
         j->cpb.plan = j->plan;
+        j->cpb.grads_summed = j->cpb_summed;
         j->backward = true;
     }
     bool ok = run_ranks(jobs, name, "backward");
@@ -254,21 +259,29 @@ static void check_backward(rank_job jobs[WORLD], const cp_case *c, const char *n
         }
         assert_int_equal(fg_attention_reference_backward(jobs[0].ctx, jobs[0].mod, &hb), FG_OK);
         long nonfinite = 0;
-        /* the buffer's gradient, the same on every rank (summed across them) */
+        /* the buffer's gradient: with grads_summed the whole on every rank,
+         * else each rank's share, which add up to the whole */
         double eg = 0;
-        for (int r = 0; r < WORLD && glen; r++) {
+        if (glen) {
+            double *total = calloc((size_t)glen, sizeof *total);
             float *got = malloc(4 * (size_t)glen);
-            assert_int_equal(fgi_cuda_ready(jobs[r].ctx), FG_OK);
-            assert_int_equal(fgi_cu()->cuMemcpyDtoH(got, jobs[r].gdev, 4 * (size_t)glen), CUDA_SUCCESS);
-            double num = 0, den = 0;
-            for (int64_t i = 0; i < glen; i++) {
-                if (!isfinite(got[i])) nonfinite++;
-                num += ((double)got[i] - rg[i]) * ((double)got[i] - rg[i]);
-                den += rg[i] * rg[i];
+            for (int r = 0; r < WORLD; r++) {
+                assert_int_equal(fgi_cuda_ready(jobs[r].ctx), FG_OK);
+                assert_int_equal(fgi_cu()->cuMemcpyDtoH(got, jobs[r].gdev, 4 * (size_t)glen), CUDA_SUCCESS);
+                for (int64_t i = 0; i < glen; i++) {
+                    if (!isfinite(got[i])) nonfinite++;
+                    total[i] = jobs[0].cpb_summed ? got[i] : total[i] + got[i];
+                }
+                if (!jobs[0].cpb_summed && r + 1 < WORLD) continue;
+                double num = 0, den = 0;
+                for (int64_t i = 0; i < glen; i++) {
+                    num += (total[i] - rg[i]) * (total[i] - rg[i]);
+                    den += rg[i] * rg[i];
+                }
+                const double e = den > 0 ? sqrt(num / den) : sqrt(num);
+                eg = e > eg ? e : eg;
             }
-            const double e = den > 0 ? sqrt(num / den) : sqrt(num);
-            eg = e > eg ? e : eg;
-            free(got);
+            free(total), free(got);
         }
         free(rg);
         const double eq = rel_err_dense16(c->dtype, gq, rq, nq, &nonfinite),
@@ -278,7 +291,7 @@ static void check_backward(rank_job jobs[WORLD], const cp_case *c, const char *n
         ok = eq <= tol && ek <= tol && ev <= tol && eg <= tol && nonfinite == 0;
         printf("%-4s %s backward%s: dq %.2e dk %.2e dv %.2e", ok ? "ok" : "FAIL", name, c->dlse ? " (+dlse)" : "",
                eq, ek, ev);
-        if (glen) printf(" d%s %.2e", jobs[0].gbind[0].name, eg);
+        if (glen) printf(" d%s %.2e (%s)", jobs[0].gbind[0].name, eg, jobs[0].cpb_summed ? "summed" : "shares");
         if (nonfinite) printf(", %ld non-finite", nonfinite);
         printf("\n");
         free(gq), free(gk), free(gv), free(rq), free(rk), free(rv);

@@ -52,9 +52,10 @@
  * backward kernels write it), then summed in fp32 and rounded once more
  * into the caller's dq, dk, dv. Gradients of buffer parameters (a learnt
  * bias table, ALiBi slopes) are exact: every pair adds its share to one
- * fixed-point sum per buffer (fgi_attention_backward_into_sums), the ranks'
- * sums are added by an int64 all-reduce, and the total is rounded to fp32
- * once; the result does not depend on the order of anything.
+ * fixed-point sum per buffer (fgi_attention_backward_into_sums), with
+ * grads_summed the ranks' sums are added by an int64 all-reduce, and the
+ * sum is rounded to fp32 once; the result does not depend on the order of
+ * anything.
  */
 #include "parallel/partial_sum.h"
 #include "parallel/ring_call.h"
@@ -388,11 +389,11 @@ static fg_status store(bwd_call *c) {
  * the buffer bound to it; its length is the bound buffer's. */
 static fg_status resolve_grads(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a, bwd_call *c) {
     const fg_attention_bwd_args *b = c->b;
-    c->ngrads = (int)b->ngrad_binds;
-    if (!c->ngrads) return FG_OK;
     if (b->ngrad_binds > FGI_MAX_GRAD_BUFFERS)
         return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT, "%zu gradient bindings: at most %d", b->ngrad_binds,
                          FGI_MAX_GRAD_BUFFERS);
+    c->ngrads = (int)b->ngrad_binds;
+    if (!c->ngrads) return FG_OK;
     fgi_value bound[FGI_MAX_PARAMS];
     FGI_TRY(fgi_bind(ctx, mod, a->binds, a->nbinds, bound));
     fgi_mod_grad g;
@@ -409,11 +410,12 @@ static fg_status resolve_grads(fg_ctx *ctx, const fg_mod *mod, const fg_attentio
     return FG_OK;
 }
 
-/* After the ring: the ranks' sums added together (an int64 all-reduce on
- * the comm stream, once the caller's stream has added its last share),
- * for fgi_ring_join and then finish_grads. */
-static fg_status reduce_grads(bwd_call *c, CUevent ev) {
-    if (!c->ngrads || c->r.who.size == 1) return FG_OK;
+/* After the ring, with grads_summed: the ranks' sums added together (an
+ * int64 all-reduce on the comm stream, once the caller's stream has added
+ * its last share), for fgi_ring_join and then finish_grads. Without it
+ * each rank keeps its own share: the gradient of its copy. */
+static fg_status reduce_grads(bwd_call *c, CUevent ev, bool summed) {
+    if (!summed || !c->ngrads || c->r.who.size == 1) return FG_OK;
     FGI_TRY(fgi_ring_join(&c->r, ev, false));
     void *bufs[FGI_MAX_GRAD_BUFFERS];
     size_t counts[FGI_MAX_GRAD_BUFFERS];
@@ -470,7 +472,7 @@ fg_status fg_attention_backward_cp(fg_ctx *ctx, const fg_mod *mod, const fg_cp_b
     if (s == FG_OK) s = gather_lse(&c);
     if (s == FG_OK) s = run_ring(&c);
     if (s == FG_OK) s = store(&c);
-    if (s == FG_OK) s = reduce_grads(&c, c.r.ev[EV_GRADS_READY]);
+    if (s == FG_OK) s = reduce_grads(&c, c.r.ev[EV_GRADS_READY], cp.grads_summed != 0);
     /* The caller's stream waits for every transfer before the workspace
      * goes back on it; on an error, the call's own streams are drained
      * first. */
