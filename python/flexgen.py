@@ -2493,15 +2493,13 @@ def context_parallel_attention(q, k, v, mask_mod=None, score_mod=None, params=No
     The NCCL communicator is one made for the group on first use (a
     collective of the group), or the group's own with $FLEXGEN_CP_COMM=torch
     or auto (the comment of this section in flexgen.py says when each is
-    right). Not
-    available under torch.compile.
+    right). Under torch.compile it is left out of the graph (a graph
+    break): dynamo runs it as it is, ring and autograd included.
 
     plan: a ContextParallelPlan (context_parallel_plan) made for these
     mods, values and shapes: the call then builds no block masks and does
     not synchronise with the host. Without one, a call that will be
     differentiated makes one for its forward and backward to share."""
-    if _compiling():
-        raise NotImplementedError("context_parallel_attention does not run under torch.compile")
     if plan is not None and not isinstance(plan, ContextParallelPlan):
         raise TypeError(f"plan must be a flexgen.ContextParallelPlan, not {type(plan).__name__}")
     call = _cp_prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa, layout, group,
@@ -2523,6 +2521,18 @@ def context_parallel_attention(q, k, v, mask_mod=None, score_mod=None, params=No
     return (out, lse) if return_lse else out
 
 
+def _eager_only(fn):
+    """fn left out of torch.compile's graphs (a graph break where a compiled
+    model calls it): the ring's collective calls, host synchronisations and
+    ctypes are not traceable, and eager is what they need."""
+    if torch is not None and hasattr(torch, "compiler") and hasattr(torch.compiler, "disable"):
+        return torch.compiler.disable(fn)
+    return fn
+
+
+context_parallel_attention = _eager_only(context_parallel_attention)
+
+
 def context_parallel_plan(q, k, v, mask_mod=None, score_mod=None, params=None, buffers=None, scale=None,
                           enable_gqa=False, layout="zigzag", group=None, seq_len=None):
     """A ContextParallelPlan for context_parallel_attention calls with these
@@ -2531,8 +2541,9 @@ def context_parallel_plan(q, k, v, mask_mod=None, score_mod=None, params=None, b
     (one synchronisation), and the ring's schedule. Every rank of the group
     calls it together: it may all-gather the shard lengths (seq_len None)
     and makes the group's communicator on first use."""
-    if _compiling():
-        raise NotImplementedError("context_parallel_plan does not run under torch.compile")
     call = _cp_prepare(q, k, v, mask_mod, score_mod, params, buffers, scale, enable_gqa, layout, group,
                        seq_len, False)
     return _cp_make_plan(call, q, k.contiguous(), v.contiguous())
+
+
+context_parallel_plan = _eager_only(context_parallel_plan)

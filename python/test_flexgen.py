@@ -1298,6 +1298,21 @@ class ContextParallel(unittest.TestCase):
             flexgen.unshard([], "zigzag")
 
     @needs_torch
+    @unittest.skipUnless(hasattr(torch, "compile") if torch is not None else False, "no torch.compile")
+    @unittest.skipIf(_dist_initialized(), "torch.distributed is initialised in this process")
+    def test_compiled_models_run_it_eagerly(self):
+        """Under torch.compile the sharded call is a graph break, not an
+        error: dynamo runs it as it is (here it then says torch.distributed
+        is not initialised, as eager does)."""
+        q = _t(1, 4, 256, 64)
+
+        def model(x):
+            return flexgen.context_parallel_attention(x, x, x, gallery_file("causal")) * 2
+        with self.assertRaises(ValueError) as cm:
+            torch.compile(model, backend="eager")(q)
+        self.assertIn("torch.distributed initialised", str(cm.exception))
+
+    @needs_torch
     @unittest.skipIf(_dist_initialized(), "torch.distributed is initialised in this process")
     def test_arguments_checked_before_distributed(self):
         """Each bad call raises before torch.distributed is needed; a good
