@@ -134,6 +134,29 @@ def all_ok(ok):
     return bool(flag.item())
 
 
+def time_one_gpu(rank, row, opts, make_call):
+    """The one-GPU figure of a row: on rank 0 alone, make_call() (which may
+    time and record its own setup in row) gives the call on the whole
+    sequence; its median time goes to row['t1_ms'] and, with --check, its
+    output is kept. Collective: returns (every rank succeeded, the output
+    on rank 0), with the failure in row."""
+    out1, ok = None, True
+    if rank == 0:
+        try:
+            call = make_call()
+            row["t1_ms"] = statistics.median(timed_calls(call, opts.warmup, opts.iters, together=False))
+            if opts.check:
+                out1 = call()
+        except Exception as e:
+            ok = False
+            row["failure"] = f"one GPU: {type(e).__name__}: {e}"
+            traceback.print_exc()
+    if not all_ok(ok):
+        row.setdefault("failure", "one GPU: failed on rank 0")
+        return False, None
+    return True, out1
+
+
 def gather_to_rank0(piece, shapes):
     """Every rank's piece on rank 0 (a list in rank order there; None
     elsewhere). shapes: every rank's piece shape."""
@@ -165,28 +188,16 @@ def run_flexgen_case(spec, layout, full, opts):
     row = {"system": "flexgen", "mask": spec.name, "layout": layout, "S": S, "params": params,
            "buffers": {n: [str(t.dtype), list(t.shape)] for n, t in buffers.items()}}
     mod = flexgen.load_mod(spec.mask_file, spec.score_file)
-    out1 = None
-    ok = True
-    if rank == 0:
-        try:
-            bm = None
-            if mod.has_mask:
-                row["t1_block_mask_ms"], bm = wall_ms(lambda: flexgen.block_mask(
-                    mod, st.get("mask_b"), st.get("mask_h"), S, S, params, buffers, device=dev))
-                row["density"] = bm.density()
 
-            def one_gpu():
-                return flexgen.attention(q, k, v, mod, None, params, buffers, block_mask=bm)
-            row["t1_ms"] = statistics.median(timed_calls(one_gpu, opts.warmup, opts.iters,
-                                                         together=False))
-            if opts.check:
-                out1 = one_gpu()
-        except Exception as e:
-            ok = False
-            row["failure"] = f"one GPU: {type(e).__name__}: {e}"
-            traceback.print_exc()
-    if not all_ok(ok):
-        row.setdefault("failure", "one GPU: failed on rank 0")
+    def one_gpu():
+        bm = None
+        if mod.has_mask:
+            row["t1_block_mask_ms"], bm = wall_ms(lambda: flexgen.block_mask(
+                mod, st.get("mask_b"), st.get("mask_h"), S, S, params, buffers, device=dev))
+            row["density"] = bm.density()
+        return lambda: flexgen.attention(q, k, v, mod, None, params, buffers, block_mask=bm)
+    ok, out1 = time_one_gpu(rank, row, opts, one_gpu)
+    if not ok:
         return row
 
     shards = [flexgen.shard(t, world, rank, layout) for t in full]
@@ -268,23 +279,14 @@ def run_torch_case(full, rotate, opts, mesh):
     backend = getattr(SDPBackend, SDPA_BACKENDS[opts.sdpa_backend])
     row = {"system": "torch_cp_sdpa", "mask": "causal", "layout": "head-tail", "S": S,
            "rotate": rotate, "sdpa_backend": opts.sdpa_backend}
-    out1 = None
-    ok = True
-    if rank == 0:
-        try:
-            def one_gpu():
-                with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            row["t1_ms"] = statistics.median(timed_calls(one_gpu, opts.warmup, opts.iters,
-                                                         together=False))
-            if opts.check:
-                out1 = one_gpu()
-        except Exception as e:
-            ok = False
-            row["failure"] = f"one GPU: {type(e).__name__}: {e}"
-            traceback.print_exc()
-    if not all_ok(ok):
-        row.setdefault("failure", "one GPU: failed on rank 0")
+
+    def one_gpu():
+        def call():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return call
+    ok, out1 = time_one_gpu(rank, row, opts, one_gpu)
+    if not ok:
         return row
 
     out = None

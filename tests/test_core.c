@@ -50,6 +50,32 @@ static void test_diagnostic_caret(void **state) {
     fg_ctx_destroy(NULL);
 }
 
+
+/* An option's default in new contexts for each value of its environment
+ * variable (NULL: unset); the variable is restored afterwards. */
+typedef struct env_row {
+    const char *env;
+    int64_t want;
+} env_row;
+
+static void check_env_defaults(const char *var, fg_option opt, const env_row *rows, size_t n) {
+    const char *was = getenv(var);
+    char *saved = was ? strdup(was) : NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (rows[i].env) setenv(var, rows[i].env, 1);
+        else unsetenv(var);
+        fg_ctx *e;
+        int64_t v = -1;
+        assert_int_equal(fg_ctx_create(&e), FG_OK);
+        assert_int_equal(fg_ctx_get_int(e, opt, &v), FG_OK);
+        assert_int_equal(v, rows[i].want);
+        fg_ctx_destroy(e);
+    }
+    if (saved) setenv(var, saved, 1);
+    else unsetenv(var);
+    free(saved);
+}
+
 static void test_options(void **state) {
     (void)state;
     fg_ctx *ctx;
@@ -84,41 +110,12 @@ static void test_options(void **state) {
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_APPROX_MATH, -1), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_ctx_get_int(ctx, FG_OPT_APPROX_MATH, &v), FG_OK);
     assert_int_equal(v, 1);
-    static const struct {
-        const char *env;
-        int64_t want;
-    } envs[] = {{"1", 1}, {"0", 0}, {"", 0}, {"yes", 0}, {"2", 0}};
-    char *saved = am ? strdup(am) : NULL;
-    for (size_t i = 0; i < sizeof envs / sizeof envs[0]; i++) {
-        setenv("FLEXGEN_APPROX_MATH", envs[i].env, 1);
-        fg_ctx *e;
-        assert_int_equal(fg_ctx_create(&e), FG_OK);
-        assert_int_equal(fg_ctx_get_int(e, FG_OPT_APPROX_MATH, &v), FG_OK);
-        assert_int_equal(v, envs[i].want);
-        fg_ctx_destroy(e);
-    }
-    if (saved) setenv("FLEXGEN_APPROX_MATH", saved, 1);
-    else unsetenv("FLEXGEN_APPROX_MATH");
-    free(saved);
+    static const env_row approx_envs[] = {{"1", 1}, {"0", 0}, {"", 0}, {"yes", 0}, {"2", 0}};
+    check_env_defaults("FLEXGEN_APPROX_MATH", FG_OPT_APPROX_MATH, approx_envs,
+                       sizeof approx_envs / sizeof approx_envs[0]);
     /* Context-parallel compute streams: 2 unless the environment says 1. */
-    static const struct {
-        const char *env;
-        int64_t want;
-    } cp_envs[] = {{NULL, 2}, {"1", 1}, {"2", 2}, {"0", 2}, {"", 2}};
-    const char *cs = getenv("FLEXGEN_CP_STREAMS");
-    saved = cs ? strdup(cs) : NULL;
-    for (size_t i = 0; i < sizeof cp_envs / sizeof cp_envs[0]; i++) {
-        if (cp_envs[i].env) setenv("FLEXGEN_CP_STREAMS", cp_envs[i].env, 1);
-        else unsetenv("FLEXGEN_CP_STREAMS");
-        fg_ctx *e;
-        assert_int_equal(fg_ctx_create(&e), FG_OK);
-        assert_int_equal(fg_ctx_get_int(e, FG_OPT_CP_STREAMS, &v), FG_OK);
-        assert_int_equal(v, cp_envs[i].want);
-        fg_ctx_destroy(e);
-    }
-    if (saved) setenv("FLEXGEN_CP_STREAMS", saved, 1);
-    else unsetenv("FLEXGEN_CP_STREAMS");
-    free(saved);
+    static const env_row cp_envs[] = {{NULL, 2}, {"1", 1}, {"2", 2}, {"0", 2}, {"", 2}};
+    check_env_defaults("FLEXGEN_CP_STREAMS", FG_OPT_CP_STREAMS, cp_envs, sizeof cp_envs / sizeof cp_envs[0]);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_CP_STREAMS, 1), FG_OK);
     assert_int_equal(fg_ctx_get_int(ctx, FG_OPT_CP_STREAMS, &v), FG_OK);
     assert_int_equal(v, 1);

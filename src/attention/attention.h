@@ -192,6 +192,11 @@ fg_status fgi_attn_bwd_args_in(fg_ctx *ctx, const fg_attention_bwd_args *in, fg_
  * fgi_attention_backward_sums_to_float then rounds a sum into fp32, with
  * the backward kernel of (mod, dtype, head_dim). */
 #define FGI_BWD_SUM_BYTES 32 /* four int64 limbs (FGB_FIXED_LIMBS) */
+/* fgi_attn_grad_binds for a backward call without a kernel (the CPU
+ * reference, the sharded backward): b->fwd's parameters bound and the
+ * mod's gradient layout derived first, into *L. */
+fg_status fgi_attn_resolve_grads(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *b, fgi_grad_layout *L,
+                                 const void *out[FGI_MAX_GRAD_BUFFERS], int64_t len[FGI_MAX_GRAD_BUFFERS]);
 fg_status fgi_attention_backward_into_sums(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args,
                                            const CUdeviceptr *sums);
 fg_status fgi_attention_backward_sums_to_float(fg_ctx *ctx, const fg_mod *mod, fg_dtype dtype, int head_dim,

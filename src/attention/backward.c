@@ -388,6 +388,17 @@ fg_status fgi_attention_backward_sums_to_float(fg_ctx *ctx, const fg_mod *mod, f
     return s;
 }
 
+fg_status fgi_attn_resolve_grads(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *b, fgi_grad_layout *L,
+                                 const void *out[FGI_MAX_GRAD_BUFFERS], int64_t len[FGI_MAX_GRAD_BUFFERS]) {
+    fgi_value bound[FGI_MAX_PARAMS];
+    FGI_TRY(fgi_bind(ctx, mod, b->fwd->binds, b->fwd->nbinds, bound));
+    fgi_mod_grad g;
+    FGI_TRY(fgi_mod_derive(ctx, mod, &g));
+    fgi_grad_layout_compute(&g, L);
+    fgi_mod_grad_free(&g);
+    return fgi_attn_grad_binds(ctx, mod, L, b->grad_binds, b->ngrad_binds, bound, out, len);
+}
+
 /* ---- the reference ----------------------------------------------------------------- */
 
 fg_status fg_attention_reference_backward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args) {
@@ -399,16 +410,10 @@ fg_status fg_attention_reference_backward(fg_ctx *ctx, const fg_mod *mod, const 
     fgi_attn_strides st;
     fgi_attn_bwd_strides bs;
     FGI_TRY(fgi_attn_check_bwd_args(ctx, mod, &b, &st, &bs));
-    fgi_value bound[FGI_MAX_PARAMS];
-    FGI_TRY(fgi_bind(ctx, mod, fwd.binds, fwd.nbinds, bound));
-    fgi_mod_grad g;
-    FGI_TRY(fgi_mod_derive(ctx, mod, &g));
     fgi_grad_layout L;
-    fgi_grad_layout_compute(&g, &L);
-    fgi_mod_grad_free(&g);
     const void *grads[FGI_MAX_GRAD_BUFFERS];
     int64_t glen[FGI_MAX_GRAD_BUFFERS];
-    FGI_TRY(fgi_attn_grad_binds(ctx, mod, &L, b.grad_binds, b.ngrad_binds, bound, grads, glen));
+    FGI_TRY(fgi_attn_resolve_grads(ctx, mod, &b, &L, grads, glen));
     double *per_param[FGI_MAX_PARAMS] = {0};
     for (int i = 0; i < L.n; i++) per_param[L.param[i]] = (double *)grads[i];
     fgi_ref_bwd_out out = {.dout = b.dout, .dlse = b.dlse, .dq = b.dq, .dk = b.dk, .dv = b.dv, .buf_grads = per_param};

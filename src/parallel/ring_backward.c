@@ -61,7 +61,6 @@
 #include "parallel/ring_call.h"
 
 #include "base/growable.h"
-#include "mod/deriv.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -387,23 +386,17 @@ static fg_status store(bwd_call *c) {
 /* The gradient bindings against the mod, before the ring (every rank
  * alike): each names a float buffer score_mod reads, once, with room for
  * the buffer bound to it; its length is the bound buffer's. */
-static fg_status resolve_grads(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a, bwd_call *c) {
+static fg_status resolve_grads(fg_ctx *ctx, const fg_mod *mod, bwd_call *c) {
     const fg_attention_bwd_args *b = c->b;
     if (b->ngrad_binds > FGI_MAX_GRAD_BUFFERS)
         return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT, "%zu gradient bindings: at most %d", b->ngrad_binds,
                          FGI_MAX_GRAD_BUFFERS);
     c->ngrads = (int)b->ngrad_binds;
     if (!c->ngrads) return FG_OK;
-    fgi_value bound[FGI_MAX_PARAMS];
-    FGI_TRY(fgi_bind(ctx, mod, a->binds, a->nbinds, bound));
-    fgi_mod_grad g;
-    FGI_TRY(fgi_mod_derive(ctx, mod, &g));
     fgi_grad_layout L;
-    fgi_grad_layout_compute(&g, &L);
-    fgi_mod_grad_free(&g);
     const void *out[FGI_MAX_GRAD_BUFFERS];
     int64_t len[FGI_MAX_GRAD_BUFFERS];
-    FGI_TRY(fgi_attn_grad_binds(ctx, mod, &L, b->grad_binds, b->ngrad_binds, bound, out, len));
+    FGI_TRY(fgi_attn_resolve_grads(ctx, mod, b, &L, out, len));
     for (int i = 0; i < c->ngrads; i++)
         for (int k = 0; k < L.n; k++)
             if (strcmp(mod->params[L.param[k]].name, b->grad_binds[i].name) == 0) c->glen[i] = len[k];
@@ -464,7 +457,7 @@ fg_status fg_attention_backward_cp(fg_ctx *ctx, const fg_mod *mod, const fg_cp_b
     FGI_TRY(fgi_attn_check_aligned(ctx, "dk", b.dk, c.bs.dk, 4));
     FGI_TRY(fgi_attn_check_aligned(ctx, "dv", b.dv, c.bs.dv, 4));
     c.b = &b;
-    FGI_TRY(resolve_grads(ctx, mod, &a, &c));
+    FGI_TRY(resolve_grads(ctx, mod, &c));
     const fgi_ring_call_desc d = {cp.comm, cp.global_len, cp.layout, cp.plan, "fg_cp_bwd_args", NEVENTS};
     FGI_TRY(fgi_ring_call_open(ctx, mod, &a, &st, &d, &c.r));
     fgi_ring_home(c.r.plan, c.r.who.rank, &c.home_step, &c.home_from);
