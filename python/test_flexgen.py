@@ -896,9 +896,13 @@ class GpuBackward(unittest.TestCase):
                 ([out, lse], [dout, dlse], [out64, lse64], [dout.double(), dlse.double()]),
                 ([lse], [dlse], [lse64], [dlse.double()])):
             got = torch.autograd.grad(outs, [q, k, v], grads, retain_graph=True)
-            want = torch.autograd.grad(outs64, x64, grads64, retain_graph=True)
+            # the lse alone does not depend on v: float64 autograd gives None there
+            want = torch.autograd.grad(outs64, x64, grads64, retain_graph=True, allow_unused=True)
             for name, x, r in zip("qkv", got, want):
-                self.assertLess(_rel(x, r), 2e-2, f"d{name} with {len(outs)} outputs")
+                if r is None:
+                    self.assertTrue(bool((x == 0).all()), f"d{name} with {len(outs)} outputs: not zero")
+                else:
+                    self.assertLess(_rel(x, r), 2e-2, f"d{name} with {len(outs)} outputs")
 
     def test_what_cannot_be_differentiated_raises(self):
         q, k, v, _ = self.leaves(18, B=1, H=2, S=128)

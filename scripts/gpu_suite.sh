@@ -30,6 +30,11 @@ run() { # name, command...  (exit 77: skipped, as meson counts it)
 for t in gpu_jit gpu_blockmask gpu_split gpu_attention gpu_attention_bwd gpu_attention_decode gpu_capture gpu_cp; do
     [ -x "$build/tests/$t" ] && run "$t" "$build/tests/$t"
 done
+# gpu_cp again with both ranks on GPU 0 through the loopback communicator
+# (tests/loopback_nccl.c): one GPU and no NCCL needed.
+loopback=$build/tests/libloopback_nccl.so
+[ -x "$build/tests/gpu_cp" ] && [ -f "$loopback" ] &&
+    run gpu_cp_loopback env FLEXGEN_NCCL_LIB="$loopback" "$build/tests/gpu_cp"
 for e in causal sliding_window document_packing alibi serving_loop train_step context_parallel; do
     [ -x "$build/examples/$e" ] && run "example_$e" "$build/examples/$e"
 done
