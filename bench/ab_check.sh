@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# ab_check.sh -- two builds of flexgen timed against each other, alternated
+# in one run on one GPU (the way a kernel change is measured: the same
+# machine, clocks and inputs, A and B interleaved so that drift hits both).
+#
+#   bench/ab_check.sh A_ROOT A_BUILD B_ROOT B_BUILD [MODS] [DIMS] [ROUNDS]
+#
+# A_ROOT / B_ROOT are source trees (their templates are read at run time,
+# so each build needs its own), A_BUILD / B_BUILD build folders relative to
+# them or absolute. MODS (default "noop causal sliding_window local_global
+# dilated") are gallery names; DIMS (default "64 128") head dims; ROUNDS
+# (default 2) how often each pair runs. Every run is
+#   flexgen check --mask mods/M.c --batch 4 --heads 16 --q-len 8192
+#                 --head-dim D --block-mask --time 20 --no-reference
+# (noop: --score mods/noop.c, no block mask) with the mod files of A_ROOT
+# for both builds, and prints one line: label, mod, head dim, the median
+# time and TFLOP/s. EXTRA, when set, is added to every command (e.g.
+# "--backward"). Each build gets a kernel cache of its own.
+set -uo pipefail
+[ $# -ge 4 ] || { sed -n 2,20p "$0"; exit 2; }
+a_root=$(cd "$1" && pwd); a_build=$2; b_root=$(cd "$3" && pwd); b_build=$4
+mods=${5:-noop causal sliding_window local_global dilated}
+dims=${6:-64 128}
+rounds=${7:-2}
+abs() { case $2 in /*) echo "$2" ;; *) echo "$1/$2" ;; esac; }
+a_cli=$(abs "$a_root" "$a_build")/tools/flexgen
+b_cli=$(abs "$b_root" "$b_build")/tools/flexgen
+for cli in "$a_cli" "$b_cli"; do [ -x "$cli" ] || { echo "ab_check.sh: no $cli" >&2; exit 2; }; done
+caches=$(mktemp -d)
+trap 'rm -rf "$caches"' EXIT
+
+one() { # label root cli mod d
+    local label=$1 root=$2 cli=$3 mod=$4 d=$5 how
+    if [ "$mod" = noop ]; then how=(--score "$a_root/mods/noop.c"); else how=(--mask "$a_root/mods/$mod.c" --block-mask); fi
+    local line
+    line=$(FLEXGEN_SOURCE_ROOT=$root FLEXGEN_CACHE_DIR=$caches/$label "$cli" check "${how[@]}" --batch 4 \
+        --heads 16 --q-len 8192 --head-dim "$d" --time 20 --no-reference ${EXTRA:-} 2>&1 |
+        grep -i "median" | sed 's/^ *//' | tr '\n' ' ')
+    printf '%s %-15s D=%-4s %s\n' "$label" "$mod" "$d" "${line:-(no timing: the check failed)}"
+}
+for d in $dims; do
+    for mod in $mods; do
+        for ((r = 0; r < rounds; r++)); do
+            one A "$a_root" "$a_cli" "$mod" "$d"
+            one B "$b_root" "$b_cli" "$mod" "$d"
+        done
+    done
+done
