@@ -157,6 +157,35 @@ def time_one_gpu(rank, row, opts, make_call):
     return True, out1
 
 
+def time_n_gpus(rank, world, row, run):
+    """The N-GPU figure of a row: run() on every rank gives (the sharded
+    call's times, its output); the slowest rank's median goes to
+    row['tN_ms'], each rank's to row['tN_ms_per_rank'], and the scaling
+    efficiency against row['t1_ms'] to row['efficiency']. Collective:
+    returns (every rank succeeded, this rank's output), with the failure in
+    row."""
+    times, out = None, None
+    try:
+        times, out = run()
+    except Exception as e:
+        row["failure"] = f"{world} GPUs, rank {rank}: {type(e).__name__}: {e}"
+        traceback.print_exc()
+    if not all_ok(times is not None):
+        row.setdefault("failure", f"{world} GPUs: failed on another rank")
+        return False, None
+    row["tN_ms"], row["tN_ms_per_rank"] = slowest_rank_median(times)
+    if "t1_ms" in row:
+        row["efficiency"] = row["t1_ms"] / (world * row["tN_ms"])
+    return True, out
+
+
+def record_tflops(row, flops):
+    """TFLOP/s of the one-GPU call (where it ran) and of all N GPUs together."""
+    if "t1_ms" in row:
+        row["tflops_1"] = flops / (row["t1_ms"] * 1e-3) / 1e12
+    row["tflops_N"] = flops / (row["tN_ms"] * 1e-3) / 1e12
+
+
 def gather_to_rank0(piece, shapes):
     """Every rank's piece on rank 0 (a list in rank order there; None
     elsewhere). shapes: every rank's piece shape."""
@@ -201,8 +230,8 @@ def run_flexgen_case(spec, layout, full, opts):
         return row
 
     shards = [flexgen.shard(t, world, rank, layout) for t in full]
-    out = None
-    try:
+
+    def sharded():
         row["tN_plan_ms"], plan = wall_ms(lambda: flexgen.context_parallel_plan(
             *shards, mod, None, params, buffers, layout=layout, seq_len=S))
 
@@ -214,26 +243,16 @@ def run_flexgen_case(spec, layout, full, opts):
                                                                  opts.iters))
         out = n_gpus()
         plan.close()
-        ok = True
-    except Exception as e:
-        ok = False
-        row["failure"] = f"{world} GPUs, rank {rank}: {type(e).__name__}: {e}"
-        traceback.print_exc()
-    if not all_ok(ok):
-        row.setdefault("failure", f"{world} GPUs: failed on another rank")
+        return times, out
+    ok, out = time_n_gpus(rank, world, row, sharded)
+    if not ok:
         return row
-    row["tN_ms"], row["tN_ms_per_rank"] = slowest_rank_median(times)
     row["comm"] = sorted({c.kind for c in flexgen._cp_comms.values()})
-    if "t1_ms" in row:
-        row["efficiency"] = row["t1_ms"] / (world * row["tN_ms"])
-        if "t1_block_mask_ms" in row:
-            row["efficiency_with_mask"] = ((row["t1_ms"] + row["t1_block_mask_ms"])
-                                           / (world * row["tN_ms"]))
+    if "t1_ms" in row and "t1_block_mask_ms" in row:
+        row["efficiency_with_mask"] = ((row["t1_ms"] + row["t1_block_mask_ms"])
+                                       / (world * row["tN_ms"]))
     if "density" in row or not mod.has_mask:
-        flops = 4.0 * B * H * S * S * D * row.get("density", 1.0)
-        if "t1_ms" in row:
-            row["tflops_1"] = flops / (row["t1_ms"] * 1e-3) / 1e12
-        row["tflops_N"] = flops / (row["tN_ms"] * 1e-3) / 1e12  # all N GPUs together
+        record_tflops(row, 4.0 * B * H * S * S * D * row.get("density", 1.0))
     if opts.check:
         shapes = [(B, H, sum(n for _, n in flexgen.shard_rows(S, world, r, layout)), D)
                   for r in range(world)]
@@ -289,8 +308,7 @@ def run_torch_case(full, rotate, opts, mesh):
     if not ok:
         return row
 
-    out = None
-    try:
+    def sharded():
         if set_rotate_method is not None:
             set_rotate_method(rotate)
         row["options"] = cp_options_record(options)
@@ -306,21 +324,11 @@ def run_torch_case(full, rotate, opts, mesh):
                               no_restore_buffers={qc, kc, vc}):
             times = timed_calls(n_gpus, opts.warmup, opts.iters)
             out = n_gpus()
-        ok = True
-    except Exception as e:
-        ok = False
-        row["failure"] = f"{world} GPUs, rank {rank}: {type(e).__name__}: {e}"
-        traceback.print_exc()
-    if not all_ok(ok):
-        row.setdefault("failure", f"{world} GPUs: failed on another rank")
+        return times, out
+    ok, out = time_n_gpus(rank, world, row, sharded)
+    if not ok:
         return row
-    row["tN_ms"], row["tN_ms_per_rank"] = slowest_rank_median(times)
-    if "t1_ms" in row:
-        row["efficiency"] = row["t1_ms"] / (world * row["tN_ms"])
-    flops = 4.0 * B * H * S * S * D * 0.5  # causal: half the score matrix
-    if "t1_ms" in row:
-        row["tflops_1"] = flops / (row["t1_ms"] * 1e-3) / 1e12
-    row["tflops_N"] = flops / (row["tN_ms"] * 1e-3) / 1e12
+    record_tflops(row, 4.0 * B * H * S * S * D * 0.5)  # causal: half the score matrix
     if opts.check:
         try:
             from torch.distributed.tensor.experimental._attention import context_parallel_unshard
