@@ -15,7 +15,9 @@
 # (noop: --score mods/noop.c, no block mask) with the mod files of A_ROOT
 # for both builds, and prints one line: label, mod, head dim, the median
 # time and TFLOP/s. EXTRA, when set, is added to every command (e.g.
-# "--backward"). Each build gets a kernel cache of its own.
+# "--backward"). Each build gets a kernel cache of its own, filled first
+# by small runs side by side (NVRTC's compiles, one core each, would
+# otherwise take most of the time), so that the timed runs only load.
 set -uo pipefail
 [ $# -ge 4 ] || { sed -n 2,20p "$0"; exit 2; }
 a_root=$(cd "$1" && pwd); a_build=$2; b_root=$(cd "$3" && pwd); b_build=$4
@@ -29,15 +31,29 @@ for cli in "$a_cli" "$b_cli"; do [ -x "$cli" ] || { echo "ab_check.sh: no $cli" 
 caches=$(mktemp -d)
 trap 'rm -rf "$caches"' EXIT
 
+mod_args() { # mod
+    if [ "$1" = noop ]; then echo "--score $a_root/mods/noop.c"; else echo "--mask $a_root/mods/$1.c --block-mask"; fi
+}
+warm() { # label root cli mod d: compile (and cache) the kernels of one pair on a small shape
+    # shellcheck disable=SC2046
+    FLEXGEN_SOURCE_ROOT=$2 FLEXGEN_CACHE_DIR=$caches/$1/$4.$5 "$3" check $(mod_args "$4") --batch 1 \
+        --heads 2 --q-len 256 --head-dim "$5" --no-reference ${EXTRA:-} >/dev/null 2>&1
+}
 one() { # label root cli mod d
-    local label=$1 root=$2 cli=$3 mod=$4 d=$5 how
-    if [ "$mod" = noop ]; then how=(--score "$a_root/mods/noop.c"); else how=(--mask "$a_root/mods/$mod.c" --block-mask); fi
-    local line
-    line=$(FLEXGEN_SOURCE_ROOT=$root FLEXGEN_CACHE_DIR=$caches/$label "$cli" check "${how[@]}" --batch 4 \
+    local label=$1 root=$2 cli=$3 mod=$4 d=$5 line
+    # shellcheck disable=SC2046
+    line=$(FLEXGEN_SOURCE_ROOT=$root FLEXGEN_CACHE_DIR=$caches/$label/$mod.$d "$cli" check $(mod_args "$mod") --batch 4 \
         --heads 16 --q-len 8192 --head-dim "$d" --time 20 --no-reference ${EXTRA:-} 2>&1 |
         grep -i "median" | sed 's/^ *//' | tr '\n' ' ')
     printf '%s %-15s D=%-4s %s\n' "$label" "$mod" "$d" "${line:-(no timing: the check failed)}"
 }
+for d in $dims; do
+    for mod in $mods; do
+        warm A "$a_root" "$a_cli" "$mod" "$d" &
+        warm B "$b_root" "$b_cli" "$mod" "$d" &
+    done
+done
+wait
 for d in $dims; do
     for mod in $mods; do
         for ((r = 0; r < rounds; r++)); do

@@ -226,6 +226,22 @@ static void print_call(fgi_cuda_printer *p, const char *name, const fgi_expr *co
     fgi_buf_puts(p->out, ")");
 }
 
+/* Whether printing e reads a buffer here: a part the printer replaces (a
+ * value hoisted out of the element loop) reads nothing where it is used. */
+static bool reads_buffer(fgi_cuda_printer *p, const fgi_expr *e) {
+    if (!e) return false;
+    if (p->replace) {
+        fgi_buf scratch = {0};
+        const bool replaced = p->replace(p->user, &scratch, e);
+        fgi_buf_free(&scratch);
+        if (replaced) return false;
+    }
+    if (e->kind == FGI_E_INDEX) return true;
+    for (int i = 0; i < e->nargs; i++)
+        if (reads_buffer(p, e->args[i])) return true;
+    return reads_buffer(p, e->a) || reads_buffer(p, e->b) || reads_buffer(p, e->c);
+}
+
 static void print_binary(fgi_cuda_printer *p, const fgi_expr *e) {
     const int d = fgi_divisor_param(p->mod, e);
     const fgi_param *div = d >= 0 && p->mod->params[d].divisor ? &p->mod->params[d] : NULL;
@@ -247,6 +263,21 @@ static void print_binary(fgi_cuda_printer *p, const fgi_expr *e) {
         return;
     }
     const char *s = fgi_emit_infix(e->op);
+    /* && and || between bools evaluate both sides (fg_and / fg_or, whose
+     * arguments are evaluated before the call) when the right one reads no
+     * buffer: every mod expression is total and free of side effects
+     * (division is made total), so the value is the same, and the element
+     * loop stays straight-line code instead of a divergent branch per
+     * element. A buffer read stays behind its guard, which may save the
+     * memory access; a value hoisted out of the loop reads nothing there.
+     * (Spelt `a & b`, the same idea cost instructions where both sides are
+     * hoisted bools: C's & works on ints.) */
+    if ((e->op == FGI_OP_LAND || e->op == FGI_OP_LOR) && e->a && e->b && e->a->type == FGI_T_BOOL &&
+        e->b->type == FGI_T_BOOL && !reads_buffer(p, e->b)) {
+        const fgi_expr *args[2] = {e->a, e->b};
+        print_call(p, e->op == FGI_OP_LAND ? "fg_and" : "fg_or", args, 2);
+        return;
+    }
     if (!s || !e->a || !e->b) {
         fail(p, "an unknown binary operator", e);
         return;

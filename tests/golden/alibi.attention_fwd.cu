@@ -33,6 +33,7 @@
  *     fg_fadd fg_fsub fg_fmul fg_fdiv   float + - * /, never fused
  *     fg_f2i                            float -> int
  *     fg_load_i32 fg_load_f32           buffer reads, 0 outside [0, len)
+ *     fg_and fg_or                      && and || with both sides evaluated
  *     fg_iabs fg_imin fg_imax fg_iclamp fg_fclamp fg_rsqrt fg_sigmoid
  *                                       builtins with a spelling of their own
  *     FG_INT_MIN                        the int literal -2147483648
@@ -135,6 +136,10 @@ FG_DEV int fg_shr(int a, int n) {
     const int c = n & 31;
     return a < 0 ? ~(~a >> c) : a >> c;
 }
+/* a && b and a || b with both operands already evaluated (the emitter's
+ * spelling where evaluating the right one is harmless): no branch. */
+FG_DEV bool fg_and(bool a, bool b) { return a && b; }
+FG_DEV bool fg_or(bool a, bool b) { return a || b; }
 /* |a|, with |INT_MIN| == INT_MIN (wrapping). */
 FG_DEV int fg_iabs(int a) { return a < 0 ? fg_ineg(a) : a; }
 /* min, max and clamp(x, lo, hi) == min(max(x, lo), hi) on ints. */
@@ -257,13 +262,13 @@ static_assert(sizeof(fg_mod_params) == 24, "fg_mod_params size");
 __device__ __forceinline__ bool fg_mask_mod(const fg_mod_params &p, int b, int h, int q_idx, int kv_idx) {
 #line 19 "mods/alibi.c"
     return q_idx >= kv_idx;
-#line 261 "attention_fwd-alibi-bf16-d128.cu"
+#line 266 "attention_fwd-alibi-bf16-d128.cu"
 }
 
 __device__ __forceinline__ float fg_score_mod(const fg_mod_params &p, float score, int b, int h, int q_idx, int kv_idx) {
 #line 15 "mods/alibi.c"
     return fg_fadd(score, fg_fmul(fg_load_f32(p.slopes, p.fg_len_slopes, h), (float)fg_isub(kv_idx, q_idx)));
-#line 267 "attention_fwd-alibi-bf16-d128.cu"
+#line 272 "attention_fwd-alibi-bf16-d128.cu"
 }
 
 

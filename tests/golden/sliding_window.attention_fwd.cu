@@ -33,6 +33,7 @@
  *     fg_fadd fg_fsub fg_fmul fg_fdiv   float + - * /, never fused
  *     fg_f2i                            float -> int
  *     fg_load_i32 fg_load_f32           buffer reads, 0 outside [0, len)
+ *     fg_and fg_or                      && and || with both sides evaluated
  *     fg_iabs fg_imin fg_imax fg_iclamp fg_fclamp fg_rsqrt fg_sigmoid
  *                                       builtins with a spelling of their own
  *     FG_INT_MIN                        the int literal -2147483648
@@ -135,6 +136,10 @@ FG_DEV int fg_shr(int a, int n) {
     const int c = n & 31;
     return a < 0 ? ~(~a >> c) : a >> c;
 }
+/* a && b and a || b with both operands already evaluated (the emitter's
+ * spelling where evaluating the right one is harmless): no branch. */
+FG_DEV bool fg_and(bool a, bool b) { return a && b; }
+FG_DEV bool fg_or(bool a, bool b) { return a || b; }
 /* |a|, with |INT_MIN| == INT_MIN (wrapping). */
 FG_DEV int fg_iabs(int a) { return a < 0 ? fg_ineg(a) : a; }
 /* min, max and clamp(x, lo, hi) == min(max(x, lo), hi) on ints. */
@@ -251,8 +256,8 @@ static_assert(sizeof(fg_mod_params) == 8, "fg_mod_params size");
 
 __device__ __forceinline__ bool fg_mask_mod(const fg_mod_params &p, int b, int h, int q_idx, int kv_idx) {
 #line 14 "mods/sliding_window.c"
-    return q_idx >= kv_idx && fg_isub(q_idx, kv_idx) <= p.WINDOW;
-#line 256 "attention_fwd-sliding_window-bf16-d128.cu"
+    return fg_and(q_idx >= kv_idx, fg_isub(q_idx, kv_idx) <= p.WINDOW);
+#line 261 "attention_fwd-sliding_window-bf16-d128.cu"
 }
 
 /* No score_mod: scores are used as they are. */
@@ -287,7 +292,7 @@ __device__ __forceinline__ fg_mask_col fg_mask_col_init(const fg_mod_params &p, 
 }
 
 __device__ __forceinline__ bool fg_mask_split0(const fg_mod_params &p, const fg_mask_head &hd, int b, int h, int q_idx, int kv_idx, const fg_mask_row &r, const fg_mask_col &c) {
-    return ((q_idx >= kv_idx) && (fg_isub(q_idx, kv_idx) <= p.WINDOW));
+    return fg_and((q_idx >= kv_idx), (fg_isub(q_idx, kv_idx) <= p.WINDOW));
 }
 
 __device__ __forceinline__ bool fg_mask_split(const fg_mod_params &p, const fg_mask_head &hd, int b, int h, int q_idx, int kv_idx, const fg_mask_row &r, const fg_mask_col &c) {

@@ -21,7 +21,7 @@ static_assert(sizeof(fg_mod_params) == 8, "fg_mod_params size");
 
 __device__ __forceinline__ bool fg_mask_mod(const fg_mod_params &p, int b, int h, int q_idx, int kv_idx) {
 #line 14 "mods/sliding_window.c"
-    return q_idx >= kv_idx && fg_isub(q_idx, kv_idx) <= p.WINDOW;
+    return fg_and(q_idx >= kv_idx, fg_isub(q_idx, kv_idx) <= p.WINDOW);
 #line 26 "flexgen.cu"
 }
 
