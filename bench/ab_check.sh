@@ -12,7 +12,8 @@
 # (default 2) how often each pair runs. Every run is
 #   flexgen check --mask mods/M.c --batch 4 --heads 16 --q-len 8192
 #                 --head-dim D --block-mask --time 20 --no-reference
-# (noop: --score mods/noop.c, no block mask) with the mod files of A_ROOT
+# (with --score mods/M.c too where the file has a score_mod; noop: --score
+# mods/noop.c, no block mask) with the mod files of A_ROOT
 # for both builds, and prints one line: label, mod, head dim, the median
 # time and TFLOP/s. EXTRA, when set, is added to every command (e.g.
 # "--backward"). Each build gets a kernel cache of its own, filled first
@@ -31,8 +32,11 @@ for cli in "$a_cli" "$b_cli"; do [ -x "$cli" ] || { echo "ab_check.sh: no $cli" 
 caches=$(mktemp -d)
 trap 'rm -rf "$caches"' EXIT
 
-mod_args() { # mod
-    if [ "$1" = noop ]; then echo "--score $a_root/mods/noop.c"; else echo "--mask $a_root/mods/$1.c --block-mask"; fi
+mod_args() { # mod: its mask_mod, with its score_mod when the file has one
+    local f=$a_root/mods/$1.c
+    if [ "$1" = noop ]; then echo "--score $f"; return; fi
+    echo "--mask $f --block-mask"
+    if grep -q "float score_mod" "$f"; then echo "--score $f"; fi
 }
 warm() { # label root cli mod d: compile (and cache) the kernels of one pair on a small shape
     # shellcheck disable=SC2046

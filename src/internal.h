@@ -274,8 +274,10 @@ typedef struct fgi_param {
         float f;
     } def;                     /* scalars                                    */
     int offset;                /* the name token, -1 when declared by API    */
-    bool divisor;              /* an int scalar some `/` or `%` divides by:
-                                  the kernels get it strength-reduced too
+    bool divisor;              /* a scalar some `/` or `%` of its own type
+                                  divides by: the kernels get it prepared
+                                  on the host too, an int's magic numbers,
+                                  a float's reciprocal
                                   (fgi_mod_mark_divisors)                   */
 } fgi_param;
 
@@ -302,11 +304,13 @@ fg_status fgi_mod_parse(fg_ctx *ctx, const char *filename, const char *text, siz
  * divisor parameters (fgi_mod_mark_divisors); called once when a mod is
  * created. */
 fg_status fgi_mod_finish(fg_ctx *ctx, fg_mod *mod);
-/* Set params[i].divisor for each int scalar parameter that is the right
- * operand of an int `/` or `%` (through unary plus or a same-type cast). */
+/* Set params[i].divisor for each scalar parameter that is the right
+ * operand of an int `/` or `%` or a float `/` of its type (through unary
+ * plus or a same-type cast). */
 void fgi_mod_mark_divisors(fg_mod *mod);
-/* The parameter an int `/` or `%` node divides by, as fgi_mod_mark_divisors
- * sees it, or -1 (another node, or a divisor that is no int scalar). */
+/* The parameter an int `/` or `%` or a float `/` node divides by, as
+ * fgi_mod_mark_divisors sees it, or -1 (another node, or a divisor that is
+ * no scalar of the node's type). */
 int fgi_divisor_param(const fg_mod *mod, const fgi_expr *e);
 /* The canonical text of one expression (for tests and the emitter's comments);
  * malloc'd, the caller frees it (NULL on OOM). */
@@ -347,9 +351,10 @@ fg_status fgi_bind(fg_ctx *ctx, const fg_mod *mod, const fg_binding *binds, size
  * pointer; the length is at offset + 8). */
 /* The kernels' fg_mod_params: each parameter at offsets[i] in declaration
  * order (a scalar 4 bytes, a buffer its pointer and length, 16 bytes
- * aligned to 8), then for each divisor parameter its fg_divisor (16 bytes:
- * the magic numbers of fgi_divisor_of) at div_offsets[i], then an int of
- * padding, the size rounded up to 8. */
+ * aligned to 8), then for each divisor parameter at div_offsets[i] its
+ * fg_divisor (an int: 16 bytes, the magic numbers of fgi_divisor_of) or
+ * its reciprocal (a float: 4 bytes, 1 / value rounded to nearest), then an
+ * int of padding, the size rounded up to 8. */
 typedef struct fgi_param_layout {
     size_t size;
     size_t offsets[256];

@@ -16,6 +16,8 @@
  *                                       (fg_divisor, made on the host)
  *     fg_shl fg_shr                     int << and >>, count & 31
  *     fg_fadd fg_fsub fg_fmul fg_fdiv   float + - * /, never fused
+ *     fg_fdiv_by                        float / by a scalar parameter
+ *                                       (its reciprocal made on the host)
  *     fg_f2i                            float -> int
  *     fg_load_i32 fg_load_f32           buffer reads, 0 outside [0, len)
  *     fg_and fg_or                      && and || with both sides evaluated
@@ -49,6 +51,8 @@
  *   - float + - * / are single IEEE operations rounded to nearest. Without
  *     the _rn intrinsics the compiler may contract a * b + c into one fused
  *     multiply-add, whose single rounding differs from the evaluator's two.
+ *     Division by a scalar parameter gives the same quotient without a
+ *     division (fg_fdiv_by, below, says where exactly).
  *   - exp, log, tanh ... are the accurate device functions (expf, logf,
  *     tanhf), never the __expf-style intrinsics; rsqrt and sigmoid are
  *     spelled out with an IEEE division for the same reason.
@@ -139,6 +143,28 @@ FG_DEV float fg_fadd(float a, float b) { return __fadd_rn(a, b); }
 FG_DEV float fg_fsub(float a, float b) { return __fsub_rn(a, b); }
 FG_DEV float fg_fmul(float a, float b) { return __fmul_rn(a, b); }
 FG_DEV float fg_fdiv(float a, float b) { return __fdiv_rn(a, b); }
+/* a / b where b is a scalar parameter (`score / SOFTCAP`) and y = RN(1 / b)
+ * its reciprocal, made on the host (fgi_param_pack). The IEEE division's
+ * code (__fdiv_rn) checks each a for its slow path: a divergent branch per
+ * element, which keeps the element loop from interleaving its elements,
+ * and a MUFU.RCP each time. This is straight-line code without MUFU:
+ * q0 = RN(a y) is within one ulp of a / b, and one correction with the
+ * exact remainder r = a - b q0 (an FMA) gives RN(a / b) whenever nothing
+ * over- or underflows (Markstein's theorem), which |a| and |b| in
+ * [2^-60, 2^60] ensure: there the result is the IEEE quotient, bit for bit
+ * (test_float_divisors in tests/test_emit.c checks this sequence, spelled
+ * in C, on 50 million pairs). Elsewhere it is q0: IEEE's zeros, infinities
+ * and NaN, within one ulp otherwise. fgi_bind refuses a divisor parameter
+ * whose reciprocal would not be a normal float (|b| below 2^-126 or above
+ * 2^126, other than 0 and inf), where q0 could not keep that promise. */
+FG_DEV float fg_fdiv_by(float a, float b, float y) {
+    const float q0 = __fmul_rn(a, y);
+    const float r = __fmaf_rn(-q0, b, a);
+    const float q1 = __fmaf_rn(r, y, q0);
+    const float aa = fabsf(a), ab = fabsf(b);
+    const bool exact = aa >= 0x1p-60f && aa <= 0x1p60f && ab >= 0x1p-60f && ab <= 0x1p60f;
+    return exact ? q1 : q0;
+}
 /* clamp(x, lo, hi) == fminf(fmaxf(x, lo), hi) (NaN bounds are ignored). */
 FG_DEV float fg_fclamp(float x, float lo, float hi) { return fminf(fmaxf(x, lo), hi); }
 /* 1 / sqrt(x) with an IEEE square root and division (rsqrtf is approximate). */

@@ -17,6 +17,7 @@
 #include "testutil.h"
 
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,8 +145,8 @@ static const spelling spellings[] = {
      "return fg_load_i32(p.ids, p.fg_len_ids, q_idx) == fg_load_i32(p.ids, p.fg_len_ids, kv_idx);"},
     /* float arithmetic is one rounding per operator, never an FMA */
     {FG_SCORE_MOD, "score * F + 1.5", "return fg_fadd(fg_fmul(score, p.F), 1.5f);"},
-    {FG_SCORE_MOD, "score / F - 0.25", "return fg_fsub(fg_fdiv(score, p.F), 0.25f);"},
-    {FG_SCORE_MOD, "F * tanh(score / F)", "return fg_fmul(p.F, tanhf(fg_fdiv(score, p.F)));"},
+    {FG_SCORE_MOD, "score / F - 0.25", "return fg_fsub(fg_fdiv_by(score, p.F, p.fg_rcp_F), 0.25f);"},
+    {FG_SCORE_MOD, "F * tanh(score / F)", "return fg_fmul(p.F, tanhf(fg_fdiv_by(score, p.F, p.fg_rcp_F)));"},
     {FG_SCORE_MOD, "score + slopes[h] * (float)(kv_idx - q_idx)",
      "return fg_fadd(score, fg_fmul(fg_load_f32(p.slopes, p.fg_len_slopes, h), (float)fg_isub(kv_idx, q_idx)));"},
     {FG_SCORE_MOD, "sigmoid(score) + rsqrt(F)", "return fg_fadd(fg_sigmoid(score), fg_rsqrt(p.F));"},
@@ -366,7 +367,8 @@ static void test_divisors(void **state) {
     }
 
     /* Which parameters are divisors: int scalars on the right of an int / or
-     * % (through + and casts), not float divisions, literals or buffers. */
+     * % (through + and casts), float scalars on the right of a float /; not
+     * literals, buffers, or an int parameter a float division divides by. */
     static const char src[] = "int P = 3;\nint Q = 5;\nint R = 7;\nfloat F = 2.0;\nconst int *buf;\n"
                               "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
                               "    int d = (q_idx - kv_idx) % P;\n"
@@ -375,7 +377,7 @@ static void test_divisors(void **state) {
     fg_ctx *ctx = new_ctx();
     fg_mod *m = NULL;
     assert_int_equal(fg_mod_from_source(ctx, "divisors.c", src, (size_t)-1, &m), FG_OK);
-    const bool want[] = {true, true, false, false, false};
+    const bool want[] = {true, true, false, true, false};
     assert_int_equal(m->nparams, 5);
     for (int i = 0; i < 5; i++) assert_int_equal(m->params[i].divisor, want[i]);
     fgi_param_layout layout;
@@ -384,6 +386,7 @@ static void test_divisors(void **state) {
     assert_non_null(strstr(out, "fg_imod_by(fg_isub(q_idx, kv_idx), p.fg_div_P)"));
     assert_non_null(strstr(out, "fg_idiv_by(q_idx, p.fg_div_Q)"));
     assert_null(strstr(out, "fg_div_R"));
+    assert_non_null(strstr(out, "fg_fdiv_by((float)kv_idx, p.F, p.fg_rcp_F)"));
     char line[160];
     snprintf(line, sizeof line, "static_assert(fg_offsetof(fg_mod_params, fg_div_Q) == %zu,", layout.div_offsets[1]);
     assert_non_null(strstr(out, line));
@@ -400,9 +403,81 @@ static void test_divisors(void **state) {
     assert_memory_equal(&got, &p6, sizeof got);
     memcpy(&got, blob + layout.div_offsets[1], sizeof got);
     assert_memory_equal(&got, &q5, sizeof got);
+    float rcp_f = 0;
+    memcpy(&rcp_f, blob + layout.div_offsets[3], sizeof rcp_f);
+    assert_true(rcp_f == 0.5f);
+    /* A float divisor whose reciprocal is no normal float is refused. */
+    const float refused[] = {1e-40f, -0x1p-127f, 0x1p127f, -3e38f};
+    for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++) {
+        fg_binding bad[] = {fg_bind_float("F", refused[k]), fg_bind_int_buffer("buf", NULL, 0)};
+        assert_int_equal(fgi_bind(ctx, m, bad, 2, values), FG_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(fg_errmsg(ctx), "'F'"));
+    }
+    const float taken[] = {0.0f, -INFINITY, 0x1p-126f, -0x1p126f, 20.0f};
+    for (size_t k = 0; k < sizeof taken / sizeof taken[0]; k++) {
+        fg_binding ok[] = {fg_bind_float("F", taken[k]), fg_bind_int_buffer("buf", NULL, 0)};
+        assert_int_equal(fgi_bind(ctx, m, ok, 2, values), FG_OK);
+    }
     fg_free(block_mask_compiles(ctx, m, "divisors"));
     fg_mod_destroy(m);
     fg_ctx_destroy(ctx);
+}
+
+/* fg_fdiv_by of templates/common.cuh, spelled in C (fmaf rounds once, as
+ * __fmaf_rn does; the build never contracts a * y into an FMA). */
+static float fdiv_by(float a, float b, float y) {
+    const float q0 = a * y;
+    const float r = fmaf(-q0, b, a);
+    const float q1 = fmaf(r, y, q0);
+    const float aa = fabsf(a), ab = fabsf(b);
+    const bool exact = aa >= 0x1p-60f && aa <= 0x1p60f && ab >= 0x1p-60f && ab <= 0x1p60f;
+    return exact ? q1 : q0;
+}
+
+static uint32_t float_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* One pair against IEEE division: bit for bit where fg_fdiv_by promises it
+ * (|a|, |b| in [2^-60, 2^60]), and outside it the same zero, infinity or NaN
+ * and at most one ulp away. */
+static void check_fdiv_by(float a, float b) {
+    const float want = a / b, got = fdiv_by(a, b, 1.0f / b);
+    const bool in_range = fabsf(a) >= 0x1p-60f && fabsf(a) <= 0x1p60f && fabsf(b) >= 0x1p-60f &&
+                          fabsf(b) <= 0x1p60f;
+    if (isnan(want) && isnan(got)) return;
+    if (float_bits(want) == float_bits(got)) return;
+    if (!in_range && isfinite(want) && want != 0 && isfinite(got) && got != 0 &&
+        fabsf(got - want) <= fabsf(nextafterf(want, INFINITY) - want))
+        return;
+    fail_msg("%a / %a: %a, want %a%s", (double)a, (double)b, (double)got, (double)want,
+             in_range ? " (in the exact range)" : "");
+}
+
+static void test_float_divisors(void **state) {
+    (void)state;
+    /* Divisors: softcaps, fractions, significands of all ones and of one
+     * past a power of two, pi, the range's edges and beyond it, zero, inf,
+     * NaN, random ones; dividends: every 4099th bit pattern (both signs,
+     * every exponent, zeros, subnormals, infinities, NaNs). */
+    float bs[48] = {20.0f, 30.0f, 50.0f, 3.0f, 7.0f, 0.1f, 1.0f / 3.0f, -5.0f, 1.5f, 0.0f, -0.0f,
+                    INFINITY, NAN, 0x1.fffffep0f, 0x1.fffffep-1f, 0x1.000002p0f, 3.14159265f, 0x1p-60f,
+                    0x1.fffffep59f, 0x1p60f, 0x1p-61f, 0x1p61f, 1e-30f, 1e30f, 0x1p-126f, 0x1p126f};
+    int nb = 26;
+    uint64_t rng = 0xfd1b;
+    while (nb < (int)(sizeof bs / sizeof bs[0])) {
+        const uint32_t u = ((uint32_t)tu_rand_u64(&rng) & 0x807fffffu) | (uint32_t)(60 + tu_rand_u64(&rng) % 136) << 23;
+        memcpy(&bs[nb++], &u, sizeof u);
+    }
+    for (int i = 0; i < nb; i++)
+        for (uint64_t u = 0; u <= 0xffffffffu; u += 4099) {
+            float a;
+            const uint32_t bits = (uint32_t)u;
+            memcpy(&a, &bits, sizeof a);
+            check_fdiv_by(a, bs[i]);
+        }
 }
 
 /* ---- every gallery mod compiles ------------------------------------------------ */
@@ -741,6 +816,7 @@ static void test_approx_keys(void **state) {
         assert_non_null(strstr(score, "powf("));
         assert_null(strstr(score, "tanhf("));
         assert_null(strstr(score, "fg_fdiv("));
+        assert_null(strstr(score, "fg_fdiv_by("));
         assert_non_null(strstr(mask, "expf("));
         assert_null(strstr(mask, "_approx"));
         free(score), free(mask);
@@ -935,7 +1011,7 @@ static void test_cli(void **state) {
         {"--expr-mask 'q_idx - kv_idx <= W' --param int:W=4 --emit mod", 0,
          "return fg_isub(q_idx, kv_idx) <= p.W;"},
         {"--mask mods/causal.c --kernel blockmask --block 64", 0, "#define FG_Q_BLOCK 64\n"},
-        {"--mask mods/causal.c --score mods/softcap.c --emit mod", 0, "tanhf(fg_fdiv(score, p.SOFTCAP))"},
+        {"--mask mods/causal.c --score mods/softcap.c --emit mod", 0, "tanhf(fg_fdiv_by(score, p.SOFTCAP, p.fg_rcp_SOFTCAP))"},
         {"--mask mods/causal.c --score mods/softcap.c --emit mod --approx-math", 0,
          "fg_tanh_approx(fg_fdiv_approx(score, p.SOFTCAP))"},
         {"--mask mods/softcap.c --approx-math --kernel decode", 0, "#define FG_APPROX_MATH 1\n"},
@@ -991,7 +1067,7 @@ int main(void) {
         cmocka_unit_test(test_line_directives), cmocka_unit_test(test_composition),
         cmocka_unit_test(test_param_layout),    cmocka_unit_test(test_configs),
         cmocka_unit_test(test_keys),            cmocka_unit_test(test_cli),
-        cmocka_unit_test(test_gallery_compiles), cmocka_unit_test(test_divisors),
+        cmocka_unit_test(test_gallery_compiles), cmocka_unit_test(test_divisors), cmocka_unit_test(test_float_divisors),
         cmocka_unit_test(test_approx_keys),     cmocka_unit_test(test_approx_compiles),
     };
     snprintf(tmpdir, sizeof tmpdir, "/tmp/flexgen_test_emit_XXXXXX");

@@ -245,7 +245,16 @@ static bool reads_buffer(fgi_cuda_printer *p, const fgi_expr *e) {
 static void print_binary(fgi_cuda_printer *p, const fgi_expr *e) {
     const int d = fgi_divisor_param(p->mod, e);
     const fgi_param *div = d >= 0 && p->mod->params[d].divisor ? &p->mod->params[d] : NULL;
-    if (div) { /* by the host's magic numbers: fg_idiv_by(a, p.fg_div_NAME) */
+    if (div && div->type == FGI_T_FLOAT && !approx(p)) {
+        /* by the host's reciprocal, without the IEEE division's per-element
+         * branch and with its quotient (fg_fdiv_by in templates/common.cuh
+         * says where): fg_fdiv_by(a, p.NAME, p.fg_rcp_NAME) */
+        fgi_buf_puts(p->out, "fg_fdiv_by(");
+        print_at(p, e->a, P_NONE);
+        fgi_buf_printf(p->out, ", p.%s, p.fg_rcp_%s)", div->name, div->name);
+        return;
+    }
+    if (div && div->type == FGI_T_INT) { /* by the host's magic numbers: fg_idiv_by(a, p.fg_div_NAME) */
         fgi_buf_puts(p->out, e->op == FGI_OP_DIV ? "fg_idiv_by(" : "fg_imod_by(");
         print_at(p, e->a, P_NONE);
         fgi_buf_printf(p->out, ", p.fg_div_%s)", div->name);

@@ -264,7 +264,10 @@ static void emit_params(emitter *em) {
             fgi_buf_printf(out, "    %s %s;\n", fgi_emit_ctype(prm->type), prm->name);
     }
     for (int i = 0; i < mod->nparams; i++)
-        if (mod->params[i].divisor)
+        if (mod->params[i].divisor && mod->params[i].type == FGI_T_FLOAT)
+            fgi_buf_printf(out, "    float fg_rcp_%s; /* 1 / %s rounded to nearest (fg_fdiv_by) */\n",
+                           mod->params[i].name, mod->params[i].name);
+        else if (mod->params[i].divisor)
             fgi_buf_printf(out, "    fg_divisor fg_div_%s; /* %s as a divisor (fg_idiv_by) */\n",
                            mod->params[i].name, mod->params[i].name);
     fgi_buf_puts(out, "    int fg_pad; /* never empty */\n};\n");
@@ -273,8 +276,8 @@ static void emit_params(emitter *em) {
         fgi_buf_printf(out, "static_assert(fg_offsetof(fg_mod_params, %s) == %zu, \"%s\");\n",
                        n, layout.offsets[i], n);
         if (mod->params[i].divisor)
-            fgi_buf_printf(out, "static_assert(fg_offsetof(fg_mod_params, fg_div_%s) == %zu, \"%s divisor\");\n",
-                           n, layout.div_offsets[i], n);
+            fgi_buf_printf(out, "static_assert(fg_offsetof(fg_mod_params, fg_%s_%s) == %zu, \"%s divisor\");\n",
+                           mod->params[i].type == FGI_T_FLOAT ? "rcp" : "div", n, layout.div_offsets[i], n);
         if (mod->params[i].kind == FG_PARAM_BUFFER)
             fgi_buf_printf(out,
                            "static_assert(fg_offsetof(fg_mod_params, fg_len_%s) == %zu, "

@@ -7,6 +7,7 @@
  */
 #include "internal.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -106,9 +107,18 @@ fg_status fgi_bind(fg_ctx *ctx, const fg_mod *mod, const fg_binding *binds, size
                                   p->name, fgi_type_name(bt));
         }
     }
-    for (int i = 0; i < mod->nparams; i++)
+    for (int i = 0; i < mod->nparams; i++) {
         if (mod->params[i].kind == FG_PARAM_BUFFER && !bound[i])
             return fgi_error(ctx, FG_ERR_UNBOUND, "buffer parameter '%s' is not bound", mod->params[i].name);
+        /* a float divisor's reciprocal must be a normal float (fg_fdiv_by) */
+        const float f = fabsf(values[i].scalar.f);
+        if (mod->params[i].divisor && mod->params[i].type == FGI_T_FLOAT && f != 0 && f != INFINITY &&
+            !isnan(f) && !(f >= 0x1p-126f && f <= 0x1p126f))
+            return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
+                             "parameter '%s' = %g divides: a float divisor must be 0, inf, NaN or of "
+                             "magnitude in [2^-126, 2^126]",
+                             mod->params[i].name, (double)values[i].scalar.f);
+    }
     return FG_OK;
 }
 
@@ -120,6 +130,9 @@ fg_status fgi_bind(fg_ctx *ctx, const fg_mod *mod, const fg_binding *binds, size
  * score. When the divisor is a scalar parameter it is the same for the
  * whole launch, so the host turns it into a multiply and a shift once
  * (fgi_divisor_of) and the kernels use those (fg_idiv_by, fg_imod_by).
+ * A float divisor parameter gets its reciprocal, rounded to nearest, for
+ * fg_fdiv_by (templates/common.cuh), which gives the IEEE quotient without
+ * the division's per-element branch.
  *
  * Why m = ceil(2^(31+l) / D), l = ceil(log2 D), is exact for every
  * n <= 2^31: m = (2^(31+l) + e) / D with 0 <= e < D, so
@@ -140,7 +153,7 @@ fgi_divisor fgi_divisor_of(int32_t d) {
 
 int fgi_divisor_param(const fg_mod *mod, const fgi_expr *e) {
     if (!mod || !e || e->kind != FGI_E_BINARY || (e->op != FGI_OP_DIV && e->op != FGI_OP_MOD) ||
-        e->type != FGI_T_INT)
+        (e->type != FGI_T_INT && e->type != FGI_T_FLOAT))
         return -1;
     const fgi_expr *d = e->b;
     while (d && ((d->kind == FGI_E_UNARY && d->op == FGI_OP_PLUS) ||
@@ -148,7 +161,7 @@ int fgi_divisor_param(const fg_mod *mod, const fgi_expr *e) {
         d = d->a;
     if (!d || d->kind != FGI_E_PARAM || d->index < 0 || d->index >= mod->nparams) return -1;
     const fgi_param *p = &mod->params[d->index];
-    return p->kind == FG_PARAM_SCALAR && p->type == FGI_T_INT ? d->index : -1;
+    return p->kind == FG_PARAM_SCALAR && p->type == e->type ? d->index : -1;
 }
 
 static void mark_expr(fg_mod *mod, const fgi_expr *e) {
@@ -199,7 +212,7 @@ void fgi_param_layout_compute(const fg_mod *mod, fgi_param_layout *layout) {
         layout->div_offsets[i] = 0;
         if (mod->params[i].divisor) {
             layout->div_offsets[i] = off;
-            off += sizeof(fgi_divisor);
+            off += mod->params[i].type == FGI_T_FLOAT ? sizeof(float) : sizeof(fgi_divisor);
         }
     }
     off += 4; /* fg_pad */
@@ -218,7 +231,12 @@ void fgi_param_pack(const fg_mod *mod, const fgi_param_layout *layout, const fgi
             memcpy(p + layout->offsets[i] + 8, &len, 8);
         } else {
             memcpy(p + layout->offsets[i], &values[i].scalar, 4);
-            if (mod->params[i].divisor) {
+            if (mod->params[i].divisor && mod->params[i].type == FGI_T_FLOAT) {
+                /* 1 / f rounded to nearest (one IEEE float division here),
+                 * what fg_fdiv_by needs */
+                const float y = 1.0f / values[i].scalar.f;
+                memcpy(p + layout->div_offsets[i], &y, sizeof y);
+            } else if (mod->params[i].divisor) {
                 const fgi_divisor v = fgi_divisor_of(values[i].scalar.i);
                 memcpy(p + layout->div_offsets[i], &v, sizeof v);
             }
