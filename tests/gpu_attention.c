@@ -226,6 +226,18 @@ static void test_gallery(void **state) {
     "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"        \
     "    return score * (1.0 + 0.25 * (float)h) - 0.5 * (float)b;\n}\n"
 
+/* Division by a float parameter (fg_fdiv_by, the host's reciprocal): the
+ * mask keeps a pair where bit 2^-17 of (q_idx + kv_idx) / F is 0, the last
+ * bit of the quotients from 64 up, so a quotient that differed from the CPU
+ * evaluator's IEEE division would flip elements and show in the output. */
+#define FDIV_SRC                                                                   \
+    "float F = 3.0;\n"                                                             \
+    "float G = 10.0;\n"                                                            \
+    "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"                       \
+    "    return (int)((float)(q_idx + kv_idx) / F * 131072.0) % 2 == 0 || kv_idx / 7 == q_idx / 7;\n}\n" \
+    "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"        \
+    "    return score / G + (float)(q_idx - kv_idx) / F / 64.0;\n}\n"
+
 static const acase features[] = {
     /* mod  src  D  dtype  B Hq Hkv Q KV  qoff kvoff  layout pad  bm bmB bmH qb kvb scale masked */
     /* GQA and MQA */
@@ -238,6 +250,8 @@ static const acase features[] = {
     {"prefix_lm", NULL, 64, FG_BF16, 2, 4, 2, 300, 260, 0, 0, BHSD, 0, BM_CPU, 0, 1, 128, 64, 0, 0},
     {NULL, BH_SRC, 64, FG_BF16, 2, 3, 3, 200, 190, 0, 0, BHSD, 0, BM_CPU, 0, 0, 64, 64, 0, 0},
     {NULL, BH_SRC, 128, FG_FP16, 2, 2, 1, 129, 300, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {NULL, FDIV_SRC, 64, FG_BF16, 1, 2, 2, 300, 300, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
+    {NULL, FDIV_SRC, 128, FG_FP16, 1, 2, 2, 200, 333, 0, 0, BHSD, 0, BM_GPU, 0, 0, 64, 64, 0, 0},
     /* offsets: a chunk of queries at the end of a longer KV cache */
     {"causal", NULL, 128, FG_BF16, 1, 2, 2, 64, 700, 636, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
     {"document", NULL, 64, FG_FP16, 1, 2, 1, 100, 900, 800, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
