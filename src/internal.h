@@ -281,6 +281,10 @@ typedef struct fgi_param {
                                   (fgi_mod_mark_divisors)                   */
 } fgi_param;
 
+/* Whether the kernels get p's reciprocal (a float divisor, fg_rcp_NAME,
+ * for fg_fdiv_by) rather than an int divisor's magic numbers (fg_div_NAME). */
+static inline bool fgi_param_has_rcp(const fgi_param *p) { return p->divisor && p->type == FGI_T_FLOAT; }
+
 struct fg_mod {
     fgi_arena arena;
     const char *name;          /* readable name                              */

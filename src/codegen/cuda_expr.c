@@ -245,7 +245,7 @@ static bool reads_buffer(fgi_cuda_printer *p, const fgi_expr *e) {
 static void print_binary(fgi_cuda_printer *p, const fgi_expr *e) {
     const int d = fgi_divisor_param(p->mod, e);
     const fgi_param *div = d >= 0 && p->mod->params[d].divisor ? &p->mod->params[d] : NULL;
-    if (div && div->type == FGI_T_FLOAT && !approx(p)) {
+    if (div && fgi_param_has_rcp(div) && !approx(p)) {
         /* by the host's reciprocal, without the IEEE division's per-element
          * branch and with its quotient (fg_fdiv_by in templates/common.cuh
          * says where): fg_fdiv_by(a, p.NAME, p.fg_rcp_NAME) */

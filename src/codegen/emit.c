@@ -264,7 +264,7 @@ static void emit_params(emitter *em) {
             fgi_buf_printf(out, "    %s %s;\n", fgi_emit_ctype(prm->type), prm->name);
     }
     for (int i = 0; i < mod->nparams; i++)
-        if (mod->params[i].divisor && mod->params[i].type == FGI_T_FLOAT)
+        if (fgi_param_has_rcp(&mod->params[i]))
             fgi_buf_printf(out, "    float fg_rcp_%s; /* 1 / %s rounded to nearest (fg_fdiv_by) */\n",
                            mod->params[i].name, mod->params[i].name);
         else if (mod->params[i].divisor)
@@ -277,7 +277,7 @@ static void emit_params(emitter *em) {
                        n, layout.offsets[i], n);
         if (mod->params[i].divisor)
             fgi_buf_printf(out, "static_assert(fg_offsetof(fg_mod_params, fg_%s_%s) == %zu, \"%s divisor\");\n",
-                           mod->params[i].type == FGI_T_FLOAT ? "rcp" : "div", n, layout.div_offsets[i], n);
+                           fgi_param_has_rcp(&mod->params[i]) ? "rcp" : "div", n, layout.div_offsets[i], n);
         if (mod->params[i].kind == FG_PARAM_BUFFER)
             fgi_buf_printf(out,
                            "static_assert(fg_offsetof(fg_mod_params, fg_len_%s) == %zu, "

@@ -111,9 +111,9 @@ fg_status fgi_bind(fg_ctx *ctx, const fg_mod *mod, const fg_binding *binds, size
         if (mod->params[i].kind == FG_PARAM_BUFFER && !bound[i])
             return fgi_error(ctx, FG_ERR_UNBOUND, "buffer parameter '%s' is not bound", mod->params[i].name);
         /* a float divisor's reciprocal must be a normal float (fg_fdiv_by) */
+        if (!fgi_param_has_rcp(&mod->params[i])) continue;
         const float f = fabsf(values[i].scalar.f);
-        if (mod->params[i].divisor && mod->params[i].type == FGI_T_FLOAT && f != 0 && f != INFINITY &&
-            !isnan(f) && !(f >= 0x1p-126f && f <= 0x1p126f))
+        if (f != 0 && f != INFINITY && !isnan(f) && !(f >= 0x1p-126f && f <= 0x1p126f))
             return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
                              "parameter '%s' = %g divides: a float divisor must be 0, inf, NaN or of "
                              "magnitude in [2^-126, 2^126]",
@@ -212,7 +212,7 @@ void fgi_param_layout_compute(const fg_mod *mod, fgi_param_layout *layout) {
         layout->div_offsets[i] = 0;
         if (mod->params[i].divisor) {
             layout->div_offsets[i] = off;
-            off += mod->params[i].type == FGI_T_FLOAT ? sizeof(float) : sizeof(fgi_divisor);
+            off += fgi_param_has_rcp(&mod->params[i]) ? sizeof(float) : sizeof(fgi_divisor);
         }
     }
     off += 4; /* fg_pad */
@@ -231,7 +231,7 @@ void fgi_param_pack(const fg_mod *mod, const fgi_param_layout *layout, const fgi
             memcpy(p + layout->offsets[i] + 8, &len, 8);
         } else {
             memcpy(p + layout->offsets[i], &values[i].scalar, 4);
-            if (mod->params[i].divisor && mod->params[i].type == FGI_T_FLOAT) {
+            if (fgi_param_has_rcp(&mod->params[i])) {
                 /* 1 / f rounded to nearest (one IEEE float division here),
                  * what fg_fdiv_by needs */
                 const float y = 1.0f / values[i].scalar.f;
