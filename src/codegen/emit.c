@@ -463,7 +463,13 @@ static void emit_grad_accumulate(emitter *em, const fgi_mod_grad *g) {
         fgi_buf_printf(out, "    if (g.%s) fg_grad_add_warp(g.%s, c.i%d, c.s%d);\n", n, n, k, k);
     }
     if (g->nsites == 0) fgi_buf_puts(out, "    (void)g, (void)c;\n");
-    fgi_buf_puts(out, "}\n\n");
+    fgi_buf_puts(out, "}\n\n"
+                      "/* Whether any buffer gradient is wanted (the same for the whole launch). */\n"
+                      "__device__ __forceinline__ bool fg_grads_wanted(const fg_mod_grads &g) {\n"
+                      "    return false");
+    for (int k = 0; k < g->nsites; k++)
+        fgi_buf_printf(out, " || g.%s", em->mod->params[g->sites[k].param].name);
+    fgi_buf_puts(out, ";\n}\n\n");
 }
 
 fg_status fgi_emit_grad_math(fg_ctx *ctx, const fg_mod *mod, const char *generated_name, fgi_math math,

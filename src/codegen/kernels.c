@@ -258,7 +258,7 @@ static const fgi_kernel_entry registry[] = {
         /* attention_bwd.cuh's entry points, its dK/dV pass replaced */
         .templates = {"attention/mma_sm80.cuh", "attention/attention_bwd.cuh", "attention/wgmma_sm90.cuh",
                       "attention/attention_bwd_sm90.cuh"},
-        .pieces = FGI_PIECE_MOD | FGI_PIECE_GRAD,
+        .pieces = FGI_PIECE_MOD | FGI_PIECE_GRAD | FGI_PIECE_SPLIT,
         .source_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_APPROX,
         .name_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_APPROX,
         .entries = {"fg_attention_bwd_pre", "fg_attention_bwd_dkdv", "fg_attention_bwd_dq",

@@ -99,11 +99,12 @@ static_assert(sizeof(fgs_maps) == 512, "fgs_maps must match the host's four CUte
  * kvr0 + 8 (e >> 1), q column 8 i + 2 t4 + (e & 1)) become P^T and dR^T in
  * place. CHECK false: a tile of a full block inside Q_LEN x kv_end, where
  * every pair is kept and every row has a finite lse. */
-template <bool CHECK>
+template <bool CHECK, bool GRADS>
 static __device__ __forceinline__ void fgs_elements(float (&s)[8][4], float (&dp)[8][4], const fgb_args &a,
                                                     const fg_mod_params &p, const fg_mod_grads &gr,
                                                     fg_grad_cache &gcache, const float *s_lse2,
-                                                    const float *s_delta, int b, int h, int q0, int kvr0,
+                                                    const float *s_delta, const fg_mask_head &mhd,
+                                                    const fg_score_head &shd, int b, int h, int q0, int kvr0,
                                                     int kv_end, int t4, bool partial) {
 #pragma unroll
     for (int i = 0; i < 8; i++)
@@ -114,17 +115,27 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[8][4], float (&dp
             float pr = 0.f, dr = 0.f;
             if (!CHECK || (q < a.q_len && kv < kv_end && lse2 != FGB_NEG_INF)) {
                 const int qi = q + a.q_offset, ki = kv + a.kv_offset;
-                if (!CHECK || !partial || fg_mask_mod(p, b, h, qi, ki)) {
+                /* the split mods with their head parts made once per head
+                 * (mhd, shd) and the row and column parts here: the parts
+                 * that read only b and h (alibi's slopes[h]) leave the
+                 * element loop, the rest is what fg_mask_mod and
+                 * fg_score_mod compute, bit for bit */
+                if (!CHECK || !partial ||
+                    fg_mask_split(p, mhd, b, h, qi, ki, fg_mask_row_init(p, mhd, b, h, qi),
+                                  fg_mask_col_init(p, mhd, b, h, ki))) {
                     const float raw = s[i][e] * a.scale;
 #if FG_HAS_SCORE_MOD
-                    pr = fgb_exp2(fg_score_mod(p, raw, b, h, qi, ki) * FGB_LOG2E - lse2);
+                    pr = fgb_exp2(fg_score_split(p, shd, raw, b, h, qi, ki, fg_score_row_init(p, shd, b, h, qi),
+                                                 fg_score_col_init(p, shd, b, h, ki)) *
+                                      FGB_LOG2E -
+                                  lse2);
 #else
                     pr = fgb_exp2(s[i][e] * a.scale_log2 - lse2);
 #endif
                     if (pr != 0.f) {
                         const float ds = pr * (dp[i][e] - s_delta[qc]);
                         dr = ds * fg_score_grad(p, raw, b, h, qi, ki);
-                        fg_accumulate_grads(p, gr, gcache, ds, raw, b, h, qi, ki);
+                        if (GRADS) fg_accumulate_grads(p, gr, gcache, ds, raw, b, h, qi, ki);
                     }
                 }
             }
@@ -240,11 +251,14 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
     const bool dq_atomic = a.dq_atomic != 0; /* else the deterministic pass computes dQ */
     fgh_bar_wait(bar_kv, 0);
 
+    const bool grads = fg_grads_wanted(gr);
     int n = 0;
     for (int gi = 0; gi < group; gi++) {
         const int h = hk * group + gi;
         const fgb_plan pl = fgs_plan(a, b, h, kv0);
         const fg_i64 rb = (fg_i64)b * a.heads_q + h;
+        const fg_mask_head mhd = fg_mask_head_init(p, b, h);
+        const fg_score_head shd = fg_score_head_init(p, b, h);
         for (int j = 0; j < pl.n_items; j++) {
             bool partial;
             const int q0 = fgb_item_start(pl, j, partial);
@@ -284,10 +298,17 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             fgh_fence_regs<32>(&dp[0][0]);
 
             const bool edge = q0 + FGS_BLOCK_M > a.q_len || kv0 + FGS_BLOCK_N > kv_end;
-            if (partial || edge)
-                fgs_elements<true>(s, dp, a, p, gr, gcache, s_lse2, s_delta, b, h, q0, kvr0, kv_end, t4, partial);
+            /* four element loops: the checks only where a tile needs them,
+             * the buffer gradients' code only where one is wanted (its
+             * branches and registers would stay in every loop otherwise) */
+            if ((partial || edge) && grads)
+                fgs_elements<true, true>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, b, h, q0, kvr0, kv_end, t4, partial);
+            else if (partial || edge)
+                fgs_elements<true, false>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, b, h, q0, kvr0, kv_end, t4, partial);
+            else if (grads)
+                fgs_elements<false, true>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, b, h, q0, kvr0, kv_end, t4, partial);
             else
-                fgs_elements<false>(s, dp, a, p, gr, gcache, s_lse2, s_delta, b, h, q0, kvr0, kv_end, t4, partial);
+                fgs_elements<false, false>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, b, h, q0, kvr0, kv_end, t4, partial);
 
             /* P^T and dR^T as A fragments (k steps of 16 q columns), and
              * (for dQ) dR^T into this step's buffer: row r's 16-byte chunk
