@@ -6,8 +6,9 @@
  * without q_idx) and which operations must have left the per-element
  * function: natten's divisions and clamps, document's loads, ALiBi's
  * slopes[h], dilated's WINDOW * DILATION; and whether the emitter calls
- * the mask's column part costly (FG_MASK_COL_COSTLY: worth computing once
- * per column and sharing). Then
+ * the mask's row and column parts costly (FG_MASK_ROW_COSTLY,
+ * FG_MASK_COL_COSTLY: worth computing once per row or column and
+ * sharing). Then
  * every gallery mod, and a composition, must compile with
  * NVRTC next to a kernel that compares split and whole mods (gpu_split runs
  * it).
@@ -25,23 +26,24 @@ typedef struct split_row {
     int mask[3], score[3];     /* members of head, row, col             */
     const char *mask_gone[3];  /* must not appear in fg_mask_split0     */
     const char *score_gone[2]; /* must not appear in fg_score_split0    */
+    int row_costly;            /* FG_MASK_ROW_COSTLY                    */
     int col_costly;            /* FG_MASK_COL_COSTLY                    */
 } split_row;
 
 static const split_row rows[] = {
-    {"natten", {3, 4, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", "fg_iclamp"}, {NULL}, 1},
-    {"sasa", {0, 2, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", NULL}, {NULL}, 1},
-    {"document", {0, 1, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1},
-    {"jagged", {0, 3, 0}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 0},
-    {"flamingo", {0, 2, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1},
-    {"prefix_lm", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0},
-    {"sliding_window", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0},
-    {"causal", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0},
-    {"alibi", {0, 0, 0}, {1, 0, 0}, {NULL}, {"fg_load", NULL}, 0},
-    {"softcap", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0},
-    {"noop", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0},
-    {"dilated", {1, 0, 0}, {0, 0, 0}, {"fg_imul", NULL}, {NULL}, 0},
-    {"local_global", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0},
+    {"natten", {3, 4, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", "fg_iclamp"}, {NULL}, 1, 1},
+    {"sasa", {0, 2, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", NULL}, {NULL}, 1, 1},
+    {"document", {0, 1, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1},
+    {"jagged", {0, 3, 0}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 0},
+    {"flamingo", {0, 2, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1},
+    {"prefix_lm", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0},
+    {"sliding_window", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0},
+    {"causal", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0},
+    {"alibi", {0, 0, 0}, {1, 0, 0}, {NULL}, {"fg_load", NULL}, 0, 0},
+    {"softcap", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0},
+    {"noop", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0},
+    {"dilated", {1, 0, 0}, {0, 0, 0}, {"fg_imul", NULL}, {NULL}, 0, 0},
+    {"local_global", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0},
 };
 
 static char *emit_split(fg_ctx *ctx, const fg_mod *m) {
@@ -118,8 +120,9 @@ static void gallery_table(void **state) {
             if (got != r->score[k]) print_error("%s: %s has %d members\n%s\n", r->mod, name, got, text);
             assert_int_equal(got, r->score[k]);
         }
-        char costly[48];
-        snprintf(costly, sizeof costly, "#define FG_MASK_COL_COSTLY %d\n", r->col_costly);
+        char costly[96];
+        snprintf(costly, sizeof costly, "#define FG_MASK_ROW_COSTLY %d\n#define FG_MASK_COL_COSTLY %d\n",
+                 r->row_costly, r->col_costly);
         if (!strstr(text, costly)) print_error("%s: expected %s in\n%s\n", r->mod, costly, text);
         assert_non_null(strstr(text, costly));
         check_gone(text, "fg_mask_split0", r->mask_gone, 3, r->mod);

@@ -77,7 +77,7 @@ typedef struct splitter {
     int nfields;
     int next_num;
     split_class at;  /* the class being printed (print_expr)       */
-    bool col_costly; /* some leaf's column part does costly work */
+    bool costly[3]; /* per class: some leaf's part of it does costly work */
     fgi_math score_math; /* score_mod's float math (the mask's: accurate) */
     fgi_math math;       /* that of the kind being printed            */
 } splitter;
@@ -264,12 +264,12 @@ static bool is_costly(const splitter *sp, const fgi_expr *e, split_class at) {
     return is_costly(sp, e->a, at) || is_costly(sp, e->b, at) || is_costly(sp, e->c, at);
 }
 
-/* Records whether any value of the column part is costly to compute. */
-static void note_col_cost(splitter *sp) {
+/* Records which parts (row, column) have a value that is costly to compute. */
+static void note_cost(splitter *sp) {
     for (int i = 0; i < sp->nfields; i++) {
         const field *f = &sp->fields[i];
-        if (f->cls == C_COL && is_costly(sp, field_value(sp, f), C_COL))
-            sp->col_costly = true;
+        if ((f->cls == C_ROW || f->cls == C_COL) && is_costly(sp, field_value(sp, f), f->cls))
+            sp->costly[f->cls] = true;
     }
 }
 
@@ -319,7 +319,7 @@ static void print_elem_body(splitter *sp) {
  * over the same leaves (struct members, then each init function, then the
  * per-element functions); each pass re-runs the analysis of the leaf. */
 typedef enum { PASS_MEMBERS_HEAD, PASS_MEMBERS_ROW, PASS_MEMBERS_COL, PASS_FILL_HEAD,
-               PASS_FILL_ROW, PASS_FILL_COL, PASS_ELEM, PASS_COL_COST } pass;
+               PASS_FILL_ROW, PASS_FILL_COL, PASS_ELEM, PASS_COST } pass;
 
 static void leaf_pass(splitter *sp, const fgi_func *fn, int leaf, pass ps, const char *kind) {
     analyse(sp, fn, leaf);
@@ -331,7 +331,7 @@ static void leaf_pass(splitter *sp, const fgi_func *fn, int leaf, pass ps, const
     case PASS_FILL_HEAD: print_fills(sp, C_HEAD); return;
     case PASS_FILL_ROW: print_fills(sp, C_ROW); return;
     case PASS_FILL_COL: print_fills(sp, C_COL); return;
-    case PASS_COL_COST: note_col_cost(sp); return;
+    case PASS_COST: note_cost(sp); return;
     case PASS_ELEM:
         fgi_buf_printf(sp->out,
                        "__device__ __forceinline__ %s fg_%s_split%d(const fg_mod_params &p, "
@@ -387,12 +387,14 @@ static void emit_kind(splitter *sp, bool mask) {
         fgi_buf_puts(out, "};\n");
     }
     if (mask) {
-        /* A kernel may compute the column part once per column and share it
-         * (through shared memory) instead of once per thread and column;
-         * that pays only when the part is costly to compute. */
-        sp->col_costly = false;
-        for_each_leaf(sp, true, PASS_COL_COST);
-        fgi_buf_printf(out, "#define FG_MASK_COL_COSTLY %d\n", sp->col_costly ? 1 : 0);
+        /* A kernel may compute a row or column part once per row or column
+         * and share it (through shared memory, or registers filled before
+         * the element loop) instead of once per element; that pays only
+         * when the part is costly to compute. */
+        memset(sp->costly, 0, sizeof sp->costly);
+        for_each_leaf(sp, true, PASS_COST);
+        fgi_buf_printf(out, "#define FG_MASK_ROW_COSTLY %d\n#define FG_MASK_COL_COSTLY %d\n",
+                       sp->costly[C_ROW] ? 1 : 0, sp->costly[C_COL] ? 1 : 0);
     }
     for (int cls = 0; cls < 3; cls++) {
         fgi_buf_printf(out,

@@ -74,6 +74,8 @@
 #define FGS_DS_BYTES (FGS_BLOCK_N * 128)        /* dR^T: 128 kv rows x 64 q, bf16 */
 #define FGS_DQ_BYTES (64 * 64 * 4)              /* one consumer's dQ tile, fp32  */
 #define FGS_ROWS_BYTES (2 * FGS_BLOCK_M * 4)    /* lse2 and delta of a step       */
+#define FGS_ROWP_SIZE 16                        /* a shared mask row part, at most */
+#define FGS_ROWP_BYTES (2 * 2 * FGS_BLOCK_M * FGS_ROWP_SIZE) /* [consumer][2] x 64 */
 #define FGS_DT (FGB_D / 8)                      /* n8 fragments of dK / dV        */
 #define FGS_PRODUCER_REGS 24
 #define FGS_CONSUMER_REGS 240
@@ -83,16 +85,27 @@
 #define FGS_DQ_KSTEPS 4                         /* dQ over the consumer's 64 rows */
 #endif
 /* K, V, two stages, two dR^T buffers, two dQ tiles, two stages of lse2 and
- * delta, 64 bytes of mbarriers, 1 KB to align the base to the swizzle's
- * 1024-byte period; bwd_sm90_geometry computes the same. */
+ * delta, two buffers of mask row parts per consumer, 64 bytes of
+ * mbarriers, 1 KB to align the base to the swizzle's 1024-byte period;
+ * bwd_sm90_geometry computes the same. */
 #define FGS_SMEM_BYTES (2 * FGS_KV_TILE + 2 * FGS_STAGE_BYTES + 2 * FGS_DS_BYTES + 2 * FGS_DQ_BYTES + \
-                        2 * FGS_ROWS_BYTES + 64 + 1024)
+                        2 * FGS_ROWS_BYTES + FGS_ROWP_BYTES + 64 + 1024)
 
 /* The kernel's fourth argument: q, k, v and dout as [batch, heads, len, D]. */
 struct fgs_maps {
     fgh_tmap q, k, v, o;
 };
 static_assert(sizeof(fgs_maps) == 512, "fgs_maps must match the host's four CUtensorMaps");
+
+/* Costly mask parts made before the element loop instead of once per
+ * element in it: a thread's two column parts once per head (FGS_COLS_FIRST,
+ * in registers) and a partial tile's 64 row parts once per tile, one per
+ * thread of a consumer's first two warps, shared through shared memory
+ * (FGS_ROWS_SHARED; document's document_id[q]: in registers, 16 per
+ * thread, they spill at head dim 128). Made inside the element loop they
+ * are loads under its branches, each waited for where it is used. */
+#define FGS_COLS_FIRST (FG_MASK_COL_COSTLY && !__is_empty(fg_mask_col))
+#define FGS_ROWS_SHARED (FG_MASK_ROW_COSTLY && !__is_empty(fg_mask_row) && sizeof(fg_mask_row) <= FGS_ROWP_SIZE)
 
 /* The element loop of one step for one consumer thread: S^T and dP^T in
  * wgmma's accumulator layout (n8 fragment i, element e at kv row
@@ -104,7 +117,8 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[8][4], float (&dp
                                                     const fg_mod_params &p, const fg_mod_grads &gr,
                                                     fg_grad_cache &gcache, const float *s_lse2,
                                                     const float *s_delta, const fg_mask_head &mhd,
-                                                    const fg_score_head &shd, int b, int h, int q0, int kvr0,
+                                                    const fg_score_head &shd, const fg_mask_col (&mcol)[2],
+                                                    const fg_mask_row *rows, int b, int h, int q0, int kvr0,
                                                     int kv_end, int t4, bool partial) {
 #pragma unroll
     for (int i = 0; i < 8; i++)
@@ -115,14 +129,16 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[8][4], float (&dp
             float pr = 0.f, dr = 0.f;
             if (!CHECK || (q < a.q_len && kv < kv_end && lse2 != FGB_NEG_INF)) {
                 const int qi = q + a.q_offset, ki = kv + a.kv_offset;
-                /* the split mods with their head parts made once per head
-                 * (mhd, shd) and the row and column parts here: the parts
-                 * that read only b and h (alibi's slopes[h]) leave the
-                 * element loop, the rest is what fg_mask_mod and
-                 * fg_score_mod compute, bit for bit */
+                /* the split mods: head parts (mhd, shd) made once per
+                 * head, costly column parts (mcol) once per head and
+                 * costly row parts once per tile (rows), the rest here;
+                 * what leaves the element loop is alibi's slopes[h] and
+                 * document's document_id[q] and [kv], and the result is
+                 * what fg_mask_mod and fg_score_mod compute, bit for bit */
                 if (!CHECK || !partial ||
-                    fg_mask_split(p, mhd, b, h, qi, ki, fg_mask_row_init(p, mhd, b, h, qi),
-                                  fg_mask_col_init(p, mhd, b, h, ki))) {
+                    fg_mask_split(p, mhd, b, h, qi, ki,
+                                  FGS_ROWS_SHARED ? rows[qc] : fg_mask_row_init(p, mhd, b, h, qi),
+                                  FGS_COLS_FIRST ? mcol[e >> 1] : fg_mask_col_init(p, mhd, b, h, ki))) {
                     const float raw = s[i][e] * a.scale;
 #if FG_HAS_SCORE_MOD
                     pr = fgb_exp2(fg_score_split(p, shd, raw, b, h, qi, ki, fg_score_row_init(p, shd, b, h, qi),
@@ -144,6 +160,19 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[8][4], float (&dp
         }
 }
 
+/* Named barriers. At head dim 128 each consumer's dQ reads the other's
+ * dR^T, so consumer c arrives at fgs_drt_bar(c, st) once its dR^T of a step
+ * is stored and the other syncs on it right before its dQ: a consumer can
+ * run its dV / dK products (and the tensor cores the other's) while the
+ * other is still in its element loop, where one barrier for both would keep
+ * the two in lockstep. One barrier per consumer and dR^T buffer (ids 1-4):
+ * a consumer arrives for step n + 2 only after it synced on the other's
+ * step n + 1, which the other stores after its own sync for step n, so a
+ * barrier never gets a second arrival before its sync. At head dim 64 each
+ * consumer reads only its own dR^T (barrier 1 + c). Ids 5 and 6: each
+ * consumer's dQ staging tile is in place; 7 and 8: its mask row parts. */
+static __device__ __forceinline__ int fgs_drt_bar(int consumer, int st) { return 1 + 2 * consumer + st; }
+
 /* The plan of query head h's q steps for the kv block at kv0. */
 static __device__ __forceinline__ fgb_plan fgs_plan(const fgb_args &a, int b, int h, int kv0) {
     return a.has_block_mask ? fgb_plan_make(a, a.q_num, a.q_idx, a.full_q_num, a.full_q_idx,
@@ -164,7 +193,8 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
     const fg_u32 sDS = sStage + 2 * FGS_STAGE_BYTES;      /* [2] dR^T             */
     const fg_u32 sDQ = sDS + 2 * FGS_DS_BYTES;            /* [consumer] dQ tile   */
     const fg_u32 sRows = sDQ + 2 * FGS_DQ_BYTES;          /* [2] { lse2, delta }  */
-    const fg_u32 bar_kv = sRows + 2 * FGS_ROWS_BYTES;     /* K and V landed       */
+    const fg_u32 sRowP = sRows + 2 * FGS_ROWS_BYTES;      /* [consumer][2] rows   */
+    const fg_u32 bar_kv = sRowP + FGS_ROWP_BYTES;         /* K and V landed       */
     const fg_u32 bar_full = bar_kv + 8, bar_empty = bar_full + 16; /* [2] each    */
     const float *const rows0 = (const float *)(fgs_smem + (sRows - base));
 
@@ -259,6 +289,14 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
         const fg_i64 rb = (fg_i64)b * a.heads_q + h;
         const fg_mask_head mhd = fg_mask_head_init(p, b, h);
         const fg_score_head shd = fg_score_head_init(p, b, h);
+        /* the costly mask column parts of this thread's kv rows kvr0 and
+         * kvr0 + 8, clamped into the keys (a row past kv_len is never kept) */
+        fg_mask_col mcol[2];
+        if (FGS_COLS_FIRST) {
+#pragma unroll
+            for (int half = 0; half < 2; half++)
+                mcol[half] = fg_mask_col_init(p, mhd, b, h, min(kvr0 + 8 * half, a.kv_len - 1) + a.kv_offset);
+        }
         for (int j = 0; j < pl.n_items; j++) {
             bool partial;
             const int q0 = fgb_item_start(pl, j, partial);
@@ -296,19 +334,28 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             fgh_wait<0>();
             fgh_fence_regs<32>(&s[0][0]);
             fgh_fence_regs<32>(&dp[0][0]);
+            /* A partial tile's costly mask row parts. Buffer st is free:
+             * this step's full barrier means every consumer warp released
+             * the stage of step n - 2, after its element loop. */
+            fg_mask_row *const rows = (fg_mask_row *)(fgs_smem + (sRowP - base)) + (cw * 2 + st) * FGS_BLOCK_M;
+            if (FGS_ROWS_SHARED && partial) {
+                if (ctid < FGS_BLOCK_M)
+                    rows[ctid] = fg_mask_row_init(p, mhd, b, h, min(q0 + ctid, a.q_len - 1) + a.q_offset);
+                fgh_named_sync(7 + cw, 128);
+            }
 
             const bool edge = q0 + FGS_BLOCK_M > a.q_len || kv0 + FGS_BLOCK_N > kv_end;
             /* four element loops: the checks only where a tile needs them,
              * the buffer gradients' code only where one is wanted (its
              * branches and registers would stay in every loop otherwise) */
             if ((partial || edge) && grads)
-                fgs_elements<true, true>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, b, h, q0, kvr0, kv_end, t4, partial);
+                fgs_elements<true, true>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
             else if (partial || edge)
-                fgs_elements<true, false>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, b, h, q0, kvr0, kv_end, t4, partial);
+                fgs_elements<true, false>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
             else if (grads)
-                fgs_elements<false, true>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, b, h, q0, kvr0, kv_end, t4, partial);
+                fgs_elements<false, true>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
             else
-                fgs_elements<false, false>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, b, h, q0, kvr0, kv_end, t4, partial);
+                fgs_elements<false, false>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
 
             /* P^T and dR^T as A fragments (k steps of 16 q columns), and
              * (for dQ) dR^T into this step's buffer: row r's 16-byte chunk
@@ -330,13 +377,15 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                                  : "memory");
                 }
                 fgh_fence_async_smem();
+#if FGB_D == 128
+                /* this consumer's dR^T is in place for the other one, which
+                 * waits for it only before its dQ (fgs_drt_bar) */
+                fgh_named_arrive(fgs_drt_bar(cw, st), 256);
+#else
                 /* Before the barrier: the previous step's dQ reduction has
                  * read this consumer's staging tile, written again below. */
                 if (ctid == 0) fgh_bulk_wait<0, true>();
-#if FGB_D == 128
-                fgh_named_sync(1, 256); /* both consumers' dR^T are in place */
-#else
-                fgh_named_sync(1 + cw, 128);
+                fgh_named_sync(1 + cw, 128); /* this consumer's dR^T is in place */
 #endif
             }
 
@@ -356,6 +405,13 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             fgh_fence_regs<FGS_DT * 4>(&dk[0][0]);
             if (lane == 0) fgh_bar_arrive(bar_empty + 8 * st); /* the stage is no longer read */
             if (!dq_atomic) continue; /* dQ has a pass of its own */
+#if FGB_D == 128
+            /* Before the barrier: the previous step's dQ reduction has
+             * read this consumer's staging tile, written again below (the
+             * barrier counts this consumer's threads, ctid 0's included). */
+            if (ctid == 0) fgh_bulk_wait<0, true>();
+            fgh_named_sync(fgs_drt_bar(1 - cw, st), 256); /* the other consumer's dR^T is in place */
+#endif
             float dq[8][4];
             const fg_u64 dS_a = fgh_desc_mn(sD + dS_off, FGS_DS_BYTES);
             const fg_u64 dQ_b = fgh_desc_mn(dQ_b_addr, FGS_KV_REGION);
@@ -380,7 +436,7 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                                  : "memory");
                 }
             fgh_fence_async_smem();
-            fgh_named_sync(3 + cw, 128);
+            fgh_named_sync(5 + cw, 128);
             if (ctid == 0) {
 #if FGB_D == 128
                 const int band = cw;

@@ -64,10 +64,11 @@
  *                          compute them
  *     fg_mask_split(p, hd, b, h, q_idx, kv_idx, row, col)
  *                          the mask from them, bit for bit fg_mask_mod
- *     FG_MASK_COL_COSTLY (0 or 1)
- *                          whether fg_mask_col_init does costly work (a
- *                          division, a buffer read, a transcendental call):
- *                          FGA_SHARED_COLS below
+ *     FG_MASK_ROW_COSTLY, FG_MASK_COL_COSTLY (0 or 1)
+ *                          whether fg_mask_row_init / fg_mask_col_init
+ *                          does costly work (a division, a buffer read, a
+ *                          transcendental call): FGA_SHARED_COLS below,
+ *                          the Hopper backward's rows (FGS_ROWS_FIRST)
  *     struct fg_score_head, fg_score_row, fg_score_col, fg_score_head_init,
  *     fg_score_row_init, fg_score_col_init,
  *     fg_score_split(p, hd, score, b, h, q_idx, kv_idx, row, col)

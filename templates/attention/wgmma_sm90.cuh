@@ -202,3 +202,8 @@ static __device__ __forceinline__ void fgh_fence_async_smem() {
 static __device__ __forceinline__ void fgh_named_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+/* Arrive at named barrier `id` without waiting: the producer side of a
+ * barrier whose consumer side calls fgh_named_sync with the same count. */
+static __device__ __forceinline__ void fgh_named_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}

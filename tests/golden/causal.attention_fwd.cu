@@ -300,6 +300,7 @@ struct fg_mask_row {
 };
 struct fg_mask_col {
 };
+#define FG_MASK_ROW_COSTLY 0
 #define FG_MASK_COL_COSTLY 0
 __device__ __forceinline__ fg_mask_head fg_mask_head_init(const fg_mod_params &p, int b, int h) {
     fg_mask_head hd;
@@ -413,10 +414,11 @@ __device__ __forceinline__ float fg_score_split(const fg_mod_params &p, const fg
  *                          compute them
  *     fg_mask_split(p, hd, b, h, q_idx, kv_idx, row, col)
  *                          the mask from them, bit for bit fg_mask_mod
- *     FG_MASK_COL_COSTLY (0 or 1)
- *                          whether fg_mask_col_init does costly work (a
- *                          division, a buffer read, a transcendental call):
- *                          FGA_SHARED_COLS below
+ *     FG_MASK_ROW_COSTLY, FG_MASK_COL_COSTLY (0 or 1)
+ *                          whether fg_mask_row_init / fg_mask_col_init
+ *                          does costly work (a division, a buffer read, a
+ *                          transcendental call): FGA_SHARED_COLS below,
+ *                          the Hopper backward's rows (FGS_ROWS_FIRST)
  *     struct fg_score_head, fg_score_row, fg_score_col, fg_score_head_init,
  *     fg_score_row_init, fg_score_col_init,
  *     fg_score_split(p, hd, score, b, h, q_idx, kv_idx, row, col)
