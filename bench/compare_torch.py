@@ -12,6 +12,11 @@ for every system in one process:
                  density is the fraction of non-empty blocks of the block
                  mask (1 - sparsity), the same density for every system in a
                  row so that ratios are ratios of times;
+  issue time     the host's time to issue one call (20 in a row, not
+                 waited for), forward and backward, and the 1-minute load
+                 average at the row's start, in the JSON: a timing whose
+                 issue time comes near it measured the host, and is said
+                 so on stderr;
   block mask     create_block_mask against flexgen's GPU builder (in-place
                  rebuild, as a training loop uses it, and create + destroy);
   first call     torch.compile's first call after torch._dynamo.reset();
@@ -112,6 +117,26 @@ def bench_ms(fn, warmup_ms, rep_ms):
     torch.cuda.synchronize()
     ms = sorted(s.elapsed_time(e) for s, e in times)
     return ms[len(ms) // 2]
+
+
+def issue_ms(fn, n=20):
+    """Host time to issue one call, the GPU work not waited for: the mean
+    over n calls in a row. Where it comes near bench_ms's figure the
+    timing measured the host, not the GPU (a busy CPU, say)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) * 1e3 / n
+
+
+def warn_host_bound(mod, what, issue, ms):
+    """Says on stderr when a timing is within 20% of its issue time."""
+    if issue > 0.8 * ms:
+        print(f"# {mod}: {what}: issuing a call takes {issue:.3f} ms of its {ms:.3f} ms: "
+              "host-bound, not a GPU figure", file=sys.stderr)
 
 
 def wall_ms(fn):
@@ -287,7 +312,9 @@ def run_case(spec, inputs, opts, first=None, dout=None):
            "ms": {}, "tflops": {}, "block_mask_ms": {}, "first_call_ms": {}, "error": {},
            "failures": {}}
     if opts.backward:
-        row.update({"bwd_ms": {}, "bwd_tflops": {}, "bwd_error": {}})
+        row.update({"bwd_ms": {}, "bwd_issue_ms": {}, "bwd_tflops": {}, "bwd_error": {}})
+    row["issue_ms"] = {}
+    row["loadavg_1min"] = os.getloadavg()[0]
     outs, grads = {}, {}
 
     def attempt(system, fn):
@@ -308,6 +335,8 @@ def run_case(spec, inputs, opts, first=None, dout=None):
             return torch.autograd.grad(out, leaves, dout, retain_graph=True)
         row["first_call_ms"][system + "_backward"], _ = wall_ms(call)
         row["bwd_ms"][system] = bench_ms(call, opts.warmup, opts.rep)
+        row["bwd_issue_ms"][system] = issue_ms(call)
+        warn_host_bound(spec.name, system + " backward", row["bwd_issue_ms"][system], row["bwd_ms"][system])
         grads[system] = call()
 
     def attempt_backward(system, forward):
@@ -339,6 +368,8 @@ def run_case(spec, inputs, opts, first=None, dout=None):
         def call():
             return flexgen.attention(q, k, v, mod, None, params, buffers, block_mask=bm)
         row["ms"]["flexgen"] = bench_ms(call, opts.warmup, opts.rep)
+        row["issue_ms"]["flexgen"] = issue_ms(call)
+        warn_host_bound(spec.name, "flexgen", row["issue_ms"]["flexgen"], row["ms"]["flexgen"])
         outs["flexgen"] = call()
         # The same kernel without the per-call Python argument handling.
         prepared = flexgen.prepare(q, k, v, mod, None, params, buffers, block_mask=bm)
@@ -364,6 +395,8 @@ def run_case(spec, inputs, opts, first=None, dout=None):
             return compiled(q, k, v, score_mod=t_score, block_mask=bm, scale=scale)
         row["first_call_ms"]["flex"], _ = wall_ms(call)
         row["ms"]["flex"] = bench_ms(call, opts.warmup, opts.rep)
+        row["issue_ms"]["flex"] = issue_ms(call)
+        warn_host_bound(spec.name, "flex", row["issue_ms"]["flex"], row["ms"]["flex"])
         outs["flex"] = call()
         attempt_backward("flex", lambda q, k, v: compiled(q, k, v, score_mod=t_score,
                                                           block_mask=bm, scale=scale))
@@ -382,6 +415,8 @@ def run_case(spec, inputs, opts, first=None, dout=None):
             return sdpa(q, k, v)
         call()
         row["ms"][system] = bench_ms(call, opts.warmup, opts.rep)
+        row["issue_ms"][system] = issue_ms(call)
+        warn_host_bound(spec.name, system, row["issue_ms"][system], row["ms"][system])
         outs[system] = call()
         attempt_backward(system, sdpa)  # the backend is chosen by the forward
 
