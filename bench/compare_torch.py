@@ -132,11 +132,15 @@ def issue_ms(fn, n=20):
     return (t1 - t0) * 1e3 / n
 
 
-def warn_host_bound(mod, what, issue, ms):
-    """Says on stderr when a timing is within 20% of its issue time."""
+def time_into(row, ms_key, issue_key, system, call, opts):
+    """row[ms_key][system] = bench_ms of call, row[issue_key][system] its
+    issue_ms; says on stderr when the timing is within 20% of its issue
+    time (host-bound, not a GPU figure)."""
+    ms = row[ms_key][system] = bench_ms(call, opts.warmup, opts.rep)
+    issue = row[issue_key][system] = issue_ms(call)
     if issue > 0.8 * ms:
-        print(f"# {mod}: {what}: issuing a call takes {issue:.3f} ms of its {ms:.3f} ms: "
-              "host-bound, not a GPU figure", file=sys.stderr)
+        print(f"# {row['name']}: {system} ({ms_key}): issuing a call takes {issue:.3f} ms of its "
+              f"{ms:.3f} ms: host-bound, not a GPU figure", file=sys.stderr)
 
 
 def wall_ms(fn):
@@ -334,9 +338,7 @@ def run_case(spec, inputs, opts, first=None, dout=None):
         def call():
             return torch.autograd.grad(out, leaves, dout, retain_graph=True)
         row["first_call_ms"][system + "_backward"], _ = wall_ms(call)
-        row["bwd_ms"][system] = bench_ms(call, opts.warmup, opts.rep)
-        row["bwd_issue_ms"][system] = issue_ms(call)
-        warn_host_bound(spec.name, system + " backward", row["bwd_issue_ms"][system], row["bwd_ms"][system])
+        time_into(row, "bwd_ms", "bwd_issue_ms", system, call, opts)
         grads[system] = call()
 
     def attempt_backward(system, forward):
@@ -367,9 +369,7 @@ def run_case(spec, inputs, opts, first=None, dout=None):
 
         def call():
             return flexgen.attention(q, k, v, mod, None, params, buffers, block_mask=bm)
-        row["ms"]["flexgen"] = bench_ms(call, opts.warmup, opts.rep)
-        row["issue_ms"]["flexgen"] = issue_ms(call)
-        warn_host_bound(spec.name, "flexgen", row["issue_ms"]["flexgen"], row["ms"]["flexgen"])
+        time_into(row, "ms", "issue_ms", "flexgen", call, opts)
         outs["flexgen"] = call()
         # The same kernel without the per-call Python argument handling.
         prepared = flexgen.prepare(q, k, v, mod, None, params, buffers, block_mask=bm)
@@ -394,9 +394,7 @@ def run_case(spec, inputs, opts, first=None, dout=None):
         def call():
             return compiled(q, k, v, score_mod=t_score, block_mask=bm, scale=scale)
         row["first_call_ms"]["flex"], _ = wall_ms(call)
-        row["ms"]["flex"] = bench_ms(call, opts.warmup, opts.rep)
-        row["issue_ms"]["flex"] = issue_ms(call)
-        warn_host_bound(spec.name, "flex", row["issue_ms"]["flex"], row["ms"]["flex"])
+        time_into(row, "ms", "issue_ms", "flex", call, opts)
         outs["flex"] = call()
         attempt_backward("flex", lambda q, k, v: compiled(q, k, v, score_mod=t_score,
                                                           block_mask=bm, scale=scale))
@@ -414,9 +412,7 @@ def run_case(spec, inputs, opts, first=None, dout=None):
         def call():
             return sdpa(q, k, v)
         call()
-        row["ms"][system] = bench_ms(call, opts.warmup, opts.rep)
-        row["issue_ms"][system] = issue_ms(call)
-        warn_host_bound(spec.name, system, row["issue_ms"][system], row["ms"][system])
+        time_into(row, "ms", "issue_ms", system, call, opts)
         outs[system] = call()
         attempt_backward(system, sdpa)  # the backend is chosen by the forward
 

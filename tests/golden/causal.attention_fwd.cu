@@ -418,7 +418,8 @@ __device__ __forceinline__ float fg_score_split(const fg_mod_params &p, const fg
  *                          whether fg_mask_row_init / fg_mask_col_init
  *                          does costly work (a division, a buffer read, a
  *                          transcendental call): FGA_SHARED_COLS below,
- *                          the Hopper backward's rows (FGS_ROWS_FIRST)
+ *                          the Hopper backward's FGS_ROWS_SHARED and
+ *                          FGS_COLS_FIRST
  *     struct fg_score_head, fg_score_row, fg_score_col, fg_score_head_init,
  *     fg_score_row_init, fg_score_col_init,
  *     fg_score_split(p, hd, score, b, h, q_idx, kv_idx, row, col)
