@@ -39,10 +39,20 @@
  * computed between the two issues, one column per consumer thread, and
  * shared through shared memory. Nothing but the mods and the softmax may
  * sit between the second issue and its wait: a barrier or that column-part
- * block there makes ptxas serialise the wgmma pipeline (its warning C7514),
- * which tests/test_emit.c checks for every gallery mod. Forcing the two
- * consumers to alternate their products (ping-pong, as FlashAttention-3
- * does) measured slower (bench/attention_notes.md v9a).
+ * block there makes ptxas serialise the wgmma pipeline (its report C7514),
+ * which tests/test_emit.c checks for every gallery mod. The one exception
+ * is the ping-pong hand-over (bar.arrive), which is accepted only because
+ * the wait after it is the same in every iteration (the first iteration
+ * commits an empty group instead of P V): with a branch between two waits
+ * there, ptxas serialised the pipeline.
+ *
+ * Ping-pong (FGH_PINGPONG, D = 64). The two consumers take turns issuing
+ * their two products, as FlashAttention-3 does: a consumer waits for its
+ * turn (named barrier 3 + c), issues S_j and P_{j-1} V_{j-1}, and hands the
+ * turn over before it waits for anything, so the tensor cores run one
+ * consumer's products while the other is in its softmax. Left alone, the
+ * two drift into issuing at the same time and both wait for products that
+ * share the tensor cores (bench/attention_notes.md, ncu at D = 64).
  *
  * Shared memory. Every tile is stored as the wgmma canonical layout with
  * the 128-byte swizzle, which is also what TMA writes with
@@ -90,6 +100,11 @@
 #define FGH_V_STAGES 3
 #define FGH_PRODUCER_REGS 24               /* setmaxnreg: 24 + 2 x 240 per thread   */
 #define FGH_CONSUMER_REGS 240              /* of the 3 x 128 threads fit 64K        */
+/* Ping-pong (the consumers take turns issuing their products, see the
+ * loop) at D = 64 only: there it measured +14% (noop) and +2-11% (causal,
+ * sliding window, prefix LM); at D = 128 it was flat (-1% to +4%). */
+#define FGH_PINGPONG (FGH_D == 64)
+#define FGH_TURN_BAR 3                     /* named barriers 3 and 4: the turns     */
 /* Q, the K stages, the V stages, the mbarriers (128 bytes), the shared
  * mask column parts (FGA_SHARED_COLS: two buffers per consumer of 128
  * columns, FGA_COL_BYTES each, 8 KB in all), and 1 KB to align the base to
@@ -224,6 +239,12 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         if (j + 1 < pl.n_items) next_kv0 = fga_item_kv0<FGH_BLOCK_N>(pl, j + 1, next_partial);
         const int ks = j % FGH_K_STAGES;
         fgh_bar_wait(bar_kf + 8 * ks, (j / FGH_K_STAGES) & 1);
+        /* Ping-pong: wait for this consumer's turn. Consumer 0 goes first;
+         * turn barrier 3 + c counts 256 threads, consumer c's own 128
+         * waiting and the other's 128 arriving. Both consumers walk the
+         * same items, so every arrival meets a wait: consumer 0 skips its
+         * first wait, consumer 1 its last hand-over. */
+        if (FGH_PINGPONG && (cw == 1 || j > 0)) fgh_named_sync(FGH_TURN_BAR + cw, 256);
 
         /* S_j = Q K_j^T, then the deferred P_{j-1} V_{j-1}. */
         const fg_u64 dk_j = dk + ((ks * FGH_TILE_BYTES) >> 4);
@@ -261,12 +282,11 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         if (j > 0) {
             fgh_bar_wait(bar_vf + 8 * vs, ((j - 1) / FGH_V_STAGES) & 1);
             fgh_issue_pv(o, pa, dv + ((vs * FGH_TILE_BYTES) >> 4));
+        } else {
+            fgh_commit(); /* an empty group, so the wait below is the same for every j */
         }
-
-        if (j > 0)
-            fgh_wait<1>();
-        else
-            fgh_wait<0>();
+        if (FGH_PINGPONG && (cw == 0 || j + 1 < pl.n_items)) fgh_named_arrive(FGH_TURN_BAR + 1 - cw, 256);
+        fgh_wait<1>();
         fgh_fence_regs<FGH_NT * 4>(&s[0][0][0]);
         if (lane == 0) fgh_bar_arrive(bar_ke + 8 * ks); /* K_j is no longer read */
 
