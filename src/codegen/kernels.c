@@ -90,7 +90,8 @@ static fgi_kernel_geom fwd_geometry(const fg_kernel_config *c, int entry) {
 /* The Hopper forward (templates/attention/attention_fwd_sm90.cuh): a
  * producer warp group and two consumer warp groups of 64 rows (a 128-row q
  * tile), 128-row K/V tiles, head dim 64 or 128; shared memory holds Q, two
- * stages of K and three of V in 128-byte-swizzled rows, 128 bytes of
+ * stages of K and three of V (three and four at head dim 64) in
+ * 128-byte-swizzled rows, 128 bytes of
  * mbarriers, 8 KB of mask column parts, and 1 KB so the kernel can align
  * the base to the swizzle pattern. */
 static fgi_kernel_geom fwd_sm90_geometry(const fg_kernel_config *c, int entry) {
@@ -101,7 +102,8 @@ static fgi_kernel_geom fwd_sm90_geometry(const fg_kernel_config *c, int entry) {
     g.threads = 384;
     g.bands = 1;
     size_t tile = (size_t)128 * (size_t)c->head_dim * 2;
-    g.smem = tile * (1 + 2 + 3) + 128 + 4 * 128 * 16 + 1024;
+    const size_t stages = c->head_dim == 64 ? 3 + 4 : 2 + 3;
+    g.smem = tile * (1 + stages) + 128 + 4 * 128 * 16 + 1024;
     return g;
 }
 
