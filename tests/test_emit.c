@@ -502,7 +502,8 @@ static void test_gallery_compiles(void **state) {
     qsort(names, (size_t)n, sizeof names[0], name_cmp);
 
     /* The portable kernel and the block-mask builder for both archs, the
-     * Hopper kernel for its only one, at both of its head dims. */
+     * Hopper forward and backward for their only one, at both of their
+     * head dims. */
     static const struct {
         fg_kernel_kind kind;
         int head_dim;
@@ -514,6 +515,8 @@ static void test_gallery_compiles(void **state) {
         {FG_KERNEL_BLOCK_MASK, 0, "sm_90a", "blockmask"},
         {FG_KERNEL_ATTENTION_FWD_SM90, 128, "sm_90a", "attention-sm90 d128"},
         {FG_KERNEL_ATTENTION_FWD_SM90, 64, "sm_90a", "attention-sm90 d64"},
+        {FG_KERNEL_ATTENTION_BWD_SM90, 128, "sm_90a", "attention-bwd-sm90 d128"},
+        {FG_KERNEL_ATTENTION_BWD_SM90, 64, "sm_90a", "attention-bwd-sm90 d64"},
     };
     fg_ctx *ctx = new_ctx();
     int failures = 0;
@@ -529,18 +532,23 @@ static void test_gallery_compiles(void **state) {
             double t0 = fgi_now_ms();
             fg_status st;
             char *log = NULL;
-            if (builds[k].kind == FG_KERNEL_ATTENTION_FWD_SM90) {
-                /* With ptxas's report: the Hopper kernel's wgmma pipeline
-                 * must not be serialised (C7514: a non-wgmma instruction
-                 * between a product and its wait), setmaxnreg must take
-                 * effect (C7508), and nothing may spill. */
+            const bool fwd90 = builds[k].kind == FG_KERNEL_ATTENTION_FWD_SM90;
+            if (fwd90 || builds[k].kind == FG_KERNEL_ATTENTION_BWD_SM90) {
+                /* With ptxas's report (C75xx codes come as "info" lines,
+                 * not warnings): the Hopper kernels' wgmma pipelines must
+                 * not be serialised (C7514: a non-wgmma instruction
+                 * reading a product's registers between its issue and its
+                 * wait; it also followed a branch between two waits of
+                 * different depths), setmaxnreg must take effect (C7508),
+                 * and the forward must not spill (the backward spills a
+                 * few bytes at head dim 128 for some mods). */
                 char *src = NULL;
                 st = fg_generate_source(ctx, m, &cfg, &src);
                 if (st == FG_OK)
                     st = fgi_nvrtc_compile_verbose(ctx, src, names[i], arch, FG_EMIT_CUBIN, &img, &size, &log);
                 fg_free(src);
                 if (st == FG_OK && (!log || strstr(log, "C7514") || strstr(log, "C7508") ||
-                                    !strstr(log, " 0 bytes spill stores"))) {
+                                    (fwd90 && !strstr(log, " 0 bytes spill stores")))) {
                     print_error("%s %s: ptxas report:\n%s\n", path, builds[k].label, log ? log : "(none)");
                     failures++;
                 }
