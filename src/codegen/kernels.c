@@ -90,10 +90,10 @@ static fgi_kernel_geom fwd_geometry(const fg_kernel_config *c, int entry) {
 /* The Hopper forward (templates/attention/attention_fwd_sm90.cuh): a
  * producer warp group and two consumer warp groups of 64 rows (a 128-row q
  * tile), 128-row K/V tiles, head dim 64 or 128; shared memory holds Q, two
- * stages of K and three of V (three and four at head dim 64) in
- * 128-byte-swizzled rows, 128 bytes of
- * mbarriers, 8 KB of mask column parts, and 1 KB so the kernel can align
- * the base to the swizzle pattern. */
+ * stages of K and three of V (three and four at head dim 64, as the
+ * template's FGH_K_STAGES / FGH_V_STAGES) in 128-byte-swizzled rows, 128
+ * bytes of mbarriers, 8 KB of mask column parts, and 1 KB so the kernel
+ * can align the base to the swizzle pattern. */
 static fgi_kernel_geom fwd_sm90_geometry(const fg_kernel_config *c, int entry) {
     (void)entry;
     fgi_kernel_geom g;
