@@ -321,6 +321,11 @@ int fgi_divisor_param(const fg_mod *mod, const fgi_expr *e);
 char *fgi_expr_canonical(const fg_mod *mod, const fgi_func *fn, const fgi_expr *e);
 /* Index of a parameter by name, or -1. */
 int fgi_mod_find_param(const fg_mod *mod, const char *name);
+/* Whether a score_mod returns its score unchanged (`return score;`, also
+ * through locals, unary plus and float-to-float casts): the kernels then
+ * treat the mod as having none (FG_HAS_SCORE_MOD 0), which saves a multiply
+ * per score and takes the scale into the exponential's multiplier. */
+bool fgi_score_is_identity(const fgi_func *fn);
 const char *fgi_type_name(fgi_type t);
 const char *fgi_builtin_name(fgi_builtin fn);
 /* The arguments' names, in fgi_arg order: the canonical text and the

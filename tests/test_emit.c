@@ -200,6 +200,54 @@ static void test_spellings(void **state) {
 static bool hopper_report_bad(const char *log, fg_kernel_kind kind) {
     return !log || strstr(log, "C7514") || strstr(log, "C7512") || strstr(log, "C7508") ||
            (kind == FG_KERNEL_ATTENTION_FWD_SM90 && !strstr(log, " 0 bytes spill stores"));
+/* ---- an identity score_mod --------------------------------------------------- */
+
+/* A score_mod that returns its score unchanged is emitted as none
+ * (FG_HAS_SCORE_MOD 0): the kernels then fold the scale into the
+ * exponential's multiplier instead of multiplying every score. */
+static const struct {
+    const char *src;
+    int has_score; /* the FG_HAS_SCORE_MOD wanted */
+} identity_cases[] = {
+    {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return score; }", 0},
+    {"float score_mod(float s, int b, int h, int q, int k) { return s; }", 0},
+    {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return +score; }", 0},
+    {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return (float)score; }", 0},
+    {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+     "    const float s = score;\n    float t = +s;\n    return (float)t;\n}",
+     0},
+    {"bool mask_mod(int b, int h, int q_idx, int kv_idx) { return q_idx >= kv_idx; }\n"
+     "float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return score; }",
+     0},
+    {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return -score; }", 1},
+    {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return score * 2.0f; }", 1},
+    {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return (float)q_idx; }", 1},
+    {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return (float)(int)score; }", 1},
+    {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+     "    float s = score;\n    return s + 0.0f;\n}",
+     1},
+};
+
+static void test_identity_score(void **state) {
+    (void)state;
+    fg_ctx *ctx = new_ctx();
+    for (size_t i = 0; i < sizeof identity_cases / sizeof identity_cases[0]; i++) {
+        fg_mod *m = NULL;
+        fg_status st = fg_mod_from_source(ctx, "identity.c", identity_cases[i].src, (size_t)-1, &m);
+        if (st != FG_OK) print_error("case %zu: %s\n", i, fg_error_diagnostic(ctx));
+        assert_int_equal(st, FG_OK);
+        assert_true(fg_mod_has_score(m)); /* the mod still has one */
+        char *out = emit_mod(ctx, m);
+        char want[64];
+        snprintf(want, sizeof want, "#define FG_HAS_SCORE_MOD %d\n", identity_cases[i].has_score);
+        if (!strstr(out, want)) {
+            print_error("case %zu: expected %s in:\n%s\n", i, want, out);
+            fail();
+        }
+        free(out);
+        fg_mod_destroy(m);
+    }
+    fg_ctx_destroy(ctx);
 }
 
 /* ---- #line and composition ------------------------------------------------- */
@@ -1074,6 +1122,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden),          cmocka_unit_test(test_spellings),
+        cmocka_unit_test(test_identity_score),
         cmocka_unit_test(test_line_directives), cmocka_unit_test(test_composition),
         cmocka_unit_test(test_param_layout),    cmocka_unit_test(test_configs),
         cmocka_unit_test(test_keys),            cmocka_unit_test(test_cli),

@@ -25,3 +25,21 @@ int fgi_mod_find_param(const fg_mod *mod, const char *name) {
         if (strcmp(mod->params[i].name, name) == 0) return i;
     return -1;
 }
+
+bool fgi_score_is_identity(const fgi_func *fn) {
+    if (!fn || fn->kind != FGI_FUNC_SCORE) return false;
+    const fgi_expr *e = fn->ret;
+    /* a local's chain ends: each local's initialiser refers only to
+     * earlier locals */
+    for (int steps = 0; e && steps <= fn->nlocals + 64; steps++) {
+        if (e->kind == FGI_E_LOCAL && e->index >= 0 && e->index < fn->nlocals)
+            e = fn->locals[e->index].init;
+        else if (e->kind == FGI_E_UNARY && e->op == FGI_OP_PLUS)
+            e = e->a;
+        else if (e->kind == FGI_E_CAST && e->type == FGI_T_FLOAT && e->a && e->a->type == FGI_T_FLOAT)
+            e = e->a;
+        else
+            return e->kind == FGI_E_ARG && e->op == FGI_ARG_SCORE;
+    }
+    return false;
+}
