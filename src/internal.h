@@ -448,6 +448,11 @@ void fgi_emit_float(fgi_buf *out, float f);
 fg_status fgi_emit_split(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out);
 /* The same with score_mod's float math spelled as `math` says. */
 fg_status fgi_emit_split_math(fg_ctx *ctx, const fg_mod *mod, fgi_math math, fgi_buf *out);
+/* Whether score_mod's per-element part (what stays per score once its
+ * head, row and column parts are hoisted) does costly work: a division, a
+ * buffer read, a transcendental; the split source says the same as
+ * FG_SCORE_ELEM_COSTLY. false for a NULL mod or one without score_mod. */
+bool fgi_split_score_elem_costly(const fg_mod *mod);
 /* Append the derivatives of score_mod for the backward kernels (emit.c, from
  * mod/deriv.c's trees): struct fg_mod_grads, fg_score_grad, per float buffer
  * read fg_grad_indexK / fg_grad_valueK, and fg_accumulate_grads; #line

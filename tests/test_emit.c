@@ -200,6 +200,8 @@ static void test_spellings(void **state) {
 static bool hopper_report_bad(const char *log, fg_kernel_kind kind) {
     return !log || strstr(log, "C7514") || strstr(log, "C7512") || strstr(log, "C7508") ||
            (kind == FG_KERNEL_ATTENTION_FWD_SM90 && !strstr(log, " 0 bytes spill stores"));
+}
+
 /* ---- an identity score_mod --------------------------------------------------- */
 
 /* A score_mod that returns its score unchanged is emitted as none

@@ -8,7 +8,8 @@
  * slopes[h], dilated's WINDOW * DILATION; and whether the emitter calls
  * the mask's row and column parts costly (FG_MASK_ROW_COSTLY,
  * FG_MASK_COL_COSTLY: worth computing once per row or column and
- * sharing). Then
+ * sharing), and whether score_mod's per-element rest is (FG_SCORE_ELEM_COSTLY,
+ * which fgi_split_score_elem_costly answers on the host too). Then
  * every gallery mod, and a composition, must compile with
  * NVRTC next to a kernel that compares split and whole mods (gpu_split runs
  * it).
@@ -28,22 +29,23 @@ typedef struct split_row {
     const char *score_gone[2]; /* must not appear in fg_score_split0    */
     int row_costly;            /* FG_MASK_ROW_COSTLY                    */
     int col_costly;            /* FG_MASK_COL_COSTLY                    */
+    int score_costly;          /* FG_SCORE_ELEM_COSTLY                  */
 } split_row;
 
 static const split_row rows[] = {
-    {"natten", {3, 4, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", "fg_iclamp"}, {NULL}, 1, 1},
-    {"sasa", {0, 2, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", NULL}, {NULL}, 1, 1},
-    {"document", {0, 1, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1},
-    {"jagged", {0, 3, 0}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 0},
-    {"flamingo", {0, 2, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1},
-    {"prefix_lm", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0},
-    {"sliding_window", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0},
-    {"causal", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0},
-    {"alibi", {0, 0, 0}, {1, 0, 0}, {NULL}, {"fg_load", NULL}, 0, 0},
-    {"softcap", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0},
-    {"noop", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0},
-    {"dilated", {1, 0, 0}, {0, 0, 0}, {"fg_imul", NULL}, {NULL}, 0, 0},
-    {"local_global", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0},
+    {"natten", {3, 4, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", "fg_iclamp"}, {NULL}, 1, 1, 0},
+    {"sasa", {0, 2, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", NULL}, {NULL}, 1, 1, 0},
+    {"document", {0, 1, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 0},
+    {"jagged", {0, 3, 0}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 0, 0},
+    {"flamingo", {0, 2, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 0},
+    {"prefix_lm", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0},
+    {"sliding_window", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0},
+    {"causal", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0},
+    {"alibi", {0, 0, 0}, {1, 0, 0}, {NULL}, {"fg_load", NULL}, 0, 0, 0},
+    {"softcap", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 1},
+    {"noop", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0},
+    {"dilated", {1, 0, 0}, {0, 0, 0}, {"fg_imul", NULL}, {NULL}, 0, 0, 0},
+    {"local_global", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0},
 };
 
 static char *emit_split(fg_ctx *ctx, const fg_mod *m) {
@@ -125,6 +127,10 @@ static void gallery_table(void **state) {
                  r->row_costly, r->col_costly);
         if (!strstr(text, costly)) print_error("%s: expected %s in\n%s\n", r->mod, costly, text);
         assert_non_null(strstr(text, costly));
+        snprintf(costly, sizeof costly, "#define FG_SCORE_ELEM_COSTLY %d\n", r->score_costly);
+        if (!strstr(text, costly)) print_error("%s: expected %s in\n%s\n", r->mod, costly, text);
+        assert_non_null(strstr(text, costly));
+        assert_int_equal(fgi_split_score_elem_costly(m), r->score_costly);
         check_gone(text, "fg_mask_split0", r->mask_gone, 3, r->mod);
         check_gone(text, "fg_score_split0", r->score_gone, 2, r->mod);
         free(text);
@@ -211,6 +217,52 @@ static void tricky_mods_split(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* What stays per score decides FG_SCORE_ELEM_COSTLY: costly work hoisted
+ * to a head, row or column part does not count; a division, a buffer read
+ * or a transcendental per score does. */
+static void score_element_cost(void **state) {
+    (void)state;
+    static const struct {
+        const char *text;
+        int costly;
+    } cases[] = {
+        {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return score * 0.5f; }", 0},
+        {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+         "    return score * exp2(-(float)(q_idx / 64)) + sqrt((float)kv_idx);\n}\n",
+         0},
+        {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return score / 30.0f; }", 1},
+        {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+         "    float d = (float)(q_idx - kv_idx);\n    return score - exp(-d * d);\n}\n",
+         1},
+        {"const float *bias;\nint N = 64;\n"
+         "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+         "    return score + bias[q_idx * N + kv_idx];\n}\n",
+         1},
+        {"const float *bias;\n"
+         "float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return score + bias[h]; }\n",
+         0},
+        {"bool mask_mod(int b, int h, int q_idx, int kv_idx) { return (q_idx / 7) == (kv_idx / 7); }\n", 0},
+    };
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fg_mod *m = NULL;
+        fg_status st = fg_mod_from_source(ctx, "cost", cases[i].text, strlen(cases[i].text), &m);
+        if (st != FG_OK) print_error("case %zu: %s\n", i, fg_error_diagnostic(ctx));
+        assert_int_equal(st, FG_OK);
+        char *text = emit_split(ctx, m);
+        char want[48];
+        snprintf(want, sizeof want, "#define FG_SCORE_ELEM_COSTLY %d\n", cases[i].costly);
+        if (!strstr(text, want)) print_error("case %zu: expected %s in\n%s\n", i, want, text);
+        assert_non_null(strstr(text, want));
+        assert_int_equal(fgi_split_score_elem_costly(m), cases[i].costly);
+        free(text);
+        fg_mod_destroy(m);
+    }
+    assert_false(fgi_split_score_elem_costly(NULL));
+    fg_ctx_destroy(ctx);
+}
+
 static void gallery_compiles(void **state) {
     (void)state;
     fg_ctx *ctx;
@@ -284,7 +336,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gallery_table),
         cmocka_unit_test(composition_splits_per_leaf),
-        cmocka_unit_test(tricky_mods_split),
+        cmocka_unit_test(tricky_mods_split), cmocka_unit_test(score_element_cost),
         cmocka_unit_test(gallery_compiles),
         cmocka_unit_test(table_limit_degrades),
         cmocka_unit_test(bad_arguments),

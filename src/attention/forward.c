@@ -34,7 +34,7 @@ static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_atten
                                  fgi_attn_abi *abi) {
     fg_block_mask *m = (fg_block_mask *)a->block_mask; /* uploading is a cache fill */
     const fg_block_mask_desc *d = &m->desc;
-    const int bm = k->geom[0].block_m, bn = k->geom[0].block_n;
+    const int bm = k->geom[0].q_align ? k->geom[0].q_align : k->geom[0].block_m, bn = k->geom[0].block_n;
     if (d->q_block % bm != 0 || d->kv_block % bn != 0)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
                          "block mask blocks %d x %d: this %s kernel (head dim %d, configured for q "
@@ -44,7 +44,15 @@ static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_atten
                          k->config.head_dim, k->config.q_block, bm, bn);
     FGI_TRY(fgi_block_mask_check(ctx, m, a->batch, a->heads_q, a->q_len, a->kv_len, d->q_block,
                                  d->kv_block));
-    return fgi_attn_abi_block_mask(ctx, m, abi);
+    FGI_TRY(fgi_attn_abi_block_mask(ctx, m, abi));
+    /* a kernel whose q tiles merge two mask rows keeps their blocks' states
+     * in shared memory: the portable kernel takes longer masks */
+    const long long tiles = (long long)abi->bm_kv_blocks * (abi->bm_kv_block / bn);
+    if (k->geom[0].q_align && tiles > FGI_FWD_SM90_MERGE_MAX_KB - 1)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "a block mask of %lld kv tiles of %d: the Hopper kernel at head dim %d walks at most %d",
+                         tiles, bn, k->config.head_dim, FGI_FWD_SM90_MERGE_MAX_KB - 1);
+    return FG_OK;
 }
 
 /* ---- the kernel ----------------------------------------------------------- */
@@ -97,14 +105,16 @@ static void fill_abi(const fg_kernel *k, const fg_attention_args *a, const fgi_a
 }
 
 /* The Hopper kernel's third argument: q, k and v as [batch, heads, len, D]
- * tensor maps (fgi_attn_tensor_map, boxes of 128 rows). */
+ * tensor maps (fgi_attn_tensor_map, boxes of 128 rows; q's of the
+ * geometry's q_box where it sets one). */
 typedef struct hopper_maps {
     CUtensorMap q, k, v;
 } hopper_maps;
 
-static fg_status encode_maps(fg_ctx *ctx, const fg_attention_args *a, const fgi_attn_strides *st,
-                             hopper_maps *m) {
-    FGI_TRY(fgi_attn_tensor_map(ctx, &m->q, a->dtype, a->q, a->head_dim, a->q_len, a->heads_q, a->batch, st->q, 128,
+static fg_status encode_maps(fg_ctx *ctx, const fg_kernel *k, const fg_attention_args *a,
+                             const fgi_attn_strides *st, hopper_maps *m) {
+    const int q_box = k->geom[0].q_box ? k->geom[0].q_box : 128;
+    FGI_TRY(fgi_attn_tensor_map(ctx, &m->q, a->dtype, a->q, a->head_dim, a->q_len, a->heads_q, a->batch, st->q, q_box,
                                 "q"));
     FGI_TRY(fgi_attn_tensor_map(ctx, &m->k, a->dtype, a->k, a->head_dim, a->kv_len, a->heads_kv, a->batch, st->k,
                                 128, "k"));
@@ -144,7 +154,7 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
     FGI_TRY(fgi_kernel_pack_params(ctx, k, a->binds, a->nbinds, &blob, NULL));
 
     hopper_maps maps; /* 64-byte aligned, as CUtensorMap is */
-    if (k->kernel->variant == FGI_VARIANT_SM90) FGI_TRY(encode_maps(ctx, a, &st, &maps));
+    if (k->kernel->variant == FGI_VARIANT_SM90) FGI_TRY(encode_maps(ctx, k, a, &st, &maps));
     void *params[3] = {&abi, blob.bytes, &maps};
     const unsigned grid[3] = {(unsigned)abi.q_tiles, (unsigned)a->heads_q, (unsigned)a->batch};
     return fgi_kernel_run(ctx, k, 0, grid, params, a->stream);

@@ -115,7 +115,7 @@ fg_status fgi_kernel_make(fg_ctx *ctx, const fg_mod *mod, const fgi_kernel_entry
         k->config = cg.config;
         k->config.arch = NULL; /* cg's copy goes with it */
         for (int i = 0; i < FGI_KERNEL_MAX_ENTRIES && row->entries[i]; i++) {
-            if (row->geometry) k->geom[i] = row->geometry(&k->config, i);
+            if (row->geometry) k->geom[i] = row->geometry(&k->config, mod, i);
             k->nentries = i + 1;
         }
         st = copy_params(ctx, mod, &k->params);

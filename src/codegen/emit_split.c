@@ -77,7 +77,7 @@ typedef struct splitter {
     int nfields;
     int next_num;
     split_class at;  /* the class being printed (print_expr)       */
-    bool costly[3]; /* per class: some leaf's part of it does costly work */
+    bool costly[4]; /* per class: some leaf's part of it does costly work */
     fgi_math score_math; /* score_mod's float math (the mask's: accurate) */
     fgi_math math;       /* that of the kind being printed            */
 } splitter;
@@ -264,13 +264,16 @@ static bool is_costly(const splitter *sp, const fgi_expr *e, split_class at) {
     return is_costly(sp, e->a, at) || is_costly(sp, e->b, at) || is_costly(sp, e->c, at);
 }
 
-/* Records which parts (row, column) have a value that is costly to compute. */
+/* Records which parts (row, column, the per-element rest) do costly work. */
 static void note_cost(splitter *sp) {
     for (int i = 0; i < sp->nfields; i++) {
         const field *f = &sp->fields[i];
         if ((f->cls == C_ROW || f->cls == C_COL) && is_costly(sp, field_value(sp, f), f->cls))
             sp->costly[f->cls] = true;
     }
+    for (int i = 0; i < sp->fn->nlocals; i++)
+        if (sp->local_field[i] < 0 && is_costly(sp, sp->fn->locals[i].init, C_ELEM)) sp->costly[C_ELEM] = true;
+    if (is_costly(sp, sp->fn->ret, C_ELEM)) sp->costly[C_ELEM] = true;
 }
 
 /* The struct members of one class. */
@@ -362,6 +365,14 @@ static void for_each_leaf(splitter *sp, bool mask, pass ps) {
     else if (sp->mod->score) leaf_pass(sp, sp->mod->score, 0, ps, "score");
 }
 
+/* Whether the score_mod's per-element part (what stays per score once the
+ * head, row and column parts are hoisted) does costly work. */
+static bool score_elem_costly(splitter *sp) {
+    memset(sp->costly, 0, sizeof sp->costly);
+    for_each_leaf(sp, false, PASS_COST);
+    return sp->st == FG_OK && sp->costly[C_ELEM];
+}
+
 /* The && / || of the leaves' split functions, as fg_mask_mod combines them. */
 static void print_mask_tree(splitter *sp, const fgi_mask_node *n, int *next) {
     if (n->op == FGI_MASK_LEAF) {
@@ -395,6 +406,10 @@ static void emit_kind(splitter *sp, bool mask) {
         for_each_leaf(sp, true, PASS_COST);
         fgi_buf_printf(out, "#define FG_MASK_ROW_COSTLY %d\n#define FG_MASK_COL_COSTLY %d\n",
                        sp->costly[C_ROW] ? 1 : 0, sp->costly[C_COL] ? 1 : 0);
+    } else {
+        /* Costly work per score needs registers: the Hopper forward keeps
+         * fewer, larger consumers for it (fgi_split_score_elem_costly). */
+        fgi_buf_printf(out, "#define FG_SCORE_ELEM_COSTLY %d\n", score_elem_costly(sp) ? 1 : 0);
     }
     for (int cls = 0; cls < 3; cls++) {
         fgi_buf_printf(out,
@@ -453,6 +468,18 @@ fg_status fgi_emit_split_math(fg_ctx *ctx, const fg_mod *mod, fgi_math math, fgi
     if (st != FG_OK) return st;
     if (out->oom) return fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory splitting the mod");
     return FG_OK;
+}
+
+bool fgi_split_score_elem_costly(const fg_mod *mod) {
+    if (!mod || !mod->score) return false;
+    splitter *sp = calloc(1, sizeof *sp);
+    if (!sp) return false;
+    sp->mod = mod; /* no ctx: a failure only answers false */
+    const bool costly = score_elem_costly(sp);
+    free(sp->local_deps);
+    free(sp->local_field);
+    free(sp);
+    return costly;
 }
 
 fg_status fgi_emit_split(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out) {

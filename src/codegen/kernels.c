@@ -74,8 +74,8 @@ static fg_status decode_check(fg_ctx *ctx, const fg_kernel_config *c) {
  * dim 128, else 64; shared memory is the Q tile plus two stages of K and V,
  * rows padded by 8 elements, then two buffers of 16-byte mask column parts
  * per K/V row. */
-static fgi_kernel_geom fwd_geometry(const fg_kernel_config *c, int entry) {
-    (void)entry;
+static fgi_kernel_geom fwd_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
+    (void)mod, (void)entry;
     fgi_kernel_geom g;
     int mt = c->head_dim <= 128 && c->q_block >= 128 ? 2 : 1;
     g.block_m = 64 * mt;
@@ -88,22 +88,22 @@ static fgi_kernel_geom fwd_geometry(const fg_kernel_config *c, int entry) {
 }
 
 /* The Hopper forward (templates/attention/attention_fwd_sm90.cuh): a
- * producer warp group and two consumer warp groups of 64 rows (a 128-row q
- * tile), 128-row K/V tiles, head dim 64 or 128; shared memory holds Q, two
- * stages of K and three of V (three and four at head dim 64, as the
- * template's FGH_K_STAGES / FGH_V_STAGES) in 128-byte-swizzled rows, 128
- * bytes of mbarriers, 8 KB of mask column parts, and 1 KB so the kernel
- * can align the base to the swizzle pattern. */
-static fgi_kernel_geom fwd_sm90_geometry(const fg_kernel_config *c, int entry) {
+ * producer warp group and consumer warp groups of 64 rows, three at head
+ * dim 64 (a 192-row q tile, whose walk merges two block-mask rows) unless
+ * score_mod does costly work per score (FGH_CONSUMERS), else two; 128-row K/V tiles; shared memory holds Q, two stages of K and
+ * three of V (three and four at head dim 64) in 128-byte-swizzled rows,
+ * 128 bytes of mbarriers, two buffers of mask column parts per consumer,
+ * the merged walk's block states and list, and 1 KB so the kernel can
+ * align the base to the swizzle pattern. */
+static fgi_kernel_geom fwd_sm90_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
     (void)entry;
-    fgi_kernel_geom g;
-    g.block_m = 128;
-    g.block_n = 128;
-    g.threads = 384;
-    g.bands = 1;
-    size_t tile = (size_t)128 * (size_t)c->head_dim * 2;
+    const int consumers = c->head_dim == 64 && !fgi_split_score_elem_costly(mod) ? 3 : 2;
+    fgi_kernel_geom g = {.block_m = 64 * consumers, .block_n = 128, .threads = 128 * (1 + consumers), .bands = 1};
+    if (g.block_m % 128) g.q_align = g.q_box = 64; /* FGH_MERGE, FGH_Q_BOX */
+    const size_t tile = (size_t)128 * (size_t)c->head_dim * 2, q = (size_t)g.block_m * (size_t)c->head_dim * 2;
     const size_t stages = c->head_dim == 64 ? 3 + 4 : 2 + 3;
-    g.smem = tile * (1 + stages) + 128 + 4 * 128 * 16 + 1024;
+    const size_t merge = g.q_align ? 6 * (size_t)FGI_FWD_SM90_MERGE_MAX_KB : 0;
+    g.smem = q + tile * stages + 128 + 2 * (size_t)consumers * 128 * 16 + merge + 1024;
     return g;
 }
 
@@ -117,7 +117,8 @@ static fgi_kernel_geom fwd_sm90_geometry(const fg_kernel_config *c, int entry) {
  *   dq_tiles: 64 q rows (Q, dO kept) against kv steps of 64 rows (32 over
  *     head dim 128) of K and V;
  *   fixed_to_float: a thread per gradient element. */
-static fgi_kernel_geom bwd_geometry(const fg_kernel_config *c, int entry) {
+static fgi_kernel_geom bwd_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
+    (void)mod;
     /* bands: head dims past 128 split dK, dV and dQ's columns over two
      * thread blocks (FGB_DSPLIT). */
     fgi_kernel_geom g = {.threads = 128, .bands = c->head_dim > 128 ? 2 : 1};
@@ -144,8 +145,8 @@ static fgi_kernel_geom bwd_geometry(const fg_kernel_config *c, int entry) {
  * buffers of 64 mask row parts (16 bytes each) per consumer, 64 bytes of
  * mbarriers and 1 KB to align the base to the swizzle's period.
  * The other entry points are the portable backward's. */
-static fgi_kernel_geom bwd_sm90_geometry(const fg_kernel_config *c, int entry) {
-    if (entry != FGI_BWD_DKDV) return bwd_geometry(c, entry);
+static fgi_kernel_geom bwd_sm90_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
+    if (entry != FGI_BWD_DKDV) return bwd_geometry(c, mod, entry);
     const size_t kv_tile = (size_t)128 * (size_t)c->head_dim * 2, q_tile = (size_t)64 * (size_t)c->head_dim * 2;
     fgi_kernel_geom g = {.block_m = 64, .block_n = 128, .threads = 384, .bands = 1};
     g.smem = 2 * kv_tile + 2 * 2 * q_tile + 2 * 128 * 128 + 2 * 64 * 64 * 4 + 2 * 2 * 64 * 4 + 2 * 2 * 64 * 16 + 64 + 1024;
@@ -158,7 +159,8 @@ static fgi_kernel_geom bwd_sm90_geometry(const fg_kernel_config *c, int entry) {
  * 128, else 2) of K and V rows padded by 8 elements; head dims over 128
  * keep Q in a shared region of 64 rows; 1 KB for the warps' merge. The
  * merge entry has static shared memory only. */
-static fgi_kernel_geom decode_geometry(const fg_kernel_config *c, int entry) {
+static fgi_kernel_geom decode_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
+    (void)mod;
     fgi_kernel_geom g = {.block_m = 16, .block_n = FGI_DEC_BLOCK_N, .threads = 128, .bands = 1};
     if (entry == FGI_DEC_MERGE) return g;
     g.block_m = fgi_dec_tile_rows(entry);
@@ -170,15 +172,15 @@ static fgi_kernel_geom decode_geometry(const fg_kernel_config *c, int entry) {
 
 /* The merge (templates/attention/attention_merge.cuh): a thread per output
  * element, no shared memory. */
-static fgi_kernel_geom merge_geometry(const fg_kernel_config *c, int entry) {
-    (void)c, (void)entry;
+static fgi_kernel_geom merge_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
+    (void)c, (void)mod, (void)entry;
     return (fgi_kernel_geom){.block_m = 1, .block_n = 1, .threads = 128, .smem = 0, .bands = 1};
 }
 
 /* The partial sums (templates/parallel/partial_sum.cuh, FGS_THREADS): a
  * thread per two adjacent elements, no shared memory. */
-static fgi_kernel_geom sum_geometry(const fg_kernel_config *c, int entry) {
-    (void)c, (void)entry;
+static fgi_kernel_geom sum_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
+    (void)c, (void)mod, (void)entry;
     return (fgi_kernel_geom){.block_m = 1, .block_n = 1, .threads = 256, .smem = 0, .bands = 1};
 }
 

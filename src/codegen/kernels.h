@@ -84,10 +84,19 @@ enum {
  * kv rows, where that means something), threads per block (one dimension),
  * dynamic shared memory in bytes, and the thread blocks per tile (bands of
  * output columns; 1 for the forward). */
+/* The Hopper forward's merged walk (FGH_MERGE_MAX_KB): the kv blocks of a
+ * block mask it keeps states for, and the tiles of its list, less the slot
+ * that holds the list's length. */
+#define FGI_FWD_SM90_MERGE_MAX_KB 4096
+
 typedef struct fgi_kernel_geom {
     int block_m, block_n, threads;
     size_t smem;
     int bands;
+    /* The Hopper forward at head dim 64 (192-row q tiles): the rows of a
+     * tile that must lie in one block-mask row (its tiles merge two rows),
+     * and the rows of one TMA box of q. 0: block_m for both. */
+    int q_align, q_box;
 } fgi_kernel_geom;
 
 typedef struct fgi_kernel_entry {
@@ -113,9 +122,10 @@ typedef struct fgi_kernel_entry {
      * (which may be NULL) when not. NULL: every config. */
     fg_status (*check)(fg_ctx *ctx, const fg_kernel_config *c);
     /* The launch geometry of entry point `entry` under config `c` (defaults
-     * filled in). NULL: the kernel is launched by its own module with its
-     * own geometry (the block-mask builder). */
-    fgi_kernel_geom (*geometry)(const fg_kernel_config *c, int entry);
+     * filled in) for `mod` (NULL: a kernel that reads no mod). NULL: the
+     * kernel is launched by its own module with its own geometry (the
+     * block-mask builder). */
+    fgi_kernel_geom (*geometry)(const fg_kernel_config *c, const fg_mod *mod, int entry);
 } fgi_kernel_entry;
 
 /* The block-mask builder's entry points, in its row's order. */

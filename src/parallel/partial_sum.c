@@ -57,7 +57,7 @@ fg_status fgi_partial_sum(fg_ctx *ctx, const fgi_sum_args *a) {
     abi.batch = a->batch, abi.heads = a->heads, abi.rows = a->rows, abi.head_dim = a->head_dim;
     abi.nparts = a->nparts;
     const int64_t pairs = (int64_t)a->batch * a->heads * a->rows * (a->head_dim / 2);
-    const fgi_kernel_geom g = fgi_kernel_lookup(FGI_KOP_PARTIAL_SUM, FGI_VARIANT_PORTABLE)->geometry(NULL, 0);
+    const fgi_kernel_geom g = fgi_kernel_lookup(FGI_KOP_PARTIAL_SUM, FGI_VARIANT_PORTABLE)->geometry(NULL, NULL, 0);
     if ((pairs + g.threads - 1) / g.threads > 0x7fffffff)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "%lld elements are too many for one partial sum",
                          (long long)pairs * 2);

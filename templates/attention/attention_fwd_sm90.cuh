@@ -4,12 +4,14 @@
  * warp-group-wide asynchronous tensor-core instruction that reads its B
  * operand (and here also A for Q K^T) straight from shared memory.
  *
- * Shape. A thread block is three warp groups (384 threads) and owns a q tile
- * of 128 rows of one (batch, head). Warp group 0 is the producer: one of
- * its threads moves every tile with the Tensor Memory Accelerator (TMA,
- * cp.async.bulk.tensor) and the group gives most of its registers to the
- * others (setmaxnreg). Warp groups 1 and 2 are the consumers, 64 q rows
- * each (16 per warp); K and V stream past in tiles of 128 rows. Per
+ * Shape. A thread block is a producer warp group and FGH_CONSUMERS
+ * consumer warp groups (two at D = 128: 384 threads and a q tile of 128
+ * rows; three at D = 64: 512 threads and 192 rows) for one (batch, head).
+ * Warp group 0 is the producer: one of its threads moves every tile with
+ * the Tensor Memory Accelerator (TMA, cp.async.bulk.tensor) and the group
+ * gives most of its registers to the others (setmaxnreg). The consumers
+ * take 64 q rows each (16 per warp); K and V stream past in tiles of 128
+ * rows. Per
  * consumer and tile:
  *     S (64 x 128) = Q (64 x D) K^T         wgmma, A and B in shared memory
  *     P = online softmax of mods(S)         registers (attention_common.cuh)
@@ -88,31 +90,51 @@
 #error "the Hopper kernel supports head dims 64 and 128"
 #endif
 
-#define FGH_THREADS 384                    /* producer + two consumer warp groups   */
-#define FGH_BLOCK_M 128                    /* q rows per block, 64 per consumer     */
-#define FGH_BLOCK_N 128                    /* kv rows per tile                      */
 #define FGH_D FG_HEAD_DIM
-#define FGH_TILE_BYTES (128 * FGH_D * 2)   /* one 128-row tile of Q, K or V         */
+/* Consumer warp groups: three at D = 64 (a 192-row q tile), where one
+ * consumer's softmax is a chain of dependent instructions as long as the
+ * other's products and a third one hides it (FlashAttention-3's choice);
+ * two at D = 128, whose registers would not fit three, and two where
+ * score_mod does costly work per score (softcap's tanhf and division
+ * spilled 384 bytes in three consumers' 160 registers and ran 4% slower
+ * than in two). fwd_sm90_geometry decides the same on the host. */
+#define FGH_CONSUMERS (FGH_D == 64 && !FG_SCORE_ELEM_COSTLY ? 3 : 2)
+#define FGH_THREADS (128 * (1 + FGH_CONSUMERS)) /* producer + consumers            */
+#define FGH_BLOCK_M (64 * FGH_CONSUMERS)   /* q rows per block, 64 per consumer     */
+#define FGH_BLOCK_N 128                    /* kv rows per tile                      */
+#define FGH_TILE_BYTES (128 * FGH_D * 2)   /* one 128-row tile of K or V            */
 #define FGH_REGION_BYTES (128 * 128)       /* 128 rows of one 64-column region      */
+#define FGH_Q_BYTES (FGH_BLOCK_M * FGH_D * 2)
+#define FGH_Q_REGION (FGH_BLOCK_M * 128)   /* the q tile's rows of one region       */
+#define FGH_Q_BOX (FGH_BLOCK_M % 128 ? 64 : 128) /* rows per TMA box of q (host: the same) */
+/* A 192-row q tile crosses the block mask's 128-row rows: its walk merges
+ * two rows (fgh_walk) through per-block states in shared memory, for up to
+ * FGH_MERGE_MAX_KB kv blocks (the host sends longer masks to the portable
+ * kernel). */
+#define FGH_MERGE (FGH_BLOCK_M % 128 != 0)
+#define FGH_MERGE_MAX_KB 4096
+#define FGH_MERGE_BYTES (FGH_MERGE ? 6 * FGH_MERGE_MAX_KB : 0) /* two state rows, one int list */
 #define FGH_NT (FGH_BLOCK_N / 8)           /* n8 fragments of S per warp            */
 #define FGH_DT (FGH_D / 8)                 /* n8 fragments of O per warp            */
 #define FGH_QK_STEPS (FGH_D / 16)          /* k steps of Q K^T                      */
 #define FGH_PV_STEPS (FGH_BLOCK_N / 16)    /* k steps of P V                        */
 #define FGH_K_STAGES (FGH_D == 64 ? 3 : 2)
 #define FGH_V_STAGES (FGH_D == 64 ? 4 : 3)
-#define FGH_PRODUCER_REGS 24               /* setmaxnreg: 24 + 2 x 240 per thread   */
-#define FGH_CONSUMER_REGS 240              /* of the 3 x 128 threads fit 64K        */
+#define FGH_PRODUCER_REGS (FGH_CONSUMERS == 3 ? 32 : 24) /* 24 + 2 x 240, 32 + 3 x 160 */
+#define FGH_CONSUMER_REGS (FGH_CONSUMERS == 3 ? 160 : 240) /* per thread fit 64K  */
 /* Ping-pong (the consumers take turns issuing their products, see the
  * loop) at D = 64 only: there it measured +14% (noop) and +2-11% (causal,
  * sliding window, prefix LM); at D = 128 it was flat (-1% to +4%). */
 #define FGH_PINGPONG (FGH_D == 64)
-#define FGH_TURN_BAR 3                     /* named barriers 3 and 4: the turns     */
+#define FGH_TURN_BAR (1 + FGH_CONSUMERS)   /* the turns' named barriers; 1 + c: cols */
 /* Q, the K stages, the V stages, the mbarriers (128 bytes), the shared
  * mask column parts (FGA_SHARED_COLS: two buffers per consumer of 128
- * columns, FGA_COL_BYTES each, 8 KB in all), and 1 KB to align the base to
- * 1024 bytes (the swizzle pattern's period); fgi_attn_geometry computes the
- * same, and reserves the column parts whether or not a mod uses them. */
-#define FGH_SMEM_BYTES (FGH_TILE_BYTES * (1 + FGH_K_STAGES + FGH_V_STAGES) + 128 + 4 * 128 * FGA_COL_BYTES + 1024)
+ * columns, FGA_COL_BYTES each), the merged walk's states and list, and 1
+ * KB to align the base to 1024 bytes (the swizzle pattern's period);
+ * fwd_sm90_geometry computes the same, and reserves the column parts
+ * whether or not a mod uses them. */
+#define FGH_SMEM_BYTES (FGH_Q_BYTES + FGH_TILE_BYTES * (FGH_K_STAGES + FGH_V_STAGES) + 128 + \
+                        2 * FGH_CONSUMERS * 128 * FGA_COL_BYTES + FGH_MERGE_BYTES + 1024)
 
 /* The kernel's third argument: q, k and v as [batch, heads, len, D]. */
 struct fgh_maps {
@@ -149,6 +171,120 @@ static __device__ __forceinline__ void fgh_issue_pv(float (&o)[1][FGH_DT][4],
     fgh_commit();
 }
 
+/* ---- the walk ---------------------------------------------------------------- */
+
+/* The kv tiles a q tile visits, in the same order for the producer and
+ * every consumer, each as one int: the tile's first kv index (a multiple
+ * of 128) with its block's state in the q tile's first block-mask row in
+ * bits 0-1 and in its second in bits 2-3 (FGH_ABSENT, FGH_PARTIAL,
+ * FGH_FULL). A consumer's 64 rows lie in one of the two rows and take that
+ * row's state: an absent block is all -inf for it.
+ *
+ * Without FGH_MERGE (128-row q tiles, one mask row) the items come from
+ * fga_plan: the row's partial blocks, then its full ones. With it (192-row
+ * tiles) and a block mask, fgh_walk_make writes them to shared memory: the
+ * first row's blocks (partial, then full), then the blocks of the second
+ * row that the first lacks, in the second row's order. */
+#define FGH_ABSENT 0
+#define FGH_PARTIAL 1
+#define FGH_FULL 2
+#define FGH_BOTH(st) ((st) | (st) << 2) /* one state for both rows */
+
+#if FGH_MERGE
+struct fgh_walk {
+    const int *list; /* NULL: no block mask, every tile in order */
+    int n_items;
+};
+#else
+struct fgh_walk {
+    fga_plan pl;
+    int n_items;
+};
+#endif
+
+static __device__ __forceinline__ int fgh_walk_item(const fgh_walk &w, int j) {
+#if FGH_MERGE
+    if (w.list) return w.list[j];
+    return j * FGH_BLOCK_N | FGH_BOTH(FGA_MASK_MOD ? FGH_PARTIAL : FGH_FULL);
+#else
+    bool partial;
+    const int kv0 = fga_item_kv0<FGH_BLOCK_N>(w.pl, j, partial);
+    return kv0 | FGH_BOTH(partial ? FGH_PARTIAL : FGH_FULL);
+#endif
+}
+
+/* The tile's walk. With FGH_MERGE and a block mask every thread of the
+ * block takes part (call it before the roles split): the two rows' block
+ * states (`mem`: FGH_MERGE_MAX_KB bytes each), then the list
+ * (FGH_MERGE_MAX_KB ints, its length in the last), the rows' order kept
+ * so the sums' order, and so the result, is the same at every launch. */
+static __device__ __forceinline__ fgh_walk fgh_walk_make(const fga_args &a, int b, int h, int q0,
+                                                         unsigned char *mem) {
+    fgh_walk w;
+#if FGH_MERGE
+    w.list = 0;
+    w.n_items = (a.kv_len + FGH_BLOCK_N - 1) / FGH_BLOCK_N;
+    if (!a.has_block_mask) return w;
+    const fga_plan p0 = fga_plan_make<FGH_BLOCK_N>(a, b, h, q0);
+    const int r0 = q0 / a.bm_q_block;
+    const int r1 = min(min(q0 + FGH_BLOCK_M, a.q_len) - 1, a.bm_q_blocks * a.bm_q_block - 1) / a.bm_q_block;
+    const bool two = r1 != r0;
+    const fga_plan p1 = fga_plan_make<FGH_BLOCK_N>(a, b, h, r1 * a.bm_q_block);
+    unsigned char *st0 = mem, *st1 = mem + FGH_MERGE_MAX_KB;
+    int *list = (int *)(mem + 2 * FGH_MERGE_MAX_KB);
+    const int per = p0.per_block, nb0 = p0.n_items / per, nb1 = two ? p1.n_items / per : 0;
+    if (two) {
+        for (int i = threadIdx.x; i < a.bm_kv_blocks; i += FGH_THREADS) st0[i] = st1[i] = FGH_ABSENT;
+        __syncthreads();
+        for (int i = threadIdx.x; i < nb0; i += FGH_THREADS)
+            st0[i < p0.n_partial ? p0.part[i] : p0.full[i - p0.n_partial]] =
+                i < p0.n_partial ? FGH_PARTIAL : FGH_FULL;
+        for (int i = threadIdx.x; i < nb1; i += FGH_THREADS)
+            st1[i < p1.n_partial ? p1.part[i] : p1.full[i - p1.n_partial]] =
+                i < p1.n_partial ? FGH_PARTIAL : FGH_FULL;
+        __syncthreads();
+    }
+    /* the first row's tiles */
+    for (int t = threadIdx.x; t < p0.n_items; t += FGH_THREADS) {
+        const int blk = t / per, sub = t - blk * per;
+        const bool partial = blk < p0.n_partial;
+        const int kb = partial ? p0.part[blk] : p0.full[blk - p0.n_partial];
+        const int st0 = partial ? FGH_PARTIAL : FGH_FULL;
+        list[t] = (kb * a.bm_kv_block + sub * FGH_BLOCK_N) | st0 | (two ? st1[kb] : st0) << 2;
+    }
+    if (threadIdx.x < 32) {
+        /* the second row's blocks that the first lacks, one ballot per 32 */
+        const int lane = threadIdx.x;
+        int n = p0.n_items;
+        for (int i0 = 0; two && i0 < nb1; i0 += 32) {
+            const int i = i0 + lane;
+            int kb = 0;
+            bool take = false;
+            if (i < nb1) {
+                kb = i < p1.n_partial ? p1.part[i] : p1.full[i - p1.n_partial];
+                take = st0[kb] == FGH_ABSENT;
+            }
+            const unsigned m = __ballot_sync(0xffffffffu, take);
+            if (take) {
+                const int at = n + __popc(m & ((1u << lane) - 1u)) * per, st = st1[kb];
+                for (int sub = 0; sub < per; sub++)
+                    list[at + sub] = (kb * a.bm_kv_block + sub * FGH_BLOCK_N) | FGH_ABSENT | st << 2;
+            }
+            n += __popc(m) * per;
+        }
+        if (lane == 0) list[FGH_MERGE_MAX_KB - 1] = n;
+    }
+    __syncthreads();
+    w.list = list;
+    w.n_items = list[FGH_MERGE_MAX_KB - 1];
+#else
+    (void)mem;
+    w.pl = fga_plan_make<FGH_BLOCK_N>(a, b, h, q0);
+    w.n_items = w.pl.n_items;
+#endif
+    return w;
+}
+
 /* ---- the kernel ------------------------------------------------------------- */
 
 extern "C" __global__ void __launch_bounds__(FGH_THREADS, 1)
@@ -156,15 +292,17 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
                  const __grid_constant__ fgh_maps maps) {
     extern __shared__ __align__(1024) unsigned char fgh_smem[];
     const fg_u32 sQ = (fga_smem_addr(fgh_smem) + 1023u) & ~1023u;
-    const fg_u32 sK = sQ + FGH_TILE_BYTES;
+    const fg_u32 sK = sQ + FGH_Q_BYTES;
     const fg_u32 sV = sK + FGH_K_STAGES * FGH_TILE_BYTES;
     /* mbarriers, 8 bytes each: Q full, K full / empty, V full / empty. */
     const fg_u32 bar_q = sV + FGH_V_STAGES * FGH_TILE_BYTES;
     const fg_u32 bar_kf = bar_q + 8, bar_ke = bar_kf + 8 * FGH_K_STAGES;
     const fg_u32 bar_vf = bar_ke + 8 * FGH_K_STAGES, bar_ve = bar_vf + 8 * FGH_V_STAGES;
-    /* Column parts: [consumer][buffer][128 columns], FGA_COL_BYTES each. */
-    fg_mask_col *const col_parts =
-        (fg_mask_col *)(fgh_smem + (bar_q + 128 - fga_smem_addr(fgh_smem)));
+    /* Column parts: [consumer][buffer][128 columns], FGA_COL_BYTES each;
+     * then the merged walk's states and list. */
+    unsigned char *const after_bars = fgh_smem + (bar_q + 128 - fga_smem_addr(fgh_smem));
+    fg_mask_col *const col_parts = (fg_mask_col *)after_bars;
+    unsigned char *const walk_mem = after_bars + 2 * FGH_CONSUMERS * 128 * FGA_COL_BYTES;
 
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     /* Heavier q tiles (late rows of a causal mask) are scheduled first. */
@@ -172,19 +310,19 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     const int h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (a.heads_q / a.heads_kv);
     const int q0 = qt * FGH_BLOCK_M;
-    const fga_plan pl = fga_plan_make<FGH_BLOCK_N>(a, b, h, q0);
+    const fgh_walk w = fgh_walk_make(a, b, h, q0, walk_mem);
 
     if (tid == 0) {
         fgh_bar_init(bar_q, 1);
 #pragma unroll
         for (int i = 0; i < FGH_K_STAGES; i++) {
             fgh_bar_init(bar_kf + 8 * i, 1);
-            fgh_bar_init(bar_ke + 8 * i, 8); /* one arrival per consumer warp */
+            fgh_bar_init(bar_ke + 8 * i, 4 * FGH_CONSUMERS); /* one arrival per consumer warp */
         }
 #pragma unroll
         for (int i = 0; i < FGH_V_STAGES; i++) {
             fgh_bar_init(bar_vf + 8 * i, 1);
-            fgh_bar_init(bar_ve + 8 * i, 8);
+            fgh_bar_init(bar_ve + 8 * i, 4 * FGH_CONSUMERS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -196,10 +334,15 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
          * (u - 1) & 1 of the stage's empty barrier. */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FGH_PRODUCER_REGS));
         if (tid == 0) {
-            fgh_tma_tile(sQ, &maps.q, q0, h, b, bar_q);
-            for (int j = 0; j < pl.n_items; j++) {
-                bool partial;
-                const int kv0 = fga_item_kv0<FGH_BLOCK_N>(pl, j, partial);
+            fgh_bar_expect(bar_q, FGH_Q_BYTES);
+#pragma unroll
+            for (int r = 0; r < FGH_D / 64; r++)
+#pragma unroll
+                for (int i = 0; i < FGH_BLOCK_M / FGH_Q_BOX; i++)
+                    fgh_tma_load(sQ + r * FGH_Q_REGION + i * FGH_Q_BOX * 128, &maps.q, r * 64, q0 + i * FGH_Q_BOX,
+                                 h, b, bar_q);
+            for (int j = 0; j < w.n_items; j++) {
+                const int kv0 = fgh_walk_item(w, j) & ~15;
                 const int ks = j % FGH_K_STAGES, ku = j / FGH_K_STAGES;
                 if (ku > 0) fgh_bar_wait(bar_ke + 8 * ks, (ku - 1) & 1);
                 fgh_tma_tile(sK + ks * FGH_TILE_BYTES, &maps.k, kv0, hk, b, bar_kf + 8 * ks);
@@ -212,9 +355,12 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FGH_CONSUMER_REGS));
 
-    /* A consumer: this thread's rows are qrow0 + {0, 8}. */
+    /* A consumer: this thread's rows are qrow0 + {0, 8}; its 64 rows lie in
+     * one block-mask row, the walk's first or (merged) second. */
     const int cw = wg - 1;
     const int qrow0 = q0 + cw * 64 + warp * 16 + (lane >> 2);
+    /* 2: the state bits of the tile's second mask row (FGH_MERGE) */
+    const int my_shift = FGH_MERGE && a.has_block_mask && (q0 + cw * 64) / a.bm_q_block != q0 / a.bm_q_block ? 2 : 0;
     fga_rows<1> rows;
     fga_rows_init(rows, a, p, b, h, qrow0);
 
@@ -233,50 +379,52 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
 
     /* The block mask's index of the next item is read one tile ahead, so
      * its global-memory latency stays off the loop's critical path. */
-    bool next_partial = false;
-    int next_kv0 = pl.n_items > 0 ? fga_item_kv0<FGH_BLOCK_N>(pl, 0, next_partial) : 0;
-    for (int j = 0; j < pl.n_items; j++) {
-        const bool partial = next_partial;
-        const int kv0 = next_kv0;
-        if (j + 1 < pl.n_items) next_kv0 = fga_item_kv0<FGH_BLOCK_N>(pl, j + 1, next_partial);
+    int next_item = !FGH_MERGE && w.n_items > 0 ? fgh_walk_item(w, 0) : 0;
+    int shared_cols = 0; /* tiles so far whose column parts were shared */
+    for (int j = 0; j < w.n_items; j++) {
+        /* (merged walks read shared memory: no need to read ahead) */
+        const int item = FGH_MERGE ? fgh_walk_item(w, j) : next_item, kv0 = item & ~15;
+        if (!FGH_MERGE && j + 1 < w.n_items) next_item = fgh_walk_item(w, j + 1);
+        const int mine = (item >> my_shift) & 3;
+        const bool any_partial = (item & 15) != FGH_BOTH(FGH_FULL);
         const int ks = j % FGH_K_STAGES;
         fgh_bar_wait(bar_kf + 8 * ks, (j / FGH_K_STAGES) & 1);
-        /* Ping-pong: wait for this consumer's turn. Consumer 0 goes first;
-         * turn barrier 3 + c counts 256 threads, consumer c's own 128
-         * waiting and the other's 128 arriving. Both consumers walk the
-         * same items, so every arrival meets a wait: consumer 0 skips its
-         * first wait, consumer 1 its last hand-over. */
-        if (FGH_PINGPONG && (cw == 1 || j > 0)) fgh_named_sync(FGH_TURN_BAR + cw, 256);
+        /* Ping-pong: wait for this consumer's turn. Consumer 0 goes first,
+         * then 1, ...; turn barrier FGH_TURN_BAR + c counts 256 threads,
+         * consumer c's own 128 waiting and the previous consumer's 128
+         * arriving. All consumers walk the same items, so every arrival
+         * meets a wait: consumer 0 skips its first wait, the last consumer
+         * its last hand-over. */
+        if (FGH_PINGPONG && (cw != 0 || j > 0)) fgh_named_sync(FGH_TURN_BAR + cw, 256);
 
         /* S_j = Q K_j^T, then the deferred P_{j-1} V_{j-1}. */
         const fg_u64 dk_j = dk + ((ks * FGH_TILE_BYTES) >> 4);
         fgh_fence();
 #pragma unroll
         for (int kk = 0; kk < FGH_QK_STEPS; kk++) {
-            const int off = ((kk >> 2) * FGH_REGION_BYTES + (kk & 3) * 32) >> 4;
-            fgh_mma_ss_n128(&s[0][0][0], dq + off, dk_j + off, kk > 0);
+            const int koff = (kk & 3) * 32;
+            fgh_mma_ss_n128(&s[0][0][0], dq + (((kk >> 2) * FGH_Q_REGION + koff) >> 4),
+                            dk_j + (((kk >> 2) * FGH_REGION_BYTES + koff) >> 4), kk > 0);
         }
         fgh_commit();
 
-        /* Where they are shared (FGA_SHARED_COLS), a partial tile's mask
-         * column parts, one column per thread of the warp group, while S
-         * runs; a barrier of the warp group (named barrier 1 + cw) publishes
-         * them. It sits between the two products: between the second one
-         * and its wait, ptxas serialises the wgmma pipeline (warning C7514).
-         * Two buffers: a buffer is rewritten two tiles later, after every
-         * thread has passed the barrier of the tile in between (partial
-         * tiles come first in the walk, so that one is partial too), so
-         * after its last read. */
+        /* Where they are shared (FGA_SHARED_COLS), the mask column parts of
+         * a tile that is partial for any consumer, one column per thread of
+         * the warp group, while S runs; a barrier of the warp group (named
+         * barrier 1 + cw) publishes them. It sits between the two products:
+         * between the second one and its wait, ptxas serialises the wgmma
+         * pipeline (C7514). Two buffers, taken in turn by those tiles: a
+         * buffer is rewritten two such tiles later, after every thread has
+         * passed the barrier of the one in between, so after its last
+         * read. */
         const fg_mask_col *cols = 0;
-        if (FGA_SHARED_COLS && partial) {
+        if (FGA_SHARED_COLS && any_partial) {
             fg_mask_col *buf = (fg_mask_col *)((unsigned char *)col_parts +
-                                               (cw * 2 + (j & 1)) * 128 * FGA_COL_BYTES);
+                                               (cw * 2 + (shared_cols & 1)) * 128 * FGA_COL_BYTES);
+            shared_cols++;
             const int c = tid & 127;
             buf[c] = fga_mask_col_at<false>(rows, a, p, buf, kv0, c);
-            if (cw == 0)
-                asm volatile("bar.sync 1, 128;\n" ::: "memory");
-            else
-                asm volatile("bar.sync 2, 128;\n" ::: "memory");
+            fgh_named_sync(1 + cw, 128);
             cols = buf;
         }
 
@@ -287,31 +435,42 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         } else {
             fgh_commit(); /* an empty group, so the wait below is the same for every j */
         }
-        if (FGH_PINGPONG && (cw == 0 || j + 1 < pl.n_items)) fgh_named_arrive(FGH_TURN_BAR + 1 - cw, 256);
+        if (FGH_PINGPONG && (cw != FGH_CONSUMERS - 1 || j + 1 < w.n_items))
+            fgh_named_arrive(FGH_TURN_BAR + (cw + 1) % FGH_CONSUMERS, 256);
         fgh_wait<1>();
         fgh_fence_regs<FGH_NT * 4>(&s[0][0][0]);
         if (lane == 0) fgh_bar_arrive(bar_ke + 8 * ks); /* K_j is no longer read */
 
-        /* Mods and softmax of tile j while P_{j-1} V_{j-1} runs. */
+        /* Mods and softmax of tile j while P_{j-1} V_{j-1} runs. A block
+         * that this consumer's mask row lacks (merged walks) adds nothing:
+         * P = 0, and the running maxima, sums and O stay as they are. */
+        const bool absent = FGH_MERGE && mine == FGH_ABSENT;
         const bool edge = kv0 + FGH_BLOCK_N > a.kv_len || q0 + FGH_BLOCK_M > a.q_len;
-        fga_tile_mods<FGA_SHARED_COLS>(s, rows, a, p, kv0, partial, edge, cols);
-        float alpha[1][2];
-        fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
+        float alpha[1][2] = {{1.f, 1.f}};
+        if (!absent) {
+            fga_tile_mods<FGA_SHARED_COLS>(s, rows, a, p, kv0, mine == FGH_PARTIAL, edge, cols);
+            fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
+        }
 
         fgh_wait<0>();
         fgh_fence_regs<FGH_DT * 4>(&o[0][0][0]);
         if (j > 0 && lane == 0) fgh_bar_arrive(bar_ve + 8 * vs); /* V_{j-1} is no longer read */
-        fga_rescale(o, alpha);
+        if (!absent) {
+            fga_rescale(o, alpha);
 #pragma unroll
-        for (int kk = 0; kk < FGH_PV_STEPS; kk++) {
-            pa[kk][0] = fg_pack2(s[0][2 * kk][0], s[0][2 * kk][1]);
-            pa[kk][1] = fg_pack2(s[0][2 * kk][2], s[0][2 * kk][3]);
-            pa[kk][2] = fg_pack2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-            pa[kk][3] = fg_pack2(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+            for (int kk = 0; kk < FGH_PV_STEPS; kk++) {
+                pa[kk][0] = fg_pack2(s[0][2 * kk][0], s[0][2 * kk][1]);
+                pa[kk][1] = fg_pack2(s[0][2 * kk][2], s[0][2 * kk][3]);
+                pa[kk][2] = fg_pack2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+                pa[kk][3] = fg_pack2(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+            }
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < FGH_PV_STEPS; kk++) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
         }
     }
-    if (pl.n_items > 0) {
-        const int last = pl.n_items - 1, vs = last % FGH_V_STAGES;
+    if (w.n_items > 0) {
+        const int last = w.n_items - 1, vs = last % FGH_V_STAGES;
         fgh_bar_wait(bar_vf + 8 * vs, (last / FGH_V_STAGES) & 1);
         fgh_fence();
         fgh_issue_pv(o, pa, dv + ((vs * FGH_TILE_BYTES) >> 4));

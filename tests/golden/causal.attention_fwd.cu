@@ -329,6 +329,7 @@ struct fg_score_row {
 };
 struct fg_score_col {
 };
+#define FG_SCORE_ELEM_COSTLY 0
 __device__ __forceinline__ fg_score_head fg_score_head_init(const fg_mod_params &p, int b, int h) {
     fg_score_head hd;
     return hd;
@@ -424,6 +425,10 @@ __device__ __forceinline__ float fg_score_split(const fg_mod_params &p, const fg
  *     fg_score_row_init, fg_score_col_init,
  *     fg_score_split(p, hd, score, b, h, q_idx, kv_idx, row, col)
  *                          the same for score_mod
+ *     FG_SCORE_ELEM_COSTLY (0 or 1)
+ *                          whether what fg_score_split does per score, the
+ *                          hoisted parts aside, is costly: the Hopper
+ *                          forward's FGH_CONSUMERS
  *   common.cuh:            fg_u16, fg_u32, fg_i64, fg_u64, fg_pack2
  * and the library itself (scripts/embed_templates.py) prints the fields of
  * struct fga_args from src/attention/abi.def where this file says so.
