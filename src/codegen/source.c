@@ -41,7 +41,7 @@
 #include <string.h>
 
 /* Bump when emit.c or this file changes what the source looks like. */
-#define FGI_CODEGEN_VERSION "flexgen-codegen 9"
+#define FGI_CODEGEN_VERSION "flexgen-codegen 10"
 
 /* What the source generator needs; owned by the fgi_codegen, so a spec
  * copied out of it stays valid until fgi_codegen_free. */
@@ -262,6 +262,18 @@ static void put_macros(fgi_buf *b, const gen_state *g) {
                        c->kv_block);
     if (use & FGI_CFG_RAGGED) fgi_buf_printf(b, "#define FG_RAGGED %d\n", c->ragged);
     if ((use & FGI_CFG_APPROX) && c->approx_math) fgi_buf_puts(b, "#define FG_APPROX_MATH 1\n");
+    /* The launch geometry the host will use for each entry point
+     * (kernels.c's geometry), so that a template can check its own sizes
+     * against it at compile time: the two are written twice, once per
+     * side, and a mismatch must not reach a launch. */
+    for (int i = 0; g->kernel->geometry && i < FGI_KERNEL_MAX_ENTRIES && g->kernel->entries[i]; i++) {
+        const fgi_kernel_geom geom = g->kernel->geometry(c, g->mod, i);
+        const char *e = g->kernel->entries[i];
+        fgi_buf_printf(b, "#define FG_LAUNCH_THREADS_%s %d\n#define FG_LAUNCH_SMEM_%s %zu\n", e, geom.threads, e,
+                       geom.smem);
+        fgi_buf_printf(b, "#define FG_LAUNCH_BLOCK_M_%s %d\n#define FG_LAUNCH_BLOCK_N_%s %d\n", e, geom.block_m, e,
+                       geom.block_n);
+    }
     fgi_buf_puts(b, "\n");
 }
 

@@ -96,6 +96,12 @@ struct fgs_maps {
     fgh_tmap q, k, v, o;
 };
 static_assert(sizeof(fgs_maps) == 512, "fgs_maps must match the host's four CUtensorMaps");
+/* The host's launch geometry of this pass (bwd_sm90_geometry, printed by
+ * the source generator) against this file's. */
+static_assert(FG_LAUNCH_THREADS_fg_attention_bwd_dkdv == FGS_THREADS, "bwd_sm90_geometry: threads");
+static_assert(FG_LAUNCH_SMEM_fg_attention_bwd_dkdv >= FGS_SMEM_BYTES, "bwd_sm90_geometry: shared memory");
+static_assert(FG_LAUNCH_BLOCK_M_fg_attention_bwd_dkdv == FGS_BLOCK_M, "bwd_sm90_geometry: q rows per step");
+static_assert(FG_LAUNCH_BLOCK_N_fg_attention_bwd_dkdv == FGS_BLOCK_N, "bwd_sm90_geometry: kv rows per block");
 
 /* Costly mask parts made before the element loop instead of once per
  * element in it: a thread's two column parts once per head (FGS_COLS_FIRST,

@@ -87,6 +87,11 @@
 #define FGA_Q_IN_REGS 1
 #endif
 #define FGA_D FG_HEAD_DIM
+/* The host's launch geometry (fwd_geometry, printed by the source
+ * generator) against this file's. */
+static_assert(FG_LAUNCH_THREADS_fg_attention_fwd == FGA_THREADS, "fwd_geometry: threads");
+static_assert(FG_LAUNCH_BLOCK_M_fg_attention_fwd == FGA_BLOCK_M, "fwd_geometry: q rows per block");
+static_assert(FG_LAUNCH_BLOCK_N_fg_attention_fwd == FGA_BLOCK_N, "fwd_geometry: kv rows per tile");
 /* Skip the accumulator rescale when no row maximum of the warp moved: at
  * D >= 128 that saves D multiplies per row and tile; at D = 64 the vote and
  * the branch cost more than they save (bench/attention_notes.md v13). */

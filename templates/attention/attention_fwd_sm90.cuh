@@ -141,6 +141,12 @@ struct fgh_maps {
     fgh_tmap q, k, v;
 };
 static_assert(sizeof(fgh_maps) == 384, "fgh_maps must match the host's three CUtensorMaps");
+/* The host's launch geometry (fwd_sm90_geometry, printed by the source
+ * generator) against this file's. */
+static_assert(FG_LAUNCH_THREADS_fg_attention_fwd == FGH_THREADS, "fwd_sm90_geometry: threads");
+static_assert(FG_LAUNCH_SMEM_fg_attention_fwd >= FGH_SMEM_BYTES, "fwd_sm90_geometry: shared memory");
+static_assert(FG_LAUNCH_BLOCK_M_fg_attention_fwd == FGH_BLOCK_M, "fwd_sm90_geometry: q rows per block");
+static_assert(FG_LAUNCH_BLOCK_N_fg_attention_fwd == FGH_BLOCK_N, "fwd_sm90_geometry: kv rows per tile");
 
 /* ---- the tiles' descriptors and loads ---------------------------------------- */
 

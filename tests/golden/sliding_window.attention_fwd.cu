@@ -11,6 +11,10 @@
 #define FG_Q_BLOCK 128
 #define FG_KV_BLOCK 128
 #define FG_RAGGED 0
+#define FG_LAUNCH_THREADS_fg_attention_fwd 128
+#define FG_LAUNCH_SMEM_fg_attention_fwd 106496
+#define FG_LAUNCH_BLOCK_M_fg_attention_fwd 128
+#define FG_LAUNCH_BLOCK_N_fg_attention_fwd 64
 
 /* ==== templates/common.cuh ==== */
 /*
@@ -283,7 +287,7 @@ static_assert(sizeof(fg_mod_params) == 8, "fg_mod_params size");
 __device__ __forceinline__ bool fg_mask_mod(const fg_mod_params &p, int b, int h, int q_idx, int kv_idx) {
 #line 14 "mods/sliding_window.c"
     return fg_and(q_idx >= kv_idx, fg_isub(q_idx, kv_idx) <= p.WINDOW);
-#line 287 "attention_fwd-sliding_window-bf16-d128.cu"
+#line 291 "attention_fwd-sliding_window-bf16-d128.cu"
 }
 
 /* No score_mod: scores are used as they are. */
@@ -1009,6 +1013,11 @@ static __device__ __forceinline__ void fga_mma(float *c, const fg_u32 *a, fg_u32
 #define FGA_Q_IN_REGS 1
 #endif
 #define FGA_D FG_HEAD_DIM
+/* The host's launch geometry (fwd_geometry, printed by the source
+ * generator) against this file's. */
+static_assert(FG_LAUNCH_THREADS_fg_attention_fwd == FGA_THREADS, "fwd_geometry: threads");
+static_assert(FG_LAUNCH_BLOCK_M_fg_attention_fwd == FGA_BLOCK_M, "fwd_geometry: q rows per block");
+static_assert(FG_LAUNCH_BLOCK_N_fg_attention_fwd == FGA_BLOCK_N, "fwd_geometry: kv rows per tile");
 /* Skip the accumulator rescale when no row maximum of the warp moved: at
  * D >= 128 that saves D multiplies per row and tile; at D = 64 the vote and
  * the branch cost more than they save (bench/attention_notes.md v13). */
