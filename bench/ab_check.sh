@@ -13,7 +13,8 @@
 #   flexgen check --mask mods/M.c --batch 4 --heads 16 --q-len 8192
 #                 --head-dim D --block-mask --time 20 --no-reference
 # (with --score mods/M.c too where the file has a score_mod; noop: --score
-# mods/noop.c, no block mask) with the mod files of A_ROOT
+# mods/noop.c, no block mask; alibi and document with their buffers) with
+# the mod files of A_ROOT
 # for both builds, and prints one line: label, mod, head dim, the median
 # time and TFLOP/s. EXTRA, when set, is added to every command (e.g.
 # "--backward"). Each build gets a kernel cache of its own, filled first
@@ -32,11 +33,20 @@ for cli in "$a_cli" "$b_cli"; do [ -x "$cli" ] || { echo "ab_check.sh: no $cli" 
 caches=$(mktemp -d)
 trap 'rm -rf "$caches"' EXIT
 
+# The buffers of the gallery mods that read one: ALiBi's slopes (2^(-8 (h
+# + 1) / 16), 16 heads) and document's ids (documents of 1000 tokens).
+awk 'BEGIN { for (h = 0; h < 16; h++) print 2 ^ (-8 * (h + 1) / 16) }' >"$caches/slopes.txt"
+awk 'BEGIN { for (t = 0; t < 8192; t++) print int(t / 1000) }' >"$caches/document_id.txt"
+
 mod_args() { # mod: its mask_mod, with its score_mod when the file has one
     local f=$a_root/mods/$1.c
     if [ "$1" = noop ]; then echo "--score $f"; return; fi
     echo "--mask $f --block-mask"
     if grep -q "float score_mod" "$f"; then echo "--score $f"; fi
+    case $1 in
+    alibi) echo "--buffer slopes=$caches/slopes.txt" ;;
+    document) echo "--buffer document_id=$caches/document_id.txt" ;;
+    esac
 }
 warm() { # label root cli mod d: compile (and cache) the kernels of one pair on a small shape
     # shellcheck disable=SC2046
