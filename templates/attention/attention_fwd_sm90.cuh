@@ -6,7 +6,8 @@
  *
  * Shape. A thread block is a producer warp group and FGH_CONSUMERS
  * consumer warp groups (two at D = 128: 384 threads and a q tile of 128
- * rows; three at D = 64: 512 threads and 192 rows) for one (batch, head).
+ * rows; three at D = 64: 512 threads and 192 rows, unless score_mod does
+ * costly work per score) for one (batch, head).
  * Warp group 0 is the producer: one of its threads moves every tile with
  * the Tensor Memory Accelerator (TMA, cp.async.bulk.tensor) and the group
  * gives most of its registers to the others (setmaxnreg). The consumers
