@@ -106,14 +106,14 @@ static void fill_abi(const fg_kernel *k, const fg_attention_args *a, const fgi_a
 
 /* The Hopper kernel's third argument: q, k and v as [batch, heads, len, D]
  * tensor maps (fgi_attn_tensor_map, boxes of 128 rows; q's of the
- * geometry's q_box where it sets one). */
+ * geometry's q_box, or of its block_m where it sets none). */
 typedef struct hopper_maps {
     CUtensorMap q, k, v;
 } hopper_maps;
 
 static fg_status encode_maps(fg_ctx *ctx, const fg_kernel *k, const fg_attention_args *a,
                              const fgi_attn_strides *st, hopper_maps *m) {
-    const int q_box = k->geom[0].q_box ? k->geom[0].q_box : 128;
+    const int q_box = k->geom[0].q_box ? k->geom[0].q_box : k->geom[0].block_m;
     FGI_TRY(fgi_attn_tensor_map(ctx, &m->q, a->dtype, a->q, a->head_dim, a->q_len, a->heads_q, a->batch, st->q, q_box,
                                 "q"));
     FGI_TRY(fgi_attn_tensor_map(ctx, &m->k, a->dtype, a->k, a->head_dim, a->kv_len, a->heads_kv, a->batch, st->k,

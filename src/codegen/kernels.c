@@ -90,8 +90,9 @@ static fgi_kernel_geom fwd_geometry(const fg_kernel_config *c, const fg_mod *mod
 /* The Hopper forward (templates/attention/attention_fwd_sm90.cuh): a
  * producer warp group and consumer warp groups of 64 rows, three at head
  * dim 64 (a 192-row q tile, whose walk merges two block-mask rows) unless
- * score_mod does costly work per score (FGH_CONSUMERS), else two; 128-row K/V tiles; shared memory holds Q, two stages of K and
- * three of V (three and four at head dim 64) in 128-byte-swizzled rows,
+ * score_mod does costly work per score (FGH_CONSUMERS), else two; 128-row
+ * K/V tiles; shared memory holds Q, two stages of K and three of V (three
+ * and four at head dim 64) in 128-byte-swizzled rows,
  * 128 bytes of mbarriers, two buffers of mask column parts per consumer,
  * the merged walk's block states and list, and 1 KB so the kernel can
  * align the base to the swizzle pattern. */

@@ -80,15 +80,15 @@ enum {
 #define FGI_KERNEL_MAX_ENTRIES 8
 #define FGI_KERNEL_SLOTS 16 /* rows the registry may have (per-row memos) */
 
-/* How one entry point is launched: the tile a thread block covers (q rows x
- * kv rows, where that means something), threads per block (one dimension),
- * dynamic shared memory in bytes, and the thread blocks per tile (bands of
- * output columns; 1 for the forward). */
 /* The Hopper forward's merged walk (FGH_MERGE_MAX_KB): the kv blocks of a
  * block mask it keeps states for, and the tiles of its list, less the slot
  * that holds the list's length. */
 #define FGI_FWD_SM90_MERGE_MAX_KB 4096
 
+/* How one entry point is launched: the tile a thread block covers (q rows x
+ * kv rows, where that means something), threads per block (one dimension),
+ * dynamic shared memory in bytes, and the thread blocks per tile (bands of
+ * output columns; 1 for the forward). */
 typedef struct fgi_kernel_geom {
     int block_m, block_n, threads;
     size_t smem;
