@@ -241,8 +241,8 @@ static void print_expr(splitter *sp, const fgi_expr *e, split_class at) {
 }
 
 /* Whether computing `e` as a value of class `at` does costly work itself:
- * a buffer read, a division or remainder, or a call of a builtin that
- * builtins.def marks costly. Values of other classes it uses are computed elsewhere,
+ * a buffer read, a division or remainder, an int-to-float conversion, or a
+ * call of a builtin that builtins.def marks costly. Values of other classes it uses are computed elsewhere,
  * and a local held in a field of its own class is judged as that field. */
 static bool is_costly(const splitter *sp, const fgi_expr *e, split_class at) {
     if (!e) return false;
@@ -259,6 +259,10 @@ static bool is_costly(const splitter *sp, const fgi_expr *e, split_class at) {
             if (is_costly(sp, e->args[i], at)) return true;
         return false;
     case FGI_E_LOCAL: return false;
+    case FGI_E_CAST:
+        /* int to float: fg_i2f, five instructions and their registers */
+        if (e->type == FGI_T_FLOAT && e->a && e->a->type == FGI_T_INT) return true;
+        break;
     default: break;
     }
     return is_costly(sp, e->a, at) || is_costly(sp, e->b, at) || is_costly(sp, e->c, at);
