@@ -636,8 +636,9 @@ typedef struct fg_attention_args {
     const int32_t *block_table;
     int page_size, num_pages, max_pages;
     /* Since 0.2: device memory the call may use as its workspace (the
-     * decode kernel's split parts), 256-byte aligned, workspace_size
-     * bytes; fg_attention_workspace_size says how much a call uses. NULL
+     * decode kernel's split parts, the Hopper forward's tile counter),
+     * 256-byte aligned, workspace_size bytes; fg_attention_workspace_size
+     * says how much a call uses. NULL
      * or too small: the call takes its workspace from the library's
      * stream-ordered pool on the device and gives it back on the stream.
      * A workspace of the caller's saves that allocation's host time on
@@ -690,7 +691,8 @@ FG_API fg_status fg_attention_kernel_for(fg_ctx *ctx, const fg_mod *mod, const f
 /* The workspace (bytes) fg_attention_forward uses for `args` (shapes,
  * dtype, head dim and paging; pointers may be NULL): the decode kernel's
  * split parts, B * Hq * q_len * splits * (head_dim + 1) floats rounded up,
- * 0 when the call runs on a forward kernel or does not split its walk.
+ * 0 when it does not split its walk; 256 bytes when the call runs on a
+ * forward kernel (the Hopper forward's tile counter).
  * The split count follows the batch, the heads, kv_len and the GPU, so a
  * serving loop sizes its workspace for the largest of its calls (more
  * sequences need fewer splits). */

@@ -351,6 +351,16 @@ static void rebuild_case(fg_ctx *ctx, const fstep *c) {
     a.q = (const void *)(uintptr_t)dq, a.k = (const void *)(uintptr_t)dk, a.v = (const void *)(uintptr_t)dv;
     a.out = (void *)(uintptr_t)dout, a.lse = (float *)(uintptr_t)dlse;
     a.binds = bb.dev, a.nbinds = (size_t)bb.n, a.stream = s;
+    /* The caller's workspace (the Hopper forward's tile counter, zeroed by
+     * a memset node before its kernel): nothing allocated in the graph. */
+    size_t ws = 0;
+    assert_int_equal(fg_attention_workspace_size(ctx, mod, &a, &ws), FG_OK);
+    const CUdeviceptr dws = ws ? alloc_dev(ws) : 0;
+    a.workspace = (void *)(uintptr_t)dws, a.workspace_size = ws;
+    fg_kernel *fk = NULL;
+    assert_int_equal(fg_attention_kernel_for(ctx, mod, &a, &fk), FG_OK);
+    const int counters = fg_kernel_kind_of(fk) == FG_KERNEL_ATTENTION_FWD_SM90;
+    fg_kernel_release(fk);
     st = fg_attention_forward(ctx, mod, &a);
     if (st != FG_OK) print_error("%s: %s\n", name, fg_errmsg(ctx));
     assert_int_equal(st, FG_OK);
@@ -361,15 +371,15 @@ static void rebuild_case(fg_ctx *ctx, const fstep *c) {
     st = fg_block_mask_rebuild_gpu(ctx, bm, mod, bb.dev, (size_t)bb.n, s);
     if (st == FG_OK) st = fg_attention_forward(ctx, mod, &a);
     CUgraphExec exec = end(s, st, ctx, name, &n);
-    const bool graph_ok = n.kernel == 3 && n.memcpy == 0 && n.memset == 0 && n.alloc == 0 && n.free == 0 &&
-                          n.other == 0;
+    const bool graph_ok = n.kernel == 3 && n.memcpy == 0 && n.memset == counters && n.alloc == 0 &&
+                          n.free == 0 && n.other == 0;
 
     worst w = {0};
     const int N = replays();
     fg_attention_args h = a;
     h.q = hq, h.k = hk, h.v = hv, h.binds = bb.host;
     h.block_mask = NULL; /* the reference evaluates the mask everywhere */
-    h.stream = NULL;
+    h.stream = NULL, h.workspace = NULL, h.workspace_size = 0;
     for (int i = 0; i < N; i++) {
         /* new documents, some long enough to span blocks, in the same buffer */
         int32_t *fresh = documents(c->s, 1 + (int)(tu_rand_u64(&rng) % (uint64_t)(c->s / 2)));
@@ -390,7 +400,7 @@ static void rebuild_case(fg_ctx *ctx, const fstep *c) {
 
     assert_int_equal(fgi_cu()->cuGraphExecDestroy(exec), CUDA_SUCCESS);
     assert_int_equal(fgi_cu()->cuStreamDestroy(s), CUDA_SUCCESS);
-    const CUdeviceptr all[] = {dq, dk, dv, dout, dlse};
+    const CUdeviceptr all[] = {dq, dk, dv, dout, dlse, dws};
     free_dev(all, sizeof all / sizeof all[0]);
     free(hq), free(hk), free(hv), free(gout), free(glse), free(rout), free(rlse);
     fg_block_mask_destroy(bm);
@@ -461,8 +471,13 @@ static void train_case(fg_ctx *ctx, const tstep *c) {
     if (st != FG_OK) print_error("%s: workspace size: %s\n", name, fg_errmsg(ctx));
     assert_int_equal(st, FG_OK);
     assert_true(ws > 0);
+    /* One workspace for both calls (they run in stream order): the
+     * forward's (the Hopper forward's tile counter) and the backward's. */
+    size_t fws = 0;
+    assert_int_equal(fg_attention_workspace_size(ctx, mod, &a, &fws), FG_OK);
+    if (fws > ws) ws = fws;
     dws = alloc_dev(ws);
-    b.workspace = (void *)(uintptr_t)dws, b.workspace_size = ws;
+    b.workspace = a.workspace = (void *)(uintptr_t)dws, b.workspace_size = a.workspace_size = ws;
 
     st = fg_attention_forward(ctx, mod, &a);
     if (st == FG_OK) st = fg_attention_backward(ctx, mod, &b);
@@ -480,7 +495,7 @@ static void train_case(fg_ctx *ctx, const tstep *c) {
     worst w = {0};
     const int N = replays();
     fg_attention_args h = a;
-    h.q = hq, h.k = hk, h.v = hv, h.binds = bb.host, h.stream = NULL;
+    h.q = hq, h.k = hk, h.v = hv, h.binds = bb.host, h.stream = NULL, h.workspace = NULL, h.workspace_size = 0;
     h.out = hq; /* not read by the reference */
     fg_attention_bwd_args hb = b;
     hb.fwd = &h, hb.dout = hdo, hb.dq = rdq, hb.dk = rdk, hb.dv = rdv, hb.workspace = NULL, hb.workspace_size = 0;

@@ -32,7 +32,7 @@ typedef struct fgi_attn_abi {
 #define FGI_ABI_ROW(T, ...) fgi_abi_##T __VA_ARGS__;
 #include "attention/abi.def"
 } fgi_attn_abi;
-_Static_assert(sizeof(fgi_attn_abi) == 312, "fgi_attn_abi must match fga_args");
+_Static_assert(sizeof(fgi_attn_abi) == 320, "fgi_attn_abi must match fga_args");
 
 /* The effective scale: args->scale, or 1/sqrt(head_dim) when it is 0. */
 float fgi_attn_scale(const fg_attention_args *args);
@@ -169,6 +169,10 @@ fg_status fgi_attn_ws_free(fg_ctx *ctx, fgi_attn_ws *w, void *stream);
  * capture into a CUDA graph wants. */
 fg_status fgi_attn_ws_take(fg_ctx *ctx, fgi_attn_ws *w, const void *caller, size_t caller_size, size_t bytes,
                            void *stream, CUdeviceptr *base);
+/* The workspace of a call on a forward kernel: the Hopper forward's tile
+ * counter (an int zeroed before the launch; the portable forward uses
+ * none), one aligned part. */
+#define FGI_FWD_WORKSPACE_BYTES 256
 /* A workspace part's size rounded up to 256 bytes, so the next part is
  * aligned for any access. */
 static inline size_t fgi_attn_ws_round(size_t n) { return (n + 255) & ~(size_t)255; }

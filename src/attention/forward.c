@@ -26,6 +26,8 @@
 #include "base/growable.h"
 #include "blockmask/blockmask.h"
 
+#include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- device-side checks --------------------------------------------------- */
@@ -156,8 +158,35 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
     hopper_maps maps; /* 64-byte aligned, as CUtensorMap is */
     if (k->kernel->variant == FGI_VARIANT_SM90) FGI_TRY(encode_maps(ctx, k, a, &st, &maps));
     void *params[3] = {&abi, blob.bytes, &maps};
-    const unsigned grid[3] = {(unsigned)abi.q_tiles, (unsigned)a->heads_q, (unsigned)a->batch};
-    return fgi_kernel_run(ctx, k, 0, grid, params, a->stream);
+    unsigned grid[3] = {(unsigned)abi.q_tiles, (unsigned)a->heads_q, (unsigned)a->batch};
+    if (!k->geom[0].persistent) return fgi_kernel_run(ctx, k, 0, grid, params, a->stream);
+    /* Persistent: a block per SM (one fits); each takes its first tile by
+     * its index and the next ones from a counter zeroed before the launch
+     * (in the call's workspace), in the order fgh_tile_of gives: sections
+     * of l2_heads (batch, head) pairs whose K and V fit in 32 MB of L2,
+     * heaviest q blocks first. The kernel counts tiles in an int. */
+    const long long tiles = (long long)abi.q_tiles * a->heads_q * a->batch;
+    if (tiles > INT_MAX)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "%lld q tiles: the Hopper forward counts at most %d", tiles,
+                         INT_MAX);
+    int sms = 1;
+    FGI_TRY(fgi_cuda_sm_count(ctx, &sms));
+    grid[0] = (unsigned)(tiles < sms ? tiles : sms);
+    grid[1] = grid[2] = 1;
+    const double kv_head_bytes = 2.0 * a->kv_len * a->head_dim * 2.0; /* K and V, 16-bit */
+    int fit = 1;
+    while (fit < 1024 && 2.0 * fit * kv_head_bytes <= 32.0 * 1024 * 1024) fit *= 2;
+    abi.l2_heads = fit * (a->heads_q / a->heads_kv);
+    fgi_attn_ws w;
+    CUdeviceptr counter = 0;
+    FGI_TRY(fgi_attn_ws_take(ctx, &w, a->workspace, a->workspace_size, FGI_FWD_WORKSPACE_BYTES, a->stream, &counter));
+    fg_status rc = FG_OK;
+    if (fgi_cu()->cuMemsetD32Async(counter, 0, 1, (CUstream)a->stream) != CUDA_SUCCESS)
+        rc = fgi_error(ctx, FG_ERR_CUDA, "cuMemsetD32Async (the tile counter) failed");
+    abi.tile_counter = (uint64_t)counter;
+    if (rc == FG_OK) rc = fgi_kernel_run(ctx, k, 0, grid, params, a->stream);
+    const fg_status freed = fgi_attn_ws_free(ctx, &w, a->stream);
+    return rc != FG_OK ? rc : freed;
 }
 
 fg_status fg_kernel_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
@@ -225,8 +254,10 @@ fg_status fg_attention_workspace_size(fg_ctx *ctx, const fg_mod *mod, const fg_a
                          a.batch, a.heads_q, a.heads_kv, a.q_len, a.kv_len);
     const fg_kernel_config cfg = forward_config(ctx, &a, true);
     if (cfg.kind != FG_KERNEL_ATTENTION_DECODE || !fgi_kernel_applies(fgi_kernel_find(cfg.kind), &cfg) ||
-        !fgi_attn_decode_walks(&a))
+        !fgi_attn_decode_walks(&a)) {
+        *bytes = FGI_FWD_WORKSPACE_BYTES; /* the Hopper forward's tile counter */
         return FG_OK;
+    }
     return fgi_attn_decode_workspace(ctx, &a, bytes);
 }
 

@@ -92,19 +92,20 @@ static fgi_kernel_geom fwd_geometry(const fg_kernel_config *c, const fg_mod *mod
  * dim 64 (a 192-row q tile, whose walk merges two block-mask rows) unless
  * score_mod does costly work per score (FGH_CONSUMERS), else two; 128-row
  * K/V tiles; shared memory holds Q, two stages of K and three of V (three
- * and four at head dim 64) in 128-byte-swizzled rows,
- * 128 bytes of mbarriers, two buffers of mask column parts per consumer,
- * the merged walk's block states and list, and 1 KB so the kernel can
- * align the base to the swizzle pattern. */
+ * and four at head dim 64) in 128-byte-swizzled rows, 256 bytes of
+ * mbarriers, two buffers of mask column parts per consumer, the merged
+ * walk's block states and two lists, and 1 KB so the kernel can align the
+ * base to the swizzle pattern. Persistent: a block per SM walks the tiles. */
 static fgi_kernel_geom fwd_sm90_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
     (void)entry;
     const int consumers = c->head_dim == 64 && !fgi_split_score_elem_costly(mod) ? 3 : 2;
-    fgi_kernel_geom g = {.block_m = 64 * consumers, .block_n = 128, .threads = 128 * (1 + consumers), .bands = 1};
+    fgi_kernel_geom g = {.block_m = 64 * consumers, .block_n = 128, .threads = 128 * (1 + consumers), .bands = 1,
+                         .persistent = 1};
     if (g.block_m % 128) g.q_align = g.q_box = 64; /* FGH_MERGE, FGH_Q_BOX */
     const size_t tile = (size_t)128 * (size_t)c->head_dim * 2, q = (size_t)g.block_m * (size_t)c->head_dim * 2;
     const size_t stages = c->head_dim == 64 ? 3 + 4 : 2 + 3;
-    const size_t merge = g.q_align ? 6 * (size_t)FGI_FWD_SM90_MERGE_MAX_KB : 0;
-    g.smem = q + tile * stages + 128 + 2 * (size_t)consumers * 128 * 16 + merge + 1024;
+    const size_t merge = g.q_align ? 10 * (size_t)FGI_FWD_SM90_MERGE_MAX_KB : 0;
+    g.smem = q + tile * stages + 256 + 2 * (size_t)consumers * 128 * 16 + merge + 1024;
     return g;
 }
 

@@ -97,7 +97,7 @@
 struct fga_args {
 /* @abi src/attention/abi.def */
 };
-static_assert(sizeof(fga_args) == 312, "fga_args must match fgi_attn_abi");
+static_assert(sizeof(fga_args) == 320, "fga_args must match fgi_attn_abi");
 
 #define FGA_NEG_INF __int_as_float(0xff800000)
 

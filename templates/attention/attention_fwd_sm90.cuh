@@ -114,7 +114,7 @@
  * kernel). */
 #define FGH_MERGE (FGH_BLOCK_M % 128 != 0)
 #define FGH_MERGE_MAX_KB 4096
-#define FGH_MERGE_BYTES (FGH_MERGE ? 6 * FGH_MERGE_MAX_KB : 0) /* two state rows, one int list */
+#define FGH_MERGE_BYTES (FGH_MERGE ? 10 * FGH_MERGE_MAX_KB : 0) /* two state rows, two int lists */
 #define FGH_NT (FGH_BLOCK_N / 8)           /* n8 fragments of S per warp            */
 #define FGH_DT (FGH_D / 8)                 /* n8 fragments of O per warp            */
 #define FGH_QK_STEPS (FGH_D / 16)          /* k steps of Q K^T                      */
@@ -128,13 +128,15 @@
  * sliding window, prefix LM); at D = 128 it was flat (-1% to +4%). */
 #define FGH_PINGPONG (FGH_D == 64)
 #define FGH_TURN_BAR (1 + FGH_CONSUMERS)   /* the turns' named barriers; 1 + c: cols */
+#define FGH_BUILD_BAR (1 + 2 * FGH_CONSUMERS) /* the merged walk's builders            */
+#define FGH_BAR_BYTES 256                  /* the mbarriers                         */
 /* Q, the K stages, the V stages, the mbarriers (128 bytes), the shared
  * mask column parts (FGA_SHARED_COLS: two buffers per consumer of 128
  * columns, FGA_COL_BYTES each), the merged walk's states and list, and 1
  * KB to align the base to 1024 bytes (the swizzle pattern's period);
  * fwd_sm90_geometry computes the same, and reserves the column parts
  * whether or not a mod uses them. */
-#define FGH_SMEM_BYTES (FGH_Q_BYTES + FGH_TILE_BYTES * (FGH_K_STAGES + FGH_V_STAGES) + 128 + \
+#define FGH_SMEM_BYTES (FGH_Q_BYTES + FGH_TILE_BYTES * (FGH_K_STAGES + FGH_V_STAGES) + FGH_BAR_BYTES + \
                         2 * FGH_CONSUMERS * 128 * FGA_COL_BYTES + FGH_MERGE_BYTES + 1024)
 
 /* The kernel's third argument: q, k and v as [batch, heads, len, D]. */
@@ -197,99 +199,139 @@ static __device__ __forceinline__ void fgh_issue_pv(float (&o)[1][FGH_DT][4],
 #define FGH_FULL 2
 #define FGH_BOTH(st) ((st) | (st) << 2) /* one state for both rows */
 
-#if FGH_MERGE
+/* A q tile's walk as every party reads it: from the list in shared memory
+ * that the producer's builder warps wrote (FGH_MERGE with a block mask),
+ * else from the block mask's row (fga_plan) or every tile in order. */
 struct fgh_walk {
-    const int *list; /* NULL: no block mask, every tile in order */
-    int n_items;
-};
-#else
-struct fgh_walk {
+    const int *list; /* the merged list, or NULL */
     fga_plan pl;
     int n_items;
 };
-#endif
 
-static __device__ __forceinline__ int fgh_walk_item(const fgh_walk &w, int j) {
-#if FGH_MERGE
-    if (w.list) return w.list[j];
-    return j * FGH_BLOCK_N | FGH_BOTH(FGA_MASK_MOD ? FGH_PARTIAL : FGH_FULL);
-#else
+/* Item j of the walk, at cursor c (a list is indexed by j, a block-mask
+ * row or the dense walk stepped by the cursor: no division per item). */
+static __device__ __forceinline__ int fgh_walk_item(const fgh_walk &w, int j, const fga_cursor &c) {
+    if (FGH_MERGE && w.list) return w.list[j];
     bool partial;
-    const int kv0 = fga_item_kv0<FGH_BLOCK_N>(w.pl, j, partial);
+    const int kv0 = fga_cursor_kv0<FGH_BLOCK_N>(w.pl, c, partial);
     return kv0 | FGH_BOTH(partial ? FGH_PARTIAL : FGH_FULL);
-#endif
 }
 
-/* The tile's walk. With FGH_MERGE and a block mask every thread of the
- * block takes part (call it before the roles split): the two rows' block
- * states (`mem`: FGH_MERGE_MAX_KB bytes each), then the list
- * (FGH_MERGE_MAX_KB ints, its length in the last), the rows' order kept
- * so the sums' order, and so the result, is the same at every launch. */
-static __device__ __forceinline__ fgh_walk fgh_walk_make(const fga_args &a, int b, int h, int q0,
-                                                         unsigned char *mem) {
+/* A ring of N stages walked one item at a time, as counters (the stage,
+ * the parity of its current use, and whether every stage has been used
+ * once) instead of g % N and g / N per item. */
+template <int N>
+struct fgh_ring {
+    int s, ph;
+    bool lap;
+};
+template <int N>
+static __device__ __forceinline__ void fgh_ring_next(fgh_ring<N> &r) {
+    if (++r.s == N) {
+        r.s = 0;
+        r.ph ^= 1;
+        r.lap = true;
+    }
+}
+
+/* The walk from the block mask's row (128-row q tiles) or, without a block
+ * mask, every tile in order; with FGH_MERGE and a block mask the list
+ * (written by fgh_walk_build, published by the list barriers). */
+static __device__ __forceinline__ fgh_walk fgh_walk_of(const fga_args &a, int b, int h, int q0, const int *list) {
     fgh_walk w;
-#if FGH_MERGE
-    w.list = 0;
-    w.n_items = (a.kv_len + FGH_BLOCK_N - 1) / FGH_BLOCK_N;
-    if (!a.has_block_mask) return w;
-    const fga_plan p0 = fga_plan_make<FGH_BLOCK_N>(a, b, h, q0);
+    w.list = FGH_MERGE && a.has_block_mask ? list : 0;
+    if (w.list) {
+        w.pl.part = w.pl.full = 0;
+        w.pl.n_partial = 0;
+        w.pl.per_block = 1;
+        w.pl.kv_block = FGH_BLOCK_N;
+        w.n_items = list[FGH_MERGE_MAX_KB - 1];
+    } else {
+        w.pl = fga_plan_make<FGH_BLOCK_N>(a, b, h, q0);
+        w.n_items = w.pl.n_items;
+    }
+    return w;
+}
+
+/* The merged list of a 192-row q tile (FGH_MERGE, a block mask), written by
+ * the `n` threads with index `t` of one group (the producer's builder
+ * warps) that synchronise on named barrier `bar`: both rows' block states
+ * into st0 / st1, then the first row's tiles by every thread, then the
+ * second row's blocks that the first lacks, compacted in order by the
+ * group's first warp with a ballot per 32 blocks (the same order every
+ * launch, so the sums' order is too). The count goes to the list's last
+ * slot. */
+/* Entry i of a block-mask row whose index rows start at `base`: its
+ * partial blocks, then its full ones. */
+static __device__ __forceinline__ int fgh_row_block(const fga_args &a, fg_i64 base, int n_partial, int i) {
+    return i < n_partial ? ((const int *)a.kv_idx)[base + i] : ((const int *)a.full_idx)[base + i - n_partial];
+}
+
+/* (Written for the producer's 32 registers: the rows are kept as offsets
+ * and counts, not as two fga_plans.) */
+static __device__ __forceinline__ void fgh_walk_build(const fga_args &a, int b, int h, int q0, unsigned char *st,
+                                                      int *list, int t, int n, int bar) {
+    const int mb = a.bm_batch == 1 ? 0 : b, mh = a.bm_heads == 1 ? 0 : h;
+    const fg_i64 rows = ((fg_i64)mb * a.bm_heads + mh) * a.bm_q_blocks;
     const int r0 = q0 / a.bm_q_block;
     const int r1 = min(min(q0 + FGH_BLOCK_M, a.q_len) - 1, a.bm_q_blocks * a.bm_q_block - 1) / a.bm_q_block;
     const bool two = r1 != r0;
-    const fga_plan p1 = fga_plan_make<FGH_BLOCK_N>(a, b, h, r1 * a.bm_q_block);
-    unsigned char *st0 = mem, *st1 = mem + FGH_MERGE_MAX_KB;
-    int *list = (int *)(mem + 2 * FGH_MERGE_MAX_KB);
-    const int per = p0.per_block, nb0 = p0.n_items / per, nb1 = two ? p1.n_items / per : 0;
+    const fg_i64 base0 = (rows + r0) * a.bm_kv_blocks, base1 = (rows + r1) * a.bm_kv_blocks;
+    const int np0 = ((const int *)a.kv_num)[rows + r0], nb0 = np0 + ((const int *)a.full_num)[rows + r0];
+    const int np1 = ((const int *)a.kv_num)[rows + r1], nb1 = two ? np1 + ((const int *)a.full_num)[rows + r1] : 0;
+    const int per = a.bm_kv_block / FGH_BLOCK_N;
+    unsigned char *st0 = st, *st1 = st + FGH_MERGE_MAX_KB;
     if (two) {
-        for (int i = threadIdx.x; i < a.bm_kv_blocks; i += FGH_THREADS) st0[i] = st1[i] = FGH_ABSENT;
-        __syncthreads();
-        for (int i = threadIdx.x; i < nb0; i += FGH_THREADS)
-            st0[i < p0.n_partial ? p0.part[i] : p0.full[i - p0.n_partial]] =
-                i < p0.n_partial ? FGH_PARTIAL : FGH_FULL;
-        for (int i = threadIdx.x; i < nb1; i += FGH_THREADS)
-            st1[i < p1.n_partial ? p1.part[i] : p1.full[i - p1.n_partial]] =
-                i < p1.n_partial ? FGH_PARTIAL : FGH_FULL;
-        __syncthreads();
+        for (int i = t; i < a.bm_kv_blocks; i += n) st0[i] = st1[i] = FGH_ABSENT;
+        fgh_named_sync(bar, n);
+        for (int i = t; i < nb0; i += n) st0[fgh_row_block(a, base0, np0, i)] = i < np0 ? FGH_PARTIAL : FGH_FULL;
+        for (int i = t; i < nb1; i += n) st1[fgh_row_block(a, base1, np1, i)] = i < np1 ? FGH_PARTIAL : FGH_FULL;
+        fgh_named_sync(bar, n);
     }
-    /* the first row's tiles */
-    for (int t = threadIdx.x; t < p0.n_items; t += FGH_THREADS) {
-        const int blk = t / per, sub = t - blk * per;
-        const bool partial = blk < p0.n_partial;
-        const int kb = partial ? p0.part[blk] : p0.full[blk - p0.n_partial];
-        const int st0 = partial ? FGH_PARTIAL : FGH_FULL;
-        list[t] = (kb * a.bm_kv_block + sub * FGH_BLOCK_N) | st0 | (two ? st1[kb] : st0) << 2;
+    for (int i = t; i < nb0 * per; i += n) {
+        const int blk = i / per, sub = i - blk * per;
+        const int kb = fgh_row_block(a, base0, np0, blk);
+        const int s0 = blk < np0 ? FGH_PARTIAL : FGH_FULL;
+        list[i] = (kb * a.bm_kv_block + sub * FGH_BLOCK_N) | s0 | (two ? st1[kb] : s0) << 2;
     }
-    if (threadIdx.x < 32) {
-        /* the second row's blocks that the first lacks, one ballot per 32 */
-        const int lane = threadIdx.x;
-        int n = p0.n_items;
-        for (int i0 = 0; two && i0 < nb1; i0 += 32) {
+    if (t < 32) {
+        const int lane = t;
+        int m = nb0 * per;
+        for (int i0 = 0; i0 < nb1; i0 += 32) {
             const int i = i0 + lane;
             int kb = 0;
             bool take = false;
             if (i < nb1) {
-                kb = i < p1.n_partial ? p1.part[i] : p1.full[i - p1.n_partial];
+                kb = fgh_row_block(a, base1, np1, i);
                 take = st0[kb] == FGH_ABSENT;
             }
-            const unsigned m = __ballot_sync(0xffffffffu, take);
+            const unsigned bal = __ballot_sync(0xffffffffu, take);
             if (take) {
-                const int at = n + __popc(m & ((1u << lane) - 1u)) * per, st = st1[kb];
+                const int at = m + __popc(bal & ((1u << lane) - 1u)) * per, s1 = st1[kb];
                 for (int sub = 0; sub < per; sub++)
-                    list[at + sub] = (kb * a.bm_kv_block + sub * FGH_BLOCK_N) | FGH_ABSENT | st << 2;
+                    list[at + sub] = (kb * a.bm_kv_block + sub * FGH_BLOCK_N) | FGH_ABSENT | s1 << 2;
             }
-            n += __popc(m) * per;
+            m += __popc(bal) * per;
         }
-        if (lane == 0) list[FGH_MERGE_MAX_KB - 1] = n;
+        if (lane == 0) list[FGH_MERGE_MAX_KB - 1] = m;
     }
-    __syncthreads();
-    w.list = list;
-    w.n_items = list[FGH_MERGE_MAX_KB - 1];
-#else
-    (void)mem;
-    w.pl = fga_plan_make<FGH_BLOCK_N>(a, b, h, q0);
-    w.n_items = w.pl.n_items;
-#endif
-    return w;
+    fgh_named_sync(bar, n);
+}
+
+/* Work tile t of the launch, in the order the tile counter hands them
+ * out: sections of a.l2_heads (batch, head) pairs whose K and V fit in L2
+ * together, and in a section the q blocks from the heaviest (the last
+ * rows of a causal mask) to the lightest across the section's heads, so
+ * that the longest tiles start first and a late light tile fills in
+ * (longest-processing-time first); the last section takes the pairs left. */
+static __device__ __forceinline__ void fgh_tile_of(const fga_args &a, int t, int &b, int &h, int &q0) {
+    const int pairs = a.heads_q * a.batch, per = a.l2_heads * a.q_tiles;
+    const int sec = t / per, r = t - sec * per;
+    const int width = min(a.l2_heads, pairs - sec * a.l2_heads); /* pairs in this section */
+    const int qblk = r / width, bh = sec * a.l2_heads + (r - qblk * width);
+    h = bh % a.heads_q;
+    b = bh / a.heads_q;
+    q0 = (a.q_tiles - 1 - qblk) * FGH_BLOCK_M;
 }
 
 /* ---- the kernel ------------------------------------------------------------- */
@@ -301,188 +343,268 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     const fg_u32 sQ = (fga_smem_addr(fgh_smem) + 1023u) & ~1023u;
     const fg_u32 sK = sQ + FGH_Q_BYTES;
     const fg_u32 sV = sK + FGH_K_STAGES * FGH_TILE_BYTES;
-    /* mbarriers, 8 bytes each: Q full, K full / empty, V full / empty. */
-    const fg_u32 bar_q = sV + FGH_V_STAGES * FGH_TILE_BYTES;
-    const fg_u32 bar_kf = bar_q + 8, bar_ke = bar_kf + 8 * FGH_K_STAGES;
+    /* mbarriers, 8 bytes each: Q full / empty, K full / empty, V full /
+     * empty, the two list buffers' full / empty. */
+    const fg_u32 bar_q = sV + FGH_V_STAGES * FGH_TILE_BYTES, bar_qe = bar_q + 8;
+    const fg_u32 bar_kf = bar_qe + 8, bar_ke = bar_kf + 8 * FGH_K_STAGES;
     const fg_u32 bar_vf = bar_ke + 8 * FGH_K_STAGES, bar_ve = bar_vf + 8 * FGH_V_STAGES;
+    const fg_u32 bar_lf = bar_ve + 8 * FGH_V_STAGES, bar_le = bar_lf + 16;
+    /* The two tile slots (the tile of the n-th walk of this block in slot
+     * n & 1), published with the list barriers. */
+    volatile int *const slots = (volatile int *)(fgh_smem + (bar_le + 16 - fga_smem_addr(fgh_smem)));
     /* Column parts: [consumer][buffer][128 columns], FGA_COL_BYTES each;
-     * then the merged walk's states and list. */
-    unsigned char *const after_bars = fgh_smem + (bar_q + 128 - fga_smem_addr(fgh_smem));
+     * then the merged walk's block states and its two list buffers. */
+    unsigned char *const after_bars = fgh_smem + (bar_q + FGH_BAR_BYTES - fga_smem_addr(fgh_smem));
     fg_mask_col *const col_parts = (fg_mask_col *)after_bars;
-    unsigned char *const walk_mem = after_bars + 2 * FGH_CONSUMERS * 128 * FGA_COL_BYTES;
+    unsigned char *const walk_states = after_bars + 2 * FGH_CONSUMERS * 128 * FGA_COL_BYTES;
+    int *const lists = (int *)(walk_states + 2 * FGH_MERGE_MAX_KB); /* [2][FGH_MERGE_MAX_KB] */
+    const bool built = FGH_MERGE && a.has_block_mask; /* the walks come from the builders' lists */
 
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-    /* Heavier q tiles (late rows of a causal mask) are scheduled first. */
-    const int qt = a.q_tiles - 1 - (int)blockIdx.x;
-    const int h = blockIdx.y, b = blockIdx.z;
-    const int hk = h / (a.heads_q / a.heads_kv);
-    const int q0 = qt * FGH_BLOCK_M;
-    const fgh_walk w = fgh_walk_make(a, b, h, q0, walk_mem);
+    const int n_tiles = a.q_tiles * a.heads_q * a.batch;
 
     if (tid == 0) {
         fgh_bar_init(bar_q, 1);
+        fgh_bar_init(bar_qe, 4 * FGH_CONSUMERS); /* one arrival per consumer warp */
 #pragma unroll
         for (int i = 0; i < FGH_K_STAGES; i++) {
             fgh_bar_init(bar_kf + 8 * i, 1);
-            fgh_bar_init(bar_ke + 8 * i, 4 * FGH_CONSUMERS); /* one arrival per consumer warp */
+            fgh_bar_init(bar_ke + 8 * i, 4 * FGH_CONSUMERS);
         }
 #pragma unroll
         for (int i = 0; i < FGH_V_STAGES; i++) {
             fgh_bar_init(bar_vf + 8 * i, 1);
             fgh_bar_init(bar_ve + 8 * i, 4 * FGH_CONSUMERS);
         }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            fgh_bar_init(bar_lf + 8 * i, 96); /* the scheduler warps */
+            fgh_bar_init(bar_le + 8 * i, 4 * FGH_CONSUMERS + 1); /* and the loader */
+        }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
     if (wg == 0) {
-        /* The producer. A use u of a stage (item j = u * stages + stage)
-         * waits for the release of use u - 1: the phase of parity
-         * (u - 1) & 1 of the stage's empty barrier. */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FGH_PRODUCER_REGS));
-        if (tid == 0) {
-            fgh_bar_expect(bar_q, FGH_Q_BYTES);
+        if (warp == 0) {
+            /* The loader, one thread. Its n-th tile waits for the
+             * consumers to release Q (their last S of tile n - 1), loads
+             * Q, then every item's K and V. The stages are rings over
+             * all of this block's items (fgh_ring): use u of a stage
+             * (parity ph = u & 1) waits, from the second lap on, for the
+             * release of use u - 1, the phase of parity ph ^ 1 of the
+             * stage's empty barrier. */
+            if (lane == 0) {
+                fgh_ring<FGH_K_STAGES> kr = {0, 0, false};
+                fgh_ring<FGH_V_STAGES> vr = {0, 0, false};
+                for (int n = 0;; n++) {
+                    fgh_bar_wait(bar_lf + 8 * (n & 1), (n >> 1) & 1);
+                    const int t = slots[n & 1];
+                    if (t >= n_tiles) break;
+                    int b, h, q0;
+                    fgh_tile_of(a, t, b, h, q0);
+                    const int hk = h / (a.heads_q / a.heads_kv);
+                    const fgh_walk w = fgh_walk_of(a, b, h, q0, lists + (n & 1) * FGH_MERGE_MAX_KB);
+                    if (n > 0) fgh_bar_wait(bar_qe, (n - 1) & 1);
+                    fgh_bar_expect(bar_q, FGH_Q_BYTES);
 #pragma unroll
-            for (int r = 0; r < FGH_D / 64; r++)
+                    for (int r = 0; r < FGH_D / 64; r++)
 #pragma unroll
-                for (int i = 0; i < FGH_BLOCK_M / FGH_Q_BOX; i++)
-                    fgh_tma_load(sQ + r * FGH_Q_REGION + i * FGH_Q_BOX * 128, &maps.q, r * 64, q0 + i * FGH_Q_BOX,
-                                 h, b, bar_q);
-            for (int j = 0; j < w.n_items; j++) {
-                const int kv0 = fgh_walk_item(w, j) & ~15;
-                const int ks = j % FGH_K_STAGES, ku = j / FGH_K_STAGES;
-                if (ku > 0) fgh_bar_wait(bar_ke + 8 * ks, (ku - 1) & 1);
-                fgh_tma_tile(sK + ks * FGH_TILE_BYTES, &maps.k, kv0, hk, b, bar_kf + 8 * ks);
-                const int vs = j % FGH_V_STAGES, vu = j / FGH_V_STAGES;
-                if (vu > 0) fgh_bar_wait(bar_ve + 8 * vs, (vu - 1) & 1);
-                fgh_tma_tile(sV + vs * FGH_TILE_BYTES, &maps.v, kv0, hk, b, bar_vf + 8 * vs);
+                        for (int i = 0; i < FGH_BLOCK_M / FGH_Q_BOX; i++)
+                            fgh_tma_load(sQ + r * FGH_Q_REGION + i * FGH_Q_BOX * 128, &maps.q, r * 64,
+                                         q0 + i * FGH_Q_BOX, h, b, bar_q);
+                    fga_cursor c = {0, 0};
+                    for (int j = 0; j < w.n_items; j++) {
+                        const int kv0 = fgh_walk_item(w, j, c) & ~15;
+                        fga_cursor_next(w.pl, c);
+                        if (kr.lap) fgh_bar_wait(bar_ke + 8 * kr.s, kr.ph ^ 1);
+                        fgh_tma_tile(sK + kr.s * FGH_TILE_BYTES, &maps.k, kv0, hk, b, bar_kf + 8 * kr.s);
+                        fgh_ring_next(kr);
+                        if (vr.lap) fgh_bar_wait(bar_ve + 8 * vr.s, vr.ph ^ 1);
+                        fgh_tma_tile(sV + vr.s * FGH_TILE_BYTES, &maps.v, kv0, hk, b, bar_vf + 8 * vr.s);
+                        fgh_ring_next(vr);
+                    }
+                    fgh_bar_arrive(bar_le + 8 * (n & 1));
+                }
+            }
+        } else {
+            /* The scheduler (warps 1-3): the n-th tile of this block is
+             * blockIdx.x, then one from the tile counter, in slot n & 1
+             * once the walk two before has ended everywhere, with its
+             * merged list (FGH_MERGE and a block mask) in buffer n & 1.
+             * Past the last tile it publishes the end (t >= n_tiles). */
+            const int t3 = tid - 32;
+            for (int n = 0;; n++) {
+                if (n >= 2) fgh_bar_wait(bar_le + 8 * (n & 1), ((n >> 1) - 1) & 1);
+                if (t3 == 0) slots[n & 1] = n == 0 ? (int)blockIdx.x : atomicAdd((int *)a.tile_counter, 1) + (int)gridDim.x;
+                fgh_named_sync(FGH_BUILD_BAR, 96);
+                const int t = slots[n & 1];
+                if (built && t < n_tiles) {
+                    int b, h, q0;
+                    fgh_tile_of(a, t, b, h, q0);
+                    fgh_walk_build(a, b, h, q0, walk_states, lists + (n & 1) * FGH_MERGE_MAX_KB, t3, 96, FGH_BUILD_BAR);
+                }
+                fgh_bar_arrive(bar_lf + 8 * (n & 1)); /* each releases its own writes */
+                if (t >= n_tiles) break;
             }
         }
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FGH_CONSUMER_REGS));
 
-    /* A consumer: this thread's rows are qrow0 + {0, 8}; its 64 rows lie in
-     * one block-mask row, the walk's first or (merged) second. */
-    const int cw = wg - 1;
-    const int qrow0 = q0 + cw * 64 + warp * 16 + (lane >> 2);
-    /* 2: the state bits of the tile's second mask row (FGH_MERGE) */
-    const int my_shift = FGH_MERGE && a.has_block_mask && (q0 + cw * 64) / a.bm_q_block != q0 / a.bm_q_block ? 2 : 0;
-    fga_rows<1> rows;
-    fga_rows_init(rows, a, p, b, h, qrow0);
-
-    float o[1][FGH_DT][4];
-#pragma unroll
-    for (int i = 0; i < FGH_DT; i++) o[0][i][0] = o[0][i][1] = o[0][i][2] = o[0][i][3] = 0.f;
-    float m_run[1][2] = {{FGA_NEG_INF, FGA_NEG_INF}}, l_run[1][2] = {{0.f, 0.f}};
-    float s[1][FGH_NT][4];
-    fg_u32 pa[FGH_PV_STEPS][4]; /* P of the previous tile as wgmma A fragments */
-
-    /* Descriptors of this consumer's 64 rows of Q (64 lines into each
+    /* A consumer. Descriptors of its 64 rows of Q (64 lines into each
      * region) and of the first K and V stages. */
+    const int cw = wg - 1;
     const fg_u64 dq = fgh_desc_k(sQ + (fg_u32)(cw * 64 * 128));
     const fg_u64 dk = fgh_desc_k(sK), dv = fgh_desc_v(sV);
-    fgh_bar_wait(bar_q, 0);
-
-    /* The block mask's index of the next item is read one tile ahead, so
-     * its global-memory latency stays off the loop's critical path. */
-    int next_item = !FGH_MERGE && w.n_items > 0 ? fgh_walk_item(w, 0) : 0;
+    /* The K stage of the next S and the V stage of the next P V, over all
+     * of this block's items, as the loader walks them. */
+    fgh_ring<FGH_K_STAGES> kr = {0, 0, false};
+    fgh_ring<FGH_V_STAGES> vr = {0, 0, false};
     int shared_cols = 0; /* tiles so far whose column parts were shared */
-    for (int j = 0; j < w.n_items; j++) {
-        /* (merged walks read shared memory: no need to read ahead) */
-        const int item = FGH_MERGE ? fgh_walk_item(w, j) : next_item, kv0 = item & ~15;
-        if (!FGH_MERGE && j + 1 < w.n_items) next_item = fgh_walk_item(w, j + 1);
-        const int mine = (item >> my_shift) & 3;
-        const bool any_partial = (item & 15) != FGH_BOTH(FGH_FULL);
-        const int ks = j % FGH_K_STAGES;
-        fgh_bar_wait(bar_kf + 8 * ks, (j / FGH_K_STAGES) & 1);
-        /* Ping-pong: wait for this consumer's turn. Consumer 0 goes first,
-         * then 1, ...; turn barrier FGH_TURN_BAR + c counts 256 threads,
-         * consumer c's own 128 waiting and the previous consumer's 128
-         * arriving. All consumers walk the same items, so every arrival
-         * meets a wait: consumer 0 skips its first wait, the last consumer
-         * its last hand-over. */
-        if (FGH_PINGPONG && (cw != 0 || j > 0)) fgh_named_sync(FGH_TURN_BAR + cw, 256);
+    for (int n = 0;; n++) {
+        fgh_bar_wait(bar_lf + 8 * (n & 1), (n >> 1) & 1);
+        const int t = slots[n & 1];
+        if (t >= n_tiles) break;
+        int b, h, q0;
+        fgh_tile_of(a, t, b, h, q0);
+        /* This thread's rows are qrow0 + {0, 8}; the consumer's 64 rows lie
+         * in one block-mask row, the walk's first or (merged) second. */
+        const int qrow0 = q0 + cw * 64 + warp * 16 + (lane >> 2);
+        const int my_shift = FGH_MERGE && a.has_block_mask && (q0 + cw * 64) / a.bm_q_block != q0 / a.bm_q_block ? 2 : 0;
+        const fgh_walk w = fgh_walk_of(a, b, h, q0, lists + (n & 1) * FGH_MERGE_MAX_KB);
+        fga_rows<1> rows;
+        fga_rows_init(rows, a, p, b, h, qrow0);
 
-        /* S_j = Q K_j^T, then the deferred P_{j-1} V_{j-1}. */
-        const fg_u64 dk_j = dk + ((ks * FGH_TILE_BYTES) >> 4);
-        fgh_fence();
+        float o[1][FGH_DT][4];
 #pragma unroll
-        for (int kk = 0; kk < FGH_QK_STEPS; kk++) {
-            const int koff = (kk & 3) * 32;
-            fgh_mma_ss_n128(&s[0][0][0], dq + (((kk >> 2) * FGH_Q_REGION + koff) >> 4),
-                            dk_j + (((kk >> 2) * FGH_REGION_BYTES + koff) >> 4), kk > 0);
-        }
-        fgh_commit();
+        for (int i = 0; i < FGH_DT; i++) o[0][i][0] = o[0][i][1] = o[0][i][2] = o[0][i][3] = 0.f;
+        float m_run[1][2] = {{FGA_NEG_INF, FGA_NEG_INF}}, l_run[1][2] = {{0.f, 0.f}};
+        float s[1][FGH_NT][4];
+        fg_u32 pa[FGH_PV_STEPS][4]; /* P of the previous tile as wgmma A fragments */
+        fgh_bar_wait(bar_q, n & 1);
+        if (w.n_items == 0 && lane == 0) fgh_bar_arrive(bar_qe); /* Q is not read */
 
-        /* Where they are shared (FGA_SHARED_COLS), the mask column parts of
-         * a tile that is partial for any consumer, one column per thread of
-         * the warp group, while S runs; a barrier of the warp group (named
-         * barrier 1 + cw) publishes them. It sits between the two products:
-         * between the second one and its wait, ptxas serialises the wgmma
-         * pipeline (C7514). Two buffers, taken in turn by those tiles: a
-         * buffer is rewritten two such tiles later, after every thread has
-         * passed the barrier of the one in between, so after its last
-         * read. */
-        const fg_mask_col *cols = 0;
-        if (FGA_SHARED_COLS && any_partial) {
-            fg_mask_col *buf = (fg_mask_col *)((unsigned char *)col_parts +
-                                               (cw * 2 + (shared_cols & 1)) * 128 * FGA_COL_BYTES);
-            shared_cols++;
-            const int c = tid & 127;
-            buf[c] = fga_mask_col_at<false>(rows, a, p, buf, kv0, c);
-            fgh_named_sync(1 + cw, 128);
-            cols = buf;
+        /* The block mask's index of the next item is read one tile ahead, so
+         * its global-memory latency stays off the loop's critical path. */
+        fga_cursor ahead = {0, 0};
+        int next_item = 0;
+        if (!built && w.n_items > 0) {
+            next_item = fgh_walk_item(w, 0, ahead);
+            fga_cursor_next(w.pl, ahead);
         }
+        for (int j = 0; j < w.n_items; j++) {
+            /* (lists are in shared memory: no need to read ahead) */
+            const int item = built ? w.list[j] : next_item, kv0 = item & ~15;
+            const int mine = (item >> my_shift) & 3;
+            const bool any_partial = (item & 15) != FGH_BOTH(FGH_FULL);
+            const int ks = kr.s;
+            fgh_bar_wait(bar_kf + 8 * ks, kr.ph);
+            fgh_ring_next(kr);
+            /* Ping-pong: wait for this consumer's turn. Consumer 0 goes first,
+             * then 1, ...; turn barrier FGH_TURN_BAR + c counts 256 threads,
+             * consumer c's own 128 waiting and the previous consumer's 128
+             * arriving. All consumers walk the same items, so every arrival
+             * meets a wait: consumer 0 skips its first wait, the last consumer
+             * its last hand-over, in every tile. */
+            if (FGH_PINGPONG && (cw != 0 || j > 0)) fgh_named_sync(FGH_TURN_BAR + cw, 256);
 
-        const int vs = (j + FGH_V_STAGES - 1) % FGH_V_STAGES; /* V_{j-1}'s stage */
-        if (j > 0) {
-            fgh_bar_wait(bar_vf + 8 * vs, ((j - 1) / FGH_V_STAGES) & 1);
-            fgh_issue_pv(o, pa, dv + ((vs * FGH_TILE_BYTES) >> 4));
-        } else {
-            fgh_commit(); /* an empty group, so the wait below is the same for every j */
-        }
-        if (FGH_PINGPONG && (cw != FGH_CONSUMERS - 1 || j + 1 < w.n_items))
-            fgh_named_arrive(FGH_TURN_BAR + (cw + 1) % FGH_CONSUMERS, 256);
-        fgh_wait<1>();
-        fgh_fence_regs<FGH_NT * 4>(&s[0][0][0]);
-        if (lane == 0) fgh_bar_arrive(bar_ke + 8 * ks); /* K_j is no longer read */
-
-        /* Mods and softmax of tile j while P_{j-1} V_{j-1} runs. A block
-         * that this consumer's mask row lacks (merged walks) adds nothing:
-         * P = 0, and the running maxima, sums and O stay as they are. */
-        const bool absent = FGH_MERGE && mine == FGH_ABSENT;
-        const bool edge = kv0 + FGH_BLOCK_N > a.kv_len || q0 + FGH_BLOCK_M > a.q_len;
-        float alpha[1][2] = {{1.f, 1.f}};
-        if (!absent) {
-            fga_tile_mods<FGA_SHARED_COLS>(s, rows, a, p, kv0, mine == FGH_PARTIAL, edge, cols);
-            fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
-        }
-
-        fgh_wait<0>();
-        fgh_fence_regs<FGH_DT * 4>(&o[0][0][0]);
-        if (j > 0 && lane == 0) fgh_bar_arrive(bar_ve + 8 * vs); /* V_{j-1} is no longer read */
-        if (!absent) {
-            fga_rescale(o, alpha);
+            /* S_j = Q K_j^T, then the deferred P_{j-1} V_{j-1}. */
+            const fg_u64 dk_j = dk + ((ks * FGH_TILE_BYTES) >> 4);
+            fgh_fence();
 #pragma unroll
-            for (int kk = 0; kk < FGH_PV_STEPS; kk++) {
-                pa[kk][0] = fg_pack2(s[0][2 * kk][0], s[0][2 * kk][1]);
-                pa[kk][1] = fg_pack2(s[0][2 * kk][2], s[0][2 * kk][3]);
-                pa[kk][2] = fg_pack2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-                pa[kk][3] = fg_pack2(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+            for (int kk = 0; kk < FGH_QK_STEPS; kk++) {
+                const int koff = (kk & 3) * 32;
+                fgh_mma_ss_n128(&s[0][0][0], dq + (((kk >> 2) * FGH_Q_REGION + koff) >> 4),
+                                dk_j + (((kk >> 2) * FGH_REGION_BYTES + koff) >> 4), kk > 0);
             }
-        } else {
+            fgh_commit();
+            /* The next item, while S runs (at the top of the loop its
+             * block-mask read and cursor arithmetic would delay this
+             * consumer's turn, which every other consumer waits for). */
+            if (!built && j + 1 < w.n_items) {
+                next_item = fgh_walk_item(w, j + 1, ahead);
+                fga_cursor_next(w.pl, ahead);
+            }
+            asm volatile("" : "+r"(next_item)); /* computed here, not sunk to its use */
+
+            /* Where they are shared (FGA_SHARED_COLS), the mask column parts of
+             * a tile that is partial for any consumer, one column per thread of
+             * the warp group, while S runs; a barrier of the warp group (named
+             * barrier 1 + cw) publishes them. It sits between the two products:
+             * between the second one and its wait, ptxas serialises the wgmma
+             * pipeline (C7514). Two buffers, taken in turn by those tiles: a
+             * buffer is rewritten two such tiles later, after every thread has
+             * passed the barrier of the one in between, so after its last
+             * read. */
+            const fg_mask_col *cols = 0;
+            if (FGA_SHARED_COLS && any_partial) {
+                fg_mask_col *buf = (fg_mask_col *)((unsigned char *)col_parts +
+                                                   (cw * 2 + (shared_cols & 1)) * 128 * FGA_COL_BYTES);
+                shared_cols++;
+                const int c = tid & 127;
+                buf[c] = fga_mask_col_at<false>(rows, a, p, buf, kv0, c);
+                fgh_named_sync(1 + cw, 128);
+                cols = buf;
+            }
+
+            const int vs = vr.s, vph = vr.ph; /* V_{j-1}'s stage */
+            if (j > 0) {
+                fgh_ring_next(vr);
+                fgh_bar_wait(bar_vf + 8 * vs, vph);
+                fgh_issue_pv(o, pa, dv + ((vs * FGH_TILE_BYTES) >> 4));
+            } else {
+                fgh_commit(); /* an empty group, so the wait below is the same for every j */
+            }
+            if (FGH_PINGPONG && (cw != FGH_CONSUMERS - 1 || j + 1 < w.n_items))
+                fgh_named_arrive(FGH_TURN_BAR + (cw + 1) % FGH_CONSUMERS, 256);
+            fgh_wait<1>();
+            fgh_fence_regs<FGH_NT * 4>(&s[0][0][0]);
+            if (lane == 0) {
+                fgh_bar_arrive(bar_ke + 8 * ks);                  /* K_j is no longer read */
+                if (j + 1 == w.n_items) fgh_bar_arrive(bar_qe); /* nor is Q */
+            }
+
+            /* Mods and softmax of tile j while P_{j-1} V_{j-1} runs. A block
+             * that this consumer's mask row lacks (merged walks) adds nothing:
+             * P = 0, and the running maxima, sums and O stay as they are. */
+            const bool absent = FGH_MERGE && mine == FGH_ABSENT;
+            const bool edge = kv0 + FGH_BLOCK_N > a.kv_len || q0 + FGH_BLOCK_M > a.q_len;
+            float alpha[1][2] = {{1.f, 1.f}};
+            if (!absent) {
+                fga_tile_mods<FGA_SHARED_COLS>(s, rows, a, p, kv0, mine == FGH_PARTIAL, edge, cols);
+                fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
+            }
+
+            fgh_wait<0>();
+            fgh_fence_regs<FGH_DT * 4>(&o[0][0][0]);
+            if (j > 0 && lane == 0) fgh_bar_arrive(bar_ve + 8 * vs); /* V_{j-1} is no longer read */
+            if (!absent) {
+                fga_rescale(o, alpha);
 #pragma unroll
-            for (int kk = 0; kk < FGH_PV_STEPS; kk++) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+                for (int kk = 0; kk < FGH_PV_STEPS; kk++) {
+                    pa[kk][0] = fg_pack2(s[0][2 * kk][0], s[0][2 * kk][1]);
+                    pa[kk][1] = fg_pack2(s[0][2 * kk][2], s[0][2 * kk][3]);
+                    pa[kk][2] = fg_pack2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+                    pa[kk][3] = fg_pack2(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+                }
+            } else {
+#pragma unroll
+                for (int kk = 0; kk < FGH_PV_STEPS; kk++) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+            }
         }
+        if (w.n_items > 0) {
+            const int vs = vr.s;
+            fgh_bar_wait(bar_vf + 8 * vs, vr.ph);
+            fgh_ring_next(vr);
+            fgh_fence();
+            fgh_issue_pv(o, pa, dv + ((vs * FGH_TILE_BYTES) >> 4));
+            fgh_wait<0>();
+            fgh_fence_regs<FGH_DT * 4>(&o[0][0][0]);
+            if (lane == 0) fgh_bar_arrive(bar_ve + 8 * vs); /* the last V is no longer read */
+        }
+        if (lane == 0) fgh_bar_arrive(bar_le + 8 * (n & 1)); /* the slot and list are walked */
+        fga_store(o, m_run, l_run, a, b, h, qrow0);
     }
-    if (w.n_items > 0) {
-        const int last = w.n_items - 1, vs = last % FGH_V_STAGES;
-        fgh_bar_wait(bar_vf + 8 * vs, (last / FGH_V_STAGES) & 1);
-        fgh_fence();
-        fgh_issue_pv(o, pa, dv + ((vs * FGH_TILE_BYTES) >> 4));
-        fgh_wait<0>();
-        fgh_fence_regs<FGH_DT * 4>(&o[0][0][0]);
-    }
-    fga_store(o, m_run, l_run, a, b, h, qrow0);
 }

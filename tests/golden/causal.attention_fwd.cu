@@ -473,13 +473,14 @@ struct fga_args {
     int q_offset, kv_offset;
     float scale, scale_log2;
     int has_block_mask, bm_batch, bm_heads, bm_q_blocks, bm_kv_blocks, bm_q_block, bm_kv_block;
-    int q_tiles, pad_;
+    int q_tiles, l2_heads;
     fg_u64 kv_lens, q_offsets, block_table;
     int paged, page_shift, num_pages, max_pages;
     fg_u64 o_part, lse_part;
     int group, rows, row_tiles, n_split;
+    fg_u64 tile_counter;
 };
-static_assert(sizeof(fga_args) == 312, "fga_args must match fgi_attn_abi");
+static_assert(sizeof(fga_args) == 320, "fga_args must match fgi_attn_abi");
 
 #define FGA_NEG_INF __int_as_float(0xff800000)
 
