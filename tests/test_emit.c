@@ -140,7 +140,7 @@ static const spelling spellings[] = {
     {FG_MASK_MOD, "q_idx > 0 ? kv_idx < q_idx : true", "return q_idx > 0 ? kv_idx < q_idx : true;"},
     /* implicit conversions are explicit; float -> int saturates */
     {FG_MASK_MOD, "q_idx", "return q_idx != 0;"},
-    {FG_MASK_MOD, "(int)(F * (float)q_idx) > kv_idx", "return fg_f2i(fg_fmul(p.F, fg_i2f(q_idx))) > kv_idx;"},
+    {FG_MASK_MOD, "(int)(F * (float)q_idx) > kv_idx", "return fg_f2i(fg_fmul(p.F, (float)q_idx)) > kv_idx;"},
     {FG_MASK_MOD, "ids[q_idx] == ids[kv_idx]",
      "return fg_load_i32(p.ids, p.fg_len_ids, q_idx) == fg_load_i32(p.ids, p.fg_len_ids, kv_idx);"},
     /* float arithmetic is one rounding per operator, never an FMA */
@@ -148,7 +148,7 @@ static const spelling spellings[] = {
     {FG_SCORE_MOD, "score / F - 0.25", "return fg_fsub(fg_fdiv_by(score, p.F, p.fg_rcp_F), 0.25f);"},
     {FG_SCORE_MOD, "F * tanh(score / F)", "return fg_fmul(p.F, tanhf(fg_fdiv_by(score, p.F, p.fg_rcp_F)));"},
     {FG_SCORE_MOD, "score + slopes[h] * (float)(kv_idx - q_idx)",
-     "return fg_fadd(score, fg_fmul(fg_load_f32(p.slopes, p.fg_len_slopes, h), fg_i2f(fg_isub(kv_idx, q_idx))));"},
+     "return fg_fadd(score, fg_fmul(fg_load_f32(p.slopes, p.fg_len_slopes, h), (float)fg_isub(kv_idx, q_idx)));"},
     {FG_SCORE_MOD, "sigmoid(score) + rsqrt(F)", "return fg_fadd(fg_sigmoid(score), fg_rsqrt(p.F));"},
     {FG_SCORE_MOD, "-score", "return -score;"},
     {FG_SCORE_MOD, "q_idx >= kv_idx ? score : -INFINITY", "return q_idx >= kv_idx ? score : __int_as_float(0xff800000);"},
@@ -486,7 +486,7 @@ static void test_divisors(void **state) {
     assert_non_null(strstr(out, "fg_imod_by(fg_isub(q_idx, kv_idx), p.fg_div_P)"));
     assert_non_null(strstr(out, "fg_idiv_by(q_idx, p.fg_div_Q)"));
     assert_null(strstr(out, "fg_div_R"));
-    assert_non_null(strstr(out, "fg_fdiv_by(fg_i2f(kv_idx), p.F, p.fg_rcp_F)"));
+    assert_non_null(strstr(out, "fg_fdiv_by((float)kv_idx, p.F, p.fg_rcp_F)"));
     char line[160];
     snprintf(line, sizeof line, "static_assert(fg_offsetof(fg_mod_params, fg_div_Q) == %zu,", layout.div_offsets[1]);
     assert_non_null(strstr(out, line));
@@ -578,33 +578,6 @@ static void test_float_divisors(void **state) {
             memcpy(&a, &bits, sizeof a);
             check_fdiv_by(a, bs[i]);
         }
-}
-
-/* fg_i2f of templates/common.cuh, spelled in C. */
-static float i2f(int x) {
-    float hi, lo;
-    const int32_t hb = 0x4B400000 + (x >> 16), lb = 0x4B000000 | (x & 0xffff);
-    memcpy(&hi, &hb, sizeof hi);
-    memcpy(&lo, &lb, sizeof lo);
-    return fmaf(hi - 12582912.0f, 65536.0f, lo - 8388608.0f);
-}
-
-/* fg_i2f against (float)x: every int in [-2^20, 2^20], the edges of the
- * int range and of exact floats, and every 65537th int. */
-static void test_int_to_float(void **state) {
-    (void)state;
-    static const int edges[] = {INT32_MIN, INT32_MIN + 1, INT32_MAX, INT32_MAX - 1, 1 << 24, (1 << 24) + 1,
-                                (1 << 24) + 3, -(1 << 24) - 1, -(1 << 24) - 3, 65535, 65536, -65536, -65537,
-                                (1 << 30) + 65, -(1 << 30) - 65};
-    for (size_t i = 0; i < sizeof edges / sizeof edges[0]; i++)
-        if (float_bits(i2f(edges[i])) != float_bits((float)edges[i]))
-            fail_msg("%d: %a, want %a", edges[i], (double)i2f(edges[i]), (double)(float)edges[i]);
-    for (int x = -(1 << 20); x <= (1 << 20); x++)
-        if (float_bits(i2f(x)) != float_bits((float)x)) fail_msg("%d: %a, want %a", x, (double)i2f(x), (double)(float)x);
-    for (int64_t v = INT32_MIN; v <= INT32_MAX; v += 65537) {
-        const int x = (int)v;
-        if (float_bits(i2f(x)) != float_bits((float)x)) fail_msg("%d: %a, want %a", x, (double)i2f(x), (double)(float)x);
-    }
 }
 
 /* ---- every gallery mod compiles ------------------------------------------------ */
@@ -1194,7 +1167,7 @@ int main(void) {
         cmocka_unit_test(test_line_directives), cmocka_unit_test(test_composition),
         cmocka_unit_test(test_param_layout),    cmocka_unit_test(test_configs),
         cmocka_unit_test(test_keys),            cmocka_unit_test(test_cli),
-        cmocka_unit_test(test_gallery_compiles), cmocka_unit_test(test_divisors), cmocka_unit_test(test_float_divisors), cmocka_unit_test(test_int_to_float),
+        cmocka_unit_test(test_gallery_compiles), cmocka_unit_test(test_divisors), cmocka_unit_test(test_float_divisors),
         cmocka_unit_test(test_approx_keys),     cmocka_unit_test(test_approx_compiles),
     };
     snprintf(tmpdir, sizeof tmpdir, "/tmp/flexgen_test_emit_XXXXXX");

@@ -175,7 +175,6 @@ static int printed_prec(const fgi_expr *e) {
     case FGI_E_CAST:
         if (e->type == FGI_T_BOOL) return P_EQ;                      /* x != 0     */
         if (e->type == FGI_T_INT && e->a->type == FGI_T_FLOAT) return P_PRIMARY; /* fg_f2i */
-        if (e->type == FGI_T_FLOAT && e->a->type == FGI_T_INT) return P_PRIMARY; /* fg_i2f */
         return P_UNARY;                                              /* (float)x  */
     default: return P_PRIMARY;
     }
@@ -333,10 +332,8 @@ static void print_cast(fgi_cuda_printer *p, const fgi_expr *e) {
     } else if (to == FGI_T_INT && from == FGI_T_FLOAT) {
         const fgi_expr *args[1] = {e->a};
         print_call(p, "fg_f2i", args, 1);
-    } else if (to == FGI_T_FLOAT && from == FGI_T_INT) {
-        const fgi_expr *args[1] = {e->a}; /* off the conversion unit (common.cuh) */
-        print_call(p, "fg_i2f", args, 1);
-    } else if ((to == FGI_T_INT && from == FGI_T_BOOL) || (to == FGI_T_FLOAT && from == FGI_T_BOOL)) {
+    } else if ((to == FGI_T_INT && from == FGI_T_BOOL) ||
+               (to == FGI_T_FLOAT && (from == FGI_T_INT || from == FGI_T_BOOL))) {
         fgi_buf_printf(p->out, "(%s)", fgi_emit_ctype(to));
         print_at(p, e->a, P_PRIMARY);
     } else {

@@ -260,7 +260,9 @@ static bool is_costly(const splitter *sp, const fgi_expr *e, split_class at) {
         return false;
     case FGI_E_LOCAL: return false;
     case FGI_E_CAST:
-        /* int to float: fg_i2f, five instructions and their registers */
+        /* int to float: an I2F per score on the conversion unit, which the
+         * softmax's exponentials share (ALiBi's bias). Measured at D=64:
+         * two consumers with it beat three (attention_notes.md v20). */
         if (e->type == FGI_T_FLOAT && e->a && e->a->type == FGI_T_INT) return true;
         break;
     default: break;

@@ -37,7 +37,7 @@
  *     fg_fadd fg_fsub fg_fmul fg_fdiv   float + - * /, never fused
  *     fg_fdiv_by                        float / by a scalar parameter
  *                                       (its reciprocal made on the host)
- *     fg_f2i fg_i2f                     float -> int, int -> float
+ *     fg_f2i                            float -> int
  *     fg_load_i32 fg_load_f32           buffer reads, 0 outside [0, len)
  *     fg_and fg_or                      && and || with both sides evaluated
  *     fg_iabs fg_imin fg_imax fg_iclamp fg_fclamp fg_rsqrt fg_sigmoid
@@ -184,22 +184,6 @@ FG_DEV float fg_fdiv_by(float a, float b, float y) {
     const bool exact = aa >= 0x1p-60f && aa <= 0x1p60f && ab >= 0x1p-60f && ab <= 0x1p60f;
     return exact ? q1 : q0;
 }
-/* (float)x rounded to nearest, as __int2float_rn gives it, on the FMA
- * and integer units instead of the conversion unit. On Hopper that unit
- * issues 16 conversions per clock per SM, the rate of the exponential the
- * softmax takes of every score, so one cast per score (ALiBi's
- * `(float)(kv_idx - q_idx)`) would halve the element loop's exponential
- * rate. x == hi * 2^16 + lo with hi = x >> 16 (arithmetic) and lo = x &
- * 0xffff; each half is exact as a float: placed in the mantissa of 1.5 *
- * 2^23 (hi, |hi| < 2^15) or 2^23 (lo, lo < 2^16), less that value. The FMA
- * then rounds hi * 2^16 + lo == x once. Equal to (float)x for every int
- * (checked exhaustively when written; test_int_to_float in
- * tests/test_emit.c checks the sequence, spelled in C, on a sample). */
-FG_DEV float fg_i2f(int x) {
-    const float hi = __fsub_rn(__int_as_float(0x4B400000 + (x >> 16)), 12582912.0f);
-    const float lo = __fsub_rn(__int_as_float(0x4B000000 | (x & 0xffff)), 8388608.0f);
-    return __fmaf_rn(hi, 65536.0f, lo);
-}
 /* clamp(x, lo, hi) == fminf(fmaxf(x, lo), hi) (NaN bounds are ignored). */
 FG_DEV float fg_fclamp(float x, float lo, float hi) { return fminf(fmaxf(x, lo), hi); }
 /* 1 / sqrt(x) with an IEEE square root and division (rsqrtf is approximate). */
@@ -308,13 +292,13 @@ static_assert(sizeof(fg_mod_params) == 24, "fg_mod_params size");
 __device__ __forceinline__ bool fg_mask_mod(const fg_mod_params &p, int b, int h, int q_idx, int kv_idx) {
 #line 19 "mods/alibi.c"
     return q_idx >= kv_idx;
-#line 312 "attention_fwd-alibi-bf16-d128.cu"
+#line 296 "attention_fwd-alibi-bf16-d128.cu"
 }
 
 __device__ __forceinline__ float fg_score_mod(const fg_mod_params &p, float score, int b, int h, int q_idx, int kv_idx) {
 #line 15 "mods/alibi.c"
-    return fg_fadd(score, fg_fmul(fg_load_f32(p.slopes, p.fg_len_slopes, h), fg_i2f(fg_isub(kv_idx, q_idx))));
-#line 318 "attention_fwd-alibi-bf16-d128.cu"
+    return fg_fadd(score, fg_fmul(fg_load_f32(p.slopes, p.fg_len_slopes, h), (float)fg_isub(kv_idx, q_idx)));
+#line 302 "attention_fwd-alibi-bf16-d128.cu"
 }
 
 
@@ -375,7 +359,7 @@ __device__ __forceinline__ fg_score_col fg_score_col_init(const fg_mod_params &p
 }
 
 __device__ __forceinline__ float fg_score_split0(const fg_mod_params &p, const fg_score_head &hd, float score, int b, int h, int q_idx, int kv_idx, const fg_score_row &r, const fg_score_col &c) {
-    return fg_fadd(score, fg_fmul(hd.f0_0, (fg_i2f(fg_isub(kv_idx, q_idx)))));
+    return fg_fadd(score, fg_fmul(hd.f0_0, ((float)fg_isub(kv_idx, q_idx))));
 }
 
 __device__ __forceinline__ float fg_score_split(const fg_mod_params &p, const fg_score_head &hd, float score, int b, int h, int q_idx, int kv_idx, const fg_score_row &r, const fg_score_col &c) {

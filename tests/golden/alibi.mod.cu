@@ -32,7 +32,7 @@ __device__ __forceinline__ bool fg_mask_mod(const fg_mod_params &p, int b, int h
 
 __device__ __forceinline__ float fg_score_mod(const fg_mod_params &p, float score, int b, int h, int q_idx, int kv_idx) {
 #line 15 "mods/alibi.c"
-    return fg_fadd(score, fg_fmul(fg_load_f32(p.slopes, p.fg_len_slopes, h), fg_i2f(fg_isub(kv_idx, q_idx))));
+    return fg_fadd(score, fg_fmul(fg_load_f32(p.slopes, p.fg_len_slopes, h), (float)fg_isub(kv_idx, q_idx)));
 #line 37 "flexgen.cu"
 }
 
