@@ -75,6 +75,11 @@
 #define FGD_STAGES 2
 #endif
 #define FGD_Q_IN_REGS (FG_HEAD_DIM <= 128)
+/* The walk software-pipelined by one tile (fgd_decode), at head dim 128:
+ * +1-7% there, within +-1.5% at head dim 64 (bench/attention_notes.md,
+ * decode d8); it needs a stage beyond the two in use, which head dim 256
+ * does not have. */
+#define FGD_PIPE_S (FG_HEAD_DIM > 64 && FGD_STAGES >= 3)
 /* Blocks resident per SM, as the stages' shared memory allows (the host's
  * split count assumes the same): the register budget ptxas may use. */
 #define FGD_BLOCKS_PER_SM (FG_HEAD_DIM <= 128 ? 2 : 1)
@@ -318,36 +323,12 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     ri[1] = fgd_row_of(a, hk, qpos, row0 + wr * 16 + g + 8);
     const float mult = fga_log2_mult(a);
 
-    for (int t = 0; t < n; t++) {
-        const int st = t % FGD_STAGES;
-        fga_cp_wait<FGD_STAGES - 2>();
-        /* After this barrier tile t is in shared memory and every warp is
-         * done with tile t - 1, whose stage is refilled below. */
-        const bool bad_tile = PAGED ? __syncthreads_or((badbits >> st) & 1) != 0 : (__syncthreads(), false);
-        badbits &= ~(1 << st);
-        bool partial;
-        const int kv0 = fga_cursor_kv0<FGD_BLOCK_N>(pl, use, partial);
-        fga_cursor_next(pl, use);
-        {
-            const int tn = t + FGD_STAGES - 1, sn = tn % FGD_STAGES;
-            if (tn < n) {
-                bool part;
-                const int kvn = fga_cursor_kv0<FGD_BLOCK_N>(pl, issue, part);
-                fga_cursor_next(pl, issue);
-                if (fgd_load_kv<PAGED>(a, s0 + sn * FGD_STAGE_BYTES, kbase, vbase, table, kvn, len))
-                    badbits |= 1 << sn;
-            }
-            fga_cp_commit();
-        }
-
-        const fg_u32 sK = s0 + st * FGD_STAGE_BYTES, sV = sK + FGD_KV_BYTES;
-        /* S = Q K^T over this warp's KW keys of the tile (one 16-row slab,
-         * as the shared softmax counts them). */
-        float ss[1][NT][4];
-        float (&s)[NT][4] = ss[0];
+    /* S = Q K^T over this warp's KW keys of the tile in `stage` (one
+     * 16-row slab, as the shared softmax counts them). */
+    auto scores = [&](float (&s)[NT][4], int stage) {
 #pragma unroll
         for (int i = 0; i < NT; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-        const fg_u32 k_lane = sK + (fg_u32)(((wk * KW + k_row) * FGD_ROW + k_col) * 2);
+        const fg_u32 k_lane = s0 + stage * FGD_STAGE_BYTES + (fg_u32)(((wk * KW + k_row) * FGD_ROW + k_col) * 2);
 #pragma unroll
         for (int kk = 0; kk < FGD_KSTEPS; kk++) {
 #if FGD_Q_IN_REGS
@@ -364,8 +345,11 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
                 fga_mma(s[2 * np + 1], qa, kf[2], kf[3]);
             }
         }
-
-        fgd_tile_mods<NT, PAGED>(s, ri, a, p, b, kv0 + wk * KW, len, partial, bad_tile, table);
+    };
+    /* The mods, the online softmax and O += P V for the tile in `stage`
+     * whose scores are in ss[0] (first key kv0). */
+    auto consume = [&](float (&ss)[1][NT][4], int stage, int kv0, bool partial, bool bad_tile) {
+        fgd_tile_mods<NT, PAGED>(ss[0], ri, a, p, b, kv0 + wk * KW, len, partial, bad_tile, table);
         float alpha[1][2];
         fga_tile_softmax<1, NT>(ss, m_run, l_run, alpha, mult);
         /* Once the row maxima settle most tiles leave every alpha at 1:
@@ -379,10 +363,10 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
                 o[i][3] *= alpha[0][1];
             }
         }
-
         /* O += P V: P from accumulator layout to A fragments, V^T by
          * transposing ldmatrix. */
-        const fg_u32 v_lane = sV + (fg_u32)(((wk * KW + v_row) * FGD_ROW + v_col) * 2);
+        const fg_u32 v_lane =
+            s0 + stage * FGD_STAGE_BYTES + FGD_KV_BYTES + (fg_u32)(((wk * KW + v_row) * FGD_ROW + v_col) * 2);
 #pragma unroll
         for (int kc = 0; kc < KW / 16; kc++) {
             fg_u32 pa[4];
@@ -398,7 +382,83 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
                 fga_mma(o[2 * dp + 1], pa, vf[2], vf[3]);
             }
         }
+    };
+    /* Copy tile `tn` (the issue cursor's next) into its stage when it is
+     * in the range; one commit group either way. */
+    auto issue_tile = [&](int tn) {
+        if (tn < n) {
+            const int sn = tn % FGD_STAGES;
+            bool part;
+            const int kvn = fga_cursor_kv0<FGD_BLOCK_N>(pl, issue, part);
+            fga_cursor_next(pl, issue);
+            if (fgd_load_kv<PAGED>(a, s0 + sn * FGD_STAGE_BYTES, kbase, vbase, table, kvn, len)) badbits |= 1 << sn;
+        }
+        fga_cp_commit();
+    };
+    /* After this barrier the tile of `stage` is in shared memory (waited
+     * for before it) and every warp is done with what it read before it;
+     * returns whether some thread met a bad page in that tile. */
+    auto arrive = [&](int stage) {
+        const bool bad = PAGED ? __syncthreads_or((badbits >> stage) & 1) != 0 : (__syncthreads(), false);
+        badbits &= ~(1 << stage);
+        return bad;
+    };
+
+#if FGD_PIPE_S
+    /* Software-pipelined by one tile: each step issues the next tile's
+     * Q K^T before the mods, softmax and P V of its own, so two
+     * independent chains are in flight per warp (the walk is bound by the
+     * latency of the warps' dependent chains, not by issue slots or bytes
+     * in flight: bench/attention_notes.md, decode). The cost: one stage
+     * fewer streams ahead (tile t + 1 must have landed at step t), so it
+     * needs three stages or more. Commit groups: Q, tiles 0 .. STAGES - 2
+     * (the prologue), then one per step (tile t + STAGES - 1 at step t). */
+    float sa[1][NT][4], sb[1][NT][4];
+    bool part_cur = false, bad_cur = false;
+    int kv0_cur = 0;
+    if (n > 0) {
+        fga_cp_wait<FGD_STAGES - 2>(); /* tile 0 */
+        bad_cur = arrive(0);
+        kv0_cur = fga_cursor_kv0<FGD_BLOCK_N>(pl, use, part_cur);
+        fga_cursor_next(pl, use);
+        scores(sa[0], 0);
     }
+    /* Two steps per trip, so the current and next scores stay in fixed
+     * registers (sa, sb) instead of being copied every step. */
+    auto step = [&](int t, float (&cur)[1][NT][4], float (&nxt)[1][NT][4]) {
+        bool part_nxt = false, bad_nxt = false;
+        int kv0_nxt = 0;
+        if (t + 1 < n) {
+            fga_cp_wait<FGD_STAGES - 3>(); /* tile t + 1 */
+            bad_nxt = arrive((t + 1) % FGD_STAGES); /* and every warp is done with tile t - 1 */
+            issue_tile(t + FGD_STAGES - 1);         /* into tile t - 1's stage */
+            kv0_nxt = fga_cursor_kv0<FGD_BLOCK_N>(pl, use, part_nxt);
+            fga_cursor_next(pl, use);
+            scores(nxt[0], (t + 1) % FGD_STAGES);
+        }
+        consume(cur, t % FGD_STAGES, kv0_cur, part_cur, bad_cur);
+        kv0_cur = kv0_nxt, part_cur = part_nxt, bad_cur = bad_nxt;
+    };
+    for (int t = 0; t < n; t += 2) {
+        step(t, sa, sb);
+        if (t + 1 < n) step(t + 1, sb, sa);
+    }
+#else
+    for (int t = 0; t < n; t++) {
+        const int st = t % FGD_STAGES;
+        fga_cp_wait<FGD_STAGES - 2>();
+        /* After this barrier tile t is in shared memory and every warp is
+         * done with tile t - 1, whose stage is refilled below. */
+        const bool bad_tile = arrive(st);
+        bool partial;
+        const int kv0 = fga_cursor_kv0<FGD_BLOCK_N>(pl, use, partial);
+        fga_cursor_next(pl, use);
+        issue_tile(t + FGD_STAGES - 1);
+        float ss[1][NT][4];
+        scores(ss[0], st);
+        consume(ss, st, kv0, partial, bad_tile);
+    }
+#endif
 
     /* Merge the WK warps that share rows: each leaves (m, l) per row, then
      * its O scaled by 2^(m - M) / L into a region of its own; the block
