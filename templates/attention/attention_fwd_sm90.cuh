@@ -334,6 +334,18 @@ static __device__ __forceinline__ void fgh_tile_of(const fga_args &a, int t, int
     q0 = (a.q_tiles - 1 - qblk) * FGH_BLOCK_M;
 }
 
+/* The n-th tile of this block's walk, as the scheduler published it in
+ * slot n & 1 (released through that slot's list barrier): its batch, head
+ * and first q row, or false past the last tile. */
+static __device__ __forceinline__ bool fgh_next_tile(const fga_args &a, volatile int *slots, fg_u32 bar_lf, int n,
+                                                     int n_tiles, int &b, int &h, int &q0) {
+    fgh_bar_wait(bar_lf + 8 * (n & 1), (n >> 1) & 1);
+    const int t = slots[n & 1];
+    if (t >= n_tiles) return false;
+    fgh_tile_of(a, t, b, h, q0);
+    return true;
+}
+
 /* ---- the kernel ------------------------------------------------------------- */
 
 extern "C" __global__ void __launch_bounds__(FGH_THREADS, 1)
@@ -399,11 +411,8 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
                 fgh_ring<FGH_K_STAGES> kr = {0, 0, false};
                 fgh_ring<FGH_V_STAGES> vr = {0, 0, false};
                 for (int n = 0;; n++) {
-                    fgh_bar_wait(bar_lf + 8 * (n & 1), (n >> 1) & 1);
-                    const int t = slots[n & 1];
-                    if (t >= n_tiles) break;
                     int b, h, q0;
-                    fgh_tile_of(a, t, b, h, q0);
+                    if (!fgh_next_tile(a, slots, bar_lf, n, n_tiles, b, h, q0)) break;
                     const int hk = h / (a.heads_q / a.heads_kv);
                     const fgh_walk w = fgh_walk_of(a, b, h, q0, lists + (n & 1) * FGH_MERGE_MAX_KB);
                     if (n > 0) fgh_bar_wait(bar_qe, (n - 1) & 1);
@@ -464,11 +473,8 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     fgh_ring<FGH_V_STAGES> vr = {0, 0, false};
     int shared_cols = 0; /* tiles so far whose column parts were shared */
     for (int n = 0;; n++) {
-        fgh_bar_wait(bar_lf + 8 * (n & 1), (n >> 1) & 1);
-        const int t = slots[n & 1];
-        if (t >= n_tiles) break;
         int b, h, q0;
-        fgh_tile_of(a, t, b, h, q0);
+        if (!fgh_next_tile(a, slots, bar_lf, n, n_tiles, b, h, q0)) break;
         /* This thread's rows are qrow0 + {0, 8}; the consumer's 64 rows lie
          * in one block-mask row, the walk's first or (merged) second. */
         const int qrow0 = q0 + cw * 64 + warp * 16 + (lane >> 2);
