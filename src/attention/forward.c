@@ -165,12 +165,13 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
      * (in the call's workspace), in the order fgh_tile_of gives: sections
      * of l2_heads (batch, head) pairs whose K and V fit in 32 MB of L2,
      * heaviest q blocks first. The kernel counts tiles in an int. */
-    const long long tiles = (long long)abi.q_tiles * a->heads_q * a->batch;
-    if (tiles > INT_MAX)
-        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "%lld q tiles: the Hopper forward counts at most %d", tiles,
-                         INT_MAX);
     int sms = 1;
     FGI_TRY(fgi_cuda_sm_count(ctx, &sms));
+    /* A block's tile index goes up to tiles - 1 + its grid's size. */
+    const long long tiles = (long long)abi.q_tiles * a->heads_q * a->batch;
+    if (tiles > (long long)INT_MAX - sms)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "%lld q tiles: the Hopper forward counts at most %lld", tiles,
+                         (long long)INT_MAX - sms);
     grid[0] = (unsigned)(tiles < sms ? tiles : sms);
     grid[1] = grid[2] = 1;
     const double kv_head_bytes = 2.0 * a->kv_len * a->head_dim * 2.0; /* K and V, 16-bit */
