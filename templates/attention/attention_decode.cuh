@@ -34,6 +34,9 @@
  *     shared memory is sized so that two blocks fit on an SM up to head dim
  *     128. Q is loaded once into the last stage before the walk starts and
  *     kept in registers (head dim 256: in a shared region of its own).
+ *   - Pipelined (FGD_PIPE_S, head dim 128): step t waits for tile t + 1
+ *     instead and issues its Q K^T before tile t's softmax and P V, so
+ *     each warp has two independent chains in flight.
  *
  * Positions. Query i of sequence b sees q_idx = q_offsets[b] + i (or
  * q_offset + i), key j sees kv_idx = kv_offset + j for j < kv_lens[b] (or
