@@ -27,7 +27,6 @@
 #include "blockmask/blockmask.h"
 
 #include <limits.h>
-#include <stdlib.h>
 #include <string.h>
 
 /* ---- device-side checks --------------------------------------------------- */

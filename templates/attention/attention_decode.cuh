@@ -290,16 +290,20 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     const fga_cursor start = {pl.per_block ? it0 / pl.per_block : 0, pl.per_block ? it0 % pl.per_block : 0};
     fga_cursor issue = start, use = start;
     int badbits = 0; /* bit st: this thread met a bad page in stage st */
-#pragma unroll
-    for (int st = 0; st < FGD_STAGES - 1; st++) {
-        if (st < n) {
+    /* Copy tile `tn` (the issue cursor's next) into its stage when it is
+     * in the range; one commit group either way. */
+    auto issue_tile = [&](int tn) {
+        if (tn < n) {
+            const int sn = tn % FGD_STAGES;
             bool part;
-            const int kv0 = fga_cursor_kv0<FGD_BLOCK_N>(pl, issue, part);
+            const int kvn = fga_cursor_kv0<FGD_BLOCK_N>(pl, issue, part);
             fga_cursor_next(pl, issue);
-            if (fgd_load_kv<PAGED>(a, s0 + st * FGD_STAGE_BYTES, kbase, vbase, table, kv0, len)) badbits |= 1 << st;
+            if (fgd_load_kv<PAGED>(a, s0 + sn * FGD_STAGE_BYTES, kbase, vbase, table, kvn, len)) badbits |= 1 << sn;
         }
         fga_cp_commit();
-    }
+    };
+#pragma unroll
+    for (int st = 0; st < FGD_STAGES - 1; st++) issue_tile(st);
 
     /* ldmatrix lane addressing, as in the forward. */
     const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
@@ -385,18 +389,6 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
                 fga_mma(o[2 * dp + 1], pa, vf[2], vf[3]);
             }
         }
-    };
-    /* Copy tile `tn` (the issue cursor's next) into its stage when it is
-     * in the range; one commit group either way. */
-    auto issue_tile = [&](int tn) {
-        if (tn < n) {
-            const int sn = tn % FGD_STAGES;
-            bool part;
-            const int kvn = fga_cursor_kv0<FGD_BLOCK_N>(pl, issue, part);
-            fga_cursor_next(pl, issue);
-            if (fgd_load_kv<PAGED>(a, s0 + sn * FGD_STAGE_BYTES, kbase, vbase, table, kvn, len)) badbits |= 1 << sn;
-        }
-        fga_cp_commit();
     };
     /* After this barrier the tile of `stage` is in shared memory (waited
      * for before it) and every warp is done with what it read before it;
