@@ -7,14 +7,15 @@
  *     |lse - ref| <= 1e-3 (1 + |ref|), -inf exactly where the reference has it
  *     no non-finite value in out, no NaN in lse, rows with LSE -inf exactly 0
  *     padding between output rows (strided layouts) never written.
- * The table covers every gallery mod x {D 64, 128} x {bf16, fp16} on several
+ * The table covers every gallery mod x {D 64, 128} x {bf16, fp16} (and once
+ * at D 96, 192 and 256) on several
  * shapes from the issue's list, with and without block masks (CPU- and
  * GPU-built), then GQA / MQA, B / H broadcast, offsets, fully masked rows,
  * BSHD strides, odd head dims, Q_LEN != KV_LEN, and the argument errors only
  * a device call can meet (alignment, block sizes, kernel mismatch).
  * The features and the gallery run twice: with the Hopper kernel allowed
- * (on a compute capability 9.0 GPU it serves head dims 64 and 128 with
- * blocks of 128) and with FG_OPT_HOPPER_KERNEL 0, so the portable kernel is
+ * (on a compute capability 9.0 GPU it serves head dims 64, 96, 128, 192
+ * and 256 with blocks of 128) and with FG_OPT_HOPPER_KERNEL 0, so the portable kernel is
  * checked on every case too. So does the approximate-math set
  * (FG_OPT_APPROX_MATH 1: softcap, ALiBi, noop and a score_mod on every
  * function it respells, D 64 and 128, bf16 and fp16, decode-shaped calls
@@ -207,6 +208,20 @@ static void test_gallery(void **state) {
                                0, 0, BHSD, 0, k % 3, 0, 0, rep ? 64 : 128, 128, 0.f, 0};
                     run_case(ctx, &c);
                 }
+    /* The Hopper kernel's other head dims (96 stored as 128, 192 and 256
+     * with 64-row K/V tiles): every mod once at each, the dtype and the
+     * block size alternating. The portable kernel's odd head dims are the
+     * features'. */
+    const int wide[3] = {96, 192, 256};
+    int w = 0;
+    for (int m = 0; m < (hopper_allowed ? NGALLERY : 0); m++)
+        for (int di = 0; di < 3; di++, w++) {
+            if (quick() && w % 3) continue;
+            const shape *s = &shapes[(w * 5 + m) % NSHAPES];
+            acase c = {gallery[m], NULL, wide[di], w % 2 ? FG_FP16 : FG_BF16, s->b, s->hq, s->hkv, s->q, s->kv,
+                       0, 0, BHSD, 0, w % 3, 0, 0, w % 4 == 1 ? 256 : 128, w % 4 == 3 ? 256 : 128, 0.f, 0};
+            run_case(ctx, &c);
+        }
     fg_ctx_destroy(ctx);
     assert_int_equal(failures, 0);
 }
@@ -269,9 +284,16 @@ static const acase features[] = {
     {"alibi", NULL, 48, FG_FP16, 1, 2, 2, 100, 177, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
     {"document", NULL, 80, FG_BF16, 1, 2, 2, 257, 257, 0, 0, BSHD, 8, BM_GPU, 0, 0, 128, 64, 0, 0},
     {"noop", NULL, 96, FG_BF16, 2, 2, 2, 127, 127, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    /* 96 through the Hopper kernel's padded columns: the padding and the
+     * next head's columns in BSHD rows must stay untouched */
+    {"sliding_window", NULL, 96, FG_FP16, 2, 3, 1, 300, 300, 0, 0, BSHD, 8, BM_CPU, 0, 0, 128, 128, 0, 0},
+    {"document", NULL, 192, FG_BF16, 2, 4, 2, 333, 333, 0, 0, BHSD, 0, BM_GPU, 0, 0, 128, 128, 0, 0},
+    {"causal", NULL, 192, FG_FP16, 1, 2, 2, 64, 700, 636, 0, BSHD, 8, BM_NONE, 0, 0, 128, 128, 0, 0},
     {"softcap", NULL, 112, FG_FP16, 1, 2, 1, 200, 200, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
     {"sliding_window", NULL, 160, FG_BF16, 1, 2, 2, 300, 300, 0, 0, BHSD, 0, BM_GPU, 0, 0, 128, 128, 0, 0},
     {"causal", NULL, 256, FG_BF16, 1, 2, 2, 257, 257, 0, 0, BHSD, 0, BM_CPU, 0, 0, 64, 64, 0, 0},
+    {"prefix_lm", NULL, 256, FG_BF16, 2, 4, 1, 300, 260, 0, 0, BHSD, 0, BM_CPU, 0, 1, 128, 128, 0, 0},
+    {NULL, LATE_SRC, 256, FG_FP16, 2, 1, 1, 200, 150, 0, 0, BHSD, 0, BM_GPU, 0, 0, 128, 128, 0, 70},
     {"noop", NULL, 256, FG_FP16, 1, 1, 1, 100, 1000, 0, 0, BSHD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
     {"natten", NULL, 16, FG_BF16, 1, 1, 1, 300, 300, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
     /* Q_LEN != KV_LEN: decode-like and the reverse */
@@ -433,7 +455,7 @@ static void test_device_errors(void **state) {
     assert_int_equal(fg_kernel_get(ctx, mod, &cfg, &k), FG_ERR_INVALID_ARGUMENT);
 
     /* The Hopper kernel by name: only on compute capability 9.0, only for
-     * head dims 64 / 128 and blocks of 128 or more. */
+     * head dims 64, 96, 128, 192, 256 and blocks of 128 or more. */
     int major = 0, minor = 0;
     assert_int_equal(fgi_cuda_arch(ctx, &major, &minor), FG_OK);
     fg_kernel_config h = {FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 64, 0, 0, NULL};
@@ -443,7 +465,17 @@ static void test_device_errors(void **state) {
                                                ? FG_KERNEL_ATTENTION_FWD_SM90
                                                : FG_KERNEL_ATTENTION_FWD);
     fg_kernel_release(k);
-    any.head_dim = 96; /* the Hopper kernel does not take it: the portable one */
+    /* its other head dims are its own too; 80 it does not take */
+    static const int wide[3] = {96, 192, 256};
+    for (int i = 0; i < 3; i++) {
+        any.head_dim = wide[i];
+        assert_int_equal(fg_kernel_get(ctx, mod, &any, &k), FG_OK);
+        assert_int_equal(fg_kernel_kind_of(k), major == 9 && minor == 0 && hopper_allowed
+                                                   ? FG_KERNEL_ATTENTION_FWD_SM90
+                                                   : FG_KERNEL_ATTENTION_FWD);
+        fg_kernel_release(k);
+    }
+    any.head_dim = 80;
     assert_int_equal(fg_kernel_get(ctx, mod, &any, &k), FG_OK);
     assert_int_equal(fg_kernel_kind_of(k), FG_KERNEL_ATTENTION_FWD);
     fg_kernel_release(k);
@@ -459,7 +491,7 @@ static void test_device_errors(void **state) {
         assert_int_equal(fg_kernel_launch(ctx, k, &e), FG_ERR_NOT_SUPPORTED);
         fg_block_mask_destroy(bm);
         fg_kernel_release(k);
-        h.head_dim = 96;
+        h.head_dim = 80;
         assert_int_equal(fg_kernel_get(ctx, mod, &h, &k), FG_ERR_NOT_SUPPORTED);
         h.head_dim = 64, h.q_block = 64;
         assert_int_equal(fg_kernel_get(ctx, mod, &h, &k), FG_ERR_NOT_SUPPORTED);

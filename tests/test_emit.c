@@ -602,8 +602,8 @@ static void test_gallery_compiles(void **state) {
     qsort(names, (size_t)n, sizeof names[0], name_cmp);
 
     /* The portable kernel and the block-mask builder for both archs, the
-     * Hopper forward and backward for their only one, at both of their
-     * head dims. */
+     * Hopper forward and backward for their only one, at every head dim
+     * they take. */
     static const struct {
         fg_kernel_kind kind;
         int head_dim;
@@ -615,6 +615,9 @@ static void test_gallery_compiles(void **state) {
         {FG_KERNEL_BLOCK_MASK, 0, "sm_90a", "blockmask"},
         {FG_KERNEL_ATTENTION_FWD_SM90, 128, "sm_90a", "attention-sm90 d128"},
         {FG_KERNEL_ATTENTION_FWD_SM90, 64, "sm_90a", "attention-sm90 d64"},
+        {FG_KERNEL_ATTENTION_FWD_SM90, 96, "sm_90a", "attention-sm90 d96"},
+        {FG_KERNEL_ATTENTION_FWD_SM90, 192, "sm_90a", "attention-sm90 d192"},
+        {FG_KERNEL_ATTENTION_FWD_SM90, 256, "sm_90a", "attention-sm90 d256"},
         {FG_KERNEL_ATTENTION_BWD_SM90, 128, "sm_90a", "attention-bwd-sm90 d128"},
         {FG_KERNEL_ATTENTION_BWD_SM90, 64, "sm_90a", "attention-bwd-sm90 d64"},
     };
@@ -701,11 +704,18 @@ static const config_case config_cases[] = {
     {{FG_KERNEL_BLOCK_MASK, 0, 0, 100, 128, NULL}, FG_ERR_NOT_SUPPORTED},
     {{FG_KERNEL_BLOCK_MASK, 0, 0, 128, 512, NULL}, FG_ERR_NOT_SUPPORTED},
     {{FG_KERNEL_BLOCK_MASK, 0, 0, 8, 128, NULL}, FG_ERR_NOT_SUPPORTED},
-    /* the Hopper kernel: head dims 64 and 128, blocks of 128 and more, sm_90a */
+    /* the Hopper kernel: head dims 64, 96, 128, 192 and 256, blocks of 128
+     * and more, sm_90a; its backward: 64 and 128 */
     {{FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 0, 0, 0, NULL}, FG_OK},
     {{FG_KERNEL_ATTENTION_FWD_SM90, FG_FP16, 64, 256, 128, "sm_90a"}, FG_OK},
-    {{FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 96, 0, 0, NULL}, FG_ERR_NOT_SUPPORTED},
-    {{FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 256, 0, 0, NULL}, FG_ERR_NOT_SUPPORTED},
+    {{FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 96, 0, 0, NULL}, FG_OK},
+    {{FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 192, 0, 0, NULL}, FG_OK},
+    {{FG_KERNEL_ATTENTION_FWD_SM90, FG_FP16, 256, 0, 0, NULL}, FG_OK},
+    {{FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 80, 0, 0, NULL}, FG_ERR_NOT_SUPPORTED},
+    {{FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 160, 0, 0, NULL}, FG_ERR_NOT_SUPPORTED},
+    {{FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 32, 0, 0, NULL}, FG_ERR_NOT_SUPPORTED},
+    {{FG_KERNEL_ATTENTION_BWD_SM90, FG_BF16, 96, 0, 0, NULL}, FG_ERR_NOT_SUPPORTED},
+    {{FG_KERNEL_ATTENTION_BWD_SM90, FG_BF16, 256, 0, 0, NULL}, FG_ERR_NOT_SUPPORTED},
     {{FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 128, 64, 128, NULL}, FG_ERR_NOT_SUPPORTED},
     {{FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 128, 128, 64, NULL}, FG_ERR_NOT_SUPPORTED},
     {{FG_KERNEL_ATTENTION_FWD_SM90, FG_BF16, 128, 0, 0, "sm_80"}, FG_ERR_NOT_SUPPORTED},

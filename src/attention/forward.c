@@ -106,8 +106,8 @@ static void fill_abi(const fg_kernel *k, const fg_attention_args *a, const fgi_a
 }
 
 /* The Hopper kernel's third argument: q, k and v as [batch, heads, len, D]
- * tensor maps (fgi_attn_tensor_map, boxes of 128 rows; q's of the
- * geometry's q_box, or of its block_m where it sets none). */
+ * tensor maps (fgi_attn_tensor_map: k's and v's boxes of the geometry's
+ * block_n rows; q's of its q_box, or of its block_m where it sets none). */
 typedef struct hopper_maps {
     CUtensorMap q, k, v;
 } hopper_maps;
@@ -117,10 +117,11 @@ static fg_status encode_maps(fg_ctx *ctx, const fg_kernel *k, const fg_attention
     const int q_box = k->geom[0].q_box ? k->geom[0].q_box : k->geom[0].block_m;
     FGI_TRY(fgi_attn_tensor_map(ctx, &m->q, a->dtype, a->q, a->head_dim, a->q_len, a->heads_q, a->batch, st->q, q_box,
                                 "q"));
+    const int kv_box = k->geom[0].block_n;
     FGI_TRY(fgi_attn_tensor_map(ctx, &m->k, a->dtype, a->k, a->head_dim, a->kv_len, a->heads_kv, a->batch, st->k,
-                                128, "k"));
+                                kv_box, "k"));
     FGI_TRY(fgi_attn_tensor_map(ctx, &m->v, a->dtype, a->v, a->head_dim, a->kv_len, a->heads_kv, a->batch, st->v,
-                                128, "v"));
+                                kv_box, "v"));
     return FG_OK;
 }
 

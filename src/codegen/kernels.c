@@ -19,26 +19,31 @@
 /* ---- which configs the Hopper kernel takes ---------------------------------- */
 
 /* What both Hopper rows take, on a config with its defaults filled in:
- * wgmma tiles of 64 rows per warp group, the head dim one or two 128-byte
- * swizzle rows, code for sm_90a only. `what` names the row in messages,
- * `portable` the row that takes the rest. A NULL ctx records nothing. */
+ * wgmma tiles of 64 rows per warp group, the head dims `dims` lists (0
+ * ends it; `dims_text` says them), code for sm_90a only. `what` names the
+ * row in messages, `portable` the row that takes the rest. A NULL ctx
+ * records nothing. */
 static fg_status sm90_common_check(fg_ctx *ctx, const fg_kernel_config *c, const char *what,
-                                   const char *portable) {
-    if (c->head_dim != 64 && c->head_dim != 128)
+                                   const char *portable, const int *dims, const char *dims_text) {
+    int ok = 0;
+    for (const int *d = dims; *d; d++) ok |= c->head_dim == *d;
+    if (!ok)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
-                         "head dim %d: the Hopper %s supports 64 and 128 (the portable %s, %s, takes every "
+                         "head dim %d: the Hopper %s supports %s (the portable %s, %s, takes every "
                          "multiple of 16 to 256)",
-                         c->head_dim, what, what, portable);
+                         c->head_dim, what, dims_text, what, portable);
     if (c->arch && strcmp(c->arch, "sm_90a") != 0)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "arch %s: the Hopper %s compiles only for sm_90a", c->arch,
                          what);
     return FG_OK;
 }
 
-/* The Hopper forward: also 128-column K/V tiles, so blocks of 128 or more;
- * K/V through tensor maps of one length, so no ragged form. */
+/* The Hopper forward: head dims of whole 64-column swizzle regions (96
+ * padded to two); q and kv blocks of 128 or more; K/V through tensor maps
+ * of one length, so no ragged form. */
 static fg_status sm90_check(fg_ctx *ctx, const fg_kernel_config *c) {
-    FGI_TRY(sm90_common_check(ctx, c, "kernel", "FG_KERNEL_ATTENTION_FWD"));
+    static const int dims[] = {64, 96, 128, 192, 256, 0};
+    FGI_TRY(sm90_common_check(ctx, c, "kernel", "FG_KERNEL_ATTENTION_FWD", dims, "64, 96, 128, 192 and 256"));
     if (c->ragged)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
                          "the Hopper kernel reads contiguous K/V of one length: its ragged form (kv_lens, "
@@ -54,7 +59,8 @@ static fg_status sm90_check(fg_ctx *ctx, const fg_kernel_config *c) {
  * mask's kv blocks must be multiples of 128; the launch checks that, since
  * the backward's config does not carry the blocks. */
 static fg_status sm90_bwd_check(fg_ctx *ctx, const fg_kernel_config *c) {
-    return sm90_common_check(ctx, c, "backward", "FG_KERNEL_ATTENTION_BWD");
+    static const int dims[] = {64, 128, 0};
+    return sm90_common_check(ctx, c, "backward", "FG_KERNEL_ATTENTION_BWD", dims, "64 and 128");
 }
 
 /* The decode kernel: a thread's chunk column of a K/V row must divide its
@@ -90,20 +96,23 @@ static fgi_kernel_geom fwd_geometry(const fg_kernel_config *c, const fg_mod *mod
 /* The Hopper forward (templates/attention/attention_fwd_sm90.cuh): a
  * producer warp group and consumer warp groups of 64 rows, three at head
  * dim 64 (a 192-row q tile, whose walk merges two block-mask rows) unless
- * score_mod does costly work per score (FGH_CONSUMERS), else two; 128-row
- * K/V tiles; shared memory holds Q, two stages of K and three of V (three
- * and four at head dim 64) in 128-byte-swizzled rows, 256 bytes of
- * mbarriers, two buffers of mask column parts per consumer, the merged
- * walk's block states and two lists, and 1 KB so the kernel can align the
- * base to the swizzle pattern. Persistent: a block per SM walks the tiles. */
+ * score_mod does costly work per score (FGH_CONSUMERS), else two; K/V
+ * tiles of 128 rows, 64 past head dim 128 (FGH_BLOCK_N); shared memory
+ * holds Q, two stages of K and three of V (three and four at head dim 64,
+ * two and two at 256) in 128-byte-swizzled rows of whole 64-column
+ * regions (FGH_DS: 96 is stored as 128), 256 bytes of mbarriers, two
+ * buffers of mask column parts per consumer, the merged walk's block
+ * states and two lists, and 1 KB so the kernel can align the base to the
+ * swizzle pattern. Persistent: a block per SM walks the tiles. */
 static fgi_kernel_geom fwd_sm90_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
     (void)entry;
     const int consumers = c->head_dim == 64 && !fgi_split_score_elem_costly(mod) ? 3 : 2;
-    fgi_kernel_geom g = {.block_m = 64 * consumers, .block_n = 128, .threads = 128 * (1 + consumers), .bands = 1,
-                         .persistent = 1};
+    fgi_kernel_geom g = {.block_m = 64 * consumers, .block_n = c->head_dim > 128 ? 64 : 128,
+                         .threads = 128 * (1 + consumers), .bands = 1, .persistent = 1};
     if (g.block_m % 128) g.q_align = g.q_box = 64; /* FGH_MERGE, FGH_Q_BOX */
-    const size_t tile = (size_t)128 * (size_t)c->head_dim * 2, q = (size_t)g.block_m * (size_t)c->head_dim * 2;
-    const size_t stages = c->head_dim == 64 ? 3 + 4 : 2 + 3;
+    const size_t stored = (size_t)(c->head_dim + 63) / 64 * 64;
+    const size_t tile = (size_t)g.block_n * stored * 2, q = (size_t)g.block_m * stored * 2;
+    const size_t stages = c->head_dim == 64 ? 3 + 4 : c->head_dim == 256 ? 2 + 2 : 2 + 3;
     const size_t merge = g.q_align ? 10 * (size_t)FGI_FWD_SM90_MERGE_MAX_KB : 0;
     g.smem = q + tile * stages + 256 + 2 * (size_t)consumers * 128 * 16 + merge + 1024;
     return g;

@@ -5,25 +5,26 @@
  * operand (and here also A for Q K^T) straight from shared memory.
  *
  * Shape. A thread block is a producer warp group and FGH_CONSUMERS
- * consumer warp groups (two at D = 128: 384 threads and a q tile of 128
- * rows; three at D = 64: 512 threads and 192 rows, unless score_mod does
- * costly work per score) for one (batch, head).
+ * consumer warp groups (two at D = 96, 128, 192 and 256: 384 threads and
+ * a q tile of 128 rows; three at D = 64: 512 threads and 192 rows, unless
+ * score_mod does costly work per score) for one (batch, head).
  * Warp group 0 is the producer: one of its threads moves every tile with
  * the Tensor Memory Accelerator (TMA, cp.async.bulk.tensor) and the group
  * gives most of its registers to the others (setmaxnreg). The consumers
- * take 64 q rows each (16 per warp); K and V stream past in tiles of 128
- * rows. Per
- * consumer and tile:
- *     S (64 x 128) = Q (64 x D) K^T         wgmma, A and B in shared memory
+ * take 64 q rows each (16 per warp); K and V stream past in tiles of
+ * FGH_BLOCK_N rows (128; 64 past D = 128). Per consumer and tile:
+ *     S (64 x N) = Q (64 x D) K^T           wgmma, A and B in shared memory
  *     P = online softmax of mods(S)         registers (attention_common.cuh)
- *     O (64 x D) += P (64 x 128) V          wgmma, A (P) in registers
+ *     O (64 x D) += P (64 x N) V            wgmma, A (P) in registers,
+ *                                           n128 products (and an n64)
  * The accumulator layouts are the mma.sync ones per warp, so the mods, the
  * softmax and the epilogue are attention_common.cuh's, with one 16-row slab
- * per warp and 16 n8 fragments per tile.
+ * per warp and N / 8 n8 fragments per tile.
  *
  * Pipeline. Q takes one tile of shared memory, K two stages and V three
  * (three and four at D = 64, where a tile is half the size and a step
- * half as long: +2-4% measured with ping-pong).
+ * half as long: +2-4% measured with ping-pong; two and two at D = 256,
+ * whose 64-row tiles are 32 KB).
  * Each stage has a "full" mbarrier (the producer arms it with the bytes it
  * expects; the TMA unit completes it when they have landed) and an "empty"
  * one (each consumer warp arrives when its matrix products no longer read
@@ -62,7 +63,8 @@
  * Shared memory. Every tile is stored as the wgmma canonical layout with
  * the 128-byte swizzle, which is also what TMA writes with
  * CU_TENSOR_MAP_SWIZZLE_128B: the head dim is cut into 64-element column
- * blocks ("regions", one for D = 64, two for D = 128), each region holds
+ * blocks ("regions": one for D = 64, two for D = 96 and 128, three for 192,
+ * four for 256; see FGH_DS for 96), each region holds
  * the tile's rows as 128-byte lines, and the 16-byte chunk c of row r sits
  * at chunk c ^ (r % 8) of its line (regions start on 1024-byte
  * boundaries). Q K^T reads Q and K K-major (descriptor stride between 8-row
@@ -82,16 +84,22 @@
  * attention_common.cuh; the PTX wrappers are wgmma_sm90.cuh's, which the
  * source puts before this file. The host (src/attention/forward.c) encodes
  * the three tensor maps (q, k, v as [batch, heads, len, D] with the
- * caller's strides, boxes of 128 rows x 64 columns) and passes them as the
+ * caller's strides, boxes of 64 columns by the tiles' rows) and passes them as the
  * third kernel argument; fwd_sm90_geometry in src/codegen/kernels.c mirrors
  * the tile sizes and the shared-memory size.
  */
 
-#if FG_HEAD_DIM != 64 && FG_HEAD_DIM != 128
-#error "the Hopper kernel supports head dims 64 and 128"
+#if FG_HEAD_DIM != 64 && FG_HEAD_DIM != 96 && FG_HEAD_DIM != 128 && FG_HEAD_DIM != 192 && FG_HEAD_DIM != 256
+#error "the Hopper kernel supports head dims 64, 96, 128, 192 and 256"
 #endif
 
 #define FGH_D FG_HEAD_DIM
+/* The head dim as stored in shared memory and accumulated: whole 64-column
+ * regions. Head dim 96 is stored as 128: TMA zero-fills the second
+ * region's last 32 columns (the tensor maps end at column 96), Q K^T steps
+ * over the 96 real columns only, P V computes 32 columns of zeros and the
+ * store leaves them out. */
+#define FGH_DS ((FGH_D + 63) / 64 * 64)
 /* Consumer warp groups: three at D = 64 (a 192-row q tile), where one
  * consumer's softmax is a chain of dependent instructions as long as the
  * other's products and a third one hides it (FlashAttention-3's choice);
@@ -102,10 +110,13 @@
 #define FGH_CONSUMERS (FGH_D == 64 && !FG_SCORE_ELEM_COSTLY ? 3 : 2)
 #define FGH_THREADS (128 * (1 + FGH_CONSUMERS)) /* producer + consumers            */
 #define FGH_BLOCK_M (64 * FGH_CONSUMERS)   /* q rows per block, 64 per consumer     */
-#define FGH_BLOCK_N 128                    /* kv rows per tile                      */
-#define FGH_TILE_BYTES (128 * FGH_D * 2)   /* one 128-row tile of K or V            */
-#define FGH_REGION_BYTES (128 * 128)       /* 128 rows of one 64-column region      */
-#define FGH_Q_BYTES (FGH_BLOCK_M * FGH_D * 2)
+/* kv rows per tile: 128, or 64 past head dim 128, where O takes 96 or 128
+ * registers a thread and a 128-row S with P's fragments would not fit
+ * beside it, nor two stages of 128-row K and V tiles in shared memory */
+#define FGH_BLOCK_N (FGH_D > 128 ? 64 : 128)
+#define FGH_TILE_BYTES (FGH_BLOCK_N * FGH_DS * 2) /* one tile of K or V              */
+#define FGH_REGION_BYTES (FGH_BLOCK_N * 128)   /* a tile's rows of one 64-column region */
+#define FGH_Q_BYTES (FGH_BLOCK_M * FGH_DS * 2)
 #define FGH_Q_REGION (FGH_BLOCK_M * 128)   /* the q tile's rows of one region       */
 #define FGH_Q_BOX (FGH_BLOCK_M % 128 ? 64 : 128) /* rows per TMA box of q (host: the same) */
 /* A 192-row q tile crosses the block mask's 128-row rows: its walk merges
@@ -116,11 +127,11 @@
 #define FGH_MERGE_MAX_KB 4096
 #define FGH_MERGE_BYTES (FGH_MERGE ? 10 * FGH_MERGE_MAX_KB : 0) /* two state rows, two int lists */
 #define FGH_NT (FGH_BLOCK_N / 8)           /* n8 fragments of S per warp            */
-#define FGH_DT (FGH_D / 8)                 /* n8 fragments of O per warp            */
+#define FGH_DT (FGH_DS / 8)                /* n8 fragments of O per warp            */
 #define FGH_QK_STEPS (FGH_D / 16)          /* k steps of Q K^T                      */
 #define FGH_PV_STEPS (FGH_BLOCK_N / 16)    /* k steps of P V                        */
 #define FGH_K_STAGES (FGH_D == 64 ? 3 : 2)
-#define FGH_V_STAGES (FGH_D == 64 ? 4 : 3)
+#define FGH_V_STAGES (FGH_D == 64 ? 4 : FGH_D == 256 ? 2 : 3)
 #define FGH_PRODUCER_REGS (FGH_CONSUMERS == 3 ? 32 : 24) /* 24 + 2 x 240, 32 + 3 x 160 */
 #define FGH_CONSUMER_REGS (FGH_CONSUMERS == 3 ? 160 : 240) /* per thread fit 64K  */
 /* Ping-pong (the consumers take turns issuing their products, see the
@@ -159,12 +170,12 @@ static __device__ __forceinline__ fg_u64 fgh_desc_v(fg_u32 addr) {
     return fgh_desc(addr, FGH_REGION_BYTES, 1024);
 }
 
-/* A whole 128-row tile: one box per 64-column region. */
+/* A whole tile: one box (FGH_BLOCK_N rows) per 64-column region. */
 static __device__ __forceinline__ void fgh_tma_tile(fg_u32 dst, const fgh_tmap *map, int row, int head, int batch,
                                                     fg_u32 bar) {
     fgh_bar_expect(bar, FGH_TILE_BYTES);
 #pragma unroll
-    for (int r = 0; r < FGH_D / 64; r++) fgh_tma_load(dst + r * FGH_REGION_BYTES, map, r * 64, row, head, batch, bar);
+    for (int r = 0; r < FGH_DS / 64; r++) fgh_tma_load(dst + r * FGH_REGION_BYTES, map, r * 64, row, head, batch, bar);
 }
 
 /* ---- tiles ------------------------------------------------------------------ */
@@ -176,7 +187,8 @@ static __device__ __forceinline__ void fgh_tma_tile(fg_u32 dst, const fgh_tmap *
 static __device__ __forceinline__ void fgh_issue_pv(float (&o)[1][FGH_DT][4],
                                                     const fg_u32 (&pa)[FGH_PV_STEPS][4], fg_u64 dv) {
 #pragma unroll
-    for (int kk = 0; kk < FGH_PV_STEPS; kk++) fgh_mma_rs_d(&o[0][0][0], pa[kk], dv + ((kk * 16 * 128) >> 4));
+    for (int kk = 0; kk < FGH_PV_STEPS; kk++)
+        fgh_mma_rs_cols<FGH_DS>(&o[0][0][0], pa[kk], dv + ((kk * 16 * 128) >> 4), FGH_REGION_BYTES);
     fgh_commit();
 }
 
@@ -418,7 +430,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
                     if (n > 0) fgh_bar_wait(bar_qe, (n - 1) & 1);
                     fgh_bar_expect(bar_q, FGH_Q_BYTES);
 #pragma unroll
-                    for (int r = 0; r < FGH_D / 64; r++)
+                    for (int r = 0; r < FGH_DS / 64; r++)
 #pragma unroll
                         for (int i = 0; i < FGH_BLOCK_M / FGH_Q_BOX; i++)
                             fgh_tma_load(sQ + r * FGH_Q_REGION + i * FGH_Q_BOX * 128, &maps.q, r * 64,
@@ -522,8 +534,12 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
 #pragma unroll
             for (int kk = 0; kk < FGH_QK_STEPS; kk++) {
                 const int koff = (kk & 3) * 32;
-                fgh_mma_ss_n128(&s[0][0][0], dq + (((kk >> 2) * FGH_Q_REGION + koff) >> 4),
-                                dk_j + (((kk >> 2) * FGH_REGION_BYTES + koff) >> 4), kk > 0);
+                const fg_u64 da = dq + (((kk >> 2) * FGH_Q_REGION + koff) >> 4);
+                const fg_u64 db = dk_j + (((kk >> 2) * FGH_REGION_BYTES + koff) >> 4);
+                if (FGH_BLOCK_N == 128)
+                    fgh_mma_ss_n128(&s[0][0][0], da, db, kk > 0);
+                else
+                    fgh_mma_ss_n64<0, 0>(&s[0][0][0], da, db, kk > 0);
             }
             fgh_commit();
             /* The next item, while S runs (at the top of the loop its
@@ -550,7 +566,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
                                                    (cw * 2 + (shared_cols & 1)) * 128 * FGA_COL_BYTES);
                 shared_cols++;
                 const int c = tid & 127;
-                buf[c] = fga_mask_col_at<false>(rows, a, p, buf, kv0, c);
+                if (c < FGH_BLOCK_N) buf[c] = fga_mask_col_at<false>(rows, a, p, buf, kv0, c);
                 fgh_named_sync(1 + cw, 128);
                 cols = buf;
             }

@@ -129,6 +129,17 @@ static __device__ __forceinline__ void fgh_mma_rs_n64(float *d, const fg_u32 *a,
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
+/* D (64 x N, fp32) += A (64 x 16, registers) * B (16 x N, shared, N-major),
+ * for N a multiple of 64 up to 256: n128 products, then an n64 one for
+ * the rest, each 128 columns two 64-column regions (`region` bytes apart)
+ * further along B. P V of the forward at every head dim. */
+template <int N>
+static __device__ __forceinline__ void fgh_mma_rs_cols(float *d, const fg_u32 *a, fg_u64 db, fg_u32 region) {
+    static_assert(N % 64 == 0 && N <= 256, "fgh_mma_rs_cols: N must be 64, 128, 192 or 256");
+#pragma unroll
+    for (int c = 0; c + 128 <= N; c += 128) fgh_mma_rs_n128(d + c / 2, a, db + (((c / 64) * region) >> 4));
+    if (N % 128) fgh_mma_rs_n64(d + (N - 64) / 2, a, db + ((((N - 64) / 64) * region) >> 4));
+}
 /* The register-A product at the kernel's head dim: D (64 x FG_HEAD_DIM,
  * fp32) += A (64 x 16, registers) * B (16 x FG_HEAD_DIM, shared, N-major).
  * P V in the forward, P^T dO and dR^T Q in the backward. */

@@ -862,7 +862,8 @@ static __device__ __forceinline__ void fga_store(const float (&o)[MT][DT][4], co
                          (fg_i64)qi * a.o_stride[2];
 #pragma unroll
             for (int i = 0; i < DT; i++)
-                *(fg_u32 *)(op + i * 8 + t4 * 2) = fg_pack2(o[mt][i][2 * r] * inv, o[mt][i][2 * r + 1] * inv);
+                if (i * 8 < FG_HEAD_DIM) /* a kernel may accumulate padding columns */
+                    *(fg_u32 *)(op + i * 8 + t4 * 2) = fg_pack2(o[mt][i][2 * r] * inv, o[mt][i][2 * r + 1] * inv);
             if (a.lse && t4 == 0) {
                 float *lp = (float *)a.lse + ((fg_i64)b * a.heads_q + h) * a.q_len + qi;
                 *lp = l > 0.f ? (m_run[mt][r] + fga_log2(l)) * FGA_LN2 : FGA_NEG_INF;
