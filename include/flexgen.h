@@ -379,8 +379,9 @@ typedef enum fg_kernel_kind {
                                         for it where that one applies     */
     FG_KERNEL_BLOCK_MASK = 2,        /* the GPU block-mask builder       */
     FG_KERNEL_ATTENTION_FWD_SM90 = 3,/* the Hopper forward kernel (wgmma,
-                                        sm_90a only; head dim 64 or 128,
-                                        q and kv blocks of 128 or more)   */
+                                        sm_90a only; head dim 64, 96,
+                                        128, 192 or 256, q and kv blocks
+                                        of 128 or more)                   */
     FG_KERNEL_ATTENTION_BWD = 4,     /* the backward attention kernels
                                         (portable, mma.sync, sm_80+): one
                                         module with the preprocess, dK/dV,
