@@ -163,8 +163,8 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
     /* Persistent: a block per SM (one fits); each takes its first tile by
      * its index and the next ones from a counter zeroed before the launch
      * (in the call's workspace), in the order fgh_tile_of gives: sections
-     * of l2_heads (batch, head) pairs whose K and V fit in 32 MB of L2,
-     * heaviest q blocks first. The kernel counts tiles in an int. */
+     * of l2_heads (batch, head) pairs (below), heaviest q blocks first.
+     * The kernel counts tiles in an int. */
     int sms = 1;
     FGI_TRY(fgi_cuda_sm_count(ctx, &sms));
     /* A block's tile index goes up to tiles - 1 + its grid's size. */
@@ -174,9 +174,14 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
                          (long long)INT_MAX - sms);
     grid[0] = (unsigned)(tiles < sms ? tiles : sms);
     grid[1] = grid[2] = 1;
+    /* With a block mask the tiles' weights differ: sections of the KV
+     * heads whose K and V fit in 32 MB of L2 let the heaviest tiles of
+     * several heads start first. Without one every tile walks the same
+     * blocks, nothing needs balancing, and a section is one KV head's
+     * query heads: the fewest K and V bytes read at once. */
     const double kv_head_bytes = 2.0 * a->kv_len * a->head_dim * 2.0; /* K and V, 16-bit */
     int fit = 1;
-    while (fit < 1024 && 2.0 * fit * kv_head_bytes <= 32.0 * 1024 * 1024) fit *= 2;
+    while (a->block_mask && fit < 1024 && 2.0 * fit * kv_head_bytes <= 32.0 * 1024 * 1024) fit *= 2;
     abi.l2_heads = fit * (a->heads_q / a->heads_kv);
     fgi_attn_ws w;
     CUdeviceptr counter = 0;
