@@ -39,7 +39,6 @@
 #include "blockmask/blockmask.h"
 #include "reference/reference.h"
 
-#include <limits.h>
 #include <string.h>
 
 /* ---- checks -------------------------------------------------------------------- */
@@ -119,13 +118,6 @@ static void fill_abi(const fg_kernel *k, const fg_attention_bwd_args *b, const f
     abi->q_tiles = (a->q_len + bm - 1) / bm;
     abi->dq_atomic = b->deterministic ? 0 : 1;
     abi->q_pitch = (a->q_len + 63) / 64 * 64;
-    /* The persistent Hopper pass's L2 sections: the (batch, kv head) pairs
-     * whose Q and dO (every query head of the group) fit in 16 MB, a power
-     * of two up to 1024 (fgs_tile_of). */
-    const double pair_bytes = 2.0 * a->q_len * a->head_dim * 2.0 * (a->heads_q / a->heads_kv);
-    int fit = 1;
-    while (fit < 1024 && 2.0 * fit * pair_bytes <= 16.0 * 1024 * 1024) fit *= 2;
-    abi->l2_pairs = fit;
 }
 
 /* The Hopper dK/dV pass's fourth argument: q, k, v and dout as tensor maps,
@@ -174,19 +166,7 @@ static fg_status run_passes(fg_ctx *ctx, const fg_kernel *k, const fg_attention_
     const unsigned rows[3] = {(unsigned)((a->q_len + 3) / 4), (unsigned)a->heads_q, (unsigned)a->batch};
     void *pre_args[1] = {abi};
     FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_PRE, rows, pre_args, stream));
-    unsigned kv_grid[3] = {(unsigned)(abi->kv_tiles * bands), (unsigned)a->heads_kv, (unsigned)a->batch};
-    if (k->geom[FGI_BWD_DKDV].persistent) {
-        /* A block per SM, the tiles from the counter the preprocess zeroes;
-         * a block's tile index goes up to tiles - 1 + the grid's size. */
-        int sms = 1;
-        FGI_TRY(fgi_cuda_sm_count(ctx, &sms));
-        const long long tiles = (long long)abi->kv_tiles * a->heads_kv * a->batch;
-        if (tiles > (long long)INT_MAX - sms)
-            return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "%lld kv tiles: the Hopper backward counts at most %lld",
-                             tiles, (long long)INT_MAX - sms);
-        kv_grid[0] = (unsigned)(tiles < sms ? tiles : sms);
-        kv_grid[1] = kv_grid[2] = 1;
-    }
+    const unsigned kv_grid[3] = {(unsigned)(abi->kv_tiles * bands), (unsigned)a->heads_kv, (unsigned)a->batch};
     void *dkdv_args[4] = {abi, blob->bytes, gblob, maps};
     FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_DKDV, kv_grid, dkdv_args, stream));
     if (abi->dq_atomic) {
@@ -218,7 +198,7 @@ typedef struct bwd_plan {
     hopper_maps maps; /* 64-byte aligned, as CUtensorMap is */
     const void *grads[FGI_MAX_GRAD_BUFFERS];
     int64_t glen[FGI_MAX_GRAD_BUFFERS];
-    size_t off_lse2, off_counter, off_accum, off_fixed[FGI_MAX_GRAD_BUFFERS], dq_accum_bytes, total;
+    size_t off_lse2, off_accum, off_fixed[FGI_MAX_GRAD_BUFFERS], dq_accum_bytes, total;
 } bwd_plan;
 
 static fg_status plan_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *b, bwd_plan *p) {
@@ -256,13 +236,11 @@ static fg_status plan_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_a
     const bool hopper = k->kernel->variant == FGI_VARIANT_SM90;
     if (hopper) FGI_TRY(encode_maps(ctx, k, b, &st, &bs, &p->maps));
 
-    /* Workspace: delta, lse2 and the tile counter (Hopper), the dQ
-     * accumulator, the fixed-point accumulators; every part 256-byte
-     * aligned. */
+    /* Workspace: delta, lse2 (Hopper), the dQ accumulator, the fixed-point
+     * accumulators; every part 256-byte aligned. */
     const size_t rows = (size_t)a->batch * (size_t)a->heads_q * (size_t)abi->q_pitch;
     p->off_lse2 = fgi_attn_ws_round(rows * 4);
-    p->off_counter = p->off_lse2 + fgi_attn_ws_round(rows * 4);
-    p->off_accum = hopper ? p->off_counter + 256 : p->off_lse2;
+    p->off_accum = hopper ? p->off_lse2 + fgi_attn_ws_round(rows * 4) : p->off_lse2;
     p->dq_accum_bytes = abi->dq_atomic ? rows * (size_t)a->head_dim * 4 : 0;
     p->total = p->off_accum + fgi_attn_ws_round(p->dq_accum_bytes);
     for (int i = 0; i < L->n; i++) {
@@ -298,7 +276,6 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *
     fgi_attn_bwd_abi *abi = &p.abi;
     abi->delta = base;
     abi->lse2 = hopper ? base + p.off_lse2 : 0;
-    abi->tile_counter = hopper ? base + p.off_counter : 0;
     abi->dq_accum = abi->dq_atomic ? base + p.off_accum : 0;
     const fgi_grad_layout *L = &k->grads;
     CUdeviceptr fixed[FGI_MAX_GRAD_BUFFERS] = {0};

@@ -153,18 +153,14 @@ static fgi_kernel_geom bwd_geometry(const fg_kernel_config *c, const fg_mod *mod
  * kv rows, q steps of 64 rows; shared memory holds K and V (128 rows), two
  * stages of Q and dO (64 rows), two dR^T buffers (128 rows of 128 bytes),
  * two 16 KB dQ tiles, two stages of lse2 and delta (512 bytes each), two
- * buffers of 64 mask row parts (16 bytes each) per consumer, 128 bytes of
- * mbarriers and tile slots and 1 KB to align the base to the swizzle's
- * period; K and V twice at head dim 64 (FGS_KV_BUFS). Persistent: a block
- * per SM walks the (kv tile, kv head, batch) tiles.
+ * buffers of 64 mask row parts (16 bytes each) per consumer, 64 bytes of
+ * mbarriers and 1 KB to align the base to the swizzle's period.
  * The other entry points are the portable backward's. */
 static fgi_kernel_geom bwd_sm90_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
     if (entry != FGI_BWD_DKDV) return bwd_geometry(c, mod, entry);
     const size_t kv_tile = (size_t)128 * (size_t)c->head_dim * 2, q_tile = (size_t)64 * (size_t)c->head_dim * 2;
-    const size_t kv_bufs = c->head_dim == 64 ? 2 : 1;
-    fgi_kernel_geom g = {.block_m = 64, .block_n = 128, .threads = 384, .bands = 1, .persistent = 1};
-    g.smem = 2 * kv_tile * kv_bufs + 2 * 2 * q_tile + 2 * 128 * 128 + 2 * 64 * 64 * 4 + 2 * 2 * 64 * 4 +
-             2 * 2 * 64 * 16 + 128 + 1024;
+    fgi_kernel_geom g = {.block_m = 64, .block_n = 128, .threads = 384, .bands = 1};
+    g.smem = 2 * kv_tile + 2 * 2 * q_tile + 2 * 128 * 128 + 2 * 64 * 64 * 4 + 2 * 2 * 64 * 4 + 2 * 2 * 64 * 16 + 64 + 1024;
     return g;
 }
 

@@ -98,8 +98,7 @@ typedef struct fgi_kernel_geom {
      * and the rows of one TMA box of q. 0: block_m for both. */
     int q_align, q_box;
     /* 1: the kernel is persistent, a one-dimensional grid of at most one
-     * block per SM that walks every tile (the Hopper forward, the Hopper
-     * backward's dK/dV pass). */
+     * block per SM that walks every tile (the Hopper forward). */
     int persistent;
 } fgi_kernel_geom;
 

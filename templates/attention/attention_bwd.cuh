@@ -108,7 +108,7 @@
 struct fgb_args {
 /* @abi src/attention/abi_bwd.def */
 };
-static_assert(sizeof(fgb_args) == 456, "fgb_args must match fgi_attn_bwd_abi");
+static_assert(sizeof(fgb_args) == 448, "fgb_args must match fgi_attn_bwd_abi");
 
 #define FGB_NEG_INF __int_as_float(0xff800000)
 #define FGB_LOG2E 1.4426950408889634f
@@ -216,9 +216,6 @@ extern "C" __global__ void __launch_bounds__(FGB_THREADS)
 fg_attention_bwd_pre(const __grid_constant__ fgb_args a) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * FGB_NWARPS + warp, h = blockIdx.y, b = blockIdx.z;
-    /* the persistent Hopper dK/dV pass, next in the stream, counts its
-     * tiles from zero */
-    if (a.tile_counter && (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x) == 0) *(int *)a.tile_counter = 0;
     if (row >= a.q_len) return;
     const fg_elem *o = (const fg_elem *)a.out + (fg_i64)b * a.o_stride[0] + (fg_i64)h * a.o_stride[1] +
                        (fg_i64)row * a.o_stride[2];
@@ -272,9 +269,6 @@ extern "C" __global__ void __launch_bounds__(FGB_THREADS)
 fg_attention_bwd_dq(const __grid_constant__ fgb_args a) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * FGB_NWARPS + warp, h = blockIdx.y, b = blockIdx.z;
-    /* the persistent Hopper dK/dV pass, next in the stream, counts its
-     * tiles from zero */
-    if (a.tile_counter && (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x) == 0) *(int *)a.tile_counter = 0;
     if (row >= a.q_len) return;
     const fg_i64 rb = (fg_i64)b * a.heads_q + h;
     const float *acc = (const float *)a.dq_accum;

@@ -84,17 +84,12 @@
 #else
 #define FGS_DQ_KSTEPS 4                         /* dQ over the consumer's 64 rows */
 #endif
-/* K and V (FGS_KV_BUFS of each), two stages, two dR^T buffers, two dQ
- * tiles, two stages of lse2 and delta, two buffers of mask row parts per
- * consumer, 128 bytes of mbarriers and tile slots, 1 KB to align the base
- * to the swizzle's 1024-byte period; bwd_sm90_geometry computes the same. */
-/* K and V buffers: at head dim 64 two, so the next tile's K and V land
- * while this tile's last steps run; at 128 a second pair (64 KB) does not
- * fit, and the next tile's K and V load during this one's epilogue. */
-#define FGS_KV_BUFS (FGB_D == 64 ? 2 : 1)
-#define FGS_BAR_BYTES 128                       /* mbarriers and the tile slots    */
-#define FGS_SMEM_BYTES (2 * FGS_KV_TILE * FGS_KV_BUFS + 2 * FGS_STAGE_BYTES + 2 * FGS_DS_BYTES + \
-                        2 * FGS_DQ_BYTES + 2 * FGS_ROWS_BYTES + FGS_ROWP_BYTES + FGS_BAR_BYTES + 1024)
+/* K, V, two stages, two dR^T buffers, two dQ tiles, two stages of lse2 and
+ * delta, two buffers of mask row parts per consumer, 64 bytes of
+ * mbarriers, 1 KB to align the base to the swizzle's 1024-byte period;
+ * bwd_sm90_geometry computes the same. */
+#define FGS_SMEM_BYTES (2 * FGS_KV_TILE + 2 * FGS_STAGE_BYTES + 2 * FGS_DS_BYTES + 2 * FGS_DQ_BYTES + \
+                        2 * FGS_ROWS_BYTES + FGS_ROWP_BYTES + 64 + 1024)
 
 /* The kernel's fourth argument: q, k, v and dout as [batch, heads, len, D]. */
 struct fgs_maps {
@@ -192,340 +187,288 @@ static __device__ __forceinline__ fgb_plan fgs_plan(const fgb_args &a, int b, in
                             : fgb_plan_make(a, 0, 0, 0, 0, 0, 0, 0, FGS_BLOCK_M, a.q_len);
 }
 
-/* Work tile t of the launch, in the order the tile counter hands them out:
- * sections of a.l2_pairs (batch, kv head) pairs whose Q and dO fit in L2
- * together, and in a section the kv tiles in order across the section's
- * pairs: the first kv tiles of a causal mask, the heaviest, start first
- * and the light last ones fill in at the end (longest-processing-time
- * first); the last section takes the pairs left. */
-static __device__ __forceinline__ void fgs_tile_of(const fgb_args &a, int t, int &b, int &hk, int &kv0) {
-    const int pairs = a.heads_kv * a.batch, per = a.l2_pairs * a.kv_tiles;
-    const int sec = t / per, r = t - sec * per;
-    const int width = min(a.l2_pairs, pairs - sec * a.l2_pairs); /* pairs in this section */
-    const int x = r / width, pr = sec * a.l2_pairs + (r - x * width);
-    hk = pr % a.heads_kv;
-    b = pr / a.heads_kv;
-    kv0 = x * FGS_BLOCK_N;
-}
-
-/* Persistent: a block per SM (one fits), grid (min(tiles, SMs)). A
- * block's u-th tile (kv tile, kv head, batch) is blockIdx.x, then one
- * from the tile counter (a.tile_counter, zeroed by the preprocess), in
- * K/V buffer u % FGS_KV_BUFS: the producer writes the tile's index to
- * that buffer's slot before it arms the buffer's "kv" mbarrier, and the
- * consumers read it once the barrier completes (an index past the last
- * tile, with no bytes, ends the walk). A buffer is loaded again once
- * every consumer warp has arrived at its "kv empty" barrier, after its
- * tile's last product. The q steps' stages, named barriers and dQ
- * staging run on across tiles as over one long walk. */
+/* Grid (kv_tiles, Hkv, B). */
 extern "C" __global__ void __launch_bounds__(FGS_THREADS, 1)
 fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant__ fg_mod_params p,
                       const __grid_constant__ fg_mod_grads gr, const __grid_constant__ fgs_maps maps) {
     extern __shared__ __align__(1024) unsigned char fgs_smem[];
     const fg_u32 base = fgb_smem_addr(fgs_smem);
-    const fg_u32 sKV = (base + 1023u) & ~1023u;           /* [buffer] { K, V }    */
-    const fg_u32 sStage = sKV + FGS_KV_BUFS * 2 * FGS_KV_TILE; /* [2] { Q, dO }   */
+    const fg_u32 sK = (base + 1023u) & ~1023u;
+    const fg_u32 sV = sK + FGS_KV_TILE;
+    const fg_u32 sStage = sV + FGS_KV_TILE;               /* [2] { Q, dO }        */
     const fg_u32 sDS = sStage + 2 * FGS_STAGE_BYTES;      /* [2] dR^T             */
     const fg_u32 sDQ = sDS + 2 * FGS_DS_BYTES;            /* [consumer] dQ tile   */
     const fg_u32 sRows = sDQ + 2 * FGS_DQ_BYTES;          /* [2] { lse2, delta }  */
     const fg_u32 sRowP = sRows + 2 * FGS_ROWS_BYTES;      /* [consumer][2] rows   */
-    /* mbarriers, 8 bytes each: [2] K and V landed, [2] K and V no longer
-     * read, [2] stage full, [2] stage empty; then the [2] tile slots */
-    const fg_u32 bar_kv = sRowP + FGS_ROWP_BYTES, bar_kve = bar_kv + 16;
-    const fg_u32 bar_full = bar_kve + 16, bar_empty = bar_full + 16;
-    volatile int *const slots = (volatile int *)(fgs_smem + (bar_empty + 16 - base));
+    const fg_u32 bar_kv = sRowP + FGS_ROWP_BYTES;         /* K and V landed       */
+    const fg_u32 bar_full = bar_kv + 8, bar_empty = bar_full + 16; /* [2] each    */
     const float *const rows0 = (const float *)(fgs_smem + (sRows - base));
 
     const int tid = threadIdx.x, wg = tid >> 7;
+    const int hk = blockIdx.y, b = blockIdx.z;
     const int group = a.heads_q / a.heads_kv;
-    const int n_tiles = a.kv_tiles * a.heads_kv * a.batch;
+    const int kv0 = blockIdx.x * FGS_BLOCK_N;
+    const int kv_end = min(a.kv_len, kv0 + FGS_BLOCK_N);
 
     if (tid == 0) {
+        fgh_bar_init(bar_kv, 1);
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            fgh_bar_init(bar_kv + 8 * i, 1);
-            fgh_bar_init(bar_kve + 8 * i, 8); /* one arrival per consumer warp */
             fgh_bar_init(bar_full + 8 * i, 1);
-            fgh_bar_init(bar_empty + 8 * i, 8);
+            fgh_bar_init(bar_empty + 8 * i, 8); /* one arrival per consumer warp */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
     if (wg == 0) {
-        /* The producer: q step n uses stage n & 1 for the (n >> 1)-th time
-         * and first waits for the release of its previous use; tile u
-         * uses K/V buffer u % FGS_KV_BUFS likewise. */
+        /* The producer: step n uses stage n & 1 for the (n >> 1)-th time
+         * and first waits for the release of its previous use. */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FGS_PRODUCER_REGS));
         if (tid == 0) {
-            int n = 0, t = blockIdx.x;
-            for (int u = 0;; u++) {
-                const int kb = u % FGS_KV_BUFS;
-                const fg_u32 full_kv = bar_kv + 8 * kb, sK = sKV + kb * 2 * FGS_KV_TILE;
-                if (u >= FGS_KV_BUFS) fgh_bar_wait(bar_kve + 8 * kb, (u / FGS_KV_BUFS - 1) & 1);
-                slots[kb] = t;
-                if (t >= n_tiles) {
-                    fgh_bar_arrive(full_kv); /* the end, published */
-                    break;
-                }
-                /* the next index now: its atomic's latency passes under this tile's loads */
-                const int next = atomicAdd((int *)a.tile_counter, 1) + (int)gridDim.x;
-                int b, hk, kv0;
-                fgs_tile_of(a, t, b, hk, kv0);
-                fgh_bar_expect(full_kv, 2 * FGS_KV_TILE);
+            fgh_bar_expect(bar_kv, 2 * FGS_KV_TILE);
 #pragma unroll
-                for (int r = 0; r < FGS_REGIONS; r++) {
-                    fgh_tma_load(sK + r * FGS_KV_REGION, &maps.k, r * 64, kv0, hk, b, full_kv);
-                    fgh_tma_load(sK + FGS_KV_TILE + r * FGS_KV_REGION, &maps.v, r * 64, kv0, hk, b, full_kv);
-                }
-                for (int gi = 0; gi < group; gi++) {
-                    const int h = hk * group + gi;
-                    const fgb_plan pl = fgs_plan(a, b, h, kv0);
-                    const fg_i64 row_base = ((fg_i64)b * a.heads_q + h) * a.q_pitch;
-                    for (int j = 0; j < pl.n_items; j++) {
-                        bool partial;
-                        const int q0 = fgb_item_start(pl, j, partial);
-                        if (q0 >= a.q_len) continue; /* a block's step past Q_LEN: nothing there */
-                        const int st = n & 1;
-                        if (n >= 2) fgh_bar_wait(bar_empty + 8 * st, ((n >> 1) - 1) & 1);
-                        const fg_u32 full = bar_full + 8 * st, sQ = sStage + st * FGS_STAGE_BYTES;
-                        fgh_bar_expect(full, FGS_STAGE_BYTES + FGS_ROWS_BYTES);
+            for (int r = 0; r < FGS_REGIONS; r++) {
+                fgh_tma_load(sK + r * FGS_KV_REGION, &maps.k, r * 64, kv0, hk, b, bar_kv);
+                fgh_tma_load(sV + r * FGS_KV_REGION, &maps.v, r * 64, kv0, hk, b, bar_kv);
+            }
+            int n = 0;
+            for (int gi = 0; gi < group; gi++) {
+                const int h = hk * group + gi;
+                const fgb_plan pl = fgs_plan(a, b, h, kv0);
+                const fg_i64 row_base = ((fg_i64)b * a.heads_q + h) * a.q_pitch;
+                for (int j = 0; j < pl.n_items; j++) {
+                    bool partial;
+                    const int q0 = fgb_item_start(pl, j, partial);
+                    if (q0 >= a.q_len) continue; /* a block's step past Q_LEN: nothing there */
+                    const int st = n & 1;
+                    if (n >= 2) fgh_bar_wait(bar_empty + 8 * st, ((n >> 1) - 1) & 1);
+                    const fg_u32 full = bar_full + 8 * st, sQ = sStage + st * FGS_STAGE_BYTES;
+                    fgh_bar_expect(full, FGS_STAGE_BYTES + FGS_ROWS_BYTES);
 #pragma unroll
-                        for (int r = 0; r < FGS_REGIONS; r++) {
-                            fgh_tma_load(sQ + r * FGS_Q_REGION, &maps.q, r * 64, q0, h, b, full);
-                            fgh_tma_load(sQ + FGS_Q_TILE + r * FGS_Q_REGION, &maps.o, r * 64, q0, h, b, full);
-                        }
-                        const fg_u32 rows = sRows + st * FGS_ROWS_BYTES;
-                        fgh_bulk_load(rows, (const float *)a.lse2 + row_base + q0, FGS_BLOCK_M * 4, full);
-                        fgh_bulk_load(rows + FGS_BLOCK_M * 4, (const float *)a.delta + row_base + q0,
-                                      FGS_BLOCK_M * 4, full);
-                        n++;
+                    for (int r = 0; r < FGS_REGIONS; r++) {
+                        fgh_tma_load(sQ + r * FGS_Q_REGION, &maps.q, r * 64, q0, h, b, full);
+                        fgh_tma_load(sQ + FGS_Q_TILE + r * FGS_Q_REGION, &maps.o, r * 64, q0, h, b, full);
                     }
+                    const fg_u32 rows = sRows + st * FGS_ROWS_BYTES;
+                    fgh_bulk_load(rows, (const float *)a.lse2 + row_base + q0, FGS_BLOCK_M * 4, full);
+                    fgh_bulk_load(rows + FGS_BLOCK_M * 4, (const float *)a.delta + row_base + q0, FGS_BLOCK_M * 4,
+                                  full);
+                    n++;
                 }
-                t = next;
             }
         }
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FGS_CONSUMER_REGS));
 
-    /* A consumer: of each tile, kv rows kv0 + 64 cw + [0, 64), this
-     * thread's kvr0 + {0, 8}. */
+    /* A consumer: kv rows kv0 + 64 cw + [0, 64), this thread's kvr0 + {0, 8}. */
     const int cw = wg - 1, ctid = tid & 127, warp = ctid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
+    const int kvr0 = kv0 + cw * 64 + warp * 16 + g;
+
+    float dk[FGS_DT][4], dv[FGS_DT][4];
+#pragma unroll
+    for (int i = 0; i < FGS_DT; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.f;
     fg_grad_cache gcache;
     fg_grad_cache_init(gcache);
+
+#if FGB_D == 128
+    /* dQ's B: K's columns 64 cw .. 64 cw + 63 (one region), all 128 rows;
+     * A: dR^T of both consumers. */
+    const fg_u32 dQ_b_addr = sK + cw * FGS_KV_REGION, dS_off = 0;
+#else
+    /* dQ's B: this consumer's 64 rows of K; A its own rows of dR^T. */
+    const fg_u32 dQ_b_addr = sK + cw * 64 * 128, dS_off = cw * 64 * 128;
+#endif
     float *const dq_accum = (float *)a.dq_accum;
     const bool dq_atomic = a.dq_atomic != 0; /* else the deterministic pass computes dQ */
+    fgh_bar_wait(bar_kv, 0);
+
     const bool grads = fg_grads_wanted(gr);
-    int n = 0; /* q steps so far, over every tile */
-    for (int u = 0;; u++) {
-        const int kb = u % FGS_KV_BUFS;
-        fgh_bar_wait(bar_kv + 8 * kb, (u / FGS_KV_BUFS) & 1);
-        const int t = slots[kb];
-        if (t >= n_tiles) break;
-        int b, hk, kv0;
-        fgs_tile_of(a, t, b, hk, kv0);
-        const int kv_end = min(a.kv_len, kv0 + FGS_BLOCK_N);
-        const int kvr0 = kv0 + cw * 64 + warp * 16 + g;
-        const fg_u32 sK = sKV + kb * 2 * FGS_KV_TILE, sV = sK + FGS_KV_TILE;
+    int n = 0;
+    for (int gi = 0; gi < group; gi++) {
+        const int h = hk * group + gi;
+        const fgb_plan pl = fgs_plan(a, b, h, kv0);
+        const fg_i64 rb = (fg_i64)b * a.heads_q + h;
+        const fg_mask_head mhd = fg_mask_head_init(p, b, h);
+        const fg_score_head shd = fg_score_head_init(p, b, h);
+        /* the costly mask column parts of this thread's kv rows kvr0 and
+         * kvr0 + 8, clamped into the keys (a row past kv_len is never kept) */
+        fg_mask_col mcol[2];
+        if (FGS_COLS_FIRST) {
+#pragma unroll
+            for (int half = 0; half < 2; half++)
+                mcol[half] = fg_mask_col_init(p, mhd, b, h, min(kvr0 + 8 * half, a.kv_len - 1) + a.kv_offset);
+        }
+        for (int j = 0; j < pl.n_items; j++) {
+            bool partial;
+            const int q0 = fgb_item_start(pl, j, partial);
+            /* the producer skips these too; past q_pitch the dQ tile would
+             * land outside the accumulator */
+            if (q0 >= a.q_len) continue;
+            const int st = n & 1, phase = (n >> 1) & 1;
+            n++;
+            const fg_u32 sQ = sStage + st * FGS_STAGE_BYTES, sO = sQ + FGS_Q_TILE;
+            const float *const s_lse2 = rows0 + st * 2 * FGS_BLOCK_M, *const s_delta = s_lse2 + FGS_BLOCK_M;
+            fgh_bar_wait(bar_full + 8 * st, phase);
 
-        float dk[FGS_DT][4], dv[FGS_DT][4];
+            /* S^T = K Q^T and dP^T = V dO^T. */
+            float s[8][4], dp[8][4];
+            /* descriptors made where they are used: kept across the element
+             * loop they would take registers it needs */
+            const fg_u64 dQ_k = fgh_desc_k(sQ), dO_k = fgh_desc_k(sO);
+            /* this consumer's 64 rows of K and V (64 lines into each region) */
+            const fg_u64 dK_a = fgh_desc_k(sK + cw * 64 * 128), dV_a = fgh_desc_k(sV + cw * 64 * 128);
+            fgh_fence();
 #pragma unroll
-        for (int i = 0; i < FGS_DT; i++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.f;
-#if FGB_D == 128
-        /* dQ's B: K's columns 64 cw .. 64 cw + 63 (one region), all 128
-         * rows; A: dR^T of both consumers. */
-        const fg_u32 dQ_b_addr = sK + cw * FGS_KV_REGION, dS_off = 0;
-#else
-        /* dQ's B: this consumer's 64 rows of K; A its own rows of dR^T. */
-        const fg_u32 dQ_b_addr = sK + cw * 64 * 128, dS_off = cw * 64 * 128;
-#endif
-
-        for (int gi = 0; gi < group; gi++) {
-            const int h = hk * group + gi;
-            const fgb_plan pl = fgs_plan(a, b, h, kv0);
-            const fg_i64 rb = (fg_i64)b * a.heads_q + h;
-            const fg_mask_head mhd = fg_mask_head_init(p, b, h);
-            const fg_score_head shd = fg_score_head_init(p, b, h);
-            /* the costly mask column parts of this thread's kv rows kvr0 and
-             * kvr0 + 8, clamped into the keys (a row past kv_len is never kept) */
-            fg_mask_col mcol[2];
-            if (FGS_COLS_FIRST) {
-#pragma unroll
-                for (int half = 0; half < 2; half++)
-                    mcol[half] = fg_mask_col_init(p, mhd, b, h, min(kvr0 + 8 * half, a.kv_len - 1) + a.kv_offset);
+            for (int kk = 0; kk < FGB_D / 16; kk++) {
+                const int oa = ((kk >> 2) * FGS_KV_REGION + (kk & 3) * 32) >> 4;
+                const int ob = ((kk >> 2) * FGS_Q_REGION + (kk & 3) * 32) >> 4;
+                fgh_mma_ss_n64<0, 0>(&s[0][0], dK_a + oa, dQ_k + ob, kk > 0);
             }
-            for (int j = 0; j < pl.n_items; j++) {
-                bool partial;
-                const int q0 = fgb_item_start(pl, j, partial);
-                /* the producer skips these too; past q_pitch the dQ tile would
-                 * land outside the accumulator */
-                if (q0 >= a.q_len) continue;
-                const int st = n & 1, phase = (n >> 1) & 1;
-                n++;
-                const fg_u32 sQ = sStage + st * FGS_STAGE_BYTES, sO = sQ + FGS_Q_TILE;
-                const float *const s_lse2 = rows0 + st * 2 * FGS_BLOCK_M, *const s_delta = s_lse2 + FGS_BLOCK_M;
-                fgh_bar_wait(bar_full + 8 * st, phase);
+            fgh_commit();
+#pragma unroll
+            for (int kk = 0; kk < FGB_D / 16; kk++) {
+                const int oa = ((kk >> 2) * FGS_KV_REGION + (kk & 3) * 32) >> 4;
+                const int ob = ((kk >> 2) * FGS_Q_REGION + (kk & 3) * 32) >> 4;
+                fgh_mma_ss_n64<0, 0>(&dp[0][0], dV_a + oa, dO_k + ob, kk > 0);
+            }
+            fgh_commit();
+            fgh_wait<0>();
+            fgh_fence_regs<32>(&s[0][0]);
+            fgh_fence_regs<32>(&dp[0][0]);
+            /* A partial tile's costly mask row parts. Buffer st is free:
+             * this step's full barrier means every consumer warp released
+             * the stage of step n - 2, after its element loop. */
+            fg_mask_row *const rows = (fg_mask_row *)(fgs_smem + (sRowP - base)) + (cw * 2 + st) * FGS_BLOCK_M;
+            if (FGS_ROWS_SHARED && partial) {
+                if (ctid < FGS_BLOCK_M)
+                    rows[ctid] = fg_mask_row_init(p, mhd, b, h, min(q0 + ctid, a.q_len - 1) + a.q_offset);
+                fgh_named_sync(7 + cw, 128);
+            }
 
-                /* S^T = K Q^T and dP^T = V dO^T. */
-                float s[8][4], dp[8][4];
-                /* descriptors made where they are used: kept across the element
-                 * loop they would take registers it needs */
-                const fg_u64 dQ_k = fgh_desc_k(sQ), dO_k = fgh_desc_k(sO);
-                /* this consumer's 64 rows of K and V (64 lines into each region) */
-                const fg_u64 dK_a = fgh_desc_k(sK + cw * 64 * 128), dV_a = fgh_desc_k(sV + cw * 64 * 128);
-                fgh_fence();
-#pragma unroll
-                for (int kk = 0; kk < FGB_D / 16; kk++) {
-                    const int oa = ((kk >> 2) * FGS_KV_REGION + (kk & 3) * 32) >> 4;
-                    const int ob = ((kk >> 2) * FGS_Q_REGION + (kk & 3) * 32) >> 4;
-                    fgh_mma_ss_n64<0, 0>(&s[0][0], dK_a + oa, dQ_k + ob, kk > 0);
-                }
-                fgh_commit();
-#pragma unroll
-                for (int kk = 0; kk < FGB_D / 16; kk++) {
-                    const int oa = ((kk >> 2) * FGS_KV_REGION + (kk & 3) * 32) >> 4;
-                    const int ob = ((kk >> 2) * FGS_Q_REGION + (kk & 3) * 32) >> 4;
-                    fgh_mma_ss_n64<0, 0>(&dp[0][0], dV_a + oa, dO_k + ob, kk > 0);
-                }
-                fgh_commit();
-                fgh_wait<0>();
-                fgh_fence_regs<32>(&s[0][0]);
-                fgh_fence_regs<32>(&dp[0][0]);
-                /* A partial tile's costly mask row parts. Buffer st is free:
-                 * this step's full barrier means every consumer warp released
-                 * the stage of step n - 2, after its element loop. */
-                fg_mask_row *const rows = (fg_mask_row *)(fgs_smem + (sRowP - base)) + (cw * 2 + st) * FGS_BLOCK_M;
-                if (FGS_ROWS_SHARED && partial) {
-                    if (ctid < FGS_BLOCK_M)
-                        rows[ctid] = fg_mask_row_init(p, mhd, b, h, min(q0 + ctid, a.q_len - 1) + a.q_offset);
-                    fgh_named_sync(7 + cw, 128);
-                }
+            const bool edge = q0 + FGS_BLOCK_M > a.q_len || kv0 + FGS_BLOCK_N > kv_end;
+            /* four element loops: the checks only where a tile needs them,
+             * the buffer gradients' code only where one is wanted (its
+             * branches and registers would stay in every loop otherwise) */
+            if ((partial || edge) && grads)
+                fgs_elements<true, true>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
+            else if (partial || edge)
+                fgs_elements<true, false>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
+            else if (grads)
+                fgs_elements<false, true>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
+            else
+                fgs_elements<false, false>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
 
-                const bool edge = q0 + FGS_BLOCK_M > a.q_len || kv0 + FGS_BLOCK_N > kv_end;
-                /* four element loops: the checks only where a tile needs them,
-                 * the buffer gradients' code only where one is wanted (its
-                 * branches and registers would stay in every loop otherwise) */
-                if ((partial || edge) && grads)
-                    fgs_elements<true, true>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
-                else if (partial || edge)
-                    fgs_elements<true, false>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
-                else if (grads)
-                    fgs_elements<false, true>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
-                else
-                    fgs_elements<false, false>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
-
-                /* P^T and dR^T as A fragments (k steps of 16 q columns), and
-                 * (for dQ) dR^T into this step's buffer: row r's 16-byte chunk
-                 * i (q columns 8 i .. 8 i + 7) at chunk i ^ (r % 8). */
-                fg_u32 pa[4][4], ra[4][4];
-                const fg_u32 sD = sDS + st * FGS_DS_BYTES;
+            /* P^T and dR^T as A fragments (k steps of 16 q columns), and
+             * (for dQ) dR^T into this step's buffer: row r's 16-byte chunk
+             * i (q columns 8 i .. 8 i + 7) at chunk i ^ (r % 8). */
+            fg_u32 pa[4][4], ra[4][4];
+            const fg_u32 sD = sDS + st * FGS_DS_BYTES;
 #pragma unroll
-                for (int kc = 0; kc < 4; kc++) {
-                    fgb_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]);
-                    fgb_to_a(ra[kc], dp[2 * kc], dp[2 * kc + 1]);
+            for (int kc = 0; kc < 4; kc++) {
+                fgb_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]);
+                fgb_to_a(ra[kc], dp[2 * kc], dp[2 * kc + 1]);
+            }
+            if (dq_atomic) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const int r = cw * 64 + warp * 16 + g; /* r % 8 == g, also for r + 8 */
+                    const fg_u32 at = sD + r * 128 + ((i ^ g) << 4) + 4 * t4;
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(ra[i >> 1][(i & 1) * 2]) : "memory");
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + 8 * 128), "r"(ra[i >> 1][(i & 1) * 2 + 1])
+                                 : "memory");
                 }
-                if (dq_atomic) {
-#pragma unroll
-                    for (int i = 0; i < 8; i++) {
-                        const int r = cw * 64 + warp * 16 + g; /* r % 8 == g, also for r + 8 */
-                        const fg_u32 at = sD + r * 128 + ((i ^ g) << 4) + 4 * t4;
-                        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(ra[i >> 1][(i & 1) * 2]) : "memory");
-                        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + 8 * 128), "r"(ra[i >> 1][(i & 1) * 2 + 1])
-                                     : "memory");
-                    }
-                    fgh_fence_async_smem();
-#if FGB_D == 128
-                    /* this consumer's dR^T is in place for the other one, which
-                     * waits for it only before its dQ (fgs_drt_bar) */
-                    fgh_named_arrive(fgs_drt_bar(cw, st), 256);
-#else
-                    /* Before the barrier: the previous step's dQ reduction has
-                     * read this consumer's staging tile, written again below. */
-                    if (ctid == 0) fgh_bulk_wait<0, true>();
-                    fgh_named_sync(1 + cw, 128); /* this consumer's dR^T is in place */
-#endif
-                }
-
-                /* dV += P^T dO and dK += dR^T Q, then dQ = dR K: one after the
-                 * other, so dQ's accumulators never share the registers with
-                 * P^T's and dR^T's fragments (the tensor cores run a consumer's
-                 * products in order anyway; the other consumer fills the gap). */
-                fgh_fence();
-                const fg_u64 dO_mn = fgh_desc_mn(sO, FGS_Q_REGION), dQ_mn = fgh_desc_mn(sQ, FGS_Q_REGION);
-#pragma unroll
-                for (int kc = 0; kc < 4; kc++) fgh_mma_rs_d(&dv[0][0], pa[kc], dO_mn + ((kc * 16 * 128) >> 4));
-#pragma unroll
-                for (int kc = 0; kc < 4; kc++) fgh_mma_rs_d(&dk[0][0], ra[kc], dQ_mn + ((kc * 16 * 128) >> 4));
-                fgh_commit();
-                fgh_wait<0>();
-                fgh_fence_regs<FGS_DT * 4>(&dv[0][0]);
-                fgh_fence_regs<FGS_DT * 4>(&dk[0][0]);
-                if (lane == 0) fgh_bar_arrive(bar_empty + 8 * st); /* the stage is no longer read */
-                if (!dq_atomic) continue; /* dQ has a pass of its own */
-#if FGB_D == 128
-                /* Before the barrier: the previous step's dQ reduction has
-                 * read this consumer's staging tile, written again below (the
-                 * barrier counts this consumer's threads, ctid 0's included). */
-                if (ctid == 0) fgh_bulk_wait<0, true>();
-                fgh_named_sync(fgs_drt_bar(1 - cw, st), 256); /* the other consumer's dR^T is in place */
-#endif
-                float dq[8][4];
-                const fg_u64 dS_a = fgh_desc_mn(sD + dS_off, FGS_DS_BYTES);
-                const fg_u64 dQ_b = fgh_desc_mn(dQ_b_addr, FGS_KV_REGION);
-                fgh_fence();
-#pragma unroll
-                for (int kk = 0; kk < FGS_DQ_KSTEPS; kk++)
-                    fgh_mma_ss_n64<1, 1>(&dq[0][0], dS_a + ((kk * 16 * 128) >> 4), dQ_b + ((kk * 16 * 128) >> 4), kk > 0);
-                fgh_commit();
-                fgh_wait<0>();
-                fgh_fence_regs<32>(&dq[0][0]);
-
-                /* dQ to the staging tile (pairs permuted as fgb_dq_index says),
-                 * then one bulk reduction into the accumulator. */
-                const fg_u32 sT = sDQ + cw * FGS_DQ_BYTES;
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-#pragma unroll
-                    for (int half = 0; half < 2; half++) {
-                        const int r = warp * 16 + g + 8 * half, pc = ((4 * i + t4) ^ (g << 2)) << 1;
-                        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sT + (r * 64 + pc) * 4),
-                                     "f"(dq[i][2 * half]), "f"(dq[i][2 * half + 1])
-                                     : "memory");
-                    }
                 fgh_fence_async_smem();
-                fgh_named_sync(5 + cw, 128);
-                if (ctid == 0) {
 #if FGB_D == 128
-                    const int band = cw;
+                /* this consumer's dR^T is in place for the other one, which
+                 * waits for it only before its dQ (fgs_drt_bar) */
+                fgh_named_arrive(fgs_drt_bar(cw, st), 256);
 #else
-                    const int band = 0;
+                /* Before the barrier: the previous step's dQ reduction has
+                 * read this consumer's staging tile, written again below. */
+                if (ctid == 0) fgh_bulk_wait<0, true>();
+                fgh_named_sync(1 + cw, 128); /* this consumer's dR^T is in place */
 #endif
-                    fgh_bulk_add_f32(dq_accum + fgb_dq_index(a, rb, q0, band * 64), sT, FGS_DQ_BYTES);
-                    fgh_bulk_commit();
+            }
+
+            /* dV += P^T dO and dK += dR^T Q, then dQ = dR K: one after the
+             * other, so dQ's accumulators never share the registers with
+             * P^T's and dR^T's fragments (the tensor cores run a consumer's
+             * products in order anyway; the other consumer fills the gap). */
+            fgh_fence();
+            const fg_u64 dO_mn = fgh_desc_mn(sO, FGS_Q_REGION), dQ_mn = fgh_desc_mn(sQ, FGS_Q_REGION);
+#pragma unroll
+            for (int kc = 0; kc < 4; kc++) fgh_mma_rs_d(&dv[0][0], pa[kc], dO_mn + ((kc * 16 * 128) >> 4));
+#pragma unroll
+            for (int kc = 0; kc < 4; kc++) fgh_mma_rs_d(&dk[0][0], ra[kc], dQ_mn + ((kc * 16 * 128) >> 4));
+            fgh_commit();
+            fgh_wait<0>();
+            fgh_fence_regs<FGS_DT * 4>(&dv[0][0]);
+            fgh_fence_regs<FGS_DT * 4>(&dk[0][0]);
+            if (lane == 0) fgh_bar_arrive(bar_empty + 8 * st); /* the stage is no longer read */
+            if (!dq_atomic) continue; /* dQ has a pass of its own */
+#if FGB_D == 128
+            /* Before the barrier: the previous step's dQ reduction has
+             * read this consumer's staging tile, written again below (the
+             * barrier counts this consumer's threads, ctid 0's included). */
+            if (ctid == 0) fgh_bulk_wait<0, true>();
+            fgh_named_sync(fgs_drt_bar(1 - cw, st), 256); /* the other consumer's dR^T is in place */
+#endif
+            float dq[8][4];
+            const fg_u64 dS_a = fgh_desc_mn(sD + dS_off, FGS_DS_BYTES);
+            const fg_u64 dQ_b = fgh_desc_mn(dQ_b_addr, FGS_KV_REGION);
+            fgh_fence();
+#pragma unroll
+            for (int kk = 0; kk < FGS_DQ_KSTEPS; kk++)
+                fgh_mma_ss_n64<1, 1>(&dq[0][0], dS_a + ((kk * 16 * 128) >> 4), dQ_b + ((kk * 16 * 128) >> 4), kk > 0);
+            fgh_commit();
+            fgh_wait<0>();
+            fgh_fence_regs<32>(&dq[0][0]);
+
+            /* dQ to the staging tile (pairs permuted as fgb_dq_index says),
+             * then one bulk reduction into the accumulator. */
+            const fg_u32 sT = sDQ + cw * FGS_DQ_BYTES;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int half = 0; half < 2; half++) {
+                    const int r = warp * 16 + g + 8 * half, pc = ((4 * i + t4) ^ (g << 2)) << 1;
+                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sT + (r * 64 + pc) * 4),
+                                 "f"(dq[i][2 * half]), "f"(dq[i][2 * half + 1])
+                                 : "memory");
                 }
+            fgh_fence_async_smem();
+            fgh_named_sync(5 + cw, 128);
+            if (ctid == 0) {
+#if FGB_D == 128
+                const int band = cw;
+#else
+                const int band = 0;
+#endif
+                fgh_bulk_add_f32(dq_accum + fgb_dq_index(a, rb, q0, band * 64), sT, FGS_DQ_BYTES);
+                fgh_bulk_commit();
             }
         }
-        /* Every product reading this tile's K and V has been waited for. */
-        if (lane == 0) fgh_bar_arrive(bar_kve + 8 * kb);
-
-        /* dK (scaled) and dV of this thread's rows. */
-        fg_elem *dkp = (fg_elem *)a.dk + (fg_i64)b * a.dk_stride[0] + (fg_i64)hk * a.dk_stride[1];
-        fg_elem *dvp = (fg_elem *)a.dv + (fg_i64)b * a.dv_stride[0] + (fg_i64)hk * a.dv_stride[1];
-#pragma unroll
-        for (int i = 0; i < FGS_DT; i++)
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const int kv = kvr0 + 8 * half, c = 8 * i + 2 * t4;
-                if (kv >= kv_end) continue;
-                *(fg_u32 *)(dkp + (fg_i64)kv * a.dk_stride[2] + c) =
-                    fg_pack2(dk[i][2 * half] * a.scale, dk[i][2 * half + 1] * a.scale);
-                *(fg_u32 *)(dvp + (fg_i64)kv * a.dv_stride[2] + c) = fg_pack2(dv[i][2 * half], dv[i][2 * half + 1]);
-            }
     }
     if (ctid == 0) fgh_bulk_wait<0, false>();
+
     fg_grad_flush(gr, gcache);
+
+    /* dK (scaled) and dV of this thread's rows. */
+    fg_elem *dkp = (fg_elem *)a.dk + (fg_i64)b * a.dk_stride[0] + (fg_i64)hk * a.dk_stride[1];
+    fg_elem *dvp = (fg_elem *)a.dv + (fg_i64)b * a.dv_stride[0] + (fg_i64)hk * a.dv_stride[1];
+#pragma unroll
+    for (int i = 0; i < FGS_DT; i++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int kv = kvr0 + 8 * half, c = 8 * i + 2 * t4;
+            if (kv >= kv_end) continue;
+            *(fg_u32 *)(dkp + (fg_i64)kv * a.dk_stride[2] + c) =
+                fg_pack2(dk[i][2 * half] * a.scale, dk[i][2 * half + 1] * a.scale);
+            *(fg_u32 *)(dvp + (fg_i64)kv * a.dv_stride[2] + c) = fg_pack2(dv[i][2 * half], dv[i][2 * half + 1]);
+        }
 }
