@@ -136,8 +136,8 @@ static __device__ __forceinline__ void fgh_mma_rs_n64(float *d, const fg_u32 *a,
 template <int N>
 static __device__ __forceinline__ void fgh_mma_rs_cols(float *d, const fg_u32 *a, fg_u64 db, fg_u32 region) {
     static_assert(N % 64 == 0 && N <= 256, "fgh_mma_rs_cols: N must be 64, 128, 192 or 256");
-#pragma unroll
-    for (int c = 0; c + 128 <= N; c += 128) fgh_mma_rs_n128(d + c / 2, a, db + (((c / 64) * region) >> 4));
+    if (N >= 128) fgh_mma_rs_n128(d, a, db);
+    if (N >= 256) fgh_mma_rs_n128(d + 64, a, db + ((2 * region) >> 4));
     if (N % 128) fgh_mma_rs_n64(d + (N - 64) / 2, a, db + ((((N - 64) / 64) * region) >> 4));
 }
 /* The register-A product at the kernel's head dim: D (64 x FG_HEAD_DIM,
