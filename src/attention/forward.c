@@ -181,7 +181,8 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
      * query heads: the fewest K and V bytes read at once. */
     const double kv_head_bytes = 2.0 * a->kv_len * a->head_dim * 2.0; /* K and V, 16-bit */
     int fit = 1;
-    while (a->block_mask && fit < 1024 && 2.0 * fit * kv_head_bytes <= 32.0 * 1024 * 1024) fit *= 2;
+    if (a->block_mask)
+        while (fit < 1024 && 2.0 * fit * kv_head_bytes <= 32.0 * 1024 * 1024) fit *= 2;
     abi.l2_heads = fit * (a->heads_q / a->heads_kv);
     fgi_attn_ws w;
     CUdeviceptr counter = 0;

@@ -20,18 +20,22 @@
 
 /* What both Hopper rows take, on a config with its defaults filled in:
  * wgmma tiles of 64 rows per warp group, the head dims `dims` lists (0
- * ends it; `dims_text` says them), code for sm_90a only. `what` names the
- * row in messages, `portable` the row that takes the rest. A NULL ctx
- * records nothing. */
+ * ends it), code for sm_90a only. `what` names the row in messages,
+ * `portable` the row that takes the rest. A NULL ctx records nothing. */
 static fg_status sm90_common_check(fg_ctx *ctx, const fg_kernel_config *c, const char *what,
-                                   const char *portable, const int *dims, const char *dims_text) {
-    int ok = 0;
-    for (const int *d = dims; *d; d++) ok |= c->head_dim == *d;
-    if (!ok)
+                                   const char *portable, const int *dims) {
+    int ok = 0, n = 0;
+    for (const int *d = dims; *d; d++, n++) ok |= c->head_dim == *d;
+    if (!ok) {
+        char list[64] = "";
+        for (int i = 0; i < n; i++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d",
+                     i == 0 ? "" : i == n - 1 ? " and " : ", ", dims[i]);
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
                          "head dim %d: the Hopper %s supports %s (the portable %s, %s, takes every "
                          "multiple of 16 to 256)",
-                         c->head_dim, what, dims_text, what, portable);
+                         c->head_dim, what, list, what, portable);
+    }
     if (c->arch && strcmp(c->arch, "sm_90a") != 0)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "arch %s: the Hopper %s compiles only for sm_90a", c->arch,
                          what);
@@ -43,7 +47,7 @@ static fg_status sm90_common_check(fg_ctx *ctx, const fg_kernel_config *c, const
  * of one length, so no ragged form. */
 static fg_status sm90_check(fg_ctx *ctx, const fg_kernel_config *c) {
     static const int dims[] = {64, 96, 128, 192, 256, 0};
-    FGI_TRY(sm90_common_check(ctx, c, "kernel", "FG_KERNEL_ATTENTION_FWD", dims, "64, 96, 128, 192 and 256"));
+    FGI_TRY(sm90_common_check(ctx, c, "kernel", "FG_KERNEL_ATTENTION_FWD", dims));
     if (c->ragged)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
                          "the Hopper kernel reads contiguous K/V of one length: its ragged form (kv_lens, "
@@ -60,7 +64,7 @@ static fg_status sm90_check(fg_ctx *ctx, const fg_kernel_config *c) {
  * the backward's config does not carry the blocks. */
 static fg_status sm90_bwd_check(fg_ctx *ctx, const fg_kernel_config *c) {
     static const int dims[] = {64, 128, 0};
-    return sm90_common_check(ctx, c, "backward", "FG_KERNEL_ATTENTION_BWD", dims, "64 and 128");
+    return sm90_common_check(ctx, c, "backward", "FG_KERNEL_ATTENTION_BWD", dims);
 }
 
 /* The decode kernel: a thread's chunk column of a K/V row must divide its
