@@ -289,6 +289,10 @@ fg_status fgi_kernel_make(fg_ctx *ctx, const fg_mod *mod, const fgi_kernel_entry
  * for the process. Needs nothing ready (it readies CUDA). */
 fg_status fgi_kernel_make_modless(fg_ctx *ctx, fgi_kernel_op op, fg_dtype dtype, fg_kernel **out);
 
+/* The configuration fg_attention_backward asks fg_kernel_get for (the
+ * Hopper backward where it applies, else the portable one). */
+fg_kernel_config fgi_attn_bwd_config(fg_dtype dtype, int head_dim);
+
 /* What every launch checks before touching the device: CUDA is ready and
  * the current CUDA context is the one the kernel was loaded in. */
 fg_status fgi_kernel_check_context(fg_ctx *ctx, const fg_kernel *k);

@@ -313,6 +313,14 @@ static fg_status workspace_of(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_
     return FG_OK;
 }
 
+fg_kernel_config fgi_attn_bwd_config(fg_dtype dtype, int head_dim) {
+    fg_kernel_config cfg = fg_kernel_config_init();
+    cfg.kind = FG_KERNEL_ATTENTION_BWD;
+    cfg.dtype = dtype;
+    cfg.head_dim = head_dim;
+    return cfg;
+}
+
 /* fg_attention_backward's kernel choice, shared by the call and its
  * workspace size: the kernel fg_kernel_get picks, and the portable one
  * where the Hopper kernel refuses the call. With `bytes` the chosen
@@ -327,10 +335,7 @@ static fg_status on_chosen_kernel(fg_ctx *ctx, const fg_mod *mod, const fg_atten
     FGI_TRY(fgi_attn_check_bwd_args(ctx, mod, &b, &st, &bs));
     /* before a compile that could not be used */
     FGI_CHECK_ARG(ctx, fwd.lse, "the backward needs the forward's lse (fg_attention_args.lse is NULL)");
-    fg_kernel_config cfg = fg_kernel_config_init();
-    cfg.kind = FG_KERNEL_ATTENTION_BWD;
-    cfg.dtype = fwd.dtype;
-    cfg.head_dim = fwd.head_dim;
+    const fg_kernel_config cfg = fgi_attn_bwd_config(fwd.dtype, fwd.head_dim);
     fg_kernel *k;
     FGI_TRY(fg_kernel_get(ctx, mod, &cfg, &k));
     fg_status s = bytes ? workspace_of(ctx, k, &b, bytes) : launch(ctx, k, &b, sums);
@@ -372,10 +377,7 @@ fg_status fgi_attention_backward_into_sums(fg_ctx *ctx, const fg_mod *mod, const
 fg_status fgi_attention_backward_sums_to_float(fg_ctx *ctx, const fg_mod *mod, fg_dtype dtype, int head_dim,
                                                CUdeviceptr sums, float *out, int64_t n, void *stream) {
     if (n <= 0) return FG_OK;
-    fg_kernel_config cfg = fg_kernel_config_init();
-    cfg.kind = FG_KERNEL_ATTENTION_BWD;
-    cfg.dtype = dtype;
-    cfg.head_dim = head_dim;
+    const fg_kernel_config cfg = fgi_attn_bwd_config(dtype, head_dim);
     fg_kernel *k;
     FGI_TRY(fg_kernel_get(ctx, mod, &cfg, &k));
     CUdeviceptr acc = sums, dst = (CUdeviceptr)(uintptr_t)out;

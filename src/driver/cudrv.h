@@ -83,6 +83,9 @@ typedef struct fgi_cu_api {
      * parallelism's ring). */
     FGI_CU_FN(cuStreamWaitEvent);
     FGI_CU_FN(cuMemcpy2DAsync);
+    /* A function loaded when it is looked up rather than at its first
+     * launch (CUDA 12.4+; jit/cache.c says why). */
+    FGI_CU_FN(cuFuncLoad);
 } fgi_cu_api;
 #undef FGI_CU_FN
 

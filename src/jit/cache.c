@@ -738,6 +738,17 @@ static fg_status find_function(fg_ctx *ctx, mod_rec *m, const char *name, CUfunc
         return fgi_error(ctx, r == CUDA_ERROR_NOT_FOUND ? FG_ERR_NOT_FOUND : FG_ERR_CUDA,
                          "kernel '%s' not found in the module: %s", name, why);
     }
+    /* Loaded now, not at its first launch: under the driver's lazy loading
+     * that launch would load it, and loading waits for the device's queued
+     * work while holding a lock the driver's other calls take. Where that
+     * work is an NCCL kernel waiting for a peer driven by another thread of
+     * this process (context parallelism with a thread per GPU), the peer's
+     * next call waits for the lock and neither ever finishes. A driver
+     * without cuFuncLoad loads at the first launch, as before. */
+    if (fgi_cu()->cuFuncLoad) {
+        r = fgi_cu()->cuFuncLoad(got);
+        if (r != CUDA_SUCCESS) return fgi_cu_status(ctx, r, "cuFuncLoad");
+    }
     fn_rec *f = calloc(1, sizeof *f);
     char *copy = strdup(name);
     if (!f || !copy) {

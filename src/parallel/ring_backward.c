@@ -236,6 +236,19 @@ static fg_status pair_backward(bwd_call *c, int s, const fgi_ring_pair *p, CUdev
     return fgi_partial_sum(c->r.ctx, &sq);
 }
 
+/* Every kernel the ring and what follows it launch, made and loaded
+ * before the first transfer (fgi_ring_load_kernel_modless says why): the
+ * pairs' backward, one module for all its passes, as fg_attention_backward
+ * chooses it (where the Hopper one refuses a pair, the portable one is
+ * still made inside the ring), and the partial sums. */
+static fg_status load_kernels(bwd_call *c) {
+    const fg_kernel_config cfg = fgi_attn_bwd_config(c->r.a->dtype, c->r.a->head_dim);
+    fg_kernel *k;
+    FGI_TRY(fg_kernel_get(c->r.ctx, c->r.mod, &cfg, &k));
+    fg_kernel_release(k);
+    return fgi_ring_load_kernel_modless(&c->r, FGI_KOP_PARTIAL_SUM);
+}
+
 /* After step s's pairs: the held shard's running dK / dV += its pairs'
  * contributions, per kv chunk of the shard. Into run[s % 2] (on top of the
  * received sums from step 1 on), or, for the rank's own shard when it
@@ -462,6 +475,7 @@ fg_status fg_attention_backward_cp(fg_ctx *ctx, const fg_mod *mod, const fg_cp_b
     FGI_TRY(fgi_ring_call_open(ctx, mod, &a, &st, &d, &c.r));
     fgi_ring_home(c.r.plan, c.r.who.rank, &c.home_step, &c.home_from);
     fg_status s = alloc_workspace(&c);
+    if (s == FG_OK) s = load_kernels(&c);
     if (s == FG_OK) s = gather_lse(&c);
     if (s == FG_OK) s = run_ring(&c);
     if (s == FG_OK) s = store(&c);

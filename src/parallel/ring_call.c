@@ -407,6 +407,13 @@ fg_status fgi_ring_copy_rows(fgi_ring_call *c, CUdeviceptr dst, size_t dst_pitch
     return FG_OK;
 }
 
+fg_status fgi_ring_load_kernel_modless(fgi_ring_call *c, fgi_kernel_op op) {
+    fg_kernel *k;
+    FGI_TRY(fgi_kernel_make_modless(c->ctx, op, c->a->dtype, &k));
+    fg_kernel_release(k);
+    return FG_OK;
+}
+
 fg_status fgi_ring_fork(fgi_ring_call *c) {
     if (!c->side_stream) return FG_OK;
     FGI_CU_TRY(c->ctx, fgi_cu()->cuEventRecord(c->fork, c->stream), "cuEventRecord");

@@ -140,6 +140,17 @@ CUstream fgi_ring_stream_of(const fgi_ring_call *c, int qc);
 fg_status fgi_ring_copy_rows(fgi_ring_call *c, CUdeviceptr dst, size_t dst_pitch, CUdeviceptr src, size_t src_pitch,
                              size_t width, size_t height);
 
+/* Kernels made and loaded before a call's first transfer. Loading a
+ * module or function waits for the device's queued work while holding a
+ * driver lock: inside the ring that work can be an NCCL kernel waiting for
+ * a peer, and where the peer is another thread of this process (a thread
+ * per GPU) its next driver call waits for the lock, so neither finishes.
+ * Every kernel a sharded call launches is therefore made (compiled or
+ * found, loaded, its functions loaded: jit/cache.c) before the ring
+ * starts; inside it they are found in the cache. This one makes a kernel
+ * that reads no mod (the merge, the partial sums) for the call's dtype. */
+fg_status fgi_ring_load_kernel_modless(fgi_ring_call *c, fgi_kernel_op op);
+
 /* Through event ev: the comm stream waits for the caller's stream up to
  * here (the shard written, the workspace allocated), or, with
  * caller_waits_for_comm, the caller's stream for the comm stream's work so

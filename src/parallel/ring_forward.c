@@ -131,9 +131,10 @@ static fg_status alloc_workspace(cp_call *c) {
     return FG_OK;
 }
 
-/* One pair's attention into its partial (rows from `row` of the partials). */
-static fg_status compute_pair(cp_call *c, int s, const fgi_ring_pair *p, CUdeviceptr held_k, CUdeviceptr held_v,
-                              int64_t held_rows, size_t row) {
+/* One pair's attention arguments, writing its partial (rows from `row` of
+ * the partials). */
+static void pair_call_args(cp_call *c, int s, const fgi_ring_pair *p, CUdeviceptr held_k, CUdeviceptr held_v,
+                           int64_t held_rows, size_t row, fg_attention_args *out) {
     const fg_attention_args *a = c->r.a;
     const int64_t D = a->head_dim;
     fg_attention_args pa;
@@ -147,7 +148,33 @@ static fg_status compute_pair(cp_call *c, int s, const fgi_ring_pair *p, CUdevic
     memcpy(pa.out_stride, os, sizeof os);
     pa.lse = (float *)(uintptr_t)(c->part_lse + (CUdeviceptr)(4 * row * bh));
     pa.stream = fgi_ring_stream_of(&c->r, p->q_chunk);
+    *out = pa;
+}
+
+/* One pair's attention into its partial. */
+static fg_status compute_pair(cp_call *c, int s, const fgi_ring_pair *p, CUdeviceptr held_k, CUdeviceptr held_v,
+                              int64_t held_rows, size_t row) {
+    fg_attention_args pa;
+    pair_call_args(c, s, p, held_k, held_v, held_rows, row, &pa);
     return fg_attention_forward(c->r.ctx, c->r.mod, &pa);
+}
+
+/* Every kernel the ring and the merges will launch, made and loaded before
+ * the first transfer (fgi_ring_load_kernels says why): the pairs' (the
+ * choice depends on a pair's rows, so each pair's is asked for; after the
+ * first they are found in the cache) and the merge's. */
+static fg_status load_kernels(cp_call *c) {
+    const fgi_ring_rank *rk = &c->r.plan->ranks[c->r.who.rank];
+    const CUdeviceptr k = (CUdeviceptr)(uintptr_t)c->r.a->k, v = (CUdeviceptr)(uintptr_t)c->r.a->v;
+    for (int i = 0; i < c->nparts; i++) {
+        const fgi_ring_step *st = &rk->steps[c->parts[i].step];
+        fg_attention_args pa;
+        pair_call_args(c, c->parts[i].step, &st->pairs[c->parts[i].pair], k, v, st->kv_rows, c->parts[i].row, &pa);
+        fg_kernel *kern;
+        FGI_TRY(fg_attention_kernel_for(c->r.ctx, c->r.mod, &pa, &kern));
+        fg_kernel_release(kern);
+    }
+    return fgi_ring_load_kernel_modless(&c->r, FGI_KOP_ATTENTION_MERGE);
 }
 
 static fg_status run_ring(cp_call *c) {
@@ -263,6 +290,7 @@ fg_status fg_attention_forward_cp(fg_ctx *ctx, const fg_mod *mod, const fg_cp_ar
     FGI_TRY(fgi_ring_call_open(ctx, mod, &a, &st, &d, &c.r));
     fg_status s = select_parts(&c);
     if (s == FG_OK) s = alloc_workspace(&c);
+    if (s == FG_OK) s = load_kernels(&c);
     if (s == FG_OK) s = run_ring(&c);
     if (s == FG_OK) s = merge_chunks(&c);
     /* The workspace goes back on the caller's stream after the last
