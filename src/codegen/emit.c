@@ -427,6 +427,9 @@ static void emit_grad_accumulate(emitter *em, const fgi_mod_grad *g) {
                       " * element (every lane of the warp calls it). */\n"
                       "__device__ __forceinline__ void fg_grad_add(long long *acc, int i, double v);\n"
                       "__device__ __forceinline__ void fg_grad_add_warp(long long *acc, int i, double v);\n\n");
+    fgi_buf_printf(out, "/* The number of float buffer reads whose gradients a thread keeps. */\n"
+                        "#define FG_GRAD_SITES %d\n",
+                   g->nsites);
     fgi_buf_puts(out, "/* A thread's pending sums: per buffer read, the element (-1: none) and the sum. */\n"
                       "struct fg_grad_cache {\n");
     for (int k = 0; k < g->nsites; k++) fgi_buf_printf(out, "    int i%d;\n    double s%d;\n", k, k);

@@ -113,6 +113,21 @@ static_assert(FG_LAUNCH_BLOCK_N_fg_attention_bwd_dkdv == FGS_BLOCK_N, "bwd_sm90_
 #define FGS_COLS_FIRST (FG_MASK_COL_COSTLY && !__is_empty(fg_mask_col))
 #define FGS_ROWS_SHARED (FG_MASK_ROW_COSTLY && !__is_empty(fg_mask_row) && sizeof(fg_mask_row) <= FGS_ROWP_SIZE)
 
+/* S^T's and dP^T's first k step writes its accumulators only
+ * (fgh_mma_ss_n64_first) for mods with a score_mod or costly mask parts
+ * and at most one float buffer read with a gradient.
+ * With the accumulators read as well, ptxas moves the element loop's 64
+ * results out of their registers after every step's wait, and those mods'
+ * loops, with more values live, spilled (at head dim 128 alibi 44 bytes,
+ * sasa 16, natten 12, document 8; none with this). Measured (attention_notes
+ * v22): alibi +5-7% and document +2-4% at both head dims; the cheap mods
+ * (noop, causal) lost 3-5% at head dim 64 with it, so they keep the read,
+ * and a score_mod with two buffer gradients (test_emit_grad's two_reads)
+ * spilled more with it (252 bytes stored at head dim 128 against 152), so
+ * it does too. */
+#define FGS_FIRST_WRITE_ONLY \
+    ((FG_HAS_SCORE_MOD || FG_MASK_ROW_COSTLY || FG_MASK_COL_COSTLY) && FG_GRAD_SITES <= 1)
+
 /* The element loop of one step for one consumer thread: S^T and dP^T in
  * wgmma's accumulator layout (n8 fragment i, element e at kv row
  * kvr0 + 8 (e >> 1), q column 8 i + 2 t4 + (e & 1)) become P^T and dR^T in
@@ -327,14 +342,20 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             for (int kk = 0; kk < FGB_D / 16; kk++) {
                 const int oa = ((kk >> 2) * FGS_KV_REGION + (kk & 3) * 32) >> 4;
                 const int ob = ((kk >> 2) * FGS_Q_REGION + (kk & 3) * 32) >> 4;
-                fgh_mma_ss_n64<0, 0>(&s[0][0], dK_a + oa, dQ_k + ob, kk > 0);
+                if (FGS_FIRST_WRITE_ONLY && kk == 0)
+                    fgh_mma_ss_n64_first<0, 0>(&s[0][0], dK_a + oa, dQ_k + ob);
+                else
+                    fgh_mma_ss_n64<0, 0>(&s[0][0], dK_a + oa, dQ_k + ob, kk > 0);
             }
             fgh_commit();
 #pragma unroll
             for (int kk = 0; kk < FGB_D / 16; kk++) {
                 const int oa = ((kk >> 2) * FGS_KV_REGION + (kk & 3) * 32) >> 4;
                 const int ob = ((kk >> 2) * FGS_Q_REGION + (kk & 3) * 32) >> 4;
-                fgh_mma_ss_n64<0, 0>(&dp[0][0], dV_a + oa, dO_k + ob, kk > 0);
+                if (FGS_FIRST_WRITE_ONLY && kk == 0)
+                    fgh_mma_ss_n64_first<0, 0>(&dp[0][0], dV_a + oa, dO_k + ob);
+                else
+                    fgh_mma_ss_n64<0, 0>(&dp[0][0], dV_a + oa, dO_k + ob, kk > 0);
             }
             fgh_commit();
             fgh_wait<0>();

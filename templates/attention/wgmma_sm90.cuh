@@ -93,6 +93,25 @@ static __device__ __forceinline__ void fgh_mma_ss_n64(float *d, fg_u64 da, fg_u6
                  : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
 }
 
+/* The same, first k step: D = A * B with D's registers written only. As
+ * an operand read too ("+f"), they tie the product to what the registers
+ * held before: the compiler then keeps the previous values' registers for
+ * it and moves what it computed there (the element loop's results) out of
+ * the way first. */
+template <int TA, int TB>
+static __device__ __forceinline__ void fgh_mma_ss_n64_first(float *d, fg_u64 da, fg_u64 db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." FGH_AB "." FGH_AB " {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, %32, %33, p, 1, 1, %34, %35;\n}\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
+                   "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
+                   "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
+                   "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+                 : "l"(da), "l"(db), "n"(TA), "n"(TB));
+}
+
 /* D (64 x 128, fp32, per warp group) += A (64 x 16, registers) * B (16 x 128,
  * shared, N-major: rows of V or dO as stored, read transposed): one k step
  * of P V. */
