@@ -293,6 +293,13 @@ fg_status fgi_kernel_make_modless(fg_ctx *ctx, fgi_kernel_op op, fg_dtype dtype,
  * Hopper backward where it applies, else the portable one). */
 fg_kernel_config fgi_attn_bwd_config(fg_dtype dtype, int head_dim);
 
+/* The configuration fg_attention_forward asks fg_kernel_get for, for
+ * arguments already in this library's layout: the decode kernel where the
+ * call takes it and it takes the head dim and the block mask, else the
+ * forward kernel (its ragged form for per-sequence lengths, positions or
+ * paged K/V). */
+fg_kernel_config fgi_attn_forward_kernel_config(const fg_ctx *ctx, const fg_attention_args *a);
+
 /* What every launch checks before touching the device: CUDA is ready and
  * the current CUDA context is the one the kernel was loaded in. */
 fg_status fgi_kernel_check_context(fg_ctx *ctx, const fg_kernel *k);

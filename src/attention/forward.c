@@ -229,11 +229,16 @@ static fg_kernel_config forward_config(const fg_ctx *ctx, const fg_attention_arg
  * and the block mask, else the forward kernel: for per-sequence lengths,
  * positions or paged K/V its ragged form (forward_config), which only the
  * portable kernel has. */
-static fg_status kernel_for(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a, fg_kernel **out) {
+fg_kernel_config fgi_attn_forward_kernel_config(const fg_ctx *ctx, const fg_attention_args *a) {
     fg_kernel_config cfg = forward_config(ctx, a, true);
     if (cfg.kind == FG_KERNEL_ATTENTION_DECODE &&
         (!fgi_kernel_applies(fgi_kernel_find(cfg.kind), &cfg) || !fgi_attn_decode_walks(a)))
         cfg = forward_config(ctx, a, false);
+    return cfg;
+}
+
+static fg_status kernel_for(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a, fg_kernel **out) {
+    const fg_kernel_config cfg = fgi_attn_forward_kernel_config(ctx, a);
     return fg_kernel_get(ctx, mod, &cfg, out);
 }
 

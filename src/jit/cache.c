@@ -722,8 +722,9 @@ static fg_status load_module(fg_ctx *ctx, entry *e, CUcontext cu, uint64_t ctx_i
     return FG_OK;
 }
 
-/* Under C.lock. */
-static fg_status find_function(fg_ctx *ctx, mod_rec *m, const char *name, CUfunction *fn) {
+/* Under C.lock. *fresh: the function was not looked up before. */
+static fg_status find_function(fg_ctx *ctx, mod_rec *m, const char *name, CUfunction *fn, bool *fresh) {
+    *fresh = false;
     for (fn_rec *f = m->fns; f; f = f->next)
         if (strcmp(f->name, name) == 0) {
             *fn = f->fn;
@@ -738,17 +739,6 @@ static fg_status find_function(fg_ctx *ctx, mod_rec *m, const char *name, CUfunc
         return fgi_error(ctx, r == CUDA_ERROR_NOT_FOUND ? FG_ERR_NOT_FOUND : FG_ERR_CUDA,
                          "kernel '%s' not found in the module: %s", name, why);
     }
-    /* Loaded now, not at its first launch: under the driver's lazy loading
-     * that launch would load it, and loading waits for the device's queued
-     * work while holding a lock the driver's other calls take. Where that
-     * work is an NCCL kernel waiting for a peer driven by another thread of
-     * this process (context parallelism with a thread per GPU), the peer's
-     * next call waits for the lock and neither ever finishes. A driver
-     * without cuFuncLoad loads at the first launch, as before. */
-    if (fgi_cu()->cuFuncLoad) {
-        r = fgi_cu()->cuFuncLoad(got);
-        if (r != CUDA_SUCCESS) return fgi_cu_status(ctx, r, "cuFuncLoad");
-    }
     fn_rec *f = calloc(1, sizeof *f);
     char *copy = strdup(name);
     if (!f || !copy) {
@@ -761,6 +751,7 @@ static fg_status find_function(fg_ctx *ctx, mod_rec *m, const char *name, CUfunc
     f->next = m->fns;
     m->fns = f;
     *fn = got;
+    *fresh = true;
     return FG_OK;
 }
 
@@ -779,7 +770,23 @@ fg_status fgi_cache_get_function(fg_ctx *ctx, const fgi_kernel_spec *spec, CUfun
         pthread_mutex_unlock(&C.lock);
         st = load_module(ctx, e, cu, ctx_id, &m);
     }
-    if (st == FG_OK) st = find_function(ctx, m, spec->entry, fn);
+    bool fresh = false;
+    if (st == FG_OK) st = find_function(ctx, m, spec->entry, fn, &fresh);
+    /* A function looked up for the first time is loaded now, not at its
+     * first launch: under the driver's lazy loading that launch would load
+     * it, and loading waits for the device's queued work while holding a
+     * lock the driver's other calls take. Where that work is an NCCL kernel
+     * waiting for a peer driven by another thread of this process (context
+     * parallelism with a thread per GPU), the peer's next call waits for the
+     * lock and neither ever finishes. Outside C.lock, as a module's load:
+     * it waits for the device, and the peer's lookups must not wait for it.
+     * A driver without cuFuncLoad loads at the first launch, as before. */
+    if (st == FG_OK && fresh && fgi_cu()->cuFuncLoad) {
+        pthread_mutex_unlock(&C.lock);
+        const CUresult r = fgi_cu()->cuFuncLoad(*fn);
+        if (r != CUDA_SUCCESS) st = fgi_cu_status(ctx, r, "cuFuncLoad");
+        pthread_mutex_lock(&C.lock);
+    }
     if (--e->refs == 0 && !e->linked) free_entry(e);
     pthread_mutex_unlock(&C.lock);
     return st;

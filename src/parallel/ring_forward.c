@@ -160,18 +160,28 @@ static fg_status compute_pair(cp_call *c, int s, const fgi_ring_pair *p, CUdevic
 }
 
 /* Every kernel the ring and the merges will launch, made and loaded before
- * the first transfer (fgi_ring_load_kernels says why): the pairs' (the
- * choice depends on a pair's rows, so each pair's is asked for; after the
- * first they are found in the cache) and the merge's. */
+ * the first transfer (fgi_ring_load_kernel_modless says why): the merge's
+ * and the pairs'. The pairs' kernel depends on a pair's rows and block
+ * mask (fgi_attn_forward_kernel_config), so each distinct configuration
+ * among them is made once. */
 static fg_status load_kernels(cp_call *c) {
     const fgi_ring_rank *rk = &c->r.plan->ranks[c->r.who.rank];
     const CUdeviceptr k = (CUdeviceptr)(uintptr_t)c->r.a->k, v = (CUdeviceptr)(uintptr_t)c->r.a->v;
+    fg_kernel_config made[4];
+    int nmade = 0;
     for (int i = 0; i < c->nparts; i++) {
         const fgi_ring_step *st = &rk->steps[c->parts[i].step];
         fg_attention_args pa;
         pair_call_args(c, c->parts[i].step, &st->pairs[c->parts[i].pair], k, v, st->kv_rows, c->parts[i].row, &pa);
+        const fg_kernel_config cfg = fgi_attn_forward_kernel_config(c->r.ctx, &pa);
+        bool seen = false; /* the rest of the configuration is the call's */
+        for (int j = 0; j < nmade && !seen; j++)
+            seen = made[j].kind == cfg.kind && made[j].q_block == cfg.q_block && made[j].kv_block == cfg.kv_block &&
+                   made[j].ragged == cfg.ragged;
+        if (seen) continue;
+        if (nmade < (int)(sizeof made / sizeof made[0])) made[nmade++] = cfg;
         fg_kernel *kern;
-        FGI_TRY(fg_attention_kernel_for(c->r.ctx, c->r.mod, &pa, &kern));
+        FGI_TRY(fg_kernel_get(c->r.ctx, c->r.mod, &cfg, &kern));
         fg_kernel_release(kern);
     }
     return fgi_ring_load_kernel_modless(&c->r, FGI_KOP_ATTENTION_MERGE);

@@ -128,6 +128,15 @@ static_assert(FG_LAUNCH_BLOCK_N_fg_attention_bwd_dkdv == FGS_BLOCK_N, "bwd_sm90_
 #define FGS_FIRST_WRITE_ONLY \
     ((FG_HAS_SCORE_MOD || FG_MASK_ROW_COSTLY || FG_MASK_COL_COSTLY) && FG_GRAD_SITES <= 1)
 
+/* K step kk of S^T or dP^T (both operands K-major), the first one as
+ * FGS_FIRST_WRITE_ONLY says. */
+static __device__ __forceinline__ void fgs_mma_kstep(float *d, fg_u64 da, fg_u64 db, int kk) {
+    if (FGS_FIRST_WRITE_ONLY && kk == 0)
+        fgh_mma_ss_n64_first<0, 0>(d, da, db);
+    else
+        fgh_mma_ss_n64<0, 0>(d, da, db, kk > 0);
+}
+
 /* The element loop of one step for one consumer thread: S^T and dP^T in
  * wgmma's accumulator layout (n8 fragment i, element e at kv row
  * kvr0 + 8 (e >> 1), q column 8 i + 2 t4 + (e & 1)) become P^T and dR^T in
@@ -342,20 +351,14 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             for (int kk = 0; kk < FGB_D / 16; kk++) {
                 const int oa = ((kk >> 2) * FGS_KV_REGION + (kk & 3) * 32) >> 4;
                 const int ob = ((kk >> 2) * FGS_Q_REGION + (kk & 3) * 32) >> 4;
-                if (FGS_FIRST_WRITE_ONLY && kk == 0)
-                    fgh_mma_ss_n64_first<0, 0>(&s[0][0], dK_a + oa, dQ_k + ob);
-                else
-                    fgh_mma_ss_n64<0, 0>(&s[0][0], dK_a + oa, dQ_k + ob, kk > 0);
+                fgs_mma_kstep(&s[0][0], dK_a + oa, dQ_k + ob, kk);
             }
             fgh_commit();
 #pragma unroll
             for (int kk = 0; kk < FGB_D / 16; kk++) {
                 const int oa = ((kk >> 2) * FGS_KV_REGION + (kk & 3) * 32) >> 4;
                 const int ob = ((kk >> 2) * FGS_Q_REGION + (kk & 3) * 32) >> 4;
-                if (FGS_FIRST_WRITE_ONLY && kk == 0)
-                    fgh_mma_ss_n64_first<0, 0>(&dp[0][0], dV_a + oa, dO_k + ob);
-                else
-                    fgh_mma_ss_n64<0, 0>(&dp[0][0], dV_a + oa, dO_k + ob, kk > 0);
+                fgs_mma_kstep(&dp[0][0], dV_a + oa, dO_k + ob, kk);
             }
             fgh_commit();
             fgh_wait<0>();
