@@ -137,7 +137,7 @@ static fgi_kernel_geom bwd_geometry(const fg_kernel_config *c, const fg_mod *mod
     /* bands: head dims past 128 split dK, dV and dQ's columns over two
      * thread blocks (FGB_DSPLIT). */
     fgi_kernel_geom g = {.threads = 128, .bands = c->head_dim > 128 ? 2 : 1};
-    const size_t row = (size_t)(c->head_dim + 8) * 2;
+    const size_t row = (size_t)c->head_dim * 2;
     if (entry == FGI_BWD_DKDV) {
         g.threads = c->head_dim > 128 ? 128 : 256;
         g.block_n = g.threads / 2; /* 16 kv rows a warp */
@@ -171,7 +171,7 @@ static fgi_kernel_geom bwd_sm90_geometry(const fg_kernel_config *c, const fg_mod
 /* The decode kernel (templates/attention/attention_decode.cuh): four
  * warps; tiles of 16, 32 or 64 packed rows (entry points r16, r32, r64)
  * against 64-row K/V tiles in FGD_STAGES stages (5 to head dim 64, 3 to
- * 128, else 2) of K and V rows padded by 8 elements; head dims over 128
+ * 128, else 2) of K and V rows (unpadded, swizzled); head dims over 128
  * keep Q in a shared region of 64 rows; 1 KB for the warps' merge. The
  * merge entry has static shared memory only. */
 static fgi_kernel_geom decode_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
@@ -179,7 +179,7 @@ static fgi_kernel_geom decode_geometry(const fg_kernel_config *c, const fg_mod *
     fgi_kernel_geom g = {.block_m = 16, .block_n = FGI_DEC_BLOCK_N, .threads = 128, .bands = 1};
     if (entry == FGI_DEC_MERGE) return g;
     g.block_m = fgi_dec_tile_rows(entry);
-    const size_t row = (size_t)(c->head_dim + 8) * 2;
+    const size_t row = (size_t)c->head_dim * 2;
     const int stages = c->head_dim <= 64 ? 5 : c->head_dim <= 128 ? 3 : 2;
     g.smem = (size_t)stages * 2 * FGI_DEC_BLOCK_N * row + (c->head_dim > 128 ? 64 * row : 0) + 1024;
     return g;

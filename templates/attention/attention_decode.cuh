@@ -32,7 +32,8 @@
  *     cp.async (wait for tile t, refill the stage of tile t - 1 with tile
  *     t + FGD_STAGES - 1), so several tiles per block are always in flight;
  *     shared memory is sized so that two blocks fit on an SM up to head dim
- *     128. Q is loaded once into the last stage before the walk starts and
+ *     128; rows are unpadded with their 16-byte chunks swizzled (fgd_at).
+ *     Q is loaded once into the last stage before the walk starts and
  *     kept in registers (head dim 256: in a shared region of its own).
  *   - Pipelined (FGD_PIPE_S, head dim 128): step t waits for tile t + 1
  *     instead and issues its Q K^T before tile t's softmax and P V, so
@@ -66,7 +67,7 @@
 #define FGD_THREADS (FGD_NWARPS * 32)
 #define FGD_BLOCK_N 64               /* K/V rows per tile                  */
 #define FGD_D FG_HEAD_DIM
-#define FGD_ROW (FGD_D + 8)          /* padded shared row, in elements     */
+#define FGD_ROW FGD_D                /* shared row, in elements (swizzled) */
 #define FGD_CHUNKS (FGD_D / 8)       /* 16-byte chunks per row             */
 #define FGD_KSTEPS (FGD_D / 16)
 #define FGD_DTILES (FGD_D / 8)
@@ -90,6 +91,19 @@
 #define FGD_STAGE_BYTES (2 * FGD_KV_BYTES)
 
 static_assert(FGD_THREADS % FGD_CHUNKS == 0, "a tile's chunk columns per thread");
+
+/* Shared K, V and Q rows are unpadded, their 16-byte chunks swizzled:
+ * logical chunk c of row r lies at chunk c ^ (r & 7). The eight rows an
+ * ldmatrix reads then fall on eight different 16-byte bank groups, and a
+ * copy's eight threads that read one 128-byte line of a global row write
+ * one aligned 128-byte line of shared memory. With rows padded by 16 bytes
+ * instead (the first layout), most rows straddled two shared lines: the
+ * L1 split each warp's copy into about 7 wavefronts instead of 4 and
+ * fetched 1.5 times the sectors from L2 (ncu, bench/attention_notes.md,
+ * decode d9). fgd_at gives the byte offset of (row, logical chunk). */
+static __device__ __forceinline__ fg_u32 fgd_at(int row, int chunk) {
+    return (fg_u32)((row * FGD_ROW + ((chunk ^ (row & 7)) << 3)) * 2);
+}
 
 /* 16 bytes global -> shared, as fga_cp16, with an L2 prefetch of the
  * surrounding 256 bytes: K/V rows are read once, front to back, and
@@ -115,7 +129,6 @@ static __device__ __forceinline__ bool fgd_load_kv_paged(const fga_args &a, fg_u
                                                          const fg_u16 *vbase, const int *table, int kv0, int len) {
     constexpr int STEP = FGD_THREADS / FGD_CHUNKS;
     const int r = threadIdx.x / FGD_CHUNKS, ch = threadIdx.x % FGD_CHUNKS;
-    const fg_u32 dst = stage + (fg_u32)((r * FGD_ROW + ch * 8) * 2);
     const int shift = a.page_shift, p0 = kv0 >> shift, end = min(kv0 + FGD_BLOCK_N, len);
     /* -1: a bad page, or one the tile does not reach. fga_page_ok's test,
      * written out: calling it here (a second table read for the CSE to
@@ -137,7 +150,7 @@ static __device__ __forceinline__ bool fgd_load_kv_paged(const fga_args &a, fg_u
         const fg_i64 row = j & ((1 << shift) - 1);
         const fg_u16 *kr = kbase + (fg_i64)page * a.k_stride[0] + row * a.k_stride[2] + ch * 8;
         const fg_u16 *vr = vbase + (fg_i64)page * a.v_stride[0] + row * a.v_stride[2] + ch * 8;
-        const fg_u32 d = dst + (fg_u32)(i * STEP * FGD_ROW * 2);
+        const fg_u32 d = stage + fgd_at(r + i * STEP, ch);
         fgd_cp16(d, ok ? kr : kbase, ok);
         fgd_cp16(d + FGD_KV_BYTES, ok ? vr : vbase, ok);
     }
@@ -154,7 +167,6 @@ static __device__ __forceinline__ bool fgd_load_kv(const fga_args &a, fg_u32 sta
     if (PAGED) return fgd_load_kv_paged(a, stage, kbase, vbase, table, kv0, len);
     constexpr int STEP = FGD_THREADS / FGD_CHUNKS;
     const int r = threadIdx.x / FGD_CHUNKS, ch = threadIdx.x % FGD_CHUNKS;
-    const fg_u32 dst = stage + (fg_u32)((r * FGD_ROW + ch * 8) * 2);
 #pragma unroll
     for (int i = 0; i < FGD_BLOCK_N / STEP; i++) {
         const int j = kv0 + r + i * STEP;
@@ -163,7 +175,7 @@ static __device__ __forceinline__ bool fgd_load_kv(const fga_args &a, fg_u32 sta
             kr = kbase + (fg_i64)j * a.k_stride[2];
             vr = vbase + (fg_i64)j * a.v_stride[2];
         }
-        const fg_u32 d = dst + (fg_u32)(i * STEP * FGD_ROW * 2);
+        const fg_u32 d = stage + fgd_at(r + i * STEP, ch);
         fgd_cp16(d, kr ? kr + ch * 8 : kbase, kr != 0);
         fgd_cp16(d + FGD_KV_BYTES, vr ? vr + ch * 8 : vbase, vr != 0);
     }
@@ -279,7 +291,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
         const int qi = ri.q_idx - qpos;
         const fg_u16 *src = (const fg_u16 *)a.q + (fg_i64)b * a.q_stride[0] + (fg_i64)ri.h * a.q_stride[1] +
                             (fg_i64)qi * a.q_stride[2] + ch * 8;
-        fga_cp16(sQ + (fg_u32)((r * FGD_ROW + ch * 8) * 2), src, ri.valid);
+        fga_cp16(sQ + fgd_at(r, ch), src, ri.valid);
     }
     fga_cp_commit();
 
@@ -305,11 +317,12 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
 #pragma unroll
     for (int st = 0; st < FGD_STAGES - 1; st++) issue_tile(st);
 
-    /* ldmatrix lane addressing, as in the forward. */
-    const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
-    const int k_row = (lane & 7) + (lane >> 4) * 8, k_col = ((lane >> 3) & 1) * 8;
-    const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8, v_col = (lane >> 4) * 8;
-    const fg_u32 q_lane = sQ + (fg_u32)(((wr * 16 + a_row) * FGD_ROW + a_col) * 2);
+    /* ldmatrix lane addressing, as in the forward, in logical chunks: each
+     * lane's row is a multiple of 8 plus lane & 7 in every read below, so
+     * fgd_at(row, chunk) is its address. */
+    const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_ch = lane >> 4;
+    const int k_row = (lane & 7) + (lane >> 4) * 8, k_ch = (lane >> 3) & 1;
+    const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8, v_ch = lane >> 4;
 
     fga_cp_wait<FGD_STAGES - 1>(); /* Q */
     __syncthreads();
@@ -317,7 +330,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     fg_u32 qf[FGD_KSTEPS][4];
 #pragma unroll
     for (int kk = 0; kk < FGD_KSTEPS; kk++)
-        fga_ldsm4(q_lane + (fg_u32)(kk * 32), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
+        fga_ldsm4(sQ + fgd_at(wr * 16 + a_row, a_ch + 2 * kk), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
     __syncthreads(); /* the last stage is refilled in the first step */
 #endif
 
@@ -335,19 +348,19 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     auto scores = [&](float (&s)[NT][4], int stage) {
 #pragma unroll
         for (int i = 0; i < NT; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-        const fg_u32 k_lane = s0 + stage * FGD_STAGE_BYTES + (fg_u32)(((wk * KW + k_row) * FGD_ROW + k_col) * 2);
+        const fg_u32 k_tile = s0 + stage * FGD_STAGE_BYTES;
 #pragma unroll
         for (int kk = 0; kk < FGD_KSTEPS; kk++) {
 #if FGD_Q_IN_REGS
             const fg_u32 *qa = qf[kk];
 #else
             fg_u32 qa[4];
-            fga_ldsm4(q_lane + (fg_u32)(kk * 32), qa[0], qa[1], qa[2], qa[3]);
+            fga_ldsm4(sQ + fgd_at(wr * 16 + a_row, a_ch + 2 * kk), qa[0], qa[1], qa[2], qa[3]);
 #endif
 #pragma unroll
             for (int np = 0; np < NT / 2; np++) {
                 fg_u32 kf[4];
-                fga_ldsm4(k_lane + (fg_u32)((np * 16 * FGD_ROW + kk * 16) * 2), kf[0], kf[1], kf[2], kf[3]);
+                fga_ldsm4(k_tile + fgd_at(wk * KW + np * 16 + k_row, k_ch + 2 * kk), kf[0], kf[1], kf[2], kf[3]);
                 fga_mma(s[2 * np], qa, kf[0], kf[1]);
                 fga_mma(s[2 * np + 1], qa, kf[2], kf[3]);
             }
@@ -372,8 +385,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
         }
         /* O += P V: P from accumulator layout to A fragments, V^T by
          * transposing ldmatrix. */
-        const fg_u32 v_lane =
-            s0 + stage * FGD_STAGE_BYTES + FGD_KV_BYTES + (fg_u32)(((wk * KW + v_row) * FGD_ROW + v_col) * 2);
+        const fg_u32 v_tile = s0 + stage * FGD_STAGE_BYTES + FGD_KV_BYTES;
 #pragma unroll
         for (int kc = 0; kc < KW / 16; kc++) {
             fg_u32 pa[4];
@@ -384,7 +396,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
 #pragma unroll
             for (int dp = 0; dp < FGD_DTILES / 2; dp++) {
                 fg_u32 vf[4];
-                fga_ldsm4t(v_lane + (fg_u32)((kc * 16 * FGD_ROW + dp * 16) * 2), vf[0], vf[1], vf[2], vf[3]);
+                fga_ldsm4t(v_tile + fgd_at(wk * KW + kc * 16 + v_row, v_ch + 2 * dp), vf[0], vf[1], vf[2], vf[3]);
                 fga_mma(o[2 * dp], pa, vf[0], vf[1]);
                 fga_mma(o[2 * dp + 1], pa, vf[2], vf[3]);
             }
