@@ -137,7 +137,7 @@ static fgi_kernel_geom bwd_geometry(const fg_kernel_config *c, const fg_mod *mod
     /* bands: head dims past 128 split dK, dV and dQ's columns over two
      * thread blocks (FGB_DSPLIT). */
     fgi_kernel_geom g = {.threads = 128, .bands = c->head_dim > 128 ? 2 : 1};
-    const size_t row = (size_t)c->head_dim * 2;
+    const size_t row = (size_t)(c->head_dim + 8) * 2;
     if (entry == FGI_BWD_DKDV) {
         g.threads = c->head_dim > 128 ? 128 : 256;
         g.block_n = g.threads / 2; /* 16 kv rows a warp */

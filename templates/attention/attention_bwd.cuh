@@ -383,6 +383,11 @@ static __device__ __forceinline__ void fgb_to_a(fg_u32 (&f)[4], const float (&c0
 /* The Hopper source replaces the portable dK/dV pass with its own
  * (attention_bwd_sm90.cuh) and keeps everything else. */
 #if !defined(FG_KERNEL_ATTENTION_BWD_SM90)
+/* bwd_geometry's shared memory against this pass's layout below: K, V,
+ * dR^T, two stages of Q and dO, two of lse and delta. */
+static_assert(FG_LAUNCH_SMEM_fg_attention_bwd_dkdv >= (2 * FGB_BLOCK_N + 4 * FGB_BLOCK_M) * FGB_ROW * 2 +
+                                                          FGB_BLOCK_N * FGB_SROW * 2 + 4 * FGB_BLOCK_M * 4,
+              "bwd_geometry: the dK/dV pass's shared memory");
 
 /* Grid (kv_tiles * FGB_DSPLIT, Hkv, B). Two blocks per SM at most: the
  * register budget is 255 a thread (with the bound on threads alone, ptxas
@@ -629,6 +634,9 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
  * in the same order every run; dQ is scaled and written at the end. The
  * pairs kept, the mods' arguments and the guards are the dK/dV pass's.
  * Grid (q_tiles * FGB_DSPLIT, Hq, B); registers as for the dK/dV pass. */
+/* bwd_geometry's shared memory against this pass's layout: Q, dO, K, V. */
+static_assert(FG_LAUNCH_SMEM_fg_attention_bwd_dq_tiles >= (2 * FGQ_BLOCK_M + 2 * FGQ_BLOCK_N) * FGB_ROW * 2,
+              "bwd_geometry: the deterministic dQ pass's shared memory");
 extern "C" __global__ void __launch_bounds__(FGB_THREADS, 2)
 fg_attention_bwd_dq_tiles(const __grid_constant__ fgb_args a, const __grid_constant__ fg_mod_params p) {
     extern __shared__ __align__(128) unsigned char fgb_smem[];

@@ -91,6 +91,11 @@
 #define FGD_STAGE_BYTES (2 * FGD_KV_BYTES)
 
 static_assert(FGD_THREADS % FGD_CHUNKS == 0, "a tile's chunk columns per thread");
+/* decode_geometry's shared memory against the walks' layout: the stages,
+ * Q's region over head dim 128, the warps' row maxima, sums and LSEs. */
+static_assert(FG_LAUNCH_SMEM_fg_attention_decode_r16 >= FGD_STAGES * FGD_STAGE_BYTES +
+                                                            (FGD_Q_IN_REGS ? 0 : 64 * FGD_ROW * 2) + 3 * 64 * 4,
+              "decode_geometry: shared memory");
 
 /* Shared K, V and Q rows are unpadded, their 16-byte chunks swizzled:
  * logical chunk c of row r lies at chunk c ^ (r & 7). The eight rows an
