@@ -415,6 +415,67 @@ static void test_param_layout(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* ---- launch geometry against the templates' layouts ------------------------------- */
+
+/* The portable backward's passes and the decode walks check at compile
+ * time that their launch geometry's shared memory (src/codegen/kernels.c,
+ * printed as FG_LAUNCH_SMEM_<entry>) holds the layout they use, as the
+ * Hopper kernels do: a geometry that falls short fails NVRTC instead of
+ * reading past the block's shared memory. Every head dim class compiles,
+ * and the check is live: the same source with half the entry's shared
+ * memory does not. */
+static void test_launch_geometry(void **state) {
+    (void)state;
+    static const struct {
+        fg_kernel_kind kind;
+        int head_dim;
+        const char *entry;
+    } cases[] = {
+        {FG_KERNEL_ATTENTION_BWD, 64, "fg_attention_bwd_dkdv"},
+        {FG_KERNEL_ATTENTION_BWD, 128, "fg_attention_bwd_dq_tiles"},
+        {FG_KERNEL_ATTENTION_BWD, 256, "fg_attention_bwd_dkdv"},
+        {FG_KERNEL_ATTENTION_DECODE, 64, "fg_attention_decode_r16"},
+        {FG_KERNEL_ATTENTION_DECODE, 128, "fg_attention_decode_r16"},
+        {FG_KERNEL_ATTENTION_DECODE, 256, "fg_attention_decode_r16"},
+    };
+    fg_ctx *ctx = new_ctx();
+    fg_mod *m = load(ctx, "mods/causal.c");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fg_kernel_config cfg = {cases[i].kind, 0, cases[i].head_dim, 0, 0, "sm_90a"};
+        char *src = NULL;
+        assert_int_equal(fg_generate_source(ctx, m, &cfg, &src), FG_OK);
+        void *img = NULL;
+        size_t size = 0;
+        fg_status st = fgi_nvrtc_compile(ctx, src, "geometry", "sm_90a", FG_EMIT_PTX, &img, &size, NULL);
+        if (st != FG_OK) print_error("%s d%d: %s\n", cases[i].entry, cases[i].head_dim, fg_compile_log(ctx));
+        assert_int_equal(st, FG_OK);
+        free(img);
+
+        char define[128];
+        snprintf(define, sizeof define, "#define FG_LAUNCH_SMEM_%s ", cases[i].entry);
+        const char *at = strstr(src, define);
+        assert_non_null(at);
+        const char *num = at + strlen(define);
+        char *end = NULL;
+        const long bytes = strtol(num, &end, 10);
+        assert_true(bytes > 0);
+        const size_t head = (size_t)(num - src), total = strlen(src);
+        char *short_src = malloc(total + 32);
+        assert_non_null(short_src);
+        memcpy(short_src, src, head);
+        const int w = snprintf(short_src + head, 32, "%ld", bytes / 2);
+        memcpy(short_src + head + (size_t)w, end, strlen(end) + 1);
+        img = NULL;
+        assert_int_equal(fgi_nvrtc_compile(ctx, short_src, "geometry", "sm_90a", FG_EMIT_PTX, &img, &size, NULL),
+                         FG_ERR_COMPILE);
+        assert_non_null(strstr(fg_compile_log(ctx), "static assertion failed"));
+        free(short_src);
+        fg_free(src);
+    }
+    fg_mod_destroy(m);
+    fg_ctx_destroy(ctx);
+}
+
 /* ---- divisor parameters ---------------------------------------------------------- */
 
 /* fg_iquot_by of templates/common.cuh, spelled in C. */
@@ -1177,7 +1238,8 @@ int main(void) {
         cmocka_unit_test(test_line_directives), cmocka_unit_test(test_composition),
         cmocka_unit_test(test_param_layout),    cmocka_unit_test(test_configs),
         cmocka_unit_test(test_keys),            cmocka_unit_test(test_cli),
-        cmocka_unit_test(test_gallery_compiles), cmocka_unit_test(test_divisors), cmocka_unit_test(test_float_divisors),
+        cmocka_unit_test(test_gallery_compiles), cmocka_unit_test(test_launch_geometry),
+        cmocka_unit_test(test_divisors), cmocka_unit_test(test_float_divisors),
         cmocka_unit_test(test_approx_keys),     cmocka_unit_test(test_approx_compiles),
     };
     snprintf(tmpdir, sizeof tmpdir, "/tmp/flexgen_test_emit_XXXXXX");
