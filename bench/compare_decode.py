@@ -22,7 +22,12 @@ q_offset (contiguous) or q_offsets (paged), flex and the reference through
 the mods shifted by the same offset, SDPA through a lower-right causal mask.
 Paged rows scatter the same K/V over shuffled pages of a cache of page size
 16 or 64 (block table, one length per sequence) and time flexgen's paged
-call on it; the other systems read the contiguous tensors.
+call on it; the other systems read the contiguous tensors. The cache is
+(num_pages, page_size, Hkv, D) as vLLM and FlashInfer's NHD layout store
+it (a row of one KV head every Hkv * D elements); with --page-layouts
+nhd,hnd the rows flexgen_paged<N>_hnd read the same cache stored
+(num_pages, Hkv, page_size, D) (FlashInfer's HND: a page's rows of one
+head contiguous), passed as a permuted view with its strides.
 
 Shapes (the issue's): GQA 32 query heads over 8 KV heads; B=8 KV=32768 Q=1,
 B=32 KV=8192 Q=1, B=8 KV=32768 Q=4 (speculative decoding), B=1 KV=131072
@@ -93,16 +98,21 @@ def reference(q, k, v, mask_mod, score_mod, off, scale):
     return out
 
 
-def paged_copy(k, v, page, seed):
+def paged_copy(k, v, page, seed, layout="nhd"):
     """k, v (B, Hkv, KV, D) scattered over shuffled pages: caches (P, page,
-    Hkv, D) with random other rows, the block table and the lengths."""
+    Hkv, D) with random other rows (with layout "hnd" views of caches
+    stored (P, Hkv, page, D)), the block table and the lengths."""
     B, Hkv, KV, D = k.shape
     per = (KV + page - 1) // page
     P = B * per + 7
     g = torch.Generator(device="cpu").manual_seed(seed)
     perm = torch.randperm(P, generator=g)[:B * per].view(B, per).to(torch.int32).to(k.device)
-    kc = torch.randn((P, page, Hkv, D), dtype=k.dtype, device=k.device)
-    vc = torch.randn((P, page, Hkv, D), dtype=k.dtype, device=k.device)
+    if layout == "hnd":
+        kc = torch.randn((P, Hkv, page, D), dtype=k.dtype, device=k.device).permute(0, 2, 1, 3)
+        vc = torch.randn((P, Hkv, page, D), dtype=k.dtype, device=k.device).permute(0, 2, 1, 3)
+    else:
+        kc = torch.randn((P, page, Hkv, D), dtype=k.dtype, device=k.device)
+        vc = torch.randn((P, page, Hkv, D), dtype=k.dtype, device=k.device)
     for b in range(B):
         kb = k[b].transpose(0, 1)  # (KV, Hkv, D)
         vb = v[b].transpose(0, 1)
@@ -158,8 +168,8 @@ def run_row(spec, shape, D, opts, compiled_flex):
         return call
     attempt("flexgen", flexgen_contiguous)
 
-    def flexgen_paged(page):
-        kc, vc, table, lens = paged_copy(k, v, page, seed=page)
+    def flexgen_paged(page, layout):
+        kc, vc, table, lens = paged_copy(k, v, page, seed=page, layout=layout)
         bm = None
         mod = flexgen.load_mod(spec.mask_file, spec.score_file, params, buffers)
         if mod.has_mask:  # one mask for the step's positions, every sequence the same length
@@ -168,7 +178,9 @@ def run_row(spec, shape, D, opts, compiled_flex):
         return flexgen.prepare_paged(q, kc, vc, table, lens, spec.mask_file, spec.score_file, params,
                                      buffers, scale=scale, q_offsets=qoffs, block_mask=bm)
     for page in opts.pages:
-        attempt(f"flexgen_paged{page}", lambda: flexgen_paged(page))
+        for layout in opts.page_layouts:
+            name = f"flexgen_paged{page}" + ("" if layout == "nhd" else f"_{layout}")
+            attempt(name, lambda: flexgen_paged(page, layout))
 
     def flex_call():
         bm = create_block_mask(t_mask, None, None, Q, KV, device=dev) if t_mask else None
@@ -191,6 +203,9 @@ def main(argv=None):
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--mods", default="causal,sliding_window,alibi,softcap")
     ap.add_argument("--pages", default="16,64", help="page sizes of the paged rows ('' for none)")
+    ap.add_argument("--page-layouts", default="nhd",
+                    help="cache layouts of the paged rows: nhd (num_pages, page_size, Hkv, D), hnd "
+                         "(num_pages, Hkv, page_size, D)")
     ap.add_argument("--shapes", default=None, help="B:KV:Q,... (default: the four decode shapes)")
     ap.add_argument("--warmup", type=float, default=25)
     ap.add_argument("--rep", type=float, default=100)
@@ -198,6 +213,10 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     opts = ap.parse_args(argv)
     opts.pages = [int(p) for p in opts.pages.split(",") if p]
+    opts.page_layouts = [x for x in opts.page_layouts.split(",") if x]
+    for x in opts.page_layouts:
+        if x not in ("nhd", "hnd"):
+            ap.error(f"--page-layouts: {x} is not nhd or hnd")
     opts.systems = [s for s in opts.systems.split(",") if s]
     shapes = SHAPES
     if opts.shapes:
