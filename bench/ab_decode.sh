@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# ab_decode.sh -- two builds of flexgen's decode path timed against each other,
+# alternated in one run on one GPU (bench/ab_check.sh's method for the
+# decode kernel): bench/compare_decode.py with flexgen alone, first build A,
+# then B, ROUNDS times, each build with a kernel cache of its own (its first
+# round compiles).
+#
+#   bench/ab_decode.sh A_ROOT A_BUILD B_ROOT B_BUILD [MODS] [DIMS] [ROUNDS]
+#
+# A_ROOT / B_ROOT are source trees, A_BUILD / B_BUILD build folders relative
+# to them or absolute (scripts/build_rev.sh makes one of another revision);
+# the library each run loads is BUILD/src/libflexgen.so. MODS (default
+# "causal softcap") are compare_decode's mods, DIMS (default "128") head
+# dims, ROUNDS (default 2). PAGES (default 16) and SHAPES (compare_decode's
+# four when unset) pass through. Prints compare_decode's lines, each
+# prefixed with its build's label and head dim (a run that printed none:
+# the end of its output instead).
+set -uo pipefail
+[ $# -ge 4 ] || { sed -n 2,16p "$0"; exit 2; }
+a_root=$(cd "$1" && pwd); a_build=$2; b_root=$(cd "$3" && pwd); b_build=$4
+mods=${5:-causal softcap}
+dims=${6:-128}
+rounds=${7:-2}
+here=$(cd "$(dirname "$0")" && pwd)
+abs() { case $2 in /*) echo "$2" ;; *) echo "$1/$2" ;; esac; }
+a_lib=$(abs "$a_root" "$a_build")/src/libflexgen.so
+b_lib=$(abs "$b_root" "$b_build")/src/libflexgen.so
+for lib in "$a_lib" "$b_lib"; do [ -e "$lib" ] || { echo "ab_decode.sh: no $lib" >&2; exit 2; }; done
+caches=$(mktemp -d)
+trap 'rm -rf "$caches"' EXIT
+export PYTHONUNBUFFERED=1
+one() { # label root lib d
+    local out
+    out=$(FLEXGEN_LIB=$3 FLEXGEN_SOURCE_ROOT=$2 FLEXGEN_CACHE_DIR=$caches/$1 python3 "$here/compare_decode.py" \
+        --head-dim "$4" --mods "${mods// /,}" --pages "${PAGES:-16}" ${SHAPES:+--shapes "$SHAPES"} \
+        --systems flexgen --warmup 10 --rep 50 2>&1)
+    if grep -q "TB/s" <<<"$out"; then
+        grep "TB/s" <<<"$out" | sed "s/^/$1 D=$4 /"
+    else
+        echo "$1 D=$4 (no timing:)"
+        tail -5 <<<"$out" | sed "s/^/    /"
+    fi
+}
+for d in $dims; do
+    for ((r = 0; r < rounds; r++)); do
+        one A "$a_root" "$a_lib" "$d"
+        one B "$b_root" "$b_lib" "$d"
+    done
+done
