@@ -102,7 +102,8 @@ static_assert(FG_LAUNCH_SMEM_fg_attention_decode_r16 >= FGD_STAGES * FGD_STAGE_B
  * ldmatrix reads then fall on eight different 16-byte bank groups, and a
  * copy's eight threads that read one 128-byte line of a global row write
  * one aligned 128-byte line of shared memory. With rows padded by 16 bytes
- * instead (the first layout), most rows straddled two shared lines: the
+ * instead (the first layout), row r started 16 r bytes into a shared line,
+ * so a global line's eight chunks mostly landed in two shared lines: the
  * L1 split each warp's copy into about 7 wavefronts instead of 4 and
  * fetched 1.5 times the sectors from L2 (ncu, bench/attention_notes.md,
  * decode d9). fgd_at gives the byte offset of (row, logical chunk). */
