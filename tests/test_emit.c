@@ -1197,6 +1197,8 @@ static void test_cli(void **state) {
         {"check --mask mods/causal.c --q-len 1 --decode-kernel 3", 1, "decode-kernel"},
         {"check --help", 0, "--kv-lens L1,L2,..."},
         {"check --help", 0, "--approx-math"},
+        {"check --help", 0, "--no-buffer-grads leaves"},
+        {"check --mask mods/alibi.c --q-len 1 --no-buffer-grads", 1, "mode of the backward"},
         {"check --mask mods/causal.c --q-len 1 --approx-math --page-size 24", 1, "power of two"},
         {"bench --decode --batch 4", 1, "--shapes B:KV:Q"},
         {"bench --decode --shapes 1:2", 1, "is not B:KV:Q"},

@@ -10,7 +10,7 @@
  *                 [--q-offset N] [--kv-offset N] [--scale X] [--time N]
  *                 [--paged [--page-size N]] [--kv-lens L,...] [--q-offsets O,...]
  *                 [--decode-kernel 0|1|2] [--approx-math]
- *                 [--no-reference] [--backward [--deterministic]]
+ *                 [--no-reference] [--backward [--deterministic] [--no-buffer-grads]]
  *
  * The outputs are poisoned (all bits set: NaN) before the launch, so a value
  * the kernel forgot to write shows up as non-finite. The reference is the
@@ -68,7 +68,9 @@
  * every (b, h), so when the reference runs on one slice it is not compared,
  * only checked for non-finite values. --deterministic runs the
  * deterministic mode and runs it twice: the two results must be
- * bit-identical. With --time, the backward's TFLOP/s count 2.5 times the
+ * bit-identical. --no-buffer-grads asks for no buffer gradient (the
+ * kernels' path without them, which a caller with constant buffers takes).
+ * With --time, the backward's TFLOP/s count 2.5 times the
  * forward's FLOPs (two matmuls forward, five backward, the usual count).
  *
  * Exit codes: 0 within tolerance, 5 (FG_EXIT_TOLERANCE) over it, 4 without
@@ -100,7 +102,7 @@ typedef struct options {
     int seed, block, time_n, q_offset, kv_offset;
     int page_size;                /* --paged: rows per page; 0: contiguous K/V */
     int decode_kernel;            /* FG_OPT_DECODE_KERNEL; -1: the default     */
-    bool block_mask, normal, no_reference, backward, deterministic, approx_math;
+    bool block_mask, normal, no_reference, backward, deterministic, no_buffer_grads, approx_math;
     bool paged, q_offset_given, q_offsets_derived;
     double scale;
     const char *kv_lens_arg, *q_offsets_arg; /* read once --batch is known      */
@@ -116,7 +118,7 @@ static void usage(FILE *f) {
             "                     [--q-offset N] [--kv-offset N] [--scale X] [--time N]\n"
             "                     [--paged [--page-size N]] [--kv-lens L,...] [--q-offsets O,...]\n"
             "                     [--decode-kernel 0|1|2] [--approx-math]\n"
-            "                     [--no-reference] [--backward [--deterministic]]\n"
+            "                     [--no-reference] [--backward [--deterministic] [--no-buffer-grads]]\n"
             "Run the GPU forward kernel against the CPU reference (float64) on fresh random\n"
             "inputs and print the relative Frobenius error of out, the largest LSE error and\n"
             "the count of non-finite values. Tolerance: 1e-2 (bf16) / 2e-3 (fp16) on out,\n"
@@ -129,7 +131,8 @@ static void usage(FILE *f) {
             "with the reference backward: relative Frobenius error per tensor, tolerance\n"
             "2e-2 (bf16) / 5e-3 (fp16); --time N times it too (TFLOP/s counted as 2.5x the\n"
             "forward's FLOPs). --deterministic runs the deterministic backward twice and\n"
-            "also requires the two results to be bit-identical.\n"
+            "also requires the two results to be bit-identical. --no-buffer-grads leaves the\n"
+            "float buffers' gradients out (as a caller whose buffers are constants would).\n"
             "Decoding: --kv-lens L1,L2,... gives each of the --batch sequences its own KV\n"
             "length in [0, --kv-len] (default --kv-len: the longest); its queries are then its\n"
             "newest tokens (q offset L - q_len) unless --q-offsets O1,O2,... (one each) or\n"
@@ -147,7 +150,7 @@ static void usage(FILE *f) {
 
 enum { OPT_BATCH = 0x2000, OPT_HEADS, OPT_KV_HEADS, OPT_Q_LEN, OPT_KV_LEN, OPT_HEAD_DIM, OPT_DTYPE,
        OPT_SEED, OPT_DIST, OPT_BLOCK_MASK, OPT_BLOCK, OPT_Q_OFFSET, OPT_KV_OFFSET, OPT_SCALE,
-       OPT_TIME, OPT_NO_REFERENCE, OPT_BACKWARD, OPT_DETERMINISTIC, OPT_PAGED, OPT_PAGE_SIZE, OPT_KV_LENS,
+       OPT_TIME, OPT_NO_REFERENCE, OPT_BACKWARD, OPT_DETERMINISTIC, OPT_NO_BUFFER_GRADS, OPT_PAGED, OPT_PAGE_SIZE, OPT_KV_LENS,
        OPT_Q_OFFSETS, OPT_DECODE_KERNEL, OPT_APPROX_MATH };
 
 static int *int_option(options *o, int opt, long long *lo, long long *hi) {
@@ -259,6 +262,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"no-reference", no_argument, 0, OPT_NO_REFERENCE},
         {"backward", no_argument, 0, OPT_BACKWARD},
         {"deterministic", no_argument, 0, OPT_DETERMINISTIC},
+        {"no-buffer-grads", no_argument, 0, OPT_NO_BUFFER_GRADS},
         {"paged", no_argument, 0, OPT_PAGED},
         {"page-size", required_argument, 0, OPT_PAGE_SIZE},
         {"kv-lens", required_argument, 0, OPT_KV_LENS},
@@ -313,6 +317,8 @@ static int parse_args(int argc, char **argv, options *o) {
             o->backward = true;
         } else if (c == OPT_DETERMINISTIC) {
             o->deterministic = true;
+        } else if (c == OPT_NO_BUFFER_GRADS) {
+            o->no_buffer_grads = true;
         } else if (c == OPT_APPROX_MATH) {
             o->approx_math = true;
         } else {
@@ -330,6 +336,8 @@ static int parse_args(int argc, char **argv, options *o) {
     if (o->q_len <= 0) return fg_cli_error(FG_EXIT_USAGE, "check: needs --q-len N");
     if (o->deterministic && !o->backward)
         return fg_cli_error(FG_EXIT_USAGE, "check: --deterministic is a mode of the backward (add --backward)");
+    if (o->no_buffer_grads && !o->backward)
+        return fg_cli_error(FG_EXIT_USAGE, "check: --no-buffer-grads is a mode of the backward (add --backward)");
     if (o->backward && (o->paged || o->kv_lens_arg || o->q_offsets_arg))
         return fg_cli_error(FG_EXIT_USAGE, "check: the backward takes uniform lengths and contiguous K/V: "
                                            "--backward goes without --paged, --kv-lens and --q-offsets");
@@ -681,7 +689,7 @@ static fg_status backward_setup(state *s, const fg_attention_args *a, uint64_t *
     const size_t nk = (size_t)o->batch * o->kv_heads * o->kv_len * D;
     const char *names[FG_CLI_MAX_ITEMS];
     int nnames = 0;
-    FGI_TRY(fg_cli_grad_buffers(ctx, s->mod, names, FG_CLI_MAX_ITEMS, &nnames));
+    if (!o->no_buffer_grads) FGI_TRY(fg_cli_grad_buffers(ctx, s->mod, names, FG_CLI_MAX_ITEMS, &nnames));
     add_grad(b, "dq", nq, false, &dv->dq);
     add_grad(b, "dk", nk, false, &dv->dk);
     add_grad(b, "dv", nk, false, &dv->dv);
