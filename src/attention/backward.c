@@ -30,8 +30,9 @@
  * and the Hopper one (attention_bwd_sm90.cuh, whose dK/dV pass runs on
  * wgmma and TMA and takes the tensor maps as a fourth argument) share the
  * entry points and the argument block; fg_kernel_get chooses. A layout TMA
- * cannot describe, or a block mask with kv blocks under 128 rows, sends
- * fg_attention_backward back to the portable kernels.
+ * cannot describe, or a block mask with kv blocks under 128 rows (or, at
+ * head dim 64, where the Hopper pass steps by 128 q rows, q blocks under
+ * 128), sends fg_attention_backward back to the portable kernels.
  */
 #include "attention/attention.h"
 
@@ -117,7 +118,10 @@ static void fill_abi(const fg_kernel *k, const fg_attention_bwd_args *b, const f
     abi->kv_tiles = (a->kv_len + bn - 1) / bn;
     abi->q_tiles = (a->q_len + bm - 1) / bm;
     abi->dq_atomic = b->deterministic ? 0 : 1;
-    abi->q_pitch = (a->q_len + 63) / 64 * 64;
+    /* rows of the workspace: whole 64-row tiles, whole steps of the dK/dV
+     * pass (128 rows in the Hopper one at head dim 64) */
+    const int pitch = k->geom[FGI_BWD_DKDV].block_m > 64 ? k->geom[FGI_BWD_DKDV].block_m : 64;
+    abi->q_pitch = (a->q_len + pitch - 1) / pitch * pitch;
 }
 
 /* The Hopper dK/dV pass's fourth argument: q, k, v and dout as tensor maps,
@@ -342,7 +346,7 @@ static fg_status on_chosen_kernel(fg_ctx *ctx, const fg_mod *mod, const fg_atten
     const bool retry = s == FG_ERR_NOT_SUPPORTED && k->kernel->variant == FGI_VARIANT_SM90;
     fg_kernel_release(k);
     if (retry) {
-        /* A layout TMA cannot describe, or kv blocks under 128 rows: the
+        /* A layout TMA cannot describe, or blocks under its steps: the
          * portable backward takes them (it refuses nothing the Hopper one
          * accepts, so its error, if any, is the one to report). */
         FGI_TRY(fgi_attn_kernel_get(ctx, mod, &cfg, false, &k));

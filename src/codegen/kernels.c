@@ -154,17 +154,21 @@ static fgi_kernel_geom bwd_geometry(const fg_kernel_config *c, const fg_mod *mod
 
 /* The Hopper backward (templates/attention/attention_bwd_sm90.cuh): its
  * dK/dV pass is a producer warp group and two consumer warp groups over 128
- * kv rows, q steps of 64 rows; shared memory holds K and V (128 rows), two
- * stages of Q and dO (64 rows), two dR^T buffers (128 rows of 128 bytes),
- * two 16 KB dQ tiles, two stages of lse2 and delta (512 bytes each), two
- * buffers of 64 mask row parts (16 bytes each) per consumer, 64 bytes of
+ * kv rows, q steps of 64 rows (128 at head dim 64); shared memory holds K
+ * and V (128 rows), two stages of Q and dO (a q step's rows), two dR^T
+ * buffers (128 rows of 2 bytes a q step's column),
+ * two 16 KB dQ tiles, two stages of lse2 and delta, two buffers of a q
+ * step's mask row parts (16 bytes each) per consumer, 64 bytes of
  * mbarriers and 1 KB to align the base to the swizzle's period.
  * The other entry points are the portable backward's. */
 static fgi_kernel_geom bwd_sm90_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
     if (entry != FGI_BWD_DKDV) return bwd_geometry(c, mod, entry);
-    const size_t kv_tile = (size_t)128 * (size_t)c->head_dim * 2, q_tile = (size_t)64 * (size_t)c->head_dim * 2;
-    fgi_kernel_geom g = {.block_m = 64, .block_n = 128, .threads = 384, .bands = 1};
-    g.smem = 2 * kv_tile + 2 * 2 * q_tile + 2 * 128 * 128 + 2 * 64 * 64 * 4 + 2 * 2 * 64 * 4 + 2 * 2 * 64 * 16 + 64 + 1024;
+    /* q steps of 128 rows at head dim 64 (FGS_WIDE_Q), else 64 */
+    const size_t bm = c->head_dim == 64 ? 128 : 64;
+    const size_t kv_tile = (size_t)128 * (size_t)c->head_dim * 2, q_tile = bm * (size_t)c->head_dim * 2;
+    fgi_kernel_geom g = {.block_m = (int)bm, .block_n = 128, .threads = 384, .bands = 1};
+    g.smem = 2 * kv_tile + 2 * 2 * q_tile + 2 * 128 * bm * 2 + 2 * 64 * 64 * 4 + 2 * 2 * bm * 4 + 2 * 2 * bm * 16 + 64 +
+             1024;
     return g;
 }
 

@@ -8,9 +8,10 @@
  *
  * Shape. A thread block owns 128 kv rows of one (kv head, batch) and is
  * three warp groups (384 threads). Warp group 0 is the producer: one thread
- * loads K and V once, then, for every q step (64 rows) of every query head
- * of the KV group that the block mask's transposed arrays list, Q, dO and
- * their lse * log2(e) and delta rows into one of two stages; the group
+ * loads K and V once, then, for every q step (64 rows, 128 at head dim
+ * 64) of every query head of the KV group that the block mask's
+ * transposed arrays list, Q, dO and their lse * log2(e) and delta rows
+ * into one of two stages; the group
  * gives most of its registers to the others (setmaxnreg). Warp groups 1
  * and 2 are the consumers, 64 kv rows each, holding dK and dV (64 x D fp32)
  * in registers. Per consumer and q step, with S^T = K Q^T (kv rows, q
@@ -33,8 +34,12 @@
  * consumers meet at a named barrier once per step, and dR^T has two
  * buffers, so one consumer's next step cannot overwrite what the other
  * still reads); a 64 x 128 dQ per consumer would not fit in registers
- * beside dK and dV. At head dim 64 each consumer computes dQ over its own
- * 64 kv rows, and both tiles are added to the same place.
+ * beside dK and dV. At head dim 64 (FGS_WIDE_Q) a step is 128 q rows and
+ * each consumer computes dQ for 64 of them over all 128 kv rows, from the
+ * q columns of both consumers' dR^T that are its rows: the same meeting
+ * per step, one reduction per consumer and 64 q rows, where 64-row steps
+ * with dQ over each consumer's own kv rows added two tiles to the same
+ * place per 64 q rows.
  *
  * Pipeline. Each stage has a "full" mbarrier (the producer arms it with the
  * bytes it expects; the TMA unit completes it) and an "empty" one (each
@@ -53,8 +58,8 @@
  * Everything else -- the block-mask walk, the pairs kept, the mods'
  * arguments, fully masked rows, GQA, buffer gradients -- is the portable
  * pass's. The host (src/attention/backward.c) encodes tensor maps of q,
- * k, v and dout (boxes of 64 columns by 64 rows for q and dout, 128 for k
- * and v) and passes them as the fourth argument; bwd_sm90_geometry in
+ * k, v and dout (boxes of 64 columns by a q step's rows for q and dout,
+ * 128 for k and v) and passes them as the fourth argument; bwd_sm90_geometry in
  * src/codegen/kernels.c mirrors the sizes.
  */
 
@@ -64,14 +69,25 @@
 
 #define FGS_THREADS 384                         /* producer + two consumers       */
 #define FGS_BLOCK_N 128                         /* kv rows per block, 64 a consumer */
-#define FGS_BLOCK_M 64                          /* q rows per step                */
+/* FlashAttention-3's layout at head dim 64: q steps of 128 rows, S^T and
+ * dP^T of 64 kv rows x 128 q columns per consumer (wgmma n128), dQ split
+ * by q rows between the consumers (each over all 128 kv rows, as at head
+ * dim 128): per q row half the waits, barriers and dQ reductions of
+ * 64-row steps. */
+#define FGS_WIDE_Q (FGB_D == 64)
+#define FGS_BLOCK_M (FGS_WIDE_Q ? 128 : 64)     /* q rows per step                */
+#define FGS_NF (FGS_BLOCK_M / 8)                /* n8 fragments of S^T and dP^T   */
+#define FGS_KC (FGS_BLOCK_M / 16)               /* k chunks of P^T and dR^T       */
+/* each consumer's dQ reads both consumers' dR^T */
+#define FGS_DQ_ALL_KV (FGB_D == 128 || FGS_WIDE_Q)
 #define FGS_REGIONS (FGB_D / 64)                /* 64-column regions of a row     */
 #define FGS_KV_REGION (FGS_BLOCK_N * 128)       /* one region of K or V: 16 KB   */
-#define FGS_Q_REGION (FGS_BLOCK_M * 128)        /* one region of Q or dO: 8 KB   */
+#define FGS_Q_REGION (FGS_BLOCK_M * 128)        /* one region of Q or dO          */
 #define FGS_KV_TILE (FGS_KV_REGION * FGS_REGIONS)
 #define FGS_Q_TILE (FGS_Q_REGION * FGS_REGIONS)
 #define FGS_STAGE_BYTES (2 * FGS_Q_TILE)        /* Q and dO                       */
-#define FGS_DS_BYTES (FGS_BLOCK_N * 128)        /* dR^T: 128 kv rows x 64 q, bf16 */
+#define FGS_DS_REGION (FGS_BLOCK_N * 128)       /* dR^T: 128 kv rows x 64 q, bf16 */
+#define FGS_DS_BYTES (FGS_DS_REGION * (FGS_BLOCK_M / 64))
 #define FGS_DQ_BYTES (64 * 64 * 4)              /* one consumer's dQ tile, fp32  */
 #define FGS_ROWS_BYTES (2 * FGS_BLOCK_M * 4)    /* lse2 and delta of a step       */
 #define FGS_ROWP_SIZE 16                        /* a shared mask row part, at most */
@@ -79,7 +95,7 @@
 #define FGS_DT (FGB_D / 8)                      /* n8 fragments of dK / dV        */
 #define FGS_PRODUCER_REGS 24
 #define FGS_CONSUMER_REGS 240
-#if FGB_D == 128
+#if FGS_DQ_ALL_KV
 #define FGS_DQ_KSTEPS 8                         /* dQ over all 128 kv rows        */
 #else
 #define FGS_DQ_KSTEPS 4                         /* dQ over the consumer's 64 rows */
@@ -131,7 +147,11 @@ static_assert(FG_LAUNCH_BLOCK_N_fg_attention_bwd_dkdv == FGS_BLOCK_N, "bwd_sm90_
 /* K step kk of S^T or dP^T (both operands K-major), the first one as
  * FGS_FIRST_WRITE_ONLY says. */
 static __device__ __forceinline__ void fgs_mma_kstep(float *d, fg_u64 da, fg_u64 db, int kk) {
-    if (FGS_FIRST_WRITE_ONLY && kk == 0)
+    if (FGS_WIDE_Q && kk == 0)
+        fgh_mma_ss_n128_first(d, da, db); /* 128 q columns */
+    else if (FGS_WIDE_Q)
+        fgh_mma_ss_n128(d, da, db, 1);
+    else if (FGS_FIRST_WRITE_ONLY && kk == 0)
         fgh_mma_ss_n64_first<0, 0>(d, da, db);
     else
         fgh_mma_ss_n64<0, 0>(d, da, db, kk > 0);
@@ -143,7 +163,7 @@ static __device__ __forceinline__ void fgs_mma_kstep(float *d, fg_u64 da, fg_u64
  * place. CHECK false: a tile of a full block inside Q_LEN x kv_end, where
  * every pair is kept and every row has a finite lse. */
 template <bool CHECK, bool GRADS>
-static __device__ __forceinline__ void fgs_elements(float (&s)[8][4], float (&dp)[8][4], const fgb_args &a,
+static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float (&dp)[FGS_NF][4], const fgb_args &a,
                                                     const fg_mod_params &p, const fg_mod_grads &gr,
                                                     fg_grad_cache &gcache, const float *s_lse2,
                                                     const float *s_delta, const fg_mask_head &mhd,
@@ -151,7 +171,7 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[8][4], float (&dp
                                                     const fg_mask_row *rows, int b, int h, int q0, int kvr0,
                                                     int kv_end, int t4, bool partial) {
 #pragma unroll
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < FGS_NF; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int kv = kvr0 + 8 * (e >> 1), qc = 8 * i + 2 * t4 + (e & 1), q = q0 + qc;
@@ -198,7 +218,8 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[8][4], float (&dp
  * the two in lockstep. One barrier per consumer and dR^T buffer (ids 1-4):
  * a consumer arrives for step n + 2 only after it synced on the other's
  * step n + 1, which the other stores after its own sync for step n, so a
- * barrier never gets a second arrival before its sync. At head dim 64 each
+ * barrier never gets a second arrival before its sync. The same at head
+ * dim 64 with 128-row steps (FGS_DQ_ALL_KV); with 64-row steps each
  * consumer reads only its own dR^T (barrier 1 + c). Ids 5 and 6: each
  * consumer's dQ staging tile is in place; 7 and 8: its mask row parts. */
 static __device__ __forceinline__ int fgs_drt_bar(int consumer, int st) { return 1 + 2 * consumer + st; }
@@ -303,6 +324,10 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
     /* dQ's B: K's columns 64 cw .. 64 cw + 63 (one region), all 128 rows;
      * A: dR^T of both consumers. */
     const fg_u32 dQ_b_addr = sK + cw * FGS_KV_REGION, dS_off = 0;
+#elif FGS_WIDE_Q
+    /* dQ's B: all of K (64 columns, 128 rows); A: q columns 64 cw .. 64 cw
+     * + 63 of both consumers' dR^T (its region cw). */
+    const fg_u32 dQ_b_addr = sK, dS_off = cw * FGS_DS_REGION;
 #else
     /* dQ's B: this consumer's 64 rows of K; A its own rows of dR^T. */
     const fg_u32 dQ_b_addr = sK + cw * 64 * 128, dS_off = cw * 64 * 128;
@@ -340,7 +365,7 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             fgh_bar_wait(bar_full + 8 * st, phase);
 
             /* S^T = K Q^T and dP^T = V dO^T. */
-            float s[8][4], dp[8][4];
+            float s[FGS_NF][4], dp[FGS_NF][4];
             /* descriptors made where they are used: kept across the element
              * loop they would take registers it needs */
             const fg_u64 dQ_k = fgh_desc_k(sQ), dO_k = fgh_desc_k(sO);
@@ -362,8 +387,8 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             }
             fgh_commit();
             fgh_wait<0>();
-            fgh_fence_regs<32>(&s[0][0]);
-            fgh_fence_regs<32>(&dp[0][0]);
+            fgh_fence_regs<FGS_NF * 4>(&s[0][0]);
+            fgh_fence_regs<FGS_NF * 4>(&dp[0][0]);
             /* A partial tile's costly mask row parts. Buffer st is free:
              * this step's full barrier means every consumer warp released
              * the stage of step n - 2, after its element loop. */
@@ -390,24 +415,25 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             /* P^T and dR^T as A fragments (k steps of 16 q columns), and
              * (for dQ) dR^T into this step's buffer: row r's 16-byte chunk
              * i (q columns 8 i .. 8 i + 7) at chunk i ^ (r % 8). */
-            fg_u32 pa[4][4], ra[4][4];
+            fg_u32 pa[FGS_KC][4], ra[FGS_KC][4];
             const fg_u32 sD = sDS + st * FGS_DS_BYTES;
 #pragma unroll
-            for (int kc = 0; kc < 4; kc++) {
+            for (int kc = 0; kc < FGS_KC; kc++) {
                 fgb_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]);
                 fgb_to_a(ra[kc], dp[2 * kc], dp[2 * kc + 1]);
             }
             if (dq_atomic) {
 #pragma unroll
-                for (int i = 0; i < 8; i++) {
+                for (int i = 0; i < FGS_NF; i++) {
                     const int r = cw * 64 + warp * 16 + g; /* r % 8 == g, also for r + 8 */
-                    const fg_u32 at = sD + r * 128 + ((i ^ g) << 4) + 4 * t4;
+                    /* q columns 64 (i >> 3) on: the next 128-row region */
+                    const fg_u32 at = sD + (i >> 3) * FGS_DS_REGION + r * 128 + (((i & 7) ^ g) << 4) + 4 * t4;
                     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(ra[i >> 1][(i & 1) * 2]) : "memory");
                     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + 8 * 128), "r"(ra[i >> 1][(i & 1) * 2 + 1])
                                  : "memory");
                 }
                 fgh_fence_async_smem();
-#if FGB_D == 128
+#if FGS_DQ_ALL_KV
                 /* this consumer's dR^T is in place for the other one, which
                  * waits for it only before its dQ (fgs_drt_bar) */
                 fgh_named_arrive(fgs_drt_bar(cw, st), 256);
@@ -426,16 +452,16 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             fgh_fence();
             const fg_u64 dO_mn = fgh_desc_mn(sO, FGS_Q_REGION), dQ_mn = fgh_desc_mn(sQ, FGS_Q_REGION);
 #pragma unroll
-            for (int kc = 0; kc < 4; kc++) fgh_mma_rs_d(&dv[0][0], pa[kc], dO_mn + ((kc * 16 * 128) >> 4));
+            for (int kc = 0; kc < FGS_KC; kc++) fgh_mma_rs_d(&dv[0][0], pa[kc], dO_mn + ((kc * 16 * 128) >> 4));
 #pragma unroll
-            for (int kc = 0; kc < 4; kc++) fgh_mma_rs_d(&dk[0][0], ra[kc], dQ_mn + ((kc * 16 * 128) >> 4));
+            for (int kc = 0; kc < FGS_KC; kc++) fgh_mma_rs_d(&dk[0][0], ra[kc], dQ_mn + ((kc * 16 * 128) >> 4));
             fgh_commit();
             fgh_wait<0>();
             fgh_fence_regs<FGS_DT * 4>(&dv[0][0]);
             fgh_fence_regs<FGS_DT * 4>(&dk[0][0]);
             if (lane == 0) fgh_bar_arrive(bar_empty + 8 * st); /* the stage is no longer read */
             if (!dq_atomic) continue; /* dQ has a pass of its own */
-#if FGB_D == 128
+#if FGS_DQ_ALL_KV
             /* Before the barrier: the previous step's dQ reduction has
              * read this consumer's staging tile, written again below (the
              * barrier counts this consumer's threads, ctid 0's included). */
@@ -443,7 +469,7 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             fgh_named_sync(fgs_drt_bar(1 - cw, st), 256); /* the other consumer's dR^T is in place */
 #endif
             float dq[8][4];
-            const fg_u64 dS_a = fgh_desc_mn(sD + dS_off, FGS_DS_BYTES);
+            const fg_u64 dS_a = fgh_desc_mn(sD + dS_off, FGS_DS_REGION);
             const fg_u64 dQ_b = fgh_desc_mn(dQ_b_addr, FGS_KV_REGION);
             fgh_fence();
 #pragma unroll
@@ -468,12 +494,10 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             fgh_fence_async_smem();
             fgh_named_sync(5 + cw, 128);
             if (ctid == 0) {
-#if FGB_D == 128
-                const int band = cw;
-#else
-                const int band = 0;
-#endif
-                fgh_bulk_add_f32(dq_accum + fgb_dq_index(a, rb, q0, band * 64), sT, FGS_DQ_BYTES);
+                /* this consumer's 64 columns of dQ (head dim 128), its 64 q
+                 * rows (128-row steps), or the whole tile */
+                const int band = FGB_D == 128 ? cw : 0, qrow = FGS_WIDE_Q ? 64 * cw : 0;
+                fgh_bulk_add_f32(dq_accum + fgb_dq_index(a, rb, q0 + qrow, band * 64), sT, FGS_DQ_BYTES);
                 fgh_bulk_commit();
             }
         }

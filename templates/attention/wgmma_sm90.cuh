@@ -92,6 +92,16 @@ static __device__ __forceinline__ void fgh_mma_ss_n128(float *d, fg_u64 da, fg_u
                  : "l"(da), "l"(db), "r"(accumulate));
 }
 
+/* The same, first k step, D's registers written only (as fgh_mma_ss_n64_first). */
+static __device__ __forceinline__ void fgh_mma_ss_n128_first(float *d, fg_u64 da, fg_u64 db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." FGH_AB "." FGH_AB " {"
+                 FGH_REGS64
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : FGH_ACC64(FGH_WO)
+                 : "l"(da), "l"(db));
+}
+
 /* D (64 x 64, fp32, per warp group) = or += A (64 x 16, shared) * B (16 x 64,
  * shared); TA / TB 1 read A / B MN-major (transposed), 0 K-major. */
 template <int TA, int TB>
