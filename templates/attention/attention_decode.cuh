@@ -126,41 +126,39 @@ static __device__ __forceinline__ void fgd_cp16(fg_u32 dst, const void *src, boo
  * (`kbase` / `vbase` at page 0 of the KV head, `table` the sequence's row
  * of the block table); rows at or past `len` and rows of bad pages
  * (fga_page_ok) are zero-filled. Returns whether this thread met a bad
- * page. A tile starts at a multiple of 64 and a page holds at least 16
- * rows, so the tile touches at most four pages: their ids are read and
- * checked once per tile (the same words for every thread, one broadcast
- * each) and each row picks its page from them, instead of a dependent
- * table read and check per row in front of its copy. */
+ * page. Each thread copies one 16-byte chunk column of RUN consecutive
+ * rows (4, 8 or 16 at head dims 64, 128 and 256), starting at a multiple
+ * of RUN; a tile starts at a multiple of 64 and a page holds at least 16
+ * rows, a multiple of RUN, so a thread's rows lie in one page: it reads
+ * and checks one table entry per tile and makes one address per page,
+ * then steps down the rows by the row stride. (A warp's copy still reads
+ * whole rows, RUN rows apart.) Rows r, r + 8, r + 16, ... per thread, the
+ * contiguous walk's order, made each row pick its page among the tile's
+ * four and two 64-bit addresses: 28% more instructions than the contiguous
+ * walk and 4% of its speed at pages of 16 (bench/attention_notes.md,
+ * decode d10). */
 static __device__ __forceinline__ bool fgd_load_kv_paged(const fga_args &a, fg_u32 stage, const fg_u16 *kbase,
                                                          const fg_u16 *vbase, const int *table, int kv0, int len) {
-    constexpr int STEP = FGD_THREADS / FGD_CHUNKS;
-    const int r = threadIdx.x / FGD_CHUNKS, ch = threadIdx.x % FGD_CHUNKS;
-    const int shift = a.page_shift, p0 = kv0 >> shift, end = min(kv0 + FGD_BLOCK_N, len);
-    /* -1: a bad page, or one the tile does not reach. fga_page_ok's test,
-     * written out: calling it here (a second table read for the CSE to
-     * find) cost paged softcap 3-6% (bench/attention_notes.md, decode d7). */
-    int pid[4];
+    constexpr int RUN = FGD_BLOCK_N / (FGD_THREADS / FGD_CHUNKS);
+    static_assert(16 % RUN == 0, "a thread's rows must lie in one page of 16 or more rows");
+    const int r0 = threadIdx.x / FGD_CHUNKS * RUN, ch = threadIdx.x % FGD_CHUNKS;
+    const int j0 = kv0 + r0, shift = a.page_shift, pi = j0 >> shift;
+    /* fga_page_ok's test, written out: calling it here (a second table
+     * read for the CSE to find) cost paged softcap 3-6% (decode d7). */
+    int page = -1;
+    if (j0 < len && pi < a.max_pages) page = table[pi];
+    const bool page_ok = page >= 0 && page < a.num_pages;
+    const fg_i64 row = j0 & ((1 << shift) - 1);
+    const fg_u16 *kr = kbase + (page_ok ? (fg_i64)page * a.k_stride[0] + row * a.k_stride[2] + ch * 8 : 0);
+    const fg_u16 *vr = vbase + (page_ok ? (fg_i64)page * a.v_stride[0] + row * a.v_stride[2] + ch * 8 : 0);
 #pragma unroll
-    for (int q = 0; q < 4; q++) {
-        int page = -1;
-        if (((p0 + q) << shift) < end && p0 + q < a.max_pages) page = table[p0 + q];
-        pid[q] = page >= 0 && page < a.num_pages ? page : -1;
+    for (int i = 0; i < RUN; i++) {
+        const bool ok = page_ok && j0 + i < len;
+        const fg_u32 d = stage + fgd_at(r0 + i, ch);
+        fgd_cp16(d, ok ? kr + i * a.k_stride[2] : kbase, ok);
+        fgd_cp16(d + FGD_KV_BYTES, ok ? vr + i * a.v_stride[2] : vbase, ok);
     }
-    bool bad = false;
-#pragma unroll
-    for (int i = 0; i < FGD_BLOCK_N / STEP; i++) {
-        const int j = kv0 + r + i * STEP, q = (j >> shift) - p0;
-        const int page = q == 0 ? pid[0] : q == 1 ? pid[1] : q == 2 ? pid[2] : pid[3];
-        const bool ok = j < len && page >= 0;
-        bad |= j < len && page < 0;
-        const fg_i64 row = j & ((1 << shift) - 1);
-        const fg_u16 *kr = kbase + (fg_i64)page * a.k_stride[0] + row * a.k_stride[2] + ch * 8;
-        const fg_u16 *vr = vbase + (fg_i64)page * a.v_stride[0] + row * a.v_stride[2] + ch * 8;
-        const fg_u32 d = stage + fgd_at(r + i * STEP, ch);
-        fgd_cp16(d, ok ? kr : kbase, ok);
-        fgd_cp16(d + FGD_KV_BYTES, ok ? vr : vbase, ok);
-    }
-    return bad;
+    return j0 < len && !page_ok;
 }
 
 /* Copy K and V rows [kv0, kv0 + 64) into a stage; rows at or past `len`
