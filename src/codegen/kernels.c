@@ -156,10 +156,10 @@ static fgi_kernel_geom bwd_geometry(const fg_kernel_config *c, const fg_mod *mod
  * dK/dV pass is a producer warp group and two consumer warp groups over 128
  * kv rows, q steps of 64 rows (128 at head dim 64); shared memory holds K
  * and V (128 rows), two stages of Q and dO (a q step's rows), two dR^T
- * buffers (128 rows of 2 bytes a q step's column),
- * two 16 KB dQ tiles, two stages of lse2 and delta, two buffers of a q
- * step's mask row parts (16 bytes each) per consumer, 64 bytes of
- * mbarriers and 1 KB to align the base to the swizzle's period.
+ * buffers (128 kv rows by a q step's columns, bf16), two 16 KB dQ tiles,
+ * two stages of lse2 and delta, two buffers of a q step's mask row parts
+ * (16 bytes each) per consumer, 64 bytes of mbarriers and 1 KB to align
+ * the base to the swizzle's period.
  * The other entry points are the portable backward's. */
 static fgi_kernel_geom bwd_sm90_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
     if (entry != FGI_BWD_DKDV) return bwd_geometry(c, mod, entry);

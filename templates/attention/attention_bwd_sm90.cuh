@@ -11,8 +11,8 @@
  * loads K and V once, then, for every q step (64 rows, 128 at head dim
  * 64) of every query head of the KV group that the block mask's
  * transposed arrays list, Q, dO and their lse * log2(e) and delta rows
- * into one of two stages; the group
- * gives most of its registers to the others (setmaxnreg). Warp groups 1
+ * into one of two stages; the group gives most of its registers to the
+ * others (setmaxnreg). Warp groups 1
  * and 2 are the consumers, 64 kv rows each, holding dK and dV (64 x D fp32)
  * in registers. Per consumer and q step, with S^T = K Q^T (kv rows, q
  * columns: dK and dV accumulate straight from wgmma's accumulator layout):
@@ -59,8 +59,8 @@
  * arguments, fully masked rows, GQA, buffer gradients -- is the portable
  * pass's. The host (src/attention/backward.c) encodes tensor maps of q,
  * k, v and dout (boxes of 64 columns by a q step's rows for q and dout,
- * 128 for k and v) and passes them as the fourth argument; bwd_sm90_geometry in
- * src/codegen/kernels.c mirrors the sizes.
+ * 128 for k and v) and passes them as the fourth argument;
+ * bwd_sm90_geometry in src/codegen/kernels.c mirrors the sizes.
  */
 
 #if FG_HEAD_DIM != 64 && FG_HEAD_DIM != 128
