@@ -361,7 +361,7 @@ fg_status fgi_bind(fg_ctx *ctx, const fg_mod *mod, const fg_binding *binds, size
 /* The kernels' fg_mod_params: each parameter at offsets[i] in declaration
  * order (a scalar 4 bytes, a buffer its pointer and length, 16 bytes
  * aligned to 8), then for each divisor parameter at div_offsets[i] its
- * fg_divisor (an int: 16 bytes, the magic numbers of fgi_divisor_of) or
+ * fg_divisor (an int: 28 bytes, the magic numbers of fgi_divisor_of) or
  * its reciprocal (a float: 4 bytes, 1 / value rounded to nearest), then an
  * int of padding, the size rounded up to 8. */
 typedef struct fgi_param_layout {
@@ -370,19 +370,24 @@ typedef struct fgi_param_layout {
     size_t div_offsets[256];
 } fgi_param_layout;
 #define FGI_MAX_PARAMS 256
-/* The largest fg_mod_params: every parameter a divisor scalar (4 + 16
+/* The largest fg_mod_params: every parameter a divisor scalar (4 + 28
  * bytes), or every one a buffer (16), plus the padding. */
-#define FGI_PARAM_BLOB_MAX (FGI_MAX_PARAMS * 20 + 16)
+#define FGI_PARAM_BLOB_MAX (FGI_MAX_PARAMS * 32 + 16)
 
 /* Division by a run-time divisor d strength-reduced on the host, as
  * fg_divisor in templates/common.cuh: for n = |a| <= 2^31,
  * n / |d| == (n * m) >> shift (64-bit product), with m = ceil(2^(31+l) / |d|)
  * and shift = 31 + l, l = ceil(log2 |d|); the quotient then takes the sign
  * of a * d. d == 0 is stored as 1 with `zero` set (a / 0 is 0, a % 0 is 0,
- * as fg_idiv / fg_imod define them). */
+ * as fg_idiv / fg_imod define them). For the test a % d == 0
+ * (fg_divides_by): with |d| = o 2^rot, o odd, inv = o^-1 mod 2^32 and
+ * bound = (2^32 - 1) / |d|, |a| is a multiple of |d| exactly when
+ * rotr(|a| inv mod 2^32, rot) <= bound; d == 0 and d == -1 (a % d is 0)
+ * have bound 2^32 - 1, so the test always holds. */
 typedef struct fgi_divisor {
     uint32_t m, shift;
     int32_t d, zero;
+    uint32_t inv, rot, bound;
 } fgi_divisor;
 fgi_divisor fgi_divisor_of(int32_t d);
 void fgi_param_layout_compute(const fg_mod *mod, fgi_param_layout *layout);

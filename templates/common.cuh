@@ -14,6 +14,7 @@
  *     fg_idiv fg_imod                   int / and %, total
  *     fg_idiv_by fg_imod_by             the same by a scalar parameter
  *                                       (fg_divisor, made on the host)
+ *     fg_divides_by                     x % P == 0 by such a parameter
  *     fg_shl fg_shr                     int << and >>, count & 31
  *     fg_fadd fg_fsub fg_fmul fg_fdiv   float + - * /, never fused
  *     fg_fdiv_by                        float / by a scalar parameter
@@ -110,6 +111,7 @@ FG_DEV int fg_imod(int a, int b) { return a % ((b == 0 || b == -1) ? 1 : b); }
 struct fg_divisor {
     fg_u32 m, shift;
     int d, zero;
+    fg_u32 inv, rot, bound; /* the test a % d == 0 (fg_divides_by) */
 };
 FG_DEV int fg_iquot_by(int a, fg_divisor v) {
     const fg_u32 n = a < 0 ? 0u - (fg_u32)a : (fg_u32)a;
@@ -118,6 +120,13 @@ FG_DEV int fg_iquot_by(int a, fg_divisor v) {
 }
 FG_DEV int fg_idiv_by(int a, fg_divisor v) { return v.zero ? 0 : fg_iquot_by(a, v); }
 FG_DEV int fg_imod_by(int a, fg_divisor v) { return fg_isub(a, fg_imul(fg_iquot_by(a, v), v.d)); }
+/* a % d == 0, as a multiply by the inverse of d's odd part, a rotate and a
+ * compare (fgi_divisor_of says why it is exact); what the mods' x % P == 0
+ * prints as. */
+FG_DEV bool fg_divides_by(int a, fg_divisor v) {
+    const fg_u32 n = a < 0 ? 0u - (fg_u32)a : (fg_u32)a, t = n * v.inv;
+    return __funnelshift_r(t, t, v.rot) <= v.bound;
+}
 /* a << (n & 31), bits shifted out are lost. */
 FG_DEV int fg_shl(int a, int n) { return (int)((fg_u32)a << (n & 31)); }
 /* a >> (n & 31), arithmetic (sign-filling), spelled so it is for any a. */

@@ -493,6 +493,13 @@ static int32_t want_div(int32_t a, int32_t d) {
 }
 static int32_t want_mod(int32_t a, int32_t d) { return d == 0 || d == -1 ? 0 : a % d; }
 
+/* fg_divides_by of templates/common.cuh, spelled in C. */
+static bool divides_by(int32_t a, fgi_divisor v) {
+    const uint32_t n = a < 0 ? 0u - (uint32_t)a : (uint32_t)a, t = n * v.inv;
+    const uint32_t r = v.rot & 31u;
+    return (r ? (t >> r) | (t << (32u - r)) : t) <= v.bound;
+}
+
 static void check_division(int32_t a, int32_t d) {
     const fgi_divisor v = fgi_divisor_of(d);
     const int32_t q = v.zero ? 0 : quot_by(a, v);
@@ -500,6 +507,9 @@ static void check_division(int32_t a, int32_t d) {
     if (q != want_div(a, d) || r != want_mod(a, d))
         fail_msg("%d / %d: %d (want %d), %% %d (want %d); m %u shift %u", a, d, q, want_div(a, d), r,
                  want_mod(a, d), v.m, v.shift);
+    if (divides_by(a, v) != (want_mod(a, d) == 0))
+        fail_msg("%d %% %d == 0: %d (want %d); inv %u rot %u bound %u", a, d, divides_by(a, v),
+                 want_mod(a, d) == 0, v.inv, v.rot, v.bound);
 }
 
 static void test_divisors(void **state) {
@@ -523,6 +533,9 @@ static void test_divisors(void **state) {
             const int64_t mult = (int64_t)(tu_rand_u64(&rng) % 2000001) - 1000000;
             const int64_t near = mult * d + (int64_t)(tu_rand_u64(&rng) % 3) - 1;
             if (near >= INT32_MIN && near <= INT32_MAX) check_division((int32_t)near, d);
+            /* exact multiples too, where the divisibility test says yes */
+            const int64_t exact = (d ? mult % (INT64_C(0x80000000) / (d < 0 ? -(int64_t)d : d)) : mult) * d;
+            if (exact >= INT32_MIN && exact <= INT32_MAX) check_division((int32_t)exact, d);
             check_division((int32_t)(uint32_t)tu_rand_u64(&rng), d);
         }
     }
@@ -534,7 +547,8 @@ static void test_divisors(void **state) {
                               "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
                               "    int d = (q_idx - kv_idx) % P;\n"
                               "    return d == 0 && q_idx / +Q < R && (float)kv_idx / F < 100.0 &&\n"
-                              "           kv_idx / 3 >= 0 && buf[q_idx % (int)Q] >= 0;\n}\n";
+                              "           kv_idx / 3 >= 0 && buf[q_idx % (int)Q] >= 0 &&\n"
+                              "           (q_idx + kv_idx) % P == 0 && 0 != kv_idx % P;\n}\n";
     fg_ctx *ctx = new_ctx();
     fg_mod *m = NULL;
     assert_int_equal(fg_mod_from_source(ctx, "divisors.c", src, (size_t)-1, &m), FG_OK);
@@ -546,6 +560,9 @@ static void test_divisors(void **state) {
     char *out = emit_mod(ctx, m);
     assert_non_null(strstr(out, "fg_imod_by(fg_isub(q_idx, kv_idx), p.fg_div_P)"));
     assert_non_null(strstr(out, "fg_idiv_by(q_idx, p.fg_div_Q)"));
+    /* a remainder compared with 0: the divisibility test */
+    assert_non_null(strstr(out, "fg_divides_by(fg_iadd(q_idx, kv_idx), p.fg_div_P)"));
+    assert_non_null(strstr(out, "!fg_divides_by(kv_idx, p.fg_div_P)"));
     assert_null(strstr(out, "fg_div_R"));
     assert_non_null(strstr(out, "fg_fdiv_by((float)kv_idx, p.F, p.fg_rcp_F)"));
     char line[160];

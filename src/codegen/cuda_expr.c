@@ -242,7 +242,41 @@ static bool reads_buffer(fgi_cuda_printer *p, const fgi_expr *e) {
     return reads_buffer(p, e->a) || reads_buffer(p, e->b) || reads_buffer(p, e->c);
 }
 
+/* The `x % P` of `x % P == 0` (either side, != too) when P is an int
+ * divisor parameter and the printer does not replace that node with a
+ * hoisted value; NULL otherwise. */
+static const fgi_expr *divisibility_test(fgi_cuda_printer *p, const fgi_expr *e) {
+    if (e->op != FGI_OP_EQ && e->op != FGI_OP_NE) return NULL;
+    const fgi_expr *a = transparent(e->a), *b = transparent(e->b);
+    if (a && a->kind == FGI_E_INT_LIT) {
+        const fgi_expr *t = a;
+        a = b, b = t;
+    }
+    if (!a || !b || b->kind != FGI_E_INT_LIT || b->lit.i != 0 || a->kind != FGI_E_BINARY || a->op != FGI_OP_MOD)
+        return NULL;
+    const int d = fgi_divisor_param(p->mod, a);
+    if (d < 0 || !p->mod->params[d].divisor || p->mod->params[d].type != FGI_T_INT) return NULL;
+    if (p->replace) {
+        fgi_buf scratch = {0};
+        const bool replaced = p->replace(p->user, &scratch, a);
+        fgi_buf_free(&scratch);
+        if (replaced) return NULL;
+    }
+    return a;
+}
+
 static void print_binary(fgi_cuda_printer *p, const fgi_expr *e) {
+    const fgi_expr *mod = divisibility_test(p, e);
+    if (mod) {
+        /* x % P == 0 as one multiply, a rotate and a compare on the host's
+         * numbers (fg_divides_by), not as the remainder's multiply-high,
+         * sign fix-up, multiply and subtract */
+        const fgi_param *div = &p->mod->params[fgi_divisor_param(p->mod, mod)];
+        fgi_buf_puts(p->out, e->op == FGI_OP_NE ? "!fg_divides_by(" : "fg_divides_by(");
+        print_at(p, mod->a, P_NONE);
+        fgi_buf_printf(p->out, ", p.fg_div_%s)", div->name);
+        return;
+    }
     const int d = fgi_divisor_param(p->mod, e);
     const fgi_param *div = d >= 0 && p->mod->params[d].divisor ? &p->mod->params[d] : NULL;
     if (div && fgi_param_has_rcp(div) && !approx(p)) {

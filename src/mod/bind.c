@@ -139,15 +139,34 @@ fg_status fgi_bind(fg_ctx *ctx, const fg_mod *mod, const fg_binding *binds, size
  * n m / 2^(31+l) = n / D + n e / (D 2^(31+l)), and the second term is below
  * n / 2^(31+l) <= 2^-l <= 1 / D: too little to carry n / D past the next
  * integer, whose distance from n / D is at least 1 / D. m < 2^32 since
- * D > 2^(l-1), and n m < 2^63. */
+ * D > 2^(l-1), and n m < 2^63.
+ *
+ * Why the divisibility test (inv, rot, bound) is exact, for D = o 2^k, o
+ * odd: n -> n inv mod 2^32 permutes the 32-bit numbers and takes the
+ * multiples j o of o (j <= (2^32 - 1) / o) to j, so exactly the multiples
+ * land at or below (2^32 - 1) / o. For a multiple j o, rotating j right by
+ * k leaves j / 2^k <= (2^32 - 1) / D when 2^k divides j, and sets a bit at
+ * or above 2^(32-k) > (2^32 - 1) / D when it does not. For a non-multiple
+ * of o, the product exceeds (2^32 - 1) / o, and the rotation keeps it
+ * above (2^32 - 1) / D: its low k bits move up if any is set, and if none
+ * is, it is divided by 2^k exactly, and x > (2^32 - 1) / o with 2^k | x
+ * gives x / 2^k > (2^32 - 1) / D. tests/test_emit.c checks it against %. */
 fgi_divisor fgi_divisor_of(int32_t d) {
-    fgi_divisor v = {0, 0, d, d == 0};
+    fgi_divisor v = {0, 0, d, d == 0, 1, 0, UINT32_MAX};
     if (d == 0) v.d = 1;
     const uint64_t D = v.d < 0 ? (uint64_t)0 - (uint64_t)(int64_t)v.d : (uint64_t)v.d; /* 1 .. 2^31 */
     uint32_t l = 0;
     while (((uint64_t)1 << l) < D) l++;
     v.m = (uint32_t)((((uint64_t)1 << (31 + l)) + D - 1) / D);
     v.shift = 31 + l;
+    if (d != 0) {
+        uint32_t o = (uint32_t)D;
+        while (!(o & 1u)) o >>= 1, v.rot++;
+        uint32_t inv = o; /* Newton's iteration doubles the correct low bits: 3, 6, 12, 24, 48 */
+        for (int i = 0; i < 4; i++) inv *= 2u - o * inv;
+        v.inv = inv;
+        v.bound = (uint32_t)(UINT32_MAX / D);
+    }
     return v;
 }
 
