@@ -161,7 +161,17 @@ static __device__ __forceinline__ void fgs_mma_kstep(float *d, fg_u64 da, fg_u64
  * wgmma's accumulator layout (n8 fragment i, element e at kv row
  * kvr0 + 8 (e >> 1), q column 8 i + 2 t4 + (e & 1)) become P^T and dR^T in
  * place. CHECK false: a tile of a full block inside Q_LEN x kv_end, where
- * every pair is kept and every row has a finite lse. */
+ * every pair is kept and every row has a finite lse.
+ *
+ * Without buffer gradients the loop has no branch: whether a pair is kept
+ * (in range, a finite lse, the mask on a partial tile) is one bool made
+ * eagerly (every mod expression is total, out-of-range rows' parts are
+ * clamped), and P and dR are selected by it. With an `if` per element
+ * ptxas made a branch region per element (the range check, the mask),
+ * each one's exp2 and shared loads waited for in turn, and a tile that is
+ * partial everywhere (dilated) ran at a fraction of a full one's speed.
+ * The buffer gradients' accumulation has side effects and stays behind
+ * its branch. */
 template <bool CHECK, bool GRADS>
 static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float (&dp)[FGS_NF][4], const fgb_args &a,
                                                     const fg_mod_params &p, const fg_mod_grads &gr,
@@ -176,34 +186,49 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float
         for (int e = 0; e < 4; e++) {
             const int kv = kvr0 + 8 * (e >> 1), qc = 8 * i + 2 * t4 + (e & 1), q = q0 + qc;
             const float lse2 = s_lse2[qc];
-            float pr = 0.f, dr = 0.f;
-            if (!CHECK || (q < a.q_len && kv < kv_end && lse2 != FGB_NEG_INF)) {
-                const int qi = q + a.q_offset, ki = kv + a.kv_offset;
-                /* the split mods: head parts (mhd, shd) made once per
-                 * head, costly column parts (mcol) once per head and
-                 * costly row parts once per tile (rows), the rest here;
-                 * what leaves the element loop is alibi's slopes[h] and
-                 * document's document_id[q] and [kv], and the result is
-                 * what fg_mask_mod and fg_score_mod compute, bit for bit */
-                if (!CHECK || !partial ||
-                    fg_mask_split(p, mhd, b, h, qi, ki,
-                                  FGS_ROWS_SHARED ? rows[qc] : fg_mask_row_init(p, mhd, b, h, qi),
-                                  FGS_COLS_FIRST ? mcol[e >> 1] : fg_mask_col_init(p, mhd, b, h, ki))) {
-                    const float raw = s[i][e] * a.scale;
+            const int qi = q + a.q_offset, ki = kv + a.kv_offset;
+            /* the split mods: head parts (mhd, shd) made once per head,
+             * costly column parts (mcol) once per head and costly row parts
+             * once per tile (rows), the rest here; what leaves the element
+             * loop is alibi's slopes[h] and document's document_id[q] and
+             * [kv], and the result is what fg_mask_mod and fg_score_mod
+             * compute, bit for bit */
+            const auto mask = [&]() {
+                return fg_mask_split(p, mhd, b, h, qi, ki,
+                                     FGS_ROWS_SHARED ? rows[qc] : fg_mask_row_init(p, mhd, b, h, qi),
+                                     FGS_COLS_FIRST ? mcol[e >> 1] : fg_mask_col_init(p, mhd, b, h, ki));
+            };
+            const auto prob = [&](float raw) {
 #if FG_HAS_SCORE_MOD
-                    pr = fgb_exp2(fg_score_split(p, shd, raw, b, h, qi, ki, fg_score_row_init(p, shd, b, h, qi),
-                                                 fg_score_col_init(p, shd, b, h, ki)) *
-                                      FGB_LOG2E -
-                                  lse2);
+                return fgb_exp2(fg_score_split(p, shd, raw, b, h, qi, ki, fg_score_row_init(p, shd, b, h, qi),
+                                               fg_score_col_init(p, shd, b, h, ki)) *
+                                    FGB_LOG2E -
+                                lse2);
 #else
-                    pr = fgb_exp2(s[i][e] * a.scale_log2 - lse2);
+                return fgb_exp2(s[i][e] * a.scale_log2 - lse2);
 #endif
-                    if (pr != 0.f) {
-                        const float ds = pr * (dp[i][e] - s_delta[qc]);
-                        dr = ds * fg_score_grad(p, raw, b, h, qi, ki);
-                        if (GRADS) fg_accumulate_grads(p, gr, gcache, ds, raw, b, h, qi, ki);
+            };
+            float pr = 0.f, dr = 0.f;
+            if (GRADS) {
+                if (!CHECK || (q < a.q_len && kv < kv_end && lse2 != FGB_NEG_INF))
+                    if (!CHECK || !partial || mask()) {
+                        const float raw = s[i][e] * a.scale;
+                        pr = prob(raw);
+                        if (pr != 0.f) {
+                            const float ds = pr * (dp[i][e] - s_delta[qc]);
+                            dr = ds * fg_score_grad(p, raw, b, h, qi, ki);
+                            fg_accumulate_grads(p, gr, gcache, ds, raw, b, h, qi, ki);
+                        }
                     }
-                }
+            } else {
+                const bool keep =
+                    !CHECK || ((q < a.q_len) & (kv < kv_end) & (lse2 != FGB_NEG_INF) & (!partial | mask()));
+                const float raw = s[i][e] * a.scale, pv = prob(raw); /* made either way: no branch */
+                pr = keep ? pv : 0.f;
+                /* a P of 0 (masked or underflowed) gives dR 0, whatever dP,
+                 * delta or the derivative are there */
+                const float ds = pr * (dp[i][e] - s_delta[qc]);
+                dr = pr != 0.f ? ds * fg_score_grad(p, raw, b, h, qi, ki) : 0.f;
             }
             s[i][e] = pr;
             dp[i][e] = dr;
