@@ -226,16 +226,21 @@ static void print_call(fgi_cuda_printer *p, const char *name, const fgi_expr *co
     fgi_buf_puts(p->out, ")");
 }
 
+/* Whether the printer's hook prints e as something else (a value hoisted
+ * out of the element loop); asked without printing. */
+static bool replaced_by_hook(fgi_cuda_printer *p, const fgi_expr *e) {
+    if (!p->replace) return false;
+    fgi_buf scratch = {0};
+    const bool replaced = p->replace(p->user, &scratch, e);
+    fgi_buf_free(&scratch);
+    return replaced;
+}
+
 /* Whether printing e reads a buffer here: a part the printer replaces (a
  * value hoisted out of the element loop) reads nothing where it is used. */
 static bool reads_buffer(fgi_cuda_printer *p, const fgi_expr *e) {
     if (!e) return false;
-    if (p->replace) {
-        fgi_buf scratch = {0};
-        const bool replaced = p->replace(p->user, &scratch, e);
-        fgi_buf_free(&scratch);
-        if (replaced) return false;
-    }
+    if (replaced_by_hook(p, e)) return false;
     if (e->kind == FGI_E_INDEX) return true;
     for (int i = 0; i < e->nargs; i++)
         if (reads_buffer(p, e->args[i])) return true;
@@ -243,9 +248,9 @@ static bool reads_buffer(fgi_cuda_printer *p, const fgi_expr *e) {
 }
 
 /* The `x % P` of `x % P == 0` (either side, != too) when P is an int
- * divisor parameter and the printer does not replace that node with a
- * hoisted value; NULL otherwise. */
-static const fgi_expr *divisibility_test(fgi_cuda_printer *p, const fgi_expr *e) {
+ * divisor parameter (*div) and the printer does not replace that node
+ * with a hoisted value; NULL otherwise. */
+static const fgi_expr *divisibility_test(fgi_cuda_printer *p, const fgi_expr *e, const fgi_param **div) {
     if (e->op != FGI_OP_EQ && e->op != FGI_OP_NE) return NULL;
     const fgi_expr *a = transparent(e->a), *b = transparent(e->b);
     if (a && a->kind == FGI_E_INT_LIT) {
@@ -256,25 +261,21 @@ static const fgi_expr *divisibility_test(fgi_cuda_printer *p, const fgi_expr *e)
         return NULL;
     const int d = fgi_divisor_param(p->mod, a);
     if (d < 0 || !p->mod->params[d].divisor || p->mod->params[d].type != FGI_T_INT) return NULL;
-    if (p->replace) {
-        fgi_buf scratch = {0};
-        const bool replaced = p->replace(p->user, &scratch, a);
-        fgi_buf_free(&scratch);
-        if (replaced) return NULL;
-    }
+    if (replaced_by_hook(p, a)) return NULL;
+    *div = &p->mod->params[d];
     return a;
 }
 
 static void print_binary(fgi_cuda_printer *p, const fgi_expr *e) {
-    const fgi_expr *mod = divisibility_test(p, e);
+    const fgi_param *by = NULL;
+    const fgi_expr *mod = divisibility_test(p, e, &by);
     if (mod) {
         /* x % P == 0 as one multiply, a rotate and a compare on the host's
          * numbers (fg_divides_by), not as the remainder's multiply-high,
          * sign fix-up, multiply and subtract */
-        const fgi_param *div = &p->mod->params[fgi_divisor_param(p->mod, mod)];
         fgi_buf_puts(p->out, e->op == FGI_OP_NE ? "!fg_divides_by(" : "fg_divides_by(");
         print_at(p, mod->a, P_NONE);
-        fgi_buf_printf(p->out, ", p.fg_div_%s)", div->name);
+        fgi_buf_printf(p->out, ", p.fg_div_%s)", by->name);
         return;
     }
     const int d = fgi_divisor_param(p->mod, e);

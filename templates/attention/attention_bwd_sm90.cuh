@@ -208,9 +208,10 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float
                 return fgb_exp2(s[i][e] * a.scale_log2 - lse2);
 #endif
             };
+            const bool in_range = (q < a.q_len) & (kv < kv_end) & (lse2 != FGB_NEG_INF);
             float pr = 0.f, dr = 0.f;
             if (GRADS) {
-                if (!CHECK || (q < a.q_len && kv < kv_end && lse2 != FGB_NEG_INF))
+                if (!CHECK || in_range)
                     if (!CHECK || !partial || mask()) {
                         const float raw = s[i][e] * a.scale;
                         pr = prob(raw);
@@ -221,8 +222,7 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float
                         }
                     }
             } else {
-                const bool keep =
-                    !CHECK || ((q < a.q_len) & (kv < kv_end) & (lse2 != FGB_NEG_INF) & (!partial | mask()));
+                const bool keep = !CHECK || (in_range & (!partial | mask()));
                 const float raw = s[i][e] * a.scale, pv = prob(raw); /* made either way: no branch */
                 pr = keep ? pv : 0.f;
                 /* a P of 0 (masked or underflowed) gives dR 0, whatever dP,
