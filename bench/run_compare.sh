@@ -11,7 +11,7 @@
 #     quick       compare_torch.py on a small shape (B=1 H=8 S=2048), all mods
 #     compare128  compare_torch.py at B=4 H=16 S=8192 D=128 bf16 (the default)
 #     compare64   the same at D=64
-#     bwd128      compare_torch.py --backward on the mods, D=128
+#     bwd128      compare_torch.py --backward on every gallery mod, D=128
 #     bwd64       the same at D=64
 #     cbench      flexgen bench (the C benchmark) at the default shape
 #     cquick      flexgen bench on the small shape
@@ -72,7 +72,6 @@ for s in $STEPS; do
         ;;
     bwd128 | bwd64)
         step "$s" python3 bench/compare_torch.py --backward --head-dim "${s#bwd}" ${LABEL:+--label "$LABEL"} \
-            --mods noop,causal,sliding_window,prefix_lm,document,alibi,softcap \
             --json "$OUT/backward_d${s#bwd}.json" --png "$OUT/backward_d${s#bwd}.png"
         ;;
     cbench)

@@ -601,16 +601,19 @@ static void test_device_errors(void **state) {
 int main(void) {
     tu_require_gpu();
     setvbuf(stdout, NULL, _IOLBF, 0);
+    /* Named by test and mode, so FLEXGEN_TEST_FILTER can pick e.g. "*portable". */
+#define MODE_TEST(f, mode) { #f "/" #mode, f, mode, NULL, NULL }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup(test_device_errors, atomic_mode),
-        cmocka_unit_test_setup(test_features, atomic_mode),
-        cmocka_unit_test_setup(test_gallery, atomic_mode),
-        cmocka_unit_test_setup(test_features, deterministic_mode),
-        cmocka_unit_test_setup(test_gallery, deterministic_mode),
-        cmocka_unit_test_setup(test_features, portable_mode),
-        cmocka_unit_test_setup(test_gallery, portable_mode),
-        cmocka_unit_test_setup(test_approx, approx_mode),
-        cmocka_unit_test_setup(test_approx, approx_portable_mode),
+        MODE_TEST(test_device_errors, atomic_mode),
+        MODE_TEST(test_features, atomic_mode),
+        MODE_TEST(test_gallery, atomic_mode),
+        MODE_TEST(test_features, deterministic_mode),
+        MODE_TEST(test_gallery, deterministic_mode),
+        MODE_TEST(test_features, portable_mode),
+        MODE_TEST(test_gallery, portable_mode),
+        MODE_TEST(test_approx, approx_mode),
+        MODE_TEST(test_approx, approx_portable_mode),
     };
+#undef MODE_TEST
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

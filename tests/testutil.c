@@ -40,6 +40,9 @@ void tu_require_gpu(void) {
         exit(TU_MAIN_SKIP);
     }
     fg_ctx_destroy(ctx);
+    /* The GPU suites are long; a run can take some of their tests only. */
+    const char *filter = getenv("FLEXGEN_TEST_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
 }
 
 uint64_t tu_rand_u64(uint64_t *s) {

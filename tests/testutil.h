@@ -17,7 +17,9 @@ const char *tu_path(const char *rel);
 /* Load mods/<name>.c from the gallery; fails the test on error (prints the
  * diagnostic). */
 fg_mod *tu_gallery_mod(fg_ctx *ctx, const char *name);
-/* For gpu_* tests: exit(77) (meson: skipped) when no CUDA device is usable. */
+/* For gpu_* tests: exit(77) (meson: skipped) when no CUDA device is usable;
+ * else applies $FLEXGEN_TEST_FILTER (a cmocka name pattern, * and ?) to the
+ * group that follows. */
 void tu_require_gpu(void);
 /* Deterministic pseudo-random numbers (xorshift64*). */
 uint64_t tu_rand_u64(uint64_t *state);
