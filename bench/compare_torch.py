@@ -329,6 +329,27 @@ def run_case(spec, inputs, opts, first=None, dout=None):
             print(f"[{spec.name}] {system} failed:", file=sys.stderr)
             traceback.print_exc()
 
+    def kernel_profile(call):
+        """The kernels one call runs, each with its time and launch shape, and
+        the device's free memory: what tells a slow run's cause afterwards
+        (which pass, which variant: the Hopper and portable passes differ in
+        block size and registers)."""
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            call()
+            torch.cuda.synchronize()
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = os.path.join(tmp, "trace.json")
+            prof.export_chrome_trace(trace)
+            with open(trace) as f:
+                events = json.load(f)["traceEvents"]
+        free, total = torch.cuda.mem_get_info()
+        return {"free_gib": round(free / 2**30, 2), "kernels": [
+            {"name": e["name"], "ms": e["dur"] / 1000, "grid": e["args"].get("grid"),
+             "block": e["args"].get("block"), "regs": e["args"].get("registers per thread"),
+             "smem": e["args"].get("shared memory")}
+            for e in events if e.get("cat") == "kernel"]}
+
     def backward(system, forward):
         """Time the backward alone of out = forward(q, k, v) on leaves that
         share q, k, v's storage, and keep its gradients for the accuracy."""
@@ -339,6 +360,8 @@ def run_case(spec, inputs, opts, first=None, dout=None):
             return torch.autograd.grad(out, leaves, dout, retain_graph=True)
         row["first_call_ms"][system + "_backward"], _ = wall_ms(call)
         time_into(row, "bwd_ms", "bwd_issue_ms", system, call, opts)
+        if system == "flexgen":
+            row["bwd_kernels"] = kernel_profile(call)
         grads[system] = call()
 
     def attempt_backward(system, forward):

@@ -49,11 +49,15 @@ static char *bwd_source(fg_ctx *ctx, const fg_mod *mod, const char *dtype, int d
     return bwd_source_of(ctx, mod, FG_KERNEL_ATTENTION_BWD, dtype, d);
 }
 
-/* compile_clean's spill budget: none for the portable kernels; the Hopper
- * dK/dV pass holds dK, dV, S^T and dP^T (192 registers of its 240) through
- * the element loop, and mods with costly derivatives (ALiBi's buffer
- * gradient, softcap's tanh) spill a few loop-invariant values there. */
-static int spill_budget = 0;
+/* compile_clean's spill budget. The portable kernels: 24 bytes, which
+ * causal's dK/dV pass spills at head dims 128 to 256 since its element
+ * loop has no branch per element (attention_notes v29: measured +16% at
+ * 192 and +28% at 96 all the same). The Hopper dK/dV pass holds dK, dV,
+ * S^T and dP^T (192 registers of its 240) through the element loop, and
+ * mods with costly derivatives (ALiBi's buffer gradient, softcap's tanh)
+ * spill a few loop-invariant values there. */
+#define PORTABLE_SPILL_BUDGET 24
+static int spill_budget = PORTABLE_SPILL_BUDGET;
 
 static void compile_clean(fg_ctx *ctx, const char *name, const char *src, const char *arch) {
     void *image = NULL;
@@ -100,7 +104,7 @@ static void test_gallery_compiles(void **state) {
         snprintf(what, sizeof what, "%s, Hopper, head dim %d", GALLERY[i], hd);
         spill_budget = 160;
         compile_clean(ctx, what, src, "sm_90a");
-        spill_budget = 0;
+        spill_budget = PORTABLE_SPILL_BUDGET;
         free(src);
         fg_mod_destroy(m);
     }
@@ -134,7 +138,7 @@ static void test_buffer_slots(void **state) {
     src = bwd_source_of(ctx, m, FG_KERNEL_ATTENTION_BWD_SM90, "BF16", 128);
     spill_budget = 160;
     compile_clean(ctx, "two_reads, Hopper", src, "sm_90a");
-    spill_budget = 0;
+    spill_budget = PORTABLE_SPILL_BUDGET;
     free(src);
     fg_mod_destroy(m);
 

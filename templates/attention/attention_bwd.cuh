@@ -515,7 +515,21 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                 const int kv = kvr0 + 8 * (e >> 1), qc = 8 * i + 2 * t4 + (e & 1), q = q0 + qc;
                 const float lse = s_lse[qc];
                 float pr = 0.f, dr = 0.f;
-                if (q < a.q_len && kv < kv_end && lse != FGB_NEG_INF) {
+                if (FG_GRAD_SITES == 0) {
+                    /* No buffer gradient: no branch per element (as the
+                     * Hopper pass, attention_notes v28): whether the pair is
+                     * kept is one bool made eagerly (every mod expression
+                     * is total), P is made for every element and selected,
+                     * and dR is 0 wherever P is. */
+                    const int qi = q + a.q_offset, ki = kv + a.kv_offset;
+                    const bool keep = (q < a.q_len) & (kv < kv_end) & (lse != FGB_NEG_INF) &
+                                      (!partial | fg_mask_mod(p, b, h, qi, ki));
+                    const float raw = s[i][e] * a.scale;
+                    const float pv = fgb_exp2(fg_score_mod(p, raw, b, h, qi, ki) * FGB_LOG2E - lse * FGB_LOG2E);
+                    pr = keep ? pv : 0.f;
+                    const float ds = pr * (dp[i][e] - s_delta[qc]);
+                    dr = pr != 0.f ? ds * fg_score_grad(p, raw, b, h, qi, ki) : 0.f;
+                } else if (q < a.q_len && kv < kv_end && lse != FGB_NEG_INF) {
                     const int qi = q + a.q_offset, ki = kv + a.kv_offset;
                     if (!partial || fg_mask_mod(p, b, h, qi, ki)) {
                         const float raw = s[i][e] * a.scale;

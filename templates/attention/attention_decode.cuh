@@ -236,9 +236,14 @@ static __device__ __forceinline__ void fgd_tile_mods(float (&s)[NT][4], const fg
                 bool keep = col_ok;
                 if (FGA_MASK_MOD && partial && keep) keep = fg_mask_mod(p, b, ri[e2].h, ri[e2].q_idx, kv_idx);
 #if FGA_SCORE_MOD
-                if (keep) v = fg_score_mod(p, v * a.scale, b, ri[e2].h, ri[e2].q_idx, kv_idx);
-#endif
+                /* made for every element and selected, not behind a branch
+                 * per element (score_mod is total; kv_idx is clamped into
+                 * the sequence) */
+                const float sv = fg_score_mod(p, v * a.scale, b, ri[e2].h, ri[e2].q_idx, kv_idx);
+                v = keep ? sv : FGA_NEG_INF;
+#else
                 if (!keep) v = FGA_NEG_INF;
+#endif
             }
         }
     }
