@@ -18,6 +18,9 @@
 
 #include "jit.h"
 
+#include <nvrtc.h>
+#include <pthread.h>
+
 static const char good_kernel[] =
     "extern \"C\" __global__ void twice(float *x) { x[threadIdx.x] *= 2.0f; }\n";
 
@@ -75,6 +78,98 @@ static void compiles_ptx_and_cubin(void **state) {
         fg_free(img);
     }
     fg_ctx_destroy(ctx);
+}
+
+/* One compile with the process's (linked) NVRTC instance, as another
+ * library in the process would make it; the cubin, or NULL. */
+static void *foreign_compile(const char *src, const char *opt, size_t *n) {
+    nvrtcProgram prog;
+    assert_int_equal(nvrtcCreateProgram(&prog, src, "foreign.cu", 0, NULL, NULL), NVRTC_SUCCESS);
+    const char *opts[3] = {"-std=c++17", "--gpu-architecture=sm_90a", opt};
+    void *img = NULL;
+    if (nvrtcCompileProgram(prog, opt ? 3 : 2, opts) == NVRTC_SUCCESS &&
+        nvrtcGetCUBINSize(prog, n) == NVRTC_SUCCESS && (img = malloc(*n)) != NULL)
+        assert_int_equal(nvrtcGetCUBIN(prog, img), NVRTC_SUCCESS);
+    nvrtcDestroyProgram(&prog);
+    return img;
+}
+
+/* NVRTC carries state from one compile to the next in a process (nvrtc.c):
+ * a compile with -Ofc=max by someone else must not change the cubin
+ * flexgen gets for a kernel, since the disk cache would keep it under the
+ * usual key. The kernel: the portable forward of the causal mod. */
+static void foreign_compiles_do_not_change_ours(void **state) {
+    (void)state;
+    assert_true(fgi_nvrtc_private());
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    fg_mod *mod = tu_gallery_mod(ctx, "causal");
+    fg_kernel_config cfg = FG_KERNEL_CONFIG_INIT;
+    cfg.head_dim = 64;
+    cfg.arch = "sm_90a";
+    char *src = NULL;
+    assert_int_equal(fg_generate_source(ctx, mod, &cfg, &src), FG_OK);
+    void *before = NULL, *after = NULL;
+    size_t nb = 0, na = 0, nf = 0, nl = 0;
+    assert_int_equal(fgi_nvrtc_compile(ctx, src, "causal", "sm_90a", FG_EMIT_CUBIN, &before, &nb, NULL), FG_OK);
+    void *foreign = foreign_compile(src, "-Ofc=max", &nf);
+    assert_int_equal(fgi_nvrtc_compile(ctx, src, "causal", "sm_90a", FG_EMIT_CUBIN, &after, &na, NULL), FG_OK);
+    assert_int_equal(na, nb);
+    assert_memory_equal(after, before, nb);
+    /* Whether the linked instance now gives another cubin for the same
+     * options: what this test guards against, where this NVRTC does it. */
+    void *linked = foreign_compile(src, "-default-device", &nl);
+    if (foreign && linked && (nl != nb || memcmp(linked, before, nb) != 0))
+        printf("the linked NVRTC changed after the foreign compile (%zu -> %zu bytes); ours did not\n", nb, nl);
+    free(foreign);
+    free(linked);
+    fg_free(before);
+    fg_free(after);
+    fg_free(src);
+    fg_mod_destroy(mod);
+    fg_ctx_destroy(ctx);
+}
+
+/* Compiles on threads other than the one that loaded the private NVRTC,
+ * at the same time: each must give what one thread alone gets. */
+#define COMPILE_THREADS 4
+typedef struct {
+    const char *arch;
+    fg_status st;
+    void *img;
+    size_t n;
+} compile_job;
+
+static void *compile_on_thread(void *arg) {
+    compile_job *j = arg;
+    fg_ctx *ctx;
+    j->st = fg_ctx_create(&ctx);
+    if (j->st == FG_OK) j->st = fgi_nvrtc_compile(ctx, good_kernel, "twice", j->arch, FG_EMIT_CUBIN, &j->img, &j->n, NULL);
+    fg_ctx_destroy(ctx);
+    return NULL;
+}
+
+static void threads_compile_at_once(void **state) {
+    (void)state;
+    static const char *const arch[COMPILE_THREADS] = {"sm_80", "sm_90a", "sm_80", "sm_90a"};
+    compile_job jobs[COMPILE_THREADS] = {{0}}, alone[2] = {{.arch = "sm_80"}, {.arch = "sm_90a"}};
+    pthread_t t[COMPILE_THREADS];
+    for (int i = 0; i < COMPILE_THREADS; i++) {
+        jobs[i].arch = arch[i];
+        assert_int_equal(pthread_create(&t[i], NULL, compile_on_thread, &jobs[i]), 0);
+    }
+    for (int i = 0; i < COMPILE_THREADS; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+    compile_on_thread(&alone[0]);
+    compile_on_thread(&alone[1]);
+    for (int i = 0; i < COMPILE_THREADS; i++) {
+        const compile_job *a = &alone[i % 2];
+        assert_int_equal(jobs[i].st, FG_OK);
+        assert_int_equal(jobs[i].n, a->n);
+        assert_memory_equal(jobs[i].img, a->img, a->n);
+        fg_free(jobs[i].img);
+    }
+    fg_free(alone[0].img);
+    fg_free(alone[1].img);
 }
 
 static void syntax_error_gives_log(void **state) {
@@ -236,6 +331,8 @@ int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "--probe") == 0) return probe_main(argv[2], argv[3]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(compiles_ptx_and_cubin),
+        cmocka_unit_test(foreign_compiles_do_not_change_ours),
+        cmocka_unit_test(threads_compile_at_once),
         cmocka_unit_test(syntax_error_gives_log),
         cmocka_unit_test(bad_arguments),
         cmocka_unit_test(version_and_options),

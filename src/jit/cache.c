@@ -251,6 +251,10 @@ static const char *nonempty_env(const char *name) {
  * returns NULL when no folder can be named or memory runs out. */
 static char *resolve_dir(const fg_ctx *ctx) {
     if (ctx->cache_dir && *ctx->cache_dir) return strdup(ctx->cache_dir);
+    return fgi_cache_default_folder();
+}
+
+char *fgi_cache_default_folder(void) {
     const char *v = nonempty_env("FLEXGEN_CACHE_DIR");
     if (v) return strdup(v);
     if ((v = nonempty_env("XDG_CACHE_HOME"))) return join(v, "flexgen");
@@ -300,7 +304,7 @@ fg_status fg_cache_dir(fg_ctx *ctx, const char **dir) {
 }
 
 /* mkdir -p with mode 0700: kernels are private to their user. */
-static bool make_dirs(const char *dir) {
+bool fgi_cache_make_dirs(const char *dir) {
     char *p = strdup(dir);
     if (!p) return false;
     bool ok = true;
@@ -511,7 +515,7 @@ static void evict(const char *dir, int64_t cap, const char *keep) {
 /* Temporary file in the same folder, then rename: atomic on POSIX. */
 static bool disk_store(const char *dir, const char *fname, const char *key, const void *image,
                        size_t size) {
-    if (!make_dirs(dir)) return false;
+    if (!fgi_cache_make_dirs(dir)) return false;
     char *path = join(dir, fname);
     size_t n = path ? strlen(path) : 0;
     char *tmp = path ? malloc(n + 16) : NULL;

@@ -40,6 +40,9 @@ fg_status fgi_nvrtc_compile_verbose(fg_ctx *ctx, const char *source, const char 
                                     fg_emit_kind kind, void **image, size_t *size, char **log);
 /* "13.0" style version string of the NVRTC linked in. */
 const char *fgi_nvrtc_version(void);
+/* Whether compiles go through flexgen's private NVRTC instance (nvrtc.c
+ * says why). */
+bool fgi_nvrtc_private(void);
 /* The compile options as one canonical string (part of every cache key). */
 const char *fgi_nvrtc_options_text(void);
 
@@ -56,6 +59,11 @@ fg_status fgi_cache_get_function(fg_ctx *ctx, const fgi_kernel_spec *spec, CUfun
 /* The disk cache file a spec maps to under ctx's folder and arch
  * ("<dir>/<name>-<16 hex>.fgbin"), malloc'd; for tests and tools. */
 fg_status fgi_cache_file_path(fg_ctx *ctx, const fgi_kernel_spec *spec, char **path);
+/* The cache folder without a context's option ($FLEXGEN_CACHE_DIR,
+ * $XDG_CACHE_HOME/flexgen, ~/.cache/flexgen), malloc'd; NULL if none. */
+char *fgi_cache_default_folder(void);
+/* mkdir -p, mode 0700; whether the folder exists afterwards. */
+bool fgi_cache_make_dirs(const char *dir);
 
 /* One disk cache file, as `flexgen cache list` shows it. */
 typedef struct fgi_cache_file {
