@@ -82,16 +82,19 @@ static struct {
     NVRTC_ENTRY_POINTS(NVRTC_FIELD)
 } api = {.once = PTHREAD_ONCE_INIT};
 
+/* Room for a path and a suffix of ours (PATH_MAX is 4096 on Linux). */
+enum { PATH_ROOM = 4096 + 64 };
+
 /* `src` copied to `dst` through a temporary file in dst's folder and a
  * rename, so that a reader sees the whole copy or none. */
 static bool copy_file(const char *src, const char *dst) {
-    char tmp[4200];
+    char tmp[PATH_ROOM];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dst, (long)getpid()) >= (int)sizeof tmp) return false;
     int in = open(src, O_RDONLY | O_CLOEXEC);
     if (in < 0) return false;
     int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0700);
     bool ok = out >= 0;
-    static char buf[1 << 16];
+    static char buf[1 << 16]; /* one caller at a time: under load_api's once */
     for (ssize_t n; ok && (n = read(in, buf, sizeof buf)) != 0;) {
         if (n < 0) ok = false;
         for (ssize_t off = 0; ok && off < n;) {
@@ -116,7 +119,7 @@ static char *private_copy(void) {
     if (stat(info.dli_fname, &st) != 0) return NULL;
     char *root = fgi_cache_default_folder();
     if (!root) return NULL;
-    char key[4300];
+    char key[PATH_ROOM + 64];
     snprintf(key, sizeof key, "%s\n%lld\n%lld\n%llu", info.dli_fname, (long long)st.st_size,
              (long long)st.st_mtime, (unsigned long long)st.st_ino);
     const uint64_t h = fgi_fnv1a(FGI_FNV_SEED, key, strlen(key));
@@ -147,7 +150,7 @@ static void preload_builtins(void) {
         nvrtcVersion(&major, &minor) != NVRTC_SUCCESS)
         return;
     const char *slash = strrchr(info.dli_fname, '/');
-    char path[4200];
+    char path[PATH_ROOM];
     const int dir = slash ? (int)(slash - info.dli_fname) : 0;
     if (snprintf(path, sizeof path, "%.*s%slibnvrtc-builtins.so.%d.%d", dir, info.dli_fname, slash ? "/" : "",
                  major, minor) < (int)sizeof path)
