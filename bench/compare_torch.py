@@ -343,7 +343,7 @@ def run_case(spec, inputs, opts, first=None, dout=None):
             prof.export_chrome_trace(trace)
             with open(trace) as f:
                 events = json.load(f)["traceEvents"]
-        free, total = torch.cuda.mem_get_info()
+        free, _ = torch.cuda.mem_get_info()
         return {"free_gib": round(free / 2**30, 2), "kernels": [
             {"name": e["name"], "ms": e["dur"] / 1000, "grid": e["args"].get("grid"),
              "block": e["args"].get("block"), "regs": e["args"].get("registers per thread"),

@@ -47,12 +47,12 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <nvrtc.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* The fixed options, and the same list as one string for the cache key. */
 #define FGI_NVRTC_STD "-std=c++17"
@@ -110,17 +110,15 @@ static bool copy_file(const char *src, const char *dst) {
     return ok;
 }
 
-/* The private copy of the linked NVRTC file: its path (malloc'd), made if
- * missing; NULL where it cannot be. */
-static char *private_copy(void) {
-    Dl_info info;
-    if (!dladdr((void *)nvrtcCompileProgram, &info) || !info.dli_fname) return NULL;
+/* The private copy of `linked`, the linked NVRTC's file: its path
+ * (malloc'd), made if missing; NULL where it cannot be. */
+static char *private_copy(const char *linked) {
     struct stat st;
-    if (stat(info.dli_fname, &st) != 0) return NULL;
+    if (stat(linked, &st) != 0) return NULL;
     char *root = fgi_cache_default_folder();
     if (!root) return NULL;
     char key[PATH_ROOM + 64];
-    snprintf(key, sizeof key, "%s\n%lld\n%lld\n%llu", info.dli_fname, (long long)st.st_size,
+    snprintf(key, sizeof key, "%s\n%lld\n%lld\n%llu", linked, (long long)st.st_size,
              (long long)st.st_mtime, (unsigned long long)st.st_ino);
     const uint64_t h = fgi_fnv1a(FGI_FNV_SEED, key, strlen(key));
     char *path = malloc(strlen(root) + 64);
@@ -133,7 +131,7 @@ static char *private_copy(void) {
     }
     sprintf(path + strlen(path), "/libnvrtc-%016llx.so", (unsigned long long)h);
     struct stat cs;
-    if ((stat(path, &cs) != 0 || cs.st_size != st.st_size) && !copy_file(info.dli_fname, path)) {
+    if ((stat(path, &cs) != 0 || cs.st_size != st.st_size) && !copy_file(linked, path)) {
         free(path);
         return NULL;
     }
@@ -141,28 +139,27 @@ static char *private_copy(void) {
 }
 
 /* NVRTC opens its builtins library by name at its first compile; the
- * copy's folder has none, so the one beside the original is loaded first
- * (a later open by that name finds it loaded). */
-static void preload_builtins(void) {
-    Dl_info info;
+ * copy's folder has none, so the one beside `linked` is loaded first (a
+ * later open by that name finds it loaded). */
+static void preload_builtins(const char *linked) {
     int major = 0, minor = 0;
-    if (!dladdr((void *)nvrtcCompileProgram, &info) || !info.dli_fname ||
-        nvrtcVersion(&major, &minor) != NVRTC_SUCCESS)
-        return;
-    const char *slash = strrchr(info.dli_fname, '/');
+    if (nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) return;
+    const char *slash = strrchr(linked, '/');
     char path[PATH_ROOM];
-    const int dir = slash ? (int)(slash - info.dli_fname) : 0;
-    if (snprintf(path, sizeof path, "%.*s%slibnvrtc-builtins.so.%d.%d", dir, info.dli_fname, slash ? "/" : "",
-                 major, minor) < (int)sizeof path)
+    const int dir = slash ? (int)(slash - linked) : 0;
+    if (snprintf(path, sizeof path, "%.*s%slibnvrtc-builtins.so.%d.%d", dir, linked, slash ? "/" : "", major,
+                 minor) < (int)sizeof path)
         (void)dlopen(path, RTLD_NOW | RTLD_LOCAL); /* kept for the process */
 }
 
 static bool load_private(void) {
     const char *off = getenv("FLEXGEN_PRIVATE_NVRTC");
     if (off && strcmp(off, "0") == 0) return false;
-    char *path = private_copy();
+    Dl_info info;
+    if (!dladdr((void *)nvrtcCompileProgram, &info) || !info.dli_fname) return false;
+    char *path = private_copy(info.dli_fname);
     if (!path) return false;
-    preload_builtins();
+    preload_builtins(info.dli_fname);
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     free(path);
     if (!h) return false;
@@ -176,8 +173,8 @@ static bool load_private(void) {
     }                                                                                              \
     memcpy(&api.field, &f, sizeof f);
     NVRTC_ENTRY_POINTS(NVRTC_PRIVATE)
-    /* It must compile too (it finds its builtins library by itself): an
-     * empty kernel to PTX, once per process, before the first real compile. */
+    /* It must compile too (its builtins library found): an empty kernel
+     * to PTX, once per process, before the first real compile. */
     nvrtcProgram prog;
     if (api.create(&prog, "extern \"C\" __global__ void probe() {}\n", "probe.cu", 0, NULL, NULL) !=
         NVRTC_SUCCESS) {
