@@ -14,8 +14,8 @@
  * 17, 127, 129, 1000 and Q_LEN != KV_LEN, with and without block masks;
  * then GQA 4:1 and MQA, offsets, fully masked rows, B / H broadcast of the
  * block mask, BSHD, odd head dims (16 to 256), buffer gradients (ALiBi
- * slopes, a relative-bias table, a per-head temperature), and every case
- * once more in deterministic mode, which must also give the same bits
+ * slopes, a relative-bias table, a per-head temperature), dK and dV not
+ * 16-byte aligned (no TMA store), and every case once more in deterministic mode, which must also give the same bits
  * twice. On a Hopper GPU the table runs over the Hopper kernels (head
  * dims 64 and 128; the others, and kv blocks under 128, take the portable
  * ones), then once more with FG_OPT_HOPPER_KERNEL 0 over the portable
@@ -59,6 +59,9 @@ static int hopper_allowed = 1;  /* its FG_OPT_HOPPER_KERNEL: 0 keeps the
                                    portable kernels where the Hopper ones
                                    would apply (head dims 64 and 128)     */
 static int approx_math = 0;     /* its FG_OPT_APPROX_MATH                 */
+static int grads_unaligned = 0; /* dK and dV 4 bytes past a 16-byte
+                                   boundary: the Hopper pass stores them
+                                   thread by thread, not by TMA          */
 
 static bool quick(void) {
     const char *q = getenv("FLEXGEN_TEST_QUICK");
@@ -150,8 +153,9 @@ static void run_case(fg_ctx *ctx, const acase *c) {
     assert_int_equal(fgi_cu()->cuMemAlloc(&dout, no * 2), CUDA_SUCCESS);
     assert_int_equal(fgi_cu()->cuMemAlloc(&dlse, nlse * 4), CUDA_SUCCESS);
     assert_int_equal(fgi_cu()->cuMemAlloc(&gq, nq * 2), CUDA_SUCCESS);
-    assert_int_equal(fgi_cu()->cuMemAlloc(&gk, nk * 2), CUDA_SUCCESS);
-    assert_int_equal(fgi_cu()->cuMemAlloc(&gv, nk * 2), CUDA_SUCCESS);
+    const size_t goff = grads_unaligned ? 4 : 0; /* bytes before dK and dV */
+    assert_int_equal(fgi_cu()->cuMemAlloc(&gk, nk * 2 + goff), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemAlloc(&gv, nk * 2 + goff), CUDA_SUCCESS);
 
     fg_block_mask *bm = NULL;
     if (c->bm != BM_NONE) {
@@ -191,7 +195,7 @@ static void run_case(fg_ctx *ctx, const acase *c) {
     fg_attention_bwd_args b = FG_ATTENTION_BWD_ARGS_INIT;
     b.fwd = &a;
     b.dout = (const void *)(uintptr_t)ddo;
-    b.dq = (void *)(uintptr_t)gq, b.dk = (void *)(uintptr_t)gk, b.dv = (void *)(uintptr_t)gv;
+    b.dq = (void *)(uintptr_t)gq, b.dk = (void *)(uintptr_t)(gk + goff), b.dv = (void *)(uintptr_t)(gv + goff);
     memcpy(b.dout_stride, a.out_stride, sizeof b.dout_stride);
     memcpy(b.dq_stride, a.q_stride, sizeof b.dq_stride);
     memcpy(b.dk_stride, a.k_stride, sizeof b.dk_stride);
@@ -216,8 +220,8 @@ static void run_case(fg_ctx *ctx, const acase *c) {
     for (int run = 0; run < runs; run++) {
         /* poison every output */
         assert_int_equal(fgi_cu()->cuMemsetD8(gq, 0xff, nq * 2), CUDA_SUCCESS);
-        assert_int_equal(fgi_cu()->cuMemsetD8(gk, 0xff, nk * 2), CUDA_SUCCESS);
-        assert_int_equal(fgi_cu()->cuMemsetD8(gv, 0xff, nk * 2), CUDA_SUCCESS);
+        assert_int_equal(fgi_cu()->cuMemsetD8(gk, 0xff, nk * 2 + goff), CUDA_SUCCESS);
+        assert_int_equal(fgi_cu()->cuMemsetD8(gv, 0xff, nk * 2 + goff), CUDA_SUCCESS);
         for (int k = 0; k < gr.n; k++)
             assert_int_equal(fgi_cu()->cuMemsetD8(gr.dev[k], 0xff, 4 * (size_t)gr.len[k]), CUDA_SUCCESS);
         st = fg_attention_backward(ctx, mod, &b);
@@ -228,8 +232,8 @@ static void run_case(fg_ctx *ctx, const acase *c) {
         uint16_t *tq = run ? malloc(nq * 2) : out_q, *tk = run ? malloc(nk * 2) : out_k,
                  *tv = run ? malloc(nk * 2) : out_v;
         assert_int_equal(fgi_cu()->cuMemcpyDtoH(tq, gq, nq * 2), CUDA_SUCCESS);
-        assert_int_equal(fgi_cu()->cuMemcpyDtoH(tk, gk, nk * 2), CUDA_SUCCESS);
-        assert_int_equal(fgi_cu()->cuMemcpyDtoH(tv, gv, nk * 2), CUDA_SUCCESS);
+        assert_int_equal(fgi_cu()->cuMemcpyDtoH(tk, gk + goff, nk * 2), CUDA_SUCCESS);
+        assert_int_equal(fgi_cu()->cuMemcpyDtoH(tv, gv + goff, nk * 2), CUDA_SUCCESS);
         for (int k = 0; k < gr.n; k++)
             assert_int_equal(fgi_cu()->cuMemcpyDtoH(run ? gr.again[k] : gr.got[k], gr.dev[k], 4 * (size_t)gr.len[k]),
                              CUDA_SUCCESS);
@@ -279,8 +283,9 @@ static void run_case(fg_ctx *ctx, const acase *c) {
     const bool judge_grads = c->q <= 8 * c->kv;
     for (int k = 0; k < gr.n; k++) ok &= eg[k] <= tol || !judge_grads;
     const double t_end = fgi_now_ms();
-    printf("%-4s %s%s%s%s: dq %.2e dk %.2e dv %.2e", ok ? "ok" : "FAIL", deterministic ? "[deterministic] " : "",
-           hopper_allowed ? "" : "[portable] ", approx_math ? "[approx] " : "", name, eq, ek, ev);
+    printf("%-4s %s%s%s%s%s: dq %.2e dk %.2e dv %.2e", ok ? "ok" : "FAIL", deterministic ? "[deterministic] " : "",
+           hopper_allowed ? "" : "[portable] ", approx_math ? "[approx] " : "",
+           grads_unaligned ? "[dk, dv unaligned] " : "", name, eq, ek, ev);
     for (int k = 0; k < gr.n; k++) printf(" d%s %.2e%s", gr.name[k], eg[k], judge_grads ? "" : " (not judged)");
     printf(" (setup %.0f ms, gpu %.0f ms, reference %.0f ms)\n", t_gpu - t_start, t_ref - t_gpu, t_end - t_ref);
     if (!ok) {
@@ -453,6 +458,27 @@ static void test_approx(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/* ---- dK and dV not 16-byte aligned ------------------------------------------- */
+
+/* The Hopper pass stores dK and dV through the TMA unit when both are
+ * 16-byte aligned, else each thread its own elements: these cases take the
+ * second way (at the head dims of the Hopper kernels, GQA, edges). */
+static const acase unaligned_cases[] = {
+    /* mod  src  D  dtype  B Hq Hkv Q KV  qoff kvoff  layout pad  bm bmB bmH qb kvb scale masked */
+    {"causal", NULL, 128, FG_BF16, 1, 4, 2, 300, 300, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
+    {"document", NULL, 64, FG_FP16, 1, 2, 1, 257, 190, 0, 0, BHSD, 0, BM_GPU, 0, 0, 128, 128, 0, 0},
+};
+
+static void test_unaligned_grads(void **state) {
+    (void)state;
+    fg_ctx *ctx = gpu_ctx();
+    grads_unaligned = 1;
+    for (size_t i = 0; i < sizeof unaligned_cases / sizeof unaligned_cases[0]; i++) run_case(ctx, &unaligned_cases[i]);
+    grads_unaligned = 0;
+    fg_ctx_destroy(ctx);
+    assert_int_equal(failures, 0);
+}
+
 /* ---- errors only a device call meets ----------------------------------------- */
 
 static void test_device_errors(void **state) {
@@ -606,6 +632,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         MODE_TEST(test_device_errors, atomic_mode),
         MODE_TEST(test_features, atomic_mode),
+        MODE_TEST(test_unaligned_grads, atomic_mode),
         MODE_TEST(test_gallery, atomic_mode),
         MODE_TEST(test_features, deterministic_mode),
         MODE_TEST(test_gallery, deterministic_mode),

@@ -126,13 +126,20 @@ static void fill_abi(const fg_kernel *k, const fg_attention_bwd_args *b, const f
 
 /* The Hopper dK/dV pass's fourth argument: q, k, v and dout as tensor maps,
  * boxes of its q step (64 rows) for q and dout, of its 128 kv rows for k
- * and v. */
+ * and v; dk and dv, boxes of a consumer's half of them, when both are
+ * 16-byte aligned (abi->dkdv_tma; else left zero and not read). */
 typedef struct hopper_maps {
-    CUtensorMap q, k, v, dout;
+    CUtensorMap q, k, v, dout, dk, dv;
 } hopper_maps;
 
+/* Whether `p` and its strides allow 16-byte TMA boxes. */
+static bool tma_aligned(const void *p, const int64_t st[3]) {
+    return (uintptr_t)p % 16 == 0 && st[0] % 8 == 0 && st[1] % 8 == 0 && st[2] % 8 == 0;
+}
+
 static fg_status encode_maps(fg_ctx *ctx, const fg_kernel *k, const fg_attention_bwd_args *b,
-                             const fgi_attn_strides *st, const fgi_attn_bwd_strides *bs, hopper_maps *m) {
+                             const fgi_attn_strides *st, const fgi_attn_bwd_strides *bs, hopper_maps *m,
+                             fgi_attn_bwd_abi *abi) {
     const fg_attention_args *a = b->fwd;
     const fgi_kernel_geom *g = &k->geom[FGI_BWD_DKDV];
     FGI_TRY(fgi_attn_tensor_map(ctx, &m->q, a->dtype, a->q, a->head_dim, a->q_len, a->heads_q, a->batch, st->q,
@@ -143,6 +150,16 @@ static fg_status encode_maps(fg_ctx *ctx, const fg_kernel *k, const fg_attention
                                 g->block_n, "v"));
     FGI_TRY(fgi_attn_tensor_map(ctx, &m->dout, a->dtype, b->dout, a->head_dim, a->q_len, a->heads_q, a->batch,
                                 bs->dout, g->block_m, "dout"));
+    abi->dkdv_tma = tma_aligned(b->dk, bs->dk) && tma_aligned(b->dv, bs->dv);
+    if (abi->dkdv_tma) {
+        FGI_TRY(fgi_attn_tensor_map(ctx, &m->dk, a->dtype, b->dk, a->head_dim, a->kv_len, a->heads_kv, a->batch,
+                                    bs->dk, g->block_n / 2, "dk"));
+        FGI_TRY(fgi_attn_tensor_map(ctx, &m->dv, a->dtype, b->dv, a->head_dim, a->kv_len, a->heads_kv, a->batch,
+                                    bs->dv, g->block_n / 2, "dv"));
+    } else {
+        memset(&m->dk, 0, sizeof m->dk);
+        memset(&m->dv, 0, sizeof m->dv);
+    }
     return FG_OK;
 }
 
@@ -238,7 +255,7 @@ static fg_status plan_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_a
     FGI_TRY(fgi_attn_grad_binds(ctx, &k->params, L, b->grad_binds, b->ngrad_binds, bound, p->grads, p->glen));
 
     const bool hopper = k->kernel->variant == FGI_VARIANT_SM90;
-    if (hopper) FGI_TRY(encode_maps(ctx, k, b, &st, &bs, &p->maps));
+    if (hopper) FGI_TRY(encode_maps(ctx, k, b, &st, &bs, &p->maps, abi));
 
     /* Workspace: delta, lse2 (Hopper), the dQ accumulator, the fixed-point
      * accumulators; every part 256-byte aligned. */

@@ -109,6 +109,9 @@ static fg_status plan_decode(fg_ctx *ctx, const fg_attention_args *a, decode_pla
     p->n_split = choose_split(sms, a, p->row_tiles);
     const size_t prows = (size_t)a->batch * (size_t)a->heads_q * (size_t)a->q_len;
     if (p->n_split > 1) {
+        if (prows > INT32_MAX) /* the merge's grid: a block per row */
+            return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "batch %d x heads %d x q_len %d rows are too many", a->batch,
+                             a->heads_q, a->q_len);
         p->lse_bytes = fgi_attn_ws_round(prows * (size_t)p->n_split * 4);
         p->ws_bytes = fgi_attn_ws_round(p->lse_bytes + prows * (size_t)p->n_split * (size_t)a->head_dim * 4);
     }
@@ -159,8 +162,8 @@ fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_a
     if (abi.paged) entry += FGI_DEC_PAGED - FGI_DEC_R16;
     fg_status s = fgi_kernel_run(ctx, k, entry, grid, params, a->stream);
     if (s == FG_OK && abi.n_split > 1) {
-        /* a thread per output element */
-        const unsigned mgrid[3] = {(unsigned)((prows * a->head_dim + 127) / 128), 1, 1};
+        /* a thread block per output row */
+        const unsigned mgrid[3] = {(unsigned)prows, 1, 1};
         s = fgi_kernel_run(ctx, k, FGI_DEC_MERGE, mgrid, params, a->stream);
     }
     fg_status f = fgi_attn_ws_free(ctx, &w, a->stream);

@@ -107,11 +107,12 @@
 #define FGS_SMEM_BYTES (2 * FGS_KV_TILE + 2 * FGS_STAGE_BYTES + 2 * FGS_DS_BYTES + 2 * FGS_DQ_BYTES + \
                         2 * FGS_ROWS_BYTES + FGS_ROWP_BYTES + 64 + 1024)
 
-/* The kernel's fourth argument: q, k, v and dout as [batch, heads, len, D]. */
+/* The kernel's fourth argument: q, k, v and dout as [batch, heads, len, D],
+ * and dk, dv (a consumer's 64 rows a box) when a.dkdv_tma. */
 struct fgs_maps {
-    fgh_tmap q, k, v, o;
+    fgh_tmap q, k, v, o, dk, dv;
 };
-static_assert(sizeof(fgs_maps) == 512, "fgs_maps must match the host's four CUtensorMaps");
+static_assert(sizeof(fgs_maps) == 768, "fgs_maps must match the host's six CUtensorMaps");
 /* The host's launch geometry of this pass (bwd_sm90_geometry, printed by
  * the source generator) against this file's. */
 static_assert(FG_LAUNCH_THREADS_fg_attention_bwd_dkdv == FGS_THREADS, "bwd_sm90_geometry: threads");
@@ -531,17 +532,60 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
 
     fg_grad_flush(gr, gcache);
 
-    /* dK (scaled) and dV of this thread's rows. */
-    fg_elem *dkp = (fg_elem *)a.dk + (fg_i64)b * a.dk_stride[0] + (fg_i64)hk * a.dk_stride[1];
-    fg_elem *dvp = (fg_elem *)a.dv + (fg_i64)b * a.dv_stride[0] + (fg_i64)hk * a.dv_stride[1];
+    /* dK (scaled) and dV leave through shared memory: per-thread stores of
+     * 4 bytes from the accumulators were 14% of a document-masked pass's
+     * time at head dim 128 (attention_notes v30). dV goes over this
+     * consumer's own rows of V (no product reads them any more: dP^T was
+     * their last use), dK over its dQ staging tile (its last reduction has
+     * completed above), each in the 128-byte-swizzled regions of 64
+     * columns that the tensor maps' boxes describe: row r's 16-byte chunk
+     * i at chunk i ^ (r % 8), and r % 8 == g for this thread's rows. */
+    const fg_u32 sVc = sV + cw * 64 * 128, sKc = sDQ + cw * FGS_DQ_BYTES;
+    static_assert(FGS_DQ_BYTES >= 64 * FGB_D * 2, "dK fits in a consumer's dQ staging tile");
+    fgh_named_sync(5 + cw, 128); /* ctid 0 has waited for the reductions */
 #pragma unroll
     for (int i = 0; i < FGS_DT; i++)
 #pragma unroll
         for (int half = 0; half < 2; half++) {
-            const int kv = kvr0 + 8 * half, c = 8 * i + 2 * t4;
-            if (kv >= kv_end) continue;
-            *(fg_u32 *)(dkp + (fg_i64)kv * a.dk_stride[2] + c) =
-                fg_pack2(dk[i][2 * half] * a.scale, dk[i][2 * half + 1] * a.scale);
-            *(fg_u32 *)(dvp + (fg_i64)kv * a.dv_stride[2] + c) = fg_pack2(dv[i][2 * half], dv[i][2 * half + 1]);
+            const int r = warp * 16 + g + 8 * half;
+            const fg_u32 off = r * 128 + (((i & 7) ^ g) << 4) + 4 * t4;
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sVc + (i >> 3) * FGS_KV_REGION + off),
+                         "r"(fg_pack2(dv[i][2 * half], dv[i][2 * half + 1]))
+                         : "memory");
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sKc + (i >> 3) * 64 * 128 + off),
+                         "r"(fg_pack2(dk[i][2 * half] * a.scale, dk[i][2 * half + 1] * a.scale))
+                         : "memory");
         }
+    if (a.dkdv_tma) {
+        /* one TMA store per region and tensor (rows past kv_len are not
+         * written) */
+        fgh_fence_async_smem();
+        fgh_named_sync(5 + cw, 128);
+        if (ctid == 0) {
+#pragma unroll
+            for (int r = 0; r < FGS_REGIONS; r++) {
+                fgh_tma_store(&maps.dv, sVc + r * FGS_KV_REGION, r * 64, kv0 + cw * 64, hk, b);
+                fgh_tma_store(&maps.dk, sKc + r * 64 * 128, r * 64, kv0 + cw * 64, hk, b);
+            }
+            fgh_bulk_commit();
+            fgh_bulk_wait<0, true>(); /* the block's shared memory outlives the reads */
+        }
+        return;
+    }
+    /* dK or dV not 16-byte aligned: row by row, 4 bytes a thread, so a
+     * warp writes 128 contiguous bytes of a row */
+    fgh_named_sync(5 + cw, 128);
+    fg_elem *dkp = (fg_elem *)a.dk + (fg_i64)b * a.dk_stride[0] + (fg_i64)hk * a.dk_stride[1];
+    fg_elem *dvp = (fg_elem *)a.dv + (fg_i64)b * a.dv_stride[0] + (fg_i64)hk * a.dv_stride[1];
+    for (int e = ctid; e < 64 * (FGB_D / 2); e += 128) {
+        const int r = e / (FGB_D / 2), c = (e % (FGB_D / 2)) * 2, kv = kv0 + cw * 64 + r;
+        if (kv >= kv_end) break; /* rows go up with e */
+        const int region = c >> 6;
+        const fg_u32 off = r * 128 + ((((c & 63) >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
+        fg_u32 vx, kx;
+        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(vx) : "r"(sVc + region * FGS_KV_REGION + off));
+        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(kx) : "r"(sKc + region * 64 * 128 + off));
+        *(fg_u32 *)(dvp + (fg_i64)kv * a.dv_stride[2] + c) = vx;
+        *(fg_u32 *)(dkp + (fg_i64)kv * a.dk_stride[2] + c) = kx;
+    }
 }

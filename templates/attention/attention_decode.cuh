@@ -573,39 +573,102 @@ FGD_ENTRY(fg_attention_decode_r64, 1)
 
 /* ---- the merge of the splits ------------------------------------------------------- */
 
-/* One thread per output element (row (b, h, i), column d): M, the largest
- * of the row's n_split part LSEs, and L = sum_s 2^(lse_s - M) (every
- * thread of a row reads the same LSEs, which L1 serves once), then
- * out = sum_s 2^(lse_s - M) o_s[d] / L and LSE = (M + log2 L) ln 2 from
- * the row's first column. A row whose parts are all empty (LSE -inf) gets
- * 0 and -inf. The loops over the parts are unrolled so their loads are in
- * flight together: the merge is a few memory latencies long, not one per
- * part (a warp-per-row loop of dependent loads took 17 us for 32 rows of
- * 33 parts; bench/attention_notes.md, decode d2). */
-extern "C" __global__ void __launch_bounds__(FGD_THREADS)
+/* One thread block per output row (b, h, i). The row's n_split part LSEs
+ * are read once, a part per thread: M, their largest (log2 units), each
+ * part's weight 2^(lse_s - M) into shared memory and L, their sum. Then
+ * each thread takes a group of 4 columns and every FGD_MERGE_PG-th part,
+ * and issues its loads of o_s eight at a time before summing, so the row
+ * costs a few memory latencies (the LSEs, then the parts), not one per
+ * part; the part groups are summed through shared memory and
+ * out = sum_s w_s o_s / L, LSE = (M + log2 L) ln 2. A row whose parts are all empty (LSE -inf) gets
+ * 0 and -inf. (A thread per output element looping over the parts took
+ * 8.7 us after the 128k-key walk at B=1, 33 parts; a warp per row with
+ * dependent loads 17 us; bench/attention_notes.md, decode d2, d12.) */
+#define FGD_MERGE_CG (FGD_D / 4)                /* 4-column groups of a row */
+#define FGD_MERGE_PG (FGD_THREADS / FGD_MERGE_CG) /* part groups: 8, 4 or 2  */
+static_assert(FGD_THREADS % FGD_MERGE_CG == 0 && FGD_MERGE_PG >= 1, "the merge's thread groups");
+
+/* The block's largest (max) or summed (!max) x; `red` holds a value per warp. */
+static __device__ __forceinline__ float fgd_block_reduce(float x, bool max, float *red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float y = __shfl_xor_sync(0xffffffffu, x, o);
+        x = max ? fmaxf(x, y) : x + y;
+    }
+    __syncthreads(); /* red's previous use is over */
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
+    __syncthreads();
+    x = red[0];
+#pragma unroll
+    for (int w = 1; w < FGD_NWARPS; w++) x = max ? fmaxf(x, red[w]) : x + red[w];
+    return x;
+}
+
+/* __launch_bounds__'s 1: without it ptxas holds the merge to 32 registers
+ * and sinks each load of a part to its use, two in flight. */
+extern "C" __global__ void __launch_bounds__(FGD_THREADS, 1)
 fg_attention_decode_merge(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {
     (void)p;
-    const fg_i64 e = (fg_i64)blockIdx.x * FGD_THREADS + threadIdx.x;
-    if (e >= (fg_i64)a.batch * a.heads_q * a.q_len * FGD_D) return;
-    const fg_i64 prow = e / FGD_D;
-    const int d = (int)(e - prow * FGD_D), n = a.n_split;
+    __shared__ float w_sm[FGD_THREADS];
+    __shared__ float red[FGD_NWARPS];
+    __shared__ float4 acc_sm[FGD_MERGE_PG][FGD_MERGE_CG];
+    const fg_i64 prow = blockIdx.x;
+    const int tid = threadIdx.x, n = a.n_split;
+    const int cg = tid % FGD_MERGE_CG, pg = tid / FGD_MERGE_CG;
     const float *lp = (const float *)a.lse_part + prow * n;
-    const float *op = (const float *)a.o_part + prow * n * FGD_D + d;
-    float M = FGA_NEG_INF;
-#pragma unroll 8
-    for (int s = 0; s < n; s++) M = fmaxf(M, lp[s]);
+    const float4 *op = (const float4 *)((const float *)a.o_part + prow * n * FGD_D) + cg;
+
+    float m = FGA_NEG_INF;
+    for (int s = tid; s < n; s += FGD_THREADS) m = fmaxf(m, lp[s]);
+    const float M = fgd_block_reduce(m, true, red);
     const float Mu = M == FGA_NEG_INF ? 0.f : M;
-    float L = 0.f, x = 0.f;
-#pragma unroll 8
-    for (int s = 0; s < n; s++) {
-        const float w = fga_exp2(lp[s] - Mu);
-        L += w;
-        x += w * op[(fg_i64)s * FGD_D];
+
+    /* The parts in chunks of FGD_THREADS (the host splits a walk at most
+     * FGI_DEC_MAX_SPLIT ways: one chunk). */
+    float l = 0.f;
+    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s0 = 0; s0 < n; s0 += FGD_THREADS) {
+        const int cnt = min(n - s0, FGD_THREADS);
+        __syncthreads(); /* w_sm's previous chunk is read */
+        if (tid < cnt) {
+            const float w = fga_exp2(lp[s0 + tid] - Mu);
+            w_sm[tid] = w;
+            l += w;
+        }
+        __syncthreads();
+        /* eight parts' loads issued before any is used; past the count a
+         * load repeats the last part (weight 0), so none is conditional and
+         * the remainder does not become a chain of single loads */
+        for (int s = pg; s < cnt; s += 8 * FGD_MERGE_PG) {
+            float4 o[8];
+            float w[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int sj = min(s + j * FGD_MERGE_PG, cnt - 1);
+                o[j] = __ldg(op + (fg_i64)(s0 + sj) * FGD_MERGE_CG);
+                const float wj = w_sm[sj]; /* read whatever the count: a select, not a branch */
+                w[j] = s + j * FGD_MERGE_PG < cnt ? wj : 0.f;
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) x.x += w[j] * o[j].x, x.y += w[j] * o[j].y, x.z += w[j] * o[j].z, x.w += w[j] * o[j].w;
+        }
     }
+    const float L = fgd_block_reduce(l, false, red);
+    acc_sm[pg][cg] = x;
+    __syncthreads();
+    if (pg != 0) return;
+#pragma unroll
+    for (int g = 1; g < FGD_MERGE_PG; g++) {
+        const float4 y = acc_sm[g][cg];
+        x.x += y.x, x.y += y.y, x.z += y.z, x.w += y.w;
+    }
+    if (L > 0.f) x.x /= L, x.y /= L, x.z /= L, x.w /= L;
     const int qi = (int)(prow % a.q_len);
     const fg_i64 bh = prow / a.q_len;
     const int h = (int)(bh % a.heads_q), b = (int)(bh / a.heads_q);
-    fg_elem *out = (fg_elem *)a.out + (fg_i64)b * a.o_stride[0] + (fg_i64)h * a.o_stride[1] + (fg_i64)qi * a.o_stride[2];
-    out[d] = fg_f32_to_elem(L > 0.f ? x / L : 0.f);
-    if (d == 0 && a.lse) ((float *)a.lse)[prow] = L > 0.f ? (Mu + fga_log2(L)) * FGA_LN2 : FGA_NEG_INF;
+    fg_u16 *out = (fg_u16 *)a.out + (fg_i64)b * a.o_stride[0] + (fg_i64)h * a.o_stride[1] + (fg_i64)qi * a.o_stride[2];
+    /* out rows are 4-byte aligned (fgi_attn_check_io_aligned) */
+    *(fg_u32 *)(out + cg * 4) = fg_pack2(x.x, x.y);
+    *(fg_u32 *)(out + cg * 4 + 2) = fg_pack2(x.z, x.w);
+    if (tid == 0 && a.lse) ((float *)a.lse)[prow] = L > 0.f ? (Mu + fga_log2(L)) * FGA_LN2 : FGA_NEG_INF;
 }

@@ -203,6 +203,16 @@ static __device__ __forceinline__ void fgh_tma_load(fg_u32 dst, const fgh_tmap *
                  "l"(map), "r"(col), "r"(row), "r"(head), "r"(batch), "r"(bar)
                  : "memory");
 }
+/* One box of a [batch, heads, len, D] tensor from shared memory (laid out
+ * as fgh_tma_load leaves it) to global, by the TMA unit: rows past the
+ * tensor's end are not written. A bulk group per commit; the shared
+ * memory is read once fgh_bulk_wait<.., true> says so. */
+static __device__ __forceinline__ void fgh_tma_store(const fgh_tmap *map, fg_u32 src, int col, int row, int head,
+                                                     int batch) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(map),
+                 "r"(src), "r"(col), "r"(row), "r"(head), "r"(batch)
+                 : "memory");
+}
 /* `bytes` (a multiple of 16, both addresses 16-byte aligned) from global
  * to shared memory, completing `bar` with them. */
 static __device__ __forceinline__ void fgh_bulk_load(fg_u32 dst, const void *src, int bytes, fg_u32 bar) {
