@@ -12,7 +12,8 @@
  *      directions of the block mask checked against the kernels' tiles;
  *   4. the mod's parameters, and the gradient struct (fg_mod_grads) of the
  *      buffers whose gradients are wanted;
- *   5. for the Hopper kernel, tensor maps of q, k, v and dout;
+ *   5. for the Hopper kernel, tensor maps of q, k, v and dout (and of dk
+ *      and dv when both are 16-byte aligned: the pass stores them by TMA);
  *   6. the workspace, the caller's or else from the library's pool on the
  *      stream: delta (and lse * log2(e) for the Hopper kernel), the fp32
  *      dQ accumulator (not in deterministic mode) and the fixed-point

@@ -53,13 +53,16 @@
  * Q and dO); dR^T too, one 128-byte line (64 q columns) per kv row. The
  * dQ staging tile is [64 rows][64 columns] fp32 in the accumulator's own
  * order with the float pairs permuted per row (fgb_dq_index), which is
- * also the global layout, so the bulk reduction copies it as it is.
+ * also the global layout, so the bulk reduction copies it as it is. At the
+ * end a consumer's dV and dK (bf16 / fp16) take its rows of V and its dQ
+ * staging tile, in K's swizzled layout, and leave by TMA store.
  *
  * Everything else -- the block-mask walk, the pairs kept, the mods'
  * arguments, fully masked rows, GQA, buffer gradients -- is the portable
  * pass's. The host (src/attention/backward.c) encodes tensor maps of q,
  * k, v and dout (boxes of 64 columns by a q step's rows for q and dout,
- * 128 for k and v) and passes them as the fourth argument;
+ * 128 for k and v), and of dk and dv (64 rows: a consumer's) when both are
+ * 16-byte aligned, and passes them as the fourth argument;
  * bwd_sm90_geometry in src/codegen/kernels.c mirrors the sizes.
  */
 
