@@ -133,9 +133,11 @@ static inline bool fgi_attn_is_seq(const fg_attention_args *a) {
     return a->kv_lens || a->q_offsets || a->block_table;
 }
 
-/* A 16-bit tensor the kernels move `align` bytes at a time: the pointer
- * aligned to it and its (b, h, s) strides multiples of align / 2 elements
- * (FG_ERR_SHAPE otherwise). */
+/* Whether a 16-bit tensor can be moved `align` bytes at a time: the
+ * pointer aligned to it and its (b, h, s) strides multiples of align / 2
+ * elements. */
+bool fgi_attn_aligned(const void *p, const int64_t st[3], unsigned align);
+/* The same as a check: FG_ERR_SHAPE, saying which part is not. */
 fg_status fgi_attn_check_aligned(fg_ctx *ctx, const char *name, const void *p, const int64_t st[3],
                                  unsigned align);
 

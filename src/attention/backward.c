@@ -133,11 +133,6 @@ typedef struct hopper_maps {
     CUtensorMap q, k, v, dout, dk, dv;
 } hopper_maps;
 
-/* Whether `p` and its strides allow 16-byte TMA boxes. */
-static bool tma_aligned(const void *p, const int64_t st[3]) {
-    return (uintptr_t)p % 16 == 0 && st[0] % 8 == 0 && st[1] % 8 == 0 && st[2] % 8 == 0;
-}
-
 static fg_status encode_maps(fg_ctx *ctx, const fg_kernel *k, const fg_attention_bwd_args *b,
                              const fgi_attn_strides *st, const fgi_attn_bwd_strides *bs, hopper_maps *m,
                              fgi_attn_bwd_abi *abi) {
@@ -151,7 +146,7 @@ static fg_status encode_maps(fg_ctx *ctx, const fg_kernel *k, const fg_attention
                                 g->block_n, "v"));
     FGI_TRY(fgi_attn_tensor_map(ctx, &m->dout, a->dtype, b->dout, a->head_dim, a->q_len, a->heads_q, a->batch,
                                 bs->dout, g->block_m, "dout"));
-    abi->dkdv_tma = tma_aligned(b->dk, bs->dk) && tma_aligned(b->dv, bs->dv);
+    abi->dkdv_tma = fgi_attn_aligned(b->dk, bs->dk, 16) && fgi_attn_aligned(b->dv, bs->dv, 16);
     if (abi->dkdv_tma) {
         FGI_TRY(fgi_attn_tensor_map(ctx, &m->dk, a->dtype, b->dk, a->head_dim, a->kv_len, a->heads_kv, a->batch,
                                     bs->dk, g->block_n / 2, "dk"));

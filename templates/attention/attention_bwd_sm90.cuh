@@ -456,6 +456,8 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                 for (int i = 0; i < FGS_NF; i++) {
                     const int r = cw * 64 + warp * 16 + g; /* r % 8 == g, also for r + 8 */
                     /* q columns 64 (i >> 3) on: the next 128-row region */
+                    /* fgh_swz128(r, 16 (i & 7) + 4 t4), written with g for
+                     * r % 8: the helper's r & 7 changes this loop's SASS */
                     const fg_u32 at = sD + (i >> 3) * FGS_DS_REGION + r * 128 + (((i & 7) ^ g) << 4) + 4 * t4;
                     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(ra[i >> 1][(i & 1) * 2]) : "memory");
                     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + 8 * 128), "r"(ra[i >> 1][(i & 1) * 2 + 1])
@@ -541,8 +543,7 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
      * consumer's own rows of V (no product reads them any more: dP^T was
      * their last use), dK over its dQ staging tile (its last reduction has
      * completed above), each in the 128-byte-swizzled regions of 64
-     * columns that the tensor maps' boxes describe: row r's 16-byte chunk
-     * i at chunk i ^ (r % 8), and r % 8 == g for this thread's rows. */
+     * columns that the tensor maps' boxes describe (fgh_swz128). */
     const fg_u32 sVc = sV + cw * 64 * 128, sKc = sDQ + cw * FGS_DQ_BYTES;
     static_assert(FGS_DQ_BYTES >= 64 * FGB_D * 2, "dK fits in a consumer's dQ staging tile");
     fgh_named_sync(5 + cw, 128); /* ctid 0 has waited for the reductions */
@@ -551,7 +552,7 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
 #pragma unroll
         for (int half = 0; half < 2; half++) {
             const int r = warp * 16 + g + 8 * half;
-            const fg_u32 off = r * 128 + (((i & 7) ^ g) << 4) + 4 * t4;
+            const fg_u32 off = fgh_swz128(r, (i & 7) * 16 + 4 * t4);
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sVc + (i >> 3) * FGS_KV_REGION + off),
                          "r"(fg_pack2(dv[i][2 * half], dv[i][2 * half + 1]))
                          : "memory");
@@ -584,7 +585,7 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
         const int r = e / (FGB_D / 2), c = (e % (FGB_D / 2)) * 2, kv = kv0 + cw * 64 + r;
         if (kv >= kv_end) break; /* rows go up with e */
         const int region = c >> 6;
-        const fg_u32 off = r * 128 + ((((c & 63) >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
+        const fg_u32 off = fgh_swz128(r, (c & 63) * 2);
         fg_u32 vx, kx;
         asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(vx) : "r"(sVc + region * FGS_KV_REGION + off));
         asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(kx) : "r"(sKc + region * 64 * 128 + off));

@@ -203,6 +203,12 @@ static __device__ __forceinline__ void fgh_tma_load(fg_u32 dst, const fgh_tmap *
                  "l"(map), "r"(col), "r"(row), "r"(head), "r"(batch), "r"(bar)
                  : "memory");
 }
+/* Where byte `col_byte` (0..127) of row `row` lies in a region of
+ * 128-byte rows with the 128-byte swizzle (1024-byte aligned): its 16-byte
+ * chunk moves to chunk ^ (row % 8), as TMA writes it and wgmma reads it. */
+static __device__ __forceinline__ fg_u32 fgh_swz128(int row, int col_byte) {
+    return row * 128 + ((((col_byte >> 4) ^ row) & 7) << 4) + (col_byte & 15);
+}
 /* One box of a [batch, heads, len, D] tensor from shared memory (laid out
  * as fgh_tma_load leaves it) to global, by the TMA unit: rows past the
  * tensor's end are not written. A bulk group per commit; the shared
