@@ -165,7 +165,9 @@ static __device__ __forceinline__ void fgs_mma_kstep(float *d, fg_u64 da, fg_u64
  * wgmma's accumulator layout (n8 fragment i, element e at kv row
  * kvr0 + 8 (e >> 1), q column 8 i + 2 t4 + (e & 1)) become P^T and dR^T in
  * place. CHECK false: a tile of a full block inside Q_LEN x kv_end, where
- * every pair is kept and every row has a finite lse.
+ * every pair is kept and every row has a finite lse. EDGE false (with
+ * CHECK): a partial block's tile inside Q_LEN x kv_end, where only the
+ * mask and the lse are checked, not the ranges.
  *
  * Without buffer gradients the loop has no branch: whether a pair is kept
  * (in range, a finite lse, the mask on a partial tile) is one bool made
@@ -176,7 +178,7 @@ static __device__ __forceinline__ void fgs_mma_kstep(float *d, fg_u64 da, fg_u64
  * partial everywhere (dilated) ran at a fraction of a full one's speed.
  * The buffer gradients' accumulation has side effects and stays behind
  * its branch. */
-template <bool CHECK, bool GRADS>
+template <bool CHECK, bool EDGE, bool GRADS>
 static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float (&dp)[FGS_NF][4], const fgb_args &a,
                                                     const fg_mod_params &p, const fg_mod_grads &gr,
                                                     fg_grad_cache &gcache, const float *s_lse2,
@@ -212,7 +214,7 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float
                 return fgb_exp2(s[i][e] * a.scale_log2 - lse2);
 #endif
             };
-            const bool in_range = (q < a.q_len) & (kv < kv_end) & (lse2 != FGB_NEG_INF);
+            const bool in_range = (!EDGE || ((q < a.q_len) & (kv < kv_end))) & (lse2 != FGB_NEG_INF);
             float pr = 0.f, dr = 0.f;
             if (GRADS) {
                 if (!CHECK || in_range)
@@ -429,17 +431,20 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             }
 
             const bool edge = q0 + FGS_BLOCK_M > a.q_len || kv0 + FGS_BLOCK_N > kv_end;
-            /* four element loops: the checks only where a tile needs them,
-             * the buffer gradients' code only where one is wanted (its
-             * branches and registers would stay in every loop otherwise) */
+            /* five element loops: the checks only where a tile needs them
+             * (the range checks only on the edges), the buffer gradients'
+             * code only where one is wanted (its branches and registers
+             * would stay in every loop otherwise) */
             if ((partial || edge) && grads)
-                fgs_elements<true, true>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
-            else if (partial || edge)
-                fgs_elements<true, false>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
+                fgs_elements<true, true, true>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
+            else if (edge)
+                fgs_elements<true, true, false>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
+            else if (partial)
+                fgs_elements<true, false, false>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, true);
             else if (grads)
-                fgs_elements<false, true>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
+                fgs_elements<false, false, true>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
             else
-                fgs_elements<false, false>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
+                fgs_elements<false, false, false>(s, dp, a, p, gr, gcache, s_lse2, s_delta, mhd, shd, mcol, rows, b, h, q0, kvr0, kv_end, t4, partial);
 
             /* P^T and dR^T as A fragments (k steps of 16 q columns), and
              * (for dQ) dR^T into this step's buffer: row r's 16-byte chunk
