@@ -325,4 +325,13 @@ fg_status fgi_kernel_pack_params(fg_ctx *ctx, const fg_kernel *k, const fg_bindi
 fg_status fgi_kernel_run(fg_ctx *ctx, const fg_kernel *k, int entry, const unsigned grid[3], void **args,
                          void *stream);
 
+/* fgi_kernel_run for an entry point that calls fga_grid_wait before it
+ * reads what the launch before it on `stream` wrote: on compute
+ * capability 9.0 with a driver that has cuLaunchKernelEx it is queued as
+ * a programmatic dependent launch, so its blocks take the SMs that launch
+ * frees (and do their own set-up) without waiting for the launch gap;
+ * elsewhere an ordinary launch, where fga_grid_wait does nothing. */
+fg_status fgi_kernel_run_dependent(fg_ctx *ctx, const fg_kernel *k, int entry, const unsigned grid[3], void **args,
+                                   void *stream);
+
 #endif

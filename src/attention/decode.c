@@ -162,9 +162,10 @@ fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_a
     if (abi.paged) entry += FGI_DEC_PAGED - FGI_DEC_R16;
     fg_status s = fgi_kernel_run(ctx, k, entry, grid, params, a->stream);
     if (s == FG_OK && abi.n_split > 1) {
-        /* a thread block per output row */
+        /* a thread block per output row, placed on the SMs as the walk's
+         * blocks leave them (the walk is one wave: choose_split) */
         const unsigned mgrid[3] = {(unsigned)prows, 1, 1};
-        s = fgi_kernel_run(ctx, k, FGI_DEC_MERGE, mgrid, params, a->stream);
+        s = fgi_kernel_run_dependent(ctx, k, FGI_DEC_MERGE, mgrid, params, a->stream);
     }
     fg_status f = fgi_attn_ws_free(ctx, &w, a->stream);
     return s != FG_OK ? s : f;

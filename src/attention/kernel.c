@@ -207,13 +207,39 @@ fg_status fgi_kernel_pack_params(fg_ctx *ctx, const fg_kernel *k, const fg_bindi
     return FG_OK;
 }
 
+static fg_status launch_status(fg_ctx *ctx, const fg_kernel *k, int entry, CUresult r, const char *call) {
+    if (r == CUDA_SUCCESS) return FG_OK;
+    char what[96]; /* on the error path only: a launch is microseconds */
+    snprintf(what, sizeof what, "%s(%s)", call, k->kernel->entries[entry]);
+    return fgi_cu_status(ctx, r, what);
+}
+
 fg_status fgi_kernel_run(fg_ctx *ctx, const fg_kernel *k, int entry, const unsigned grid[3], void **args,
                          void *stream) {
     const fgi_kernel_geom *g = &k->geom[entry];
     CUresult r = fgi_cu()->cuLaunchKernel(k->fn[entry], grid[0], grid[1], grid[2], (unsigned)g->threads, 1, 1,
                                           (unsigned)g->smem, (CUstream)stream, args, NULL);
-    if (r == CUDA_SUCCESS) return FG_OK;
-    char what[96]; /* on the error path only: a launch is microseconds */
-    snprintf(what, sizeof what, "cuLaunchKernel(%s)", k->kernel->entries[entry]);
-    return fgi_cu_status(ctx, r, what);
+    return launch_status(ctx, k, entry, r, "cuLaunchKernel");
+}
+
+fg_status fgi_kernel_run_dependent(fg_ctx *ctx, const fg_kernel *k, int entry, const unsigned grid[3], void **args,
+                                   void *stream) {
+    int major = 0;
+    FGI_TRY(fgi_cuda_arch(ctx, &major, NULL));
+    if (major < 9 || !fgi_cu()->cuLaunchKernelEx) return fgi_kernel_run(ctx, k, entry, grid, args, stream);
+    const fgi_kernel_geom *g = &k->geom[entry];
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = grid[0], cfg.gridDimY = grid[1], cfg.gridDimZ = grid[2];
+    cfg.blockDimX = (unsigned)g->threads, cfg.blockDimY = 1, cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = (unsigned)g->smem;
+    cfg.hStream = (CUstream)stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    CUresult r = fgi_cu()->cuLaunchKernelEx(&cfg, k->fn[entry], args, NULL);
+    return launch_status(ctx, k, entry, r, "cuLaunchKernelEx");
 }

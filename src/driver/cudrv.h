@@ -86,6 +86,9 @@ typedef struct fgi_cu_api {
     /* A function loaded when it is looked up rather than at its first
      * launch (CUDA 12.4+; jit/cache.c says why). */
     FGI_CU_FN(cuFuncLoad);
+    /* Launches with attributes: a programmatic dependent launch (CUDA
+     * 12.0+; fgi_kernel_run_dependent). */
+    FGI_CU_FN(cuLaunchKernelEx);
 } fgi_cu_api;
 #undef FGI_CU_FN
 

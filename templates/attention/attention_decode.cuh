@@ -560,11 +560,13 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     extern "C" __global__ void __launch_bounds__(FGD_THREADS, FGD_BLOCKS_PER_SM)                             \
         NAME(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {                 \
         extern __shared__ __align__(128) unsigned char fgd_smem[];                                           \
+        fga_grid_launch_dependents(); /* the merge's blocks wait on the SMs, not in the launch queue */      \
         fgd_decode<WK, false>(a, p, fgd_smem);                                                               \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(FGD_THREADS, FGD_BLOCKS_PER_SM)                             \
         NAME##_paged(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {         \
         extern __shared__ __align__(128) unsigned char fgd_smem[];                                           \
+        fga_grid_launch_dependents();                                                                        \
         fgd_decode<WK, true>(a, p, fgd_smem);                                                                \
     }
 FGD_ENTRY(fg_attention_decode_r16, 4)
@@ -617,6 +619,7 @@ fg_attention_decode_merge(const __grid_constant__ fga_args a, const __grid_const
     const int cg = tid % FGD_MERGE_CG, pg = tid / FGD_MERGE_CG;
     const float *lp = (const float *)a.lse_part + prow * n;
     const float4 *op = (const float4 *)((const float *)a.o_part + prow * n * FGD_D) + cg;
+    fga_grid_wait(); /* launched as the walk's dependent: its parts are written from here on */
 
     float m = FGA_NEG_INF;
     for (int s = tid; s < n; s += FGD_THREADS) m = fmaxf(m, lp[s]);
