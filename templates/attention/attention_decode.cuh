@@ -136,17 +136,28 @@ static __device__ __forceinline__ void fgd_cp16(fg_u32 dst, const void *src, boo
  * contiguous walk's order, made each row pick its page among the tile's
  * four and two 64-bit addresses: 28% more instructions than the contiguous
  * walk and 4% of its speed at pages of 16 (bench/attention_notes.md,
- * decode d10). */
+ * decode d10). At head dim 128 and over the table entry (fgd_page_of) is
+ * read a step before the copy that uses it: read at the copy, its latency
+ * stalled the warp before every tile's copies (paged 16 +1-1.5%); at head
+ * dim 64 reading it ahead measured 1-2% slower (decode d14). */
+#define FGD_PAGE_AHEAD (FG_HEAD_DIM >= 128)
+constexpr int FGD_PAGE_RUN = FGD_BLOCK_N / (FGD_THREADS / FGD_CHUNKS);
+static_assert(16 % FGD_PAGE_RUN == 0, "a thread's rows must lie in one page of 16 or more rows");
+
+/* The page of this thread's rows of the tile at kv0 (the table entry), or
+ * -1 past `len` or past max_pages pages. */
+static __device__ __forceinline__ int fgd_page_of(const fga_args &a, const int *table, int kv0, int len) {
+    const int j0 = kv0 + threadIdx.x / FGD_CHUNKS * FGD_PAGE_RUN, pi = j0 >> a.page_shift;
+    return j0 < len && pi < a.max_pages ? table[pi] : -1;
+}
+
 static __device__ __forceinline__ bool fgd_load_kv_paged(const fga_args &a, fg_u32 stage, const fg_u16 *kbase,
-                                                         const fg_u16 *vbase, const int *table, int kv0, int len) {
-    constexpr int RUN = FGD_BLOCK_N / (FGD_THREADS / FGD_CHUNKS);
-    static_assert(16 % RUN == 0, "a thread's rows must lie in one page of 16 or more rows");
+                                                         const fg_u16 *vbase, int page, int kv0, int len) {
+    constexpr int RUN = FGD_PAGE_RUN;
     const int r0 = threadIdx.x / FGD_CHUNKS * RUN, ch = threadIdx.x % FGD_CHUNKS;
-    const int j0 = kv0 + r0, shift = a.page_shift, pi = j0 >> shift;
-    /* fga_page_ok's test, written out: calling it here (a second table
-     * read for the CSE to find) cost paged softcap 3-6% (decode d7). */
-    int page = -1;
-    if (j0 < len && pi < a.max_pages) page = table[pi];
+    const int j0 = kv0 + r0, shift = a.page_shift;
+    /* fga_page_ok's test, written out (as a call, with a second table
+     * read for the CSE to find, it cost paged softcap 3-6%: decode d7) */
     const bool page_ok = page >= 0 && page < a.num_pages;
     const fg_i64 row = j0 & ((1 << shift) - 1);
     const fg_u16 *kr = kbase + (page_ok ? (fg_i64)page * a.k_stride[0] + row * a.k_stride[2] + ch * 8 : 0);
@@ -167,8 +178,8 @@ static __device__ __forceinline__ bool fgd_load_kv_paged(const fga_args &a, fg_u
  * column and steps down the rows. */
 template <bool PAGED>
 static __device__ __forceinline__ bool fgd_load_kv(const fga_args &a, fg_u32 stage, const fg_u16 *kbase,
-                                                   const fg_u16 *vbase, const int *table, int kv0, int len) {
-    if (PAGED) return fgd_load_kv_paged(a, stage, kbase, vbase, table, kv0, len);
+                                                   const fg_u16 *vbase, int page, int kv0, int len) {
+    if (PAGED) return fgd_load_kv_paged(a, stage, kbase, vbase, page, kv0, len);
     constexpr int STEP = FGD_THREADS / FGD_CHUNKS;
     const int r = threadIdx.x / FGD_CHUNKS, ch = threadIdx.x % FGD_CHUNKS;
 #pragma unroll
@@ -311,6 +322,16 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     const fga_cursor start = {pl.per_block ? it0 / pl.per_block : 0, pl.per_block ? it0 % pl.per_block : 0};
     fga_cursor issue = start, use = start;
     int badbits = 0; /* bit st: this thread met a bad page in stage st */
+    /* Paged: the page of the issue cursor's tile (FGD_PAGE_AHEAD: read a
+     * tile ahead, else just before its copy). */
+    int page = -1;
+    auto read_page = [&](int tn) {
+        if (PAGED && tn < n) {
+            bool part;
+            page = fgd_page_of(a, table, fga_cursor_kv0<FGD_BLOCK_N>(pl, issue, part), len);
+        }
+    };
+    if (FGD_PAGE_AHEAD) read_page(0);
     /* Copy tile `tn` (the issue cursor's next) into its stage when it is
      * in the range; one commit group either way. */
     auto issue_tile = [&](int tn) {
@@ -319,7 +340,9 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
             bool part;
             const int kvn = fga_cursor_kv0<FGD_BLOCK_N>(pl, issue, part);
             fga_cursor_next(pl, issue);
-            if (fgd_load_kv<PAGED>(a, s0 + sn * FGD_STAGE_BYTES, kbase, vbase, table, kvn, len)) badbits |= 1 << sn;
+            const int pg = FGD_PAGE_AHEAD || !PAGED ? page : fgd_page_of(a, table, kvn, len);
+            if (fgd_load_kv<PAGED>(a, s0 + sn * FGD_STAGE_BYTES, kbase, vbase, pg, kvn, len)) badbits |= 1 << sn;
+            if (FGD_PAGE_AHEAD) read_page(tn + 1);
         }
         fga_cp_commit();
     };
