@@ -530,6 +530,21 @@ static void test_errors(void **state) {
     a.q_offset = 99;
     assert_int_equal(fg_attention_forward(ctx, mod, &a), FG_OK);
     fg_block_mask_destroy(bm);
+    /* a decode kernel made for kv blocks of 128 walks tiles of 128 rows at
+     * head dim 64: it refuses a mask of kv blocks of 64 (the call's own
+     * choice, fg_attention_forward, takes the kernel of 64-row tiles) */
+    fg_kernel_config kc = fg_kernel_config_init();
+    kc.kind = FG_KERNEL_ATTENTION_DECODE, kc.head_dim = 64;
+    fg_kernel *dk;
+    assert_int_equal(fg_kernel_get(ctx, mod, &kc, &dk), FG_OK);
+    fg_block_mask_desc desc64 = {1, 1, 1, 100, 128, 64, sizeof desc64, 99, 0};
+    assert_int_equal(fg_block_mask_create(ctx, mod, &desc64, NULL, 0, &bm), FG_OK);
+    a.block_mask = bm;
+    assert_int_equal(fg_kernel_launch(ctx, dk, &a), FG_ERR_NOT_SUPPORTED);
+    assert_non_null(strstr(fg_errmsg(ctx), "tiles of 128 rows"));
+    assert_int_equal(fg_attention_forward(ctx, mod, &a), FG_OK);
+    fg_kernel_release(dk);
+    fg_block_mask_destroy(bm);
     assert_int_equal(fgi_cu()->cuCtxSynchronize(), CUDA_SUCCESS);
     fgi_cu()->cuMemFree(buf);
     fg_mod_destroy(mod);

@@ -243,9 +243,10 @@ fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_a
  * fg_attention_forward and fg_attention_kernel_for take the forward
  * kernel for a call whose mask they cannot. */
 bool fgi_attn_decode_walks(const fg_attention_args *a);
-/* The workspace a decode launch of `a` (checked) uses, in bytes: 0 when
- * its walk is not split. */
-fg_status fgi_attn_decode_workspace(fg_ctx *ctx, const fg_attention_args *a, size_t *bytes);
+/* The workspace a decode launch of `a` (checked) by the kernel of `cfg`
+ * uses, in bytes: 0 when its walk is not split. */
+fg_status fgi_attn_decode_workspace(fg_ctx *ctx, const fg_attention_args *a, const fg_kernel_config *cfg,
+                                    size_t *bytes);
 
 /* ---- the kernel object (kernel.c) ----------------------------------------- */
 

@@ -46,11 +46,16 @@ bool fgi_attn_decode_walks(const fg_attention_args *a) {
 }
 
 /* The block mask's fields of the argument block, for a mask the decode
- * tiles can walk (FG_ERR_NOT_SUPPORTED otherwise). */
-static fg_status block_mask_args(fg_ctx *ctx, const fg_attention_args *a, fgi_attn_abi *abi) {
+ * tiles of `block_n` rows can walk (FG_ERR_NOT_SUPPORTED otherwise). */
+static fg_status block_mask_args(fg_ctx *ctx, const fg_attention_args *a, int block_n, fgi_attn_abi *abi) {
     fg_block_mask *m = (fg_block_mask *)a->block_mask; /* uploading is a cache fill */
     const fg_block_mask_desc *d = &m->desc;
     FGI_TRY(fgi_block_mask_check(ctx, m, a->batch, a->heads_q, a->q_len, a->kv_len, d->q_block, d->kv_block));
+    if (d->kv_block % block_n)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "block mask kv blocks of %d: this decode kernel walks tiles of %d rows (a kernel made "
+                         "for kv blocks under 128 walks tiles of %d)",
+                         d->kv_block, block_n, FGI_DEC_BLOCK_N);
     if (!fgi_attn_decode_walks(a))
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
                          "block mask blocks %d x %d over %d heads: the decode kernel walks kv blocks of "
@@ -65,11 +70,11 @@ static fg_status block_mask_args(fg_ctx *ctx, const fg_attention_args *a, fgi_at
  * shared memory allows two; one over it) divided by the walks, rounded
  * down so that the grid is one full wave, at least 1; at most one split
  * per 2 tiles of the longest walk and FGI_DEC_MAX_SPLIT. */
-static int choose_split(int sms, const fg_attention_args *a, int row_tiles) {
+static int choose_split(int sms, const fg_attention_args *a, int row_tiles, int block_n) {
     const int64_t walks = (int64_t)a->batch * a->heads_kv * row_tiles;
     const int64_t slots = (int64_t)sms * (a->head_dim <= 128 ? 2 : 1);
     int64_t n = slots / walks;
-    const int64_t tiles = (a->kv_len + FGI_DEC_BLOCK_N - 1) / FGI_DEC_BLOCK_N;
+    const int64_t tiles = (a->kv_len + block_n - 1) / block_n;
     if (n > (tiles + 1) / 2) n = (tiles + 1) / 2;
     if (n > FGI_DEC_MAX_SPLIT) n = FGI_DEC_MAX_SPLIT;
     return n < 1 ? 1 : (int)n;
@@ -77,14 +82,15 @@ static int choose_split(int sms, const fg_attention_args *a, int row_tiles) {
 
 /* How a decode call is laid out: the entry point (by packed rows, and
  * with a one-row-per-q-block mask of a group of one, no taller than the
- * mask's q blocks), the packed rows and their tiles, the split count, and
- * the workspace of the parts (lse, then o; 0 bytes without a split). */
+ * mask's q blocks), the packed rows and their tiles, the split count (of
+ * a walk in K/V tiles of `block_n` rows), and the workspace of the parts
+ * (lse, then o; 0 bytes without a split). */
 typedef struct decode_plan {
     int entry, group, rows, row_tiles, n_split;
     size_t lse_bytes, ws_bytes;
 } decode_plan;
 
-static fg_status plan_decode(fg_ctx *ctx, const fg_attention_args *a, decode_plan *p) {
+static fg_status plan_decode(fg_ctx *ctx, const fg_attention_args *a, int block_n, decode_plan *p) {
     memset(p, 0, sizeof *p);
     p->group = a->heads_q / a->heads_kv;
     const int64_t rows = (int64_t)p->group * a->q_len;
@@ -106,7 +112,7 @@ static fg_status plan_decode(fg_ctx *ctx, const fg_attention_args *a, decode_pla
                          a->batch);
     int sms;
     FGI_TRY(fgi_cuda_sm_count(ctx, &sms));
-    p->n_split = choose_split(sms, a, p->row_tiles);
+    p->n_split = choose_split(sms, a, p->row_tiles, block_n);
     const size_t prows = (size_t)a->batch * (size_t)a->heads_q * (size_t)a->q_len;
     if (p->n_split > 1) {
         if (prows > INT32_MAX) /* the merge's grid: a block per row */
@@ -118,9 +124,10 @@ static fg_status plan_decode(fg_ctx *ctx, const fg_attention_args *a, decode_pla
     return FG_OK;
 }
 
-fg_status fgi_attn_decode_workspace(fg_ctx *ctx, const fg_attention_args *a, size_t *bytes) {
+fg_status fgi_attn_decode_workspace(fg_ctx *ctx, const fg_attention_args *a, const fg_kernel_config *cfg,
+                                    size_t *bytes) {
     decode_plan p = {0};
-    FGI_TRY(plan_decode(ctx, a, &p));
+    FGI_TRY(plan_decode(ctx, a, fgi_dec_block_n(cfg), &p));
     *bytes = p.ws_bytes;
     return FG_OK;
 }
@@ -132,12 +139,13 @@ fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_a
     FGI_TRY(fgi_kernel_check_context(ctx, k));
 
     decode_plan plan = {0};
-    FGI_TRY(plan_decode(ctx, a, &plan));
+    const int block_n = k->geom[FGI_DEC_R16].block_n;
+    FGI_TRY(plan_decode(ctx, a, block_n, &plan));
     fgi_attn_abi abi;
     memset(&abi, 0, sizeof abi);
     FGI_ATTN_ABI_FILL_COMMON(&abi, a, &st);
     int entry = plan.entry;
-    if (a->block_mask) FGI_TRY(block_mask_args(ctx, a, &abi));
+    if (a->block_mask) FGI_TRY(block_mask_args(ctx, a, block_n, &abi));
     abi.group = plan.group;
     abi.rows = plan.rows;
     abi.row_tiles = plan.row_tiles;

@@ -217,9 +217,9 @@ static fg_kernel_config forward_config(const fg_ctx *ctx, const fg_attention_arg
     cfg.dtype = a->dtype;
     cfg.head_dim = a->head_dim;
     const fg_block_mask_desc *bm = a->block_mask ? &a->block_mask->desc : NULL;
+    cfg.kv_block = bm && bm->kv_block < 128 ? 64 : 128; /* the decode kernel's tile follows it */
     if (cfg.kind == FG_KERNEL_ATTENTION_FWD) {
         cfg.q_block = bm && bm->q_block < 128 ? 64 : 128;
-        cfg.kv_block = bm && bm->kv_block < 128 ? 64 : 128;
         cfg.ragged = fgi_attn_is_seq(a);
     }
     return cfg;
@@ -270,7 +270,7 @@ fg_status fg_attention_workspace_size(fg_ctx *ctx, const fg_mod *mod, const fg_a
         *bytes = FGI_FWD_WORKSPACE_BYTES; /* the Hopper forward's tile counter */
         return FG_OK;
     }
-    return fgi_attn_decode_workspace(ctx, &a, bytes);
+    return fgi_attn_decode_workspace(ctx, &a, &cfg, bytes);
 }
 
 fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args) {

@@ -174,18 +174,18 @@ static fgi_kernel_geom bwd_sm90_geometry(const fg_kernel_config *c, const fg_mod
 
 /* The decode kernel (templates/attention/attention_decode.cuh): four
  * warps; tiles of 16, 32 or 64 packed rows (entry points r16, r32, r64)
- * against 64-row K/V tiles in FGD_STAGES stages (5 to head dim 64, 3 to
- * 128, else 2) of K and V rows (unpadded, swizzled); head dims over 128
+ * against K/V tiles of fgi_dec_block_n rows in FGD_STAGES stages (to head
+ * dim 64 five of 64 rows or three of 128, 3 to 128, else 2) of K and V rows (unpadded, swizzled); head dims over 128
  * keep Q in a shared region of 64 rows; 1 KB for the warps' merge. The
  * merge entry has static shared memory only. */
 static fgi_kernel_geom decode_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
     (void)mod;
-    fgi_kernel_geom g = {.block_m = 16, .block_n = FGI_DEC_BLOCK_N, .threads = 128, .bands = 1};
+    fgi_kernel_geom g = {.block_m = 16, .block_n = fgi_dec_block_n(c), .threads = 128, .bands = 1};
     if (entry == FGI_DEC_MERGE) return g;
     g.block_m = fgi_dec_tile_rows(entry);
     const size_t row = (size_t)c->head_dim * 2;
-    const int stages = c->head_dim <= 64 ? 5 : c->head_dim <= 128 ? 3 : 2;
-    g.smem = (size_t)stages * 2 * FGI_DEC_BLOCK_N * row + (c->head_dim > 128 ? 64 * row : 0) + 1024;
+    const int stages = c->head_dim <= 64 ? (g.block_n == 64 ? 5 : 3) : c->head_dim <= 128 ? 3 : 2;
+    g.smem = (size_t)stages * 2 * (size_t)g.block_n * row + (c->head_dim > 128 ? 64 * row : 0) + 1024;
     return g;
 }
 
@@ -301,8 +301,9 @@ static const fgi_kernel_entry registry[] = {
         .what = "decode attention (split-KV, paged, portable mma.sync)",
         .templates = {"attention/attention_common.cuh", "attention/mma_sm80.cuh", "attention/attention_decode.cuh"},
         .pieces = FGI_PIECE_MOD | FGI_PIECE_SPLIT,
-        /* block sizes are read at run time */
-        .source_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_APPROX,
+        /* the block mask's sizes are read at run time; kv_block picks
+         * the tile (fgi_dec_block_n) */
+        .source_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_BLOCKS | FGI_CFG_APPROX,
         .name_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_APPROX,
         .entries = {"fg_attention_decode_r16", "fg_attention_decode_r32", "fg_attention_decode_r64",
                     "fg_attention_decode_merge", "fg_attention_decode_r16_paged", "fg_attention_decode_r32_paged",

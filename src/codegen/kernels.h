@@ -147,10 +147,18 @@ enum {
  * its splits, then the three walks over paged K/V (FGI_DEC_PAGED + the
  * contiguous one's index). */
 enum { FGI_DEC_R16 = 0, FGI_DEC_R32 = 1, FGI_DEC_R64 = 2, FGI_DEC_MERGE = 3, FGI_DEC_PAGED = 4 };
-/* K/V rows per decode tile (FGD_BLOCK_N), and the most splits of a walk
- * (the parts of a row its merge sums). */
+/* The K/V rows of the smallest decode tile (block masks the decode kernel
+ * walks have kv blocks of a multiple of it), and the most splits of a
+ * walk (the parts of a row its merge sums). */
 #define FGI_DEC_BLOCK_N 64
 #define FGI_DEC_MAX_SPLIT 128
+/* K/V rows per decode tile (the template's FGD_BLOCK_N, from the walks'
+ * FG_LAUNCH_BLOCK_N): 128 at head dim 64 and under for kv blocks of a
+ * multiple of 128 (a 64-row tile is then 8 KB of K, and the per-tile
+ * barrier and softmax cost as much as reading it), else 64. */
+static inline int fgi_dec_block_n(const fg_kernel_config *c) {
+    return c->head_dim <= 64 && c->kv_block % 128 == 0 ? 2 * FGI_DEC_BLOCK_N : FGI_DEC_BLOCK_N;
+}
 /* Packed rows per tile of decode walk entry `entry` (R16..R64 or their
  * paged twins): 16, 32 or 64. */
 static inline int fgi_dec_tile_rows(int entry) {

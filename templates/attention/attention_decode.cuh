@@ -28,14 +28,17 @@
  *     rows x its columns; at the end the warps' (m, l, O) are merged in
  *     shared memory the same way the splits are. Three entry points, one
  *     per WK: fg_attention_decode_r16 (16 rows), _r32, _r64.
- *   - Memory. K/V tiles of 64 rows stream through FGD_STAGES stages of
- *     cp.async (wait for tile t, refill the stage of tile t - 1 with tile
- *     t + FGD_STAGES - 1), so several tiles per block are always in flight;
+ *   - Memory. K/V tiles of FGD_BLOCK_N rows (64; 128 at head dim 64 and
+ *     under with kv blocks of a multiple of 128: fgi_dec_block_n) stream
+ *     through FGD_STAGES stages of cp.async (wait for tile t, refill the
+ *     stage of tile t - 1 with tile t + FGD_STAGES - 1), so several tiles
+ *     per block are always in flight;
  *     shared memory is sized so that two blocks fit on an SM up to head dim
  *     128; rows are unpadded with their 16-byte chunks swizzled (fgd_at).
  *     Q is loaded once into the last stage before the walk starts and
  *     kept in registers (head dim 256: in a shared region of its own).
- *   - Pipelined (FGD_PIPE_S, head dim 128): step t waits for tile t + 1
+ *   - Pipelined (FGD_PIPE_S, tiles of 16 KB of K: head dim 128, or 64 with
+ *     128-row tiles): step t waits for tile t + 1
  *     instead and issues its Q K^T before tile t's softmax and P V, so
  *     each warp has two independent chains in flight.
  *
@@ -65,25 +68,27 @@
 
 #define FGD_NWARPS 4
 #define FGD_THREADS (FGD_NWARPS * 32)
-#define FGD_BLOCK_N 64               /* K/V rows per tile                  */
+#define FGD_BLOCK_N FG_LAUNCH_BLOCK_N_fg_attention_decode_r16 /* K/V rows per tile: 64 or 128 */
 #define FGD_D FG_HEAD_DIM
 #define FGD_ROW FGD_D                /* shared row, in elements (swizzled) */
 #define FGD_CHUNKS (FGD_D / 8)       /* 16-byte chunks per row             */
 #define FGD_KSTEPS (FGD_D / 16)
 #define FGD_DTILES (FGD_D / 8)
 #if FG_HEAD_DIM <= 64
-#define FGD_STAGES 5
+#define FGD_STAGES (FGD_BLOCK_N == 64 ? 5 : 3)
 #elif FG_HEAD_DIM <= 128
 #define FGD_STAGES 3
 #else
 #define FGD_STAGES 2
 #endif
 #define FGD_Q_IN_REGS (FG_HEAD_DIM <= 128)
-/* The walk software-pipelined by one tile (fgd_decode), at head dim 128:
- * +1-7% there, within +-1.5% at head dim 64 (bench/attention_notes.md,
- * decode d8); it needs a stage beyond the two in use, which head dim 256
- * does not have. */
-#define FGD_PIPE_S (FG_HEAD_DIM > 64 && FGD_STAGES >= 3)
+/* The walk software-pipelined by one tile (fgd_decode) where a tile holds
+ * 16 KB of K: at head dim 128 +1-7%; at head dim 64 with 64-row tiles
+ * within +-1.5%, with 128-row tiles (three stages) +1-2% contiguous and
+ * paged 64 +4-10% over 64-row tiles without it (bench/attention_notes.md,
+ * decode d8, d15); it needs a stage beyond the two in use, which head dim
+ * 256 does not have. */
+#define FGD_PIPE_S (FG_HEAD_DIM * FGD_BLOCK_N >= 8192 && FGD_STAGES >= 3)
 /* Blocks resident per SM, as the stages' shared memory allows (the host's
  * split count assumes the same): the register budget ptxas may use. */
 #define FGD_BLOCKS_PER_SM (FG_HEAD_DIM <= 128 ? 2 : 1)
@@ -91,6 +96,7 @@
 #define FGD_STAGE_BYTES (2 * FGD_KV_BYTES)
 
 static_assert(FGD_THREADS % FGD_CHUNKS == 0, "a tile's chunk columns per thread");
+static_assert(FGD_BLOCK_N == 64 || FGD_BLOCK_N == 128, "decode tiles of 64 or 128 K/V rows");
 /* decode_geometry's shared memory against the walks' layout: the stages,
  * Q's region over head dim 128, the warps' row maxima, sums and LSEs. */
 static_assert(FG_LAUNCH_SMEM_fg_attention_decode_r16 >= FGD_STAGES * FGD_STAGE_BYTES +

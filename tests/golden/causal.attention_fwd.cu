@@ -498,6 +498,23 @@ static __device__ __forceinline__ fg_u32 fga_smem_addr(const void *p) {
     return r;
 }
 
+/* Programmatic dependent launch (compute capability 9.0; elsewhere, and
+ * under an ordinary launch, both do nothing): fga_grid_launch_dependents
+ * lets the launch queued after this one by fgi_kernel_run_dependent place
+ * its blocks as this one's leave; that launch's fga_grid_wait holds its
+ * block until this grid has finished and its writes are visible. Not
+ * static: a kernel that calls neither would have NVRTC warn. */
+__device__ __forceinline__ void fga_grid_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void fga_grid_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 static __device__ __forceinline__ float fga_exp2(float x) {
     float r;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
