@@ -142,11 +142,13 @@ static __device__ __forceinline__ void fgd_cp16(fg_u32 dst, const void *src, boo
  * contiguous walk's order, made each row pick its page among the tile's
  * four and two 64-bit addresses: 28% more instructions than the contiguous
  * walk and 4% of its speed at pages of 16 (bench/attention_notes.md,
- * decode d10). At head dim 128 and over the table entry (fgd_page_of) is
- * read a step before the copy that uses it: read at the copy, its latency
- * stalled the warp before every tile's copies (paged 16 +1-1.5%); at head
- * dim 64 reading it ahead measured 1-2% slower (decode d14). */
-#define FGD_PAGE_AHEAD (FG_HEAD_DIM >= 128)
+ * decode d10). Where a tile holds 16 KB of K (head dim 128, or 64 with
+ * 128-row tiles) the table entry (fgd_page_of) is read a step before the
+ * copy that uses it: read at the copy, its latency stalled the warp before
+ * every tile's copies (paged 16 +1-1.5% at head dim 128, +1-2% at 64); with
+ * 64-row tiles at head dim 64 reading it ahead measured 1-2% slower
+ * (decode d14, d15). */
+#define FGD_PAGE_AHEAD (FG_HEAD_DIM * FGD_BLOCK_N >= 8192)
 constexpr int FGD_PAGE_RUN = FGD_BLOCK_N / (FGD_THREADS / FGD_CHUNKS);
 static_assert(16 % FGD_PAGE_RUN == 0, "a thread's rows must lie in one page of 16 or more rows");
 
