@@ -82,13 +82,17 @@
 #define FGD_STAGES 2
 #endif
 #define FGD_Q_IN_REGS (FG_HEAD_DIM <= 128)
+/* A tile holds 16 KB of K or more (head dim 128 and over, or 64 with
+ * 128-row tiles): where the walk's per-tile work is worth overlapping
+ * (FGD_PIPE_S, FGD_PAGE_AHEAD). */
+#define FGD_TILE_16K (FG_HEAD_DIM * FGD_BLOCK_N * 2 >= 16384)
 /* The walk software-pipelined by one tile (fgd_decode) where a tile holds
  * 16 KB of K: at head dim 128 +1-7%; at head dim 64 with 64-row tiles
  * within +-1.5%, with 128-row tiles (three stages) +1-2% contiguous and
  * paged 64 +4-10% over 64-row tiles without it (bench/attention_notes.md,
  * decode d8, d15); it needs a stage beyond the two in use, which head dim
  * 256 does not have. */
-#define FGD_PIPE_S (FG_HEAD_DIM * FGD_BLOCK_N >= 8192 && FGD_STAGES >= 3)
+#define FGD_PIPE_S (FGD_TILE_16K && FGD_STAGES >= 3)
 /* Blocks resident per SM, as the stages' shared memory allows (the host's
  * split count assumes the same): the register budget ptxas may use. */
 #define FGD_BLOCKS_PER_SM (FG_HEAD_DIM <= 128 ? 2 : 1)
@@ -148,7 +152,7 @@ static __device__ __forceinline__ void fgd_cp16(fg_u32 dst, const void *src, boo
  * every tile's copies (paged 16 +1-1.5% at head dim 128, +1-2% at 64); with
  * 64-row tiles at head dim 64 reading it ahead measured 1-2% slower
  * (decode d14, d15). */
-#define FGD_PAGE_AHEAD (FG_HEAD_DIM * FGD_BLOCK_N >= 8192)
+#define FGD_PAGE_AHEAD FGD_TILE_16K
 constexpr int FGD_PAGE_RUN = FGD_BLOCK_N / (FGD_THREADS / FGD_CHUNKS);
 static_assert(16 % FGD_PAGE_RUN == 0, "a thread's rows must lie in one page of 16 or more rows");
 
