@@ -194,7 +194,7 @@ typedef enum fg_option {
                                    math" below. It applies where a config's
                                    approx_math is 0: fg_attention_forward,
                                    _backward, fg_kernel_get, fg_compile ... */
-    FG_OPT_CP_STREAMS = 12      /* int: the compute streams a sharded call
+    FG_OPT_CP_STREAMS = 12,     /* int: the compute streams a sharded call
                                    (fg_attention_forward_cp, _backward_cp)
                                    spreads each ring step's pairs over: 2
                                    (default) runs the pairs of a step's two
@@ -202,6 +202,16 @@ typedef enum fg_option {
                                    wave of thread blocks overlaps the other's
                                    work; 1 runs them one after another on
                                    the caller's stream (FLEXGEN_CP_STREAMS=1) */
+    FG_OPT_DECODE_SPLITS = 13   /* int: how many thread blocks the decode
+                                   kernel splits each KV walk over (a walk:
+                                   a sequence's packed rows of one KV head):
+                                   0 (default, or FLEXGEN_DECODE_SPLITS)
+                                   chooses per call from the batch, the KV
+                                   heads, the KV length and the SM count;
+                                   N in [1, 128] asks for N, fewer where
+                                   the walk has fewer than 2 N K/V tiles.
+                                   FlashAttention's num_splits; the result
+                                   is the same to rounding either way      */
 } fg_option;
 
 /* The longest q_len the decode kernel serves by default (FG_OPT_DECODE_KERNEL

@@ -106,6 +106,7 @@ struct fg_ctx {
     int decode_kernel;        /* 0/1/2: FG_OPT_DECODE_KERNEL               */
     int approx_math;          /* 0/1: FG_OPT_APPROX_MATH                   */
     int cp_streams;           /* 1/2: FG_OPT_CP_STREAMS                    */
+    int decode_splits;        /* 0 (chosen per call) or 1..128: FG_OPT_DECODE_SPLITS */
     int64_t cache_max_bytes;
     int max_source, max_depth, max_locals;
     /* lazily initialised CUDA state (driver/cuda.c) */

@@ -55,6 +55,7 @@ typedef struct dcase {
     int kv_block;
     int decode_opt;        /* FG_OPT_DECODE_KERNEL (0 is taken as 1, -1 as 0) */
     fg_kernel_kind expect; /* the kernel fg_attention_kernel_for picks      */
+    int splits;            /* FG_OPT_DECODE_SPLITS (0: chosen per call)     */
 } dcase;
 
 static bool quick(void) {
@@ -77,6 +78,7 @@ static void run_case(const dcase *c) {
     assert_int_equal(fgi_cuda_ready(ctx), FG_OK);
     const int opt = c->decode_opt < 0 ? 0 : c->decode_opt ? c->decode_opt : 1;
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_KERNEL, opt), FG_OK);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_SPLITS, c->splits), FG_OK);
     fg_mod *mod = tu_gallery_mod(ctx, c->mod);
     /* the gallery's parameters for positions up to kv + q */
     acase ac = {.mod = c->mod, .d = c->d, .dtype = c->dtype, .b = c->b, .hq = c->hq, .hkv = c->hkv,
@@ -247,6 +249,14 @@ static void test_features(void **state) {
          * tiles), paged */
         {"document", 128, FG_BF16, 2, 16, 2, 100, 1000, 1, 32, 0, 0, 0, 2, DEC},
         {"natten", 256, FG_FP16, 2, 4, 1, 3, 4097, 1, 128, 0, 0, 0, 0, DEC},
+        /* split counts asked for (FG_OPT_DECODE_SPLITS): one block per
+         * walk; an odd count over a paged cache; more than the walk has
+         * tiles for (kv 1000: 8 splits); 128 over ragged lengths, where
+         * the short sequences leave splits empty */
+        {"causal", 128, FG_BF16, 2, 8, 2, 1, 4097, 0, 0, 0, 0, 0, 0, DEC, 1},
+        {"alibi", 64, FG_FP16, 2, 8, 2, 2, 4097, 0, 16, 0, 0, 0, 0, DEC, 5},
+        {"softcap", 128, FG_BF16, 1, 4, 1, 1, 1000, 0, 0, 0, 0, 0, 0, DEC, 128},
+        {"sliding_window", 64, FG_BF16, 3, 8, 2, 1, 65536, 1, 64, 0, 0, 0, 0, DEC, 128},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (quick() && cases[i].kv > 10000) continue;

@@ -121,6 +121,17 @@ static void test_options(void **state) {
     assert_int_equal(v, 1);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_CP_STREAMS, 0), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_CP_STREAMS, 3), FG_ERR_INVALID_ARGUMENT);
+    /* Decode splits: chosen per call (0) unless the environment names a
+     * count in [0, 128]; anything else leaves the default. */
+    static const env_row split_envs[] = {{NULL, 0}, {"16", 16}, {"128", 128}, {"129", 0},
+                                         {"-1", 0},  {"x", 0},   {"", 0}};
+    check_env_defaults("FLEXGEN_DECODE_SPLITS", FG_OPT_DECODE_SPLITS, split_envs,
+                       sizeof split_envs / sizeof split_envs[0]);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_SPLITS, 7), FG_OK);
+    assert_int_equal(fg_ctx_get_int(ctx, FG_OPT_DECODE_SPLITS, &v), FG_OK);
+    assert_int_equal(v, 7);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_SPLITS, -1), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_SPLITS, 129), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_kernel_kind_of(NULL), 0);
     assert_int_equal(fg_ctx_set_int(NULL, FG_OPT_MAX_DEPTH, 50), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_ctx_create(NULL), FG_ERR_INVALID_ARGUMENT);

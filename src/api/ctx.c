@@ -8,6 +8,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "internal.h"
 #include "driver/cudrv.h"
+#include "codegen/kernels.h"
 #include "jit/jit.h"
 
 #include <stdlib.h>
@@ -30,6 +31,12 @@ fg_status fg_ctx_create(fg_ctx **out) {
     ctx->approx_math = am && strcmp(am, "1") == 0;
     const char *cs = getenv("FLEXGEN_CP_STREAMS");
     ctx->cp_streams = cs && strcmp(cs, "1") == 0 ? 1 : 2;
+    const char *ds = getenv("FLEXGEN_DECODE_SPLITS");
+    if (ds && *ds) {
+        char *end;
+        long v = strtol(ds, &end, 10);
+        if (*end == 0 && v >= 0 && v <= FGI_DEC_MAX_SPLIT) ctx->decode_splits = (int)v;
+    }
     ctx->cache_max_bytes = (int64_t)1 << 30;
     const char *mb = getenv("FLEXGEN_CACHE_MAX_BYTES");
     if (mb && *mb) {
@@ -82,6 +89,11 @@ fg_status fg_ctx_set_int(fg_ctx *ctx, fg_option opt, int64_t v) {
         FGI_CHECK_ARG(ctx, v == 1 || v == 2, "context-parallel compute streams must be 1 or 2");
         ctx->cp_streams = (int)v;
         return FG_OK;
+    case FG_OPT_DECODE_SPLITS:
+        FGI_CHECK_ARG(ctx, v >= 0 && v <= FGI_DEC_MAX_SPLIT, "decode split count %lld out of range [0, %d]",
+                      (long long)v, FGI_DEC_MAX_SPLIT);
+        ctx->decode_splits = (int)v;
+        return FG_OK;
     case FG_OPT_CACHE_MAX_BYTES:
         FGI_CHECK_ARG(ctx, v > 0, "cache size cap must be positive");
         ctx->cache_max_bytes = v;
@@ -112,6 +124,7 @@ fg_status fg_ctx_get_int(const fg_ctx *ctx, fg_option opt, int64_t *v) {
     case FG_OPT_DECODE_KERNEL: *v = ctx->decode_kernel; return FG_OK;
     case FG_OPT_APPROX_MATH: *v = ctx->approx_math; return FG_OK;
     case FG_OPT_CP_STREAMS: *v = ctx->cp_streams; return FG_OK;
+    case FG_OPT_DECODE_SPLITS: *v = ctx->decode_splits; return FG_OK;
     case FG_OPT_CACHE_MAX_BYTES: *v = ctx->cache_max_bytes; return FG_OK;
     case FG_OPT_MAX_SOURCE: *v = ctx->max_source; return FG_OK;
     case FG_OPT_MAX_DEPTH: *v = ctx->max_depth; return FG_OK;

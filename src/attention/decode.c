@@ -65,19 +65,25 @@ static fg_status block_mask_args(fg_ctx *ctx, const fg_attention_args *a, int bl
     return fgi_attn_abi_block_mask(ctx, m, abi);
 }
 
-/* Splits of each (sequence, KV head, row tile)'s walk: the blocks that
- * are resident at once on every SM (two per SM up to head dim 128, whose
- * shared memory allows two; one over it) divided by the walks, rounded
- * down so that the grid is one full wave, at least 1; at most one split
- * per 2 tiles of the longest walk and FGI_DEC_MAX_SPLIT. */
-static int choose_split(int sms, const fg_attention_args *a, int row_tiles, int block_n) {
+/* Splits of each (sequence, KV head, row tile)'s walk. Chosen: the blocks
+ * that are resident at once on every SM (two per SM up to head dim 128,
+ * whose shared memory allows two; one over it) divided by the walks,
+ * rounded down so that the grid is one full wave, at least 1; or the
+ * context's FG_OPT_DECODE_SPLITS. Either way at most one split per 2
+ * tiles of the longest walk and FGI_DEC_MAX_SPLIT, and no empty split:
+ * the kernel gives each split ceil(tiles / n) tiles, so n is lowered to
+ * the fewest splits that take the same tiles each (33 splits of 1024
+ * tiles would be 32 of 32 and an empty one). */
+static int choose_split(const fg_ctx *ctx, int sms, const fg_attention_args *a, int row_tiles, int block_n) {
     const int64_t walks = (int64_t)a->batch * a->heads_kv * row_tiles;
     const int64_t slots = (int64_t)sms * (a->head_dim <= 128 ? 2 : 1);
-    int64_t n = slots / walks;
+    int64_t n = ctx->decode_splits ? ctx->decode_splits : slots / walks;
     const int64_t tiles = (a->kv_len + block_n - 1) / block_n;
     if (n > (tiles + 1) / 2) n = (tiles + 1) / 2;
     if (n > FGI_DEC_MAX_SPLIT) n = FGI_DEC_MAX_SPLIT;
-    return n < 1 ? 1 : (int)n;
+    if (n < 1) return 1;
+    const int64_t per = (tiles + n - 1) / n;
+    return (int)((tiles + per - 1) / per);
 }
 
 /* How a decode call is laid out: the entry point (by packed rows, and
@@ -112,7 +118,7 @@ static fg_status plan_decode(fg_ctx *ctx, const fg_attention_args *a, int block_
                          a->batch);
     int sms;
     FGI_TRY(fgi_cuda_sm_count(ctx, &sms));
-    p->n_split = choose_split(sms, a, p->row_tiles, block_n);
+    p->n_split = choose_split(ctx, sms, a, p->row_tiles, block_n);
     const size_t prows = (size_t)a->batch * (size_t)a->heads_q * (size_t)a->q_len;
     if (p->n_split > 1) {
         if (prows > INT32_MAX) /* the merge's grid: a block per row */

@@ -623,6 +623,7 @@ FGD_ENTRY(fg_attention_decode_r64, 1)
  * dependent loads 17 us; bench/attention_notes.md, decode d2, d12.) */
 #define FGD_MERGE_CG (FGD_D / 4)                /* 4-column groups of a row */
 #define FGD_MERGE_PG (FGD_THREADS / FGD_MERGE_CG) /* part groups: 8, 4 or 2  */
+#define FGD_MERGE_LOADS 8                        /* part loads per thread in flight */
 static_assert(FGD_THREADS % FGD_MERGE_CG == 0 && FGD_MERGE_PG >= 1, "the merge's thread groups");
 
 /* The block's largest (max) or summed (!max) x; `red` holds a value per warp. */
@@ -677,18 +678,18 @@ fg_attention_decode_merge(const __grid_constant__ fga_args a, const __grid_const
         /* eight parts' loads issued before any is used; past the count a
          * load repeats the last part (weight 0), so none is conditional and
          * the remainder does not become a chain of single loads */
-        for (int s = pg; s < cnt; s += 8 * FGD_MERGE_PG) {
-            float4 o[8];
-            float w[8];
+        for (int s = pg; s < cnt; s += FGD_MERGE_LOADS * FGD_MERGE_PG) {
+            float4 o[FGD_MERGE_LOADS];
+            float w[FGD_MERGE_LOADS];
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
+            for (int j = 0; j < FGD_MERGE_LOADS; j++) {
                 const int sj = min(s + j * FGD_MERGE_PG, cnt - 1);
                 o[j] = __ldg(op + (fg_i64)(s0 + sj) * FGD_MERGE_CG);
                 const float wj = w_sm[sj]; /* read whatever the count: a select, not a branch */
                 w[j] = s + j * FGD_MERGE_PG < cnt ? wj : 0.f;
             }
 #pragma unroll
-            for (int j = 0; j < 8; j++) x.x += w[j] * o[j].x, x.y += w[j] * o[j].y, x.z += w[j] * o[j].z, x.w += w[j] * o[j].w;
+            for (int j = 0; j < FGD_MERGE_LOADS; j++) x.x += w[j] * o[j].x, x.y += w[j] * o[j].y, x.z += w[j] * o[j].z, x.w += w[j] * o[j].w;
         }
     }
     const float L = fgd_block_reduce(l, false, red);
