@@ -382,9 +382,11 @@ typedef struct fgi_param_layout {
  * of a * d. d == 0 is stored as 1 with `zero` set (a / 0 is 0, a % 0 is 0,
  * as fg_idiv / fg_imod define them). For the test a % d == 0
  * (fg_divides_by): with |d| = o 2^rot, o odd, inv = o^-1 mod 2^32 and
- * bound = (2^32 - 1) / |d|, |a| is a multiple of |d| exactly when
- * rotr(|a| inv mod 2^32, rot) <= bound; d == 0 and d == -1 (a % d is 0)
- * have bound 2^32 - 1, so the test always holds. */
+ * bound = 2 floor((2^31 - 1) / |d|) (o > 1) or 2^(32-rot) - 1 (o = 1), a
+ * is a multiple of d exactly when rotr(a inv + (bound >> 1) 2^rot mod
+ * 2^32, rot) <= bound, for the signed a as it is (fgi_divisor_of says
+ * why); d == 0, 1 and -1 (a % d is 0) have bound 2^32 - 1, so the test
+ * always holds. */
 typedef struct fgi_divisor {
     uint32_t m, shift;
     int32_t d, zero;

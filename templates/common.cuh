@@ -120,11 +120,12 @@ FG_DEV int fg_iquot_by(int a, fg_divisor v) {
 }
 FG_DEV int fg_idiv_by(int a, fg_divisor v) { return v.zero ? 0 : fg_iquot_by(a, v); }
 FG_DEV int fg_imod_by(int a, fg_divisor v) { return fg_isub(a, fg_imul(fg_iquot_by(a, v), v.d)); }
-/* a % d == 0, as a multiply by the inverse of d's odd part, a rotate and a
- * compare (fgi_divisor_of says why it is exact); what the mods' x % P == 0
- * prints as. */
+/* a % d == 0, as a multiply-add by the inverse of d's odd part, a rotate
+ * and a compare on a as it is, sign and all (fgi_divisor_of says why it is
+ * exact; the offset is per launch, hoisted out of the loops); what the
+ * mods' x % P == 0 prints as. */
 FG_DEV bool fg_divides_by(int a, fg_divisor v) {
-    const fg_u32 n = a < 0 ? 0u - (fg_u32)a : (fg_u32)a, t = n * v.inv;
+    const fg_u32 t = (fg_u32)a * v.inv + ((v.bound >> 1) << v.rot);
     return __funnelshift_r(t, t, v.rot) <= v.bound;
 }
 /* a << (n & 31), bits shifted out are lost. */

@@ -495,8 +495,7 @@ static int32_t want_mod(int32_t a, int32_t d) { return d == 0 || d == -1 ? 0 : a
 
 /* fg_divides_by of templates/common.cuh, spelled in C. */
 static bool divides_by(int32_t a, fgi_divisor v) {
-    const uint32_t n = a < 0 ? 0u - (uint32_t)a : (uint32_t)a, t = n * v.inv;
-    const uint32_t r = v.rot & 31u;
+    const uint32_t r = v.rot & 31u, t = (uint32_t)a * v.inv + ((v.bound >> 1) << r);
     return (r ? (t >> r) | (t << (32u - r)) : t) <= v.bound;
 }
 

@@ -141,16 +141,24 @@ fg_status fgi_bind(fg_ctx *ctx, const fg_mod *mod, const fg_binding *binds, size
  * integer, whose distance from n / D is at least 1 / D. m < 2^32 since
  * D > 2^(l-1), and n m < 2^63.
  *
- * Why the divisibility test (inv, rot, bound) is exact, for D = o 2^k, o
- * odd: n -> n inv mod 2^32 permutes the 32-bit numbers and takes the
- * multiples j o of o (j <= (2^32 - 1) / o) to j, so exactly the multiples
- * land at or below (2^32 - 1) / o. For a multiple j o, rotating j right by
- * k leaves j / 2^k <= (2^32 - 1) / D when 2^k divides j, and sets a bit at
- * or above 2^(32-k) > (2^32 - 1) / D when it does not. For a non-multiple
- * of o, the product exceeds (2^32 - 1) / o, and the rotation keeps it
- * above (2^32 - 1) / D: its low k bits move up if any is set, and if none
- * is, it is divided by 2^k exactly, and x > (2^32 - 1) / o with 2^k | x
- * gives x / 2^k > (2^32 - 1) / D. tests/test_emit.c checks it against %. */
+ * Why the divisibility test (inv, rot, bound) is exact, for D = |d| =
+ * o 2^k, o odd, with c = floor((2^31 - 1) / D), bound = 2c (o > 1) or
+ * 2^(32-k) - 1 (o = 1), and the test rotr(a inv + (bound >> 1) 2^k, k) <=
+ * bound on the 32-bit a itself, sign and all (no |a|: one instruction
+ * fewer per element). The multiples of D among 32-bit numbers are j D,
+ * -c <= j <= c when o > 1 (D does not divide 2^31). For those, a inv =
+ * j 2^k mod 2^32 (o inv = 1), so a inv + c 2^k = (j + c) 2^k without
+ * wrapping (2c 2^k < 2^32) and the rotation leaves j + c in [0, 2c]. For a
+ * non-multiple: if one of a's low k bits is set, so is one of a inv's
+ * (inv is odd), and of the sum's (c 2^k has none), and the rotation moves
+ * it to bit 32 - k or above, past 2c < 2^(32-k); if none is, a = m 2^k
+ * with m not a multiple of o, and m -> m inv + c mod 2^(32-k) permutes
+ * the residues and sends the multiples j o, -c <= j <= c, exactly onto
+ * [0, 2c], so m's lands above it. With o = 1 the test is just "a's low k
+ * bits are clear": the added term (2^(31-k) - 1) 2^k has none set, and a
+ * set bit rotates above bound while a clear set leaves a value below
+ * 2^(32-k). d == 0, 1 and -1 (a % d is 0) have bound 2^32 - 1: the test
+ * always holds. tests/test_emit.c checks it against %. */
 fgi_divisor fgi_divisor_of(int32_t d) {
     fgi_divisor v = {0, 0, d, d == 0, 1, 0, UINT32_MAX};
     if (d == 0) v.d = 1;
@@ -165,7 +173,8 @@ fgi_divisor fgi_divisor_of(int32_t d) {
         uint32_t inv = o; /* Newton's iteration doubles the correct low bits: 3, 6, 12, 24, 48 */
         for (int i = 0; i < 4; i++) inv *= 2u - o * inv;
         v.inv = inv;
-        v.bound = (uint32_t)(UINT32_MAX / D);
+        /* 2c, c = floor((2^31 - 1) / D), or 2^(32-k) - 1 for a power of two */
+        v.bound = o > 1 ? 2u * (uint32_t)((((uint64_t)1 << 31) - 1) / D) : (uint32_t)(((uint64_t)1 << (32 - v.rot)) - 1);
     }
     return v;
 }

@@ -139,11 +139,12 @@ FG_DEV int fg_iquot_by(int a, fg_divisor v) {
 }
 FG_DEV int fg_idiv_by(int a, fg_divisor v) { return v.zero ? 0 : fg_iquot_by(a, v); }
 FG_DEV int fg_imod_by(int a, fg_divisor v) { return fg_isub(a, fg_imul(fg_iquot_by(a, v), v.d)); }
-/* a % d == 0, as a multiply by the inverse of d's odd part, a rotate and a
- * compare (fgi_divisor_of says why it is exact); what the mods' x % P == 0
- * prints as. */
+/* a % d == 0, as a multiply-add by the inverse of d's odd part, a rotate
+ * and a compare on a as it is, sign and all (fgi_divisor_of says why it is
+ * exact; the offset is per launch, hoisted out of the loops); what the
+ * mods' x % P == 0 prints as. */
 FG_DEV bool fg_divides_by(int a, fg_divisor v) {
-    const fg_u32 n = a < 0 ? 0u - (fg_u32)a : (fg_u32)a, t = n * v.inv;
+    const fg_u32 t = (fg_u32)a * v.inv + ((v.bound >> 1) << v.rot);
     return __funnelshift_r(t, t, v.rot) <= v.bound;
 }
 /* a << (n & 31), bits shifted out are lost. */
@@ -301,13 +302,13 @@ static_assert(sizeof(fg_mod_params) == 24, "fg_mod_params size");
 __device__ __forceinline__ bool fg_mask_mod(const fg_mod_params &p, int b, int h, int q_idx, int kv_idx) {
 #line 19 "mods/alibi.c"
     return q_idx >= kv_idx;
-#line 305 "attention_fwd-alibi-bf16-d128.cu"
+#line 306 "attention_fwd-alibi-bf16-d128.cu"
 }
 
 __device__ __forceinline__ float fg_score_mod(const fg_mod_params &p, float score, int b, int h, int q_idx, int kv_idx) {
 #line 15 "mods/alibi.c"
     return fg_fadd(score, fg_fmul(fg_load_f32(p.slopes, p.fg_len_slopes, h), (float)fg_isub(kv_idx, q_idx)));
-#line 311 "attention_fwd-alibi-bf16-d128.cu"
+#line 312 "attention_fwd-alibi-bf16-d128.cu"
 }
 
 
