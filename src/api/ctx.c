@@ -14,6 +14,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The environment's decimal integer `name` when it is one in [lo, hi],
+ * else `fallback`. */
+static int64_t env_int(const char *name, int64_t lo, int64_t hi, int64_t fallback) {
+    const char *s = getenv(name);
+    if (!s || !*s) return fallback;
+    char *end;
+    const long long v = strtoll(s, &end, 10);
+    return *end == 0 && v >= lo && v <= hi ? (int64_t)v : fallback;
+}
+
 fg_status fg_ctx_create(fg_ctx **out) {
     if (!out) return FG_ERR_INVALID_ARGUMENT;
     *out = NULL;
@@ -31,19 +41,8 @@ fg_status fg_ctx_create(fg_ctx **out) {
     ctx->approx_math = am && strcmp(am, "1") == 0;
     const char *cs = getenv("FLEXGEN_CP_STREAMS");
     ctx->cp_streams = cs && strcmp(cs, "1") == 0 ? 1 : 2;
-    const char *ds = getenv("FLEXGEN_DECODE_SPLITS");
-    if (ds && *ds) {
-        char *end;
-        long v = strtol(ds, &end, 10);
-        if (*end == 0 && v >= 0 && v <= FGI_DEC_MAX_SPLIT) ctx->decode_splits = (int)v;
-    }
-    ctx->cache_max_bytes = (int64_t)1 << 30;
-    const char *mb = getenv("FLEXGEN_CACHE_MAX_BYTES");
-    if (mb && *mb) {
-        char *end;
-        long long v = strtoll(mb, &end, 10);
-        if (*end == 0 && v > 0) ctx->cache_max_bytes = v;
-    }
+    ctx->decode_splits = (int)env_int("FLEXGEN_DECODE_SPLITS", 0, FGI_DEC_MAX_SPLIT, 0);
+    ctx->cache_max_bytes = env_int("FLEXGEN_CACHE_MAX_BYTES", 1, INT64_MAX, (int64_t)1 << 30);
     ctx->max_source = 64 * 1024;
     ctx->max_depth = 200;
     ctx->max_locals = 64;

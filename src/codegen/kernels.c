@@ -174,9 +174,10 @@ static fgi_kernel_geom bwd_sm90_geometry(const fg_kernel_config *c, const fg_mod
 
 /* The decode kernel (templates/attention/attention_decode.cuh): four
  * warps; tiles of 16, 32 or 64 packed rows (entry points r16, r32, r64)
- * against K/V tiles of fgi_dec_block_n rows in FGD_STAGES stages (to head
- * dim 64 five of 64 rows or three of 128, 3 to 128, else 2) of K and V rows (unpadded, swizzled); head dims over 128
- * keep Q in a shared region of 64 rows; 1 KB for the warps' merge. The
+ * against K/V tiles of fgi_dec_block_n rows in FGD_STAGES stages (up to
+ * head dim 64 five of 64 rows or three of 128, 3 up to 128, else 2) of K
+ * and V rows (unpadded, swizzled); head dims over 128 keep Q in a shared
+ * region of 64 rows; 1 KB for the warps' merge. The
  * merge entry has static shared memory only. */
 static fgi_kernel_geom decode_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
     (void)mod;
