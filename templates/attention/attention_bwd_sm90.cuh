@@ -231,10 +231,19 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float
                 const bool keep = !CHECK || (in_range & (!partial | mask()));
                 const float raw = s[i][e] * a.scale, pv = prob(raw); /* made either way: no branch */
                 pr = keep ? pv : 0.f;
-                /* a P of 0 (masked or underflowed) gives dR 0, whatever dP,
-                 * delta or the derivative are there */
                 const float ds = pr * (dp[i][e] - s_delta[qc]);
-                dr = pr != 0.f ? ds * fg_score_grad(p, raw, b, h, qi, ki) : 0.f;
+                /* A P of 0 (masked or underflowed) gives dR 0, whatever dP,
+                 * delta or the derivative are there: a derivative may be
+                 * infinite where P underflowed, and an edge tile's rows
+                 * past Q_LEN read delta where nothing was written. Without
+                 * a score_mod and off the edges, dP and delta are finite,
+                 * so dS = P (dP - delta) is 0 there already and dR is dS
+                 * (two instructions fewer per element, attention_notes
+                 * v33). */
+                if (!FG_HAS_SCORE_MOD && !EDGE)
+                    dr = ds;
+                else
+                    dr = pr != 0.f ? ds * fg_score_grad(p, raw, b, h, qi, ki) : 0.f;
             }
             s[i][e] = pr;
             dp[i][e] = dr;
@@ -456,6 +465,15 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                 fgb_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]);
                 fgb_to_a(ra[kc], dp[2 * kc], dp[2 * kc + 1]);
             }
+            /* dV += P^T dO first: the tensor cores run it while dR^T goes
+             * to shared memory. Stored first, dR^T's stores and fence held
+             * back every product of the step (attention_notes v33). The
+             * stores read ra, which no product in flight uses yet. */
+            fgh_fence();
+            const fg_u64 dO_mn = fgh_desc_mn(sO, FGS_Q_REGION), dQ_mn = fgh_desc_mn(sQ, FGS_Q_REGION);
+#pragma unroll
+            for (int kc = 0; kc < FGS_KC; kc++) fgh_mma_rs_d(&dv[0][0], pa[kc], dO_mn + ((kc * 16 * 128) >> 4));
+            fgh_commit();
             if (dq_atomic) {
 #pragma unroll
                 for (int i = 0; i < FGS_NF; i++) {
@@ -481,14 +499,11 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
 #endif
             }
 
-            /* dV += P^T dO and dK += dR^T Q, then dQ = dR K: one after the
-             * other, so dQ's accumulators never share the registers with
-             * P^T's and dR^T's fragments (the tensor cores run a consumer's
+            /* dK += dR^T Q behind dV, then dQ = dR K once both are done,
+             * so dQ's accumulators never share the registers with P^T's
+             * and dR^T's fragments (the tensor cores run a consumer's
              * products in order anyway; the other consumer fills the gap). */
             fgh_fence();
-            const fg_u64 dO_mn = fgh_desc_mn(sO, FGS_Q_REGION), dQ_mn = fgh_desc_mn(sQ, FGS_Q_REGION);
-#pragma unroll
-            for (int kc = 0; kc < FGS_KC; kc++) fgh_mma_rs_d(&dv[0][0], pa[kc], dO_mn + ((kc * 16 * 128) >> 4));
 #pragma unroll
             for (int kc = 0; kc < FGS_KC; kc++) fgh_mma_rs_d(&dk[0][0], ra[kc], dQ_mn + ((kc * 16 * 128) >> 4));
             fgh_commit();
