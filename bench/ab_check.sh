@@ -13,7 +13,8 @@
 #   flexgen check --mask mods/M.c --batch 4 --heads 16 --q-len 8192
 #                 --head-dim D --block-mask --time 20 --no-reference
 # (with --score mods/M.c too where the file has a score_mod; noop: --score
-# mods/noop.c, no block mask; alibi and document with their buffers) with
+# mods/noop.c, no block mask; alibi, document and flamingo with their
+# buffers) with
 # the mod files of A_ROOT
 # for both builds, and prints one line: label, mod, head dim, the median
 # time and TFLOP/s. EXTRA, when set, is added to every command (e.g.
@@ -37,6 +38,10 @@ trap 'rm -rf "$caches"' EXIT
 # + 1) / 16), 16 heads) and document's ids (documents of 1000 tokens).
 awk 'BEGIN { for (h = 0; h < 16; h++) print 2 ^ (-8 * (h + 1) / 16) }' >"$caches/slopes.txt"
 awk 'BEGIN { for (t = 0; t < 8192; t++) print int(t / 1000) }' >"$caches/document_id.txt"
+# flamingo's: text in nine even intervals, interval i seeing image i - 1
+# (the first none), and eight images of 1024 tokens each.
+awk 'BEGIN { for (t = 0; t < 8192; t++) print int(t * 9 / 8192) - 1 }' >"$caches/text_image.txt"
+awk 'BEGIN { for (t = 0; t < 8192; t++) print int(t / 1024) }' >"$caches/kv_image.txt"
 
 mod_args() { # mod: its mask_mod, with its score_mod when the file has one
     local f=$a_root/mods/$1.c
@@ -46,6 +51,7 @@ mod_args() { # mod: its mask_mod, with its score_mod when the file has one
     case $1 in
     alibi) echo "--buffer slopes=$caches/slopes.txt" ;;
     document) echo "--buffer document_id=$caches/document_id.txt" ;;
+    flamingo) echo "--buffer text_image=$caches/text_image.txt --buffer kv_image=$caches/kv_image.txt" ;;
     esac
 }
 warm() { # label root cli mod d: compile (and cache) the kernels of one pair on a small shape
