@@ -426,18 +426,18 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                 fgs_mma_kstep(&dp[0][0], dV_a + oa, dO_k + ob, kk);
             }
             fgh_commit();
+            /* A partial tile's costly mask row parts, made while the
+             * products run (their buffer reads waited for under them, not
+             * after: attention_notes v33). Buffer st is free: this step's
+             * full barrier means every consumer warp released the stage of
+             * step n - 2, after its element loop. */
+            fg_mask_row *const rows = (fg_mask_row *)(fgs_smem + (sRowP - base)) + (cw * 2 + st) * FGS_BLOCK_M;
+            if (FGS_ROWS_SHARED && partial && ctid < FGS_BLOCK_M)
+                rows[ctid] = fg_mask_row_init(p, mhd, b, h, min(q0 + ctid, a.q_len - 1) + a.q_offset);
             fgh_wait<0>();
             fgh_fence_regs<FGS_NF * 4>(&s[0][0]);
             fgh_fence_regs<FGS_NF * 4>(&dp[0][0]);
-            /* A partial tile's costly mask row parts. Buffer st is free:
-             * this step's full barrier means every consumer warp released
-             * the stage of step n - 2, after its element loop. */
-            fg_mask_row *const rows = (fg_mask_row *)(fgs_smem + (sRowP - base)) + (cw * 2 + st) * FGS_BLOCK_M;
-            if (FGS_ROWS_SHARED && partial) {
-                if (ctid < FGS_BLOCK_M)
-                    rows[ctid] = fg_mask_row_init(p, mhd, b, h, min(q0 + ctid, a.q_len - 1) + a.q_offset);
-                fgh_named_sync(7 + cw, 128);
-            }
+            if (FGS_ROWS_SHARED && partial) fgh_named_sync(7 + cw, 128);
 
             const bool edge = q0 + FGS_BLOCK_M > a.q_len || kv0 + FGS_BLOCK_N > kv_end;
             /* five element loops: the checks only where a tile needs them
