@@ -81,8 +81,6 @@
 #define FGS_BLOCK_M (FGS_WIDE_Q ? 128 : 64)     /* q rows per step                */
 #define FGS_NF (FGS_BLOCK_M / 8)                /* n8 fragments of S^T and dP^T   */
 #define FGS_KC (FGS_BLOCK_M / 16)               /* k chunks of P^T and dR^T       */
-/* each consumer's dQ reads both consumers' dR^T */
-#define FGS_DQ_ALL_KV (FGB_D == 128 || FGS_WIDE_Q)
 #define FGS_REGIONS (FGB_D / 64)                /* 64-column regions of a row     */
 #define FGS_KV_REGION (FGS_BLOCK_N * 128)       /* one region of K or V: 16 KB   */
 #define FGS_Q_REGION (FGS_BLOCK_M * 128)        /* one region of Q or dO          */
@@ -98,11 +96,7 @@
 #define FGS_DT (FGB_D / 8)                      /* n8 fragments of dK / dV        */
 #define FGS_PRODUCER_REGS 24
 #define FGS_CONSUMER_REGS 240
-#if FGS_DQ_ALL_KV
-#define FGS_DQ_KSTEPS 8                         /* dQ over all 128 kv rows        */
-#else
-#define FGS_DQ_KSTEPS 4                         /* dQ over the consumer's 64 rows */
-#endif
+#define FGS_DQ_KSTEPS (FGS_BLOCK_N / 16)       /* dQ over all 128 kv rows        */
 /* K, V, two stages, two dR^T buffers, two dQ tiles, two stages of lse2 and
  * delta, two buffers of mask row parts per consumer, 64 bytes of
  * mbarriers, 1 KB to align the base to the swizzle's 1024-byte period;
@@ -259,9 +253,9 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float
  * a consumer arrives for step n + 2 only after it synced on the other's
  * step n + 1, which the other stores after its own sync for step n, so a
  * barrier never gets a second arrival before its sync. The same at head
- * dim 64 with 128-row steps (FGS_DQ_ALL_KV); with 64-row steps each
- * consumer reads only its own dR^T (barrier 1 + c). Ids 5 and 6: each
- * consumer's dQ staging tile is in place; 7 and 8: its mask row parts. */
+ * dim 64, whose 128-row steps split dQ by q rows (each consumer's q
+ * columns of both consumers' dR^T). Ids 5 and 6: each consumer's dQ
+ * staging tile is in place; 7 and 8: its mask row parts. */
 static __device__ __forceinline__ int fgs_drt_bar(int consumer, int st) { return 1 + 2 * consumer + st; }
 
 /* The plan of query head h's q steps for the kv block at kv0. */
@@ -364,13 +358,10 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
     /* dQ's B: K's columns 64 cw .. 64 cw + 63 (one region), all 128 rows;
      * A: dR^T of both consumers. */
     const fg_u32 dQ_b_addr = sK + cw * FGS_KV_REGION, dS_off = 0;
-#elif FGS_WIDE_Q
+#else
     /* dQ's B: all of K (64 columns, 128 rows); A: q columns 64 cw .. 64 cw
      * + 63 of both consumers' dR^T (its region cw). */
     const fg_u32 dQ_b_addr = sK, dS_off = cw * FGS_DS_REGION;
-#else
-    /* dQ's B: this consumer's 64 rows of K; A its own rows of dR^T. */
-    const fg_u32 dQ_b_addr = sK + cw * 64 * 128, dS_off = cw * 64 * 128;
 #endif
     float *const dq_accum = (float *)a.dq_accum;
     const bool dq_atomic = a.dq_atomic != 0; /* else the deterministic pass computes dQ */
@@ -487,16 +478,9 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                                  : "memory");
                 }
                 fgh_fence_async_smem();
-#if FGS_DQ_ALL_KV
                 /* this consumer's dR^T is in place for the other one, which
                  * waits for it only before its dQ (fgs_drt_bar) */
                 fgh_named_arrive(fgs_drt_bar(cw, st), 256);
-#else
-                /* Before the barrier: the previous step's dQ reduction has
-                 * read this consumer's staging tile, written again below. */
-                if (ctid == 0) fgh_bulk_wait<0, true>();
-                fgh_named_sync(1 + cw, 128); /* this consumer's dR^T is in place */
-#endif
             }
 
             /* dK += dR^T Q behind dV, then dQ = dR K once both are done,
@@ -512,13 +496,11 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             fgh_fence_regs<FGS_DT * 4>(&dk[0][0]);
             if (lane == 0) fgh_bar_arrive(bar_empty + 8 * st); /* the stage is no longer read */
             if (!dq_atomic) continue; /* dQ has a pass of its own */
-#if FGS_DQ_ALL_KV
             /* Before the barrier: the previous step's dQ reduction has
              * read this consumer's staging tile, written again below (the
              * barrier counts this consumer's threads, ctid 0's included). */
             if (ctid == 0) fgh_bulk_wait<0, true>();
             fgh_named_sync(fgs_drt_bar(1 - cw, st), 256); /* the other consumer's dR^T is in place */
-#endif
             float dq[8][4];
             const fg_u64 dS_a = fgh_desc_mn(sD + dS_off, FGS_DS_REGION);
             const fg_u64 dQ_b = fgh_desc_mn(dQ_b_addr, FGS_KV_REGION);
