@@ -34,26 +34,10 @@ for cli in "$a_cli" "$b_cli"; do [ -x "$cli" ] || { echo "ab_check.sh: no $cli" 
 caches=$(mktemp -d)
 trap 'rm -rf "$caches"' EXIT
 
-# The buffers of the gallery mods that read one: ALiBi's slopes (2^(-8 (h
-# + 1) / 16), 16 heads) and document's ids (documents of 1000 tokens).
-awk 'BEGIN { for (h = 0; h < 16; h++) print 2 ^ (-8 * (h + 1) / 16) }' >"$caches/slopes.txt"
-awk 'BEGIN { for (t = 0; t < 8192; t++) print int(t / 1000) }' >"$caches/document_id.txt"
-# flamingo's: text in nine even intervals, interval i seeing image i - 1
-# (the first none), and eight images of 1024 tokens each.
-awk 'BEGIN { for (t = 0; t < 8192; t++) print int(t * 9 / 8192) - 1 }' >"$caches/text_image.txt"
-awk 'BEGIN { for (t = 0; t < 8192; t++) print int(t / 1024) }' >"$caches/kv_image.txt"
-
-mod_args() { # mod: its mask_mod, with its score_mod when the file has one
-    local f=$a_root/mods/$1.c
-    if [ "$1" = noop ]; then echo "--score $f"; return; fi
-    echo "--mask $f --block-mask"
-    if grep -q "float score_mod" "$f"; then echo "--score $f"; fi
-    case $1 in
-    alibi) echo "--buffer slopes=$caches/slopes.txt" ;;
-    document) echo "--buffer document_id=$caches/document_id.txt" ;;
-    flamingo) echo "--buffer text_image=$caches/text_image.txt --buffer kv_image=$caches/kv_image.txt" ;;
-    esac
-}
+# shellcheck source=bench/gallery_args.sh
+. "$(dirname "$0")/gallery_args.sh"
+gallery_buffers "$caches"
+mod_args() { gallery_mod_args "$a_root" "$caches" "$1"; } # the mod files of A_ROOT for both builds
 warm() { # label root cli mod d: compile (and cache) the kernels of one pair on a small shape
     # shellcheck disable=SC2046
     FLEXGEN_SOURCE_ROOT=$2 FLEXGEN_CACHE_DIR=$caches/$1/$4.$5 "$3" check $(mod_args "$4") --batch 1 \

@@ -30,27 +30,13 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export FLEXGEN_CACHE_DIR=$work/cache
 
-# The gallery's buffers, as bench/ab_check.sh makes them.
-awk 'BEGIN { for (h = 0; h < 16; h++) print 2 ^ (-8 * (h + 1) / 16) }' >"$work/slopes.txt"
-awk 'BEGIN { for (t = 0; t < 8192; t++) print int(t / 1000) }' >"$work/document_id.txt"
-awk 'BEGIN { for (t = 0; t < 8192; t++) print int(t * 9 / 8192) - 1 }' >"$work/text_image.txt"
-awk 'BEGIN { for (t = 0; t < 8192; t++) print int(t / 1024) }' >"$work/kv_image.txt"
-mod_args() {
-    local f=mods/$1.c
-    if [ "$1" = noop ]; then echo "--score $f"; return; fi
-    echo "--mask $f --block-mask"
-    if grep -q "float score_mod" "$f"; then echo "--score $f"; fi
-    case $1 in
-    alibi) echo "--buffer slopes=$work/slopes.txt" ;;
-    document) echo "--buffer document_id=$work/document_id.txt" ;;
-    flamingo) echo "--buffer text_image=$work/text_image.txt --buffer kv_image=$work/kv_image.txt" ;;
-    esac
-}
-
+# shellcheck source=bench/gallery_args.sh
+. "$(dirname "$0")/gallery_args.sh"
+gallery_buffers "$work"
 for d in $dims; do
     for mod in $mods; do
         # shellcheck disable=SC2046
-        set -- $(mod_args "$mod") --batch 4 --heads 16 --q-len 8192 --head-dim "$d" --no-reference \
+        set -- $(gallery_mod_args . "$work" "$mod") --batch 4 --heads 16 --q-len 8192 --head-dim "$d" --no-reference \
             --backward --no-buffer-grads
         # the whole call, unprofiled (this also fills the kernel cache)
         whole=$("$cli" check "$@" --time 20 2>&1 | sed -n 's/^time backward.*median \([0-9.]*\) ms.*/\1/p')
