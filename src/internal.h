@@ -327,6 +327,9 @@ int fgi_mod_find_param(const fg_mod *mod, const char *name);
  * treat the mod as having none (FG_HAS_SCORE_MOD 0), which saves a multiply
  * per score and takes the scale into the exponential's multiplier. */
 bool fgi_score_is_identity(const fgi_func *fn);
+/* Whether fn returns a constant float (literals and + - * / of them,
+ * through locals), and its value. */
+bool fgi_func_const_float(const fgi_func *fn, float *out);
 const char *fgi_type_name(fgi_type t);
 const char *fgi_builtin_name(fgi_builtin fn);
 /* The arguments' names, in fgi_arg order: the canonical text and the

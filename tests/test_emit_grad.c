@@ -154,8 +154,48 @@ static void test_buffer_slots(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* FG_SCORE_GRAD_CONST: 1 where d score_mod / d score is a finite
+ * constant (the backward then drops its guard against an infinite
+ * derivative where P underflows), 0 where it depends on anything. */
+static void test_grad_const(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    static const struct {
+        fg_mod_kind kind;
+        const char *expr;
+        int want;
+    } cases[] = {
+        {FG_MASK_MOD, "q_idx >= kv_idx", 1},                    /* no score_mod: 1 */
+        {FG_SCORE_MOD, "score + (float)(kv_idx - q_idx)", 1},  /* ALiBi's shape */
+        {FG_SCORE_MOD, "score * 2.0f", 1},
+        {FG_SCORE_MOD, "(float)q_idx", 1},                      /* 0 everywhere */
+        {FG_SCORE_MOD, "score * score", 0},
+        {FG_SCORE_MOD, "tanhf(score)", 0},
+        {FG_SCORE_MOD, "score * (float)h", 0},
+        {FG_SCORE_MOD, "q_idx >= kv_idx ? score : 0.0f", 0},
+        {FG_SCORE_MOD, "score * INFINITY", 0},                  /* constant, not finite */
+        {FG_SCORE_MOD, "score * (1.0f / 0.0f)", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fg_mod *m = NULL;
+        fg_status st = fg_mod_from_expr(ctx, cases[i].kind, cases[i].expr, NULL, 0, &m);
+        if (st != FG_OK) fail_msg("case %zu: %s", i, fg_error_diagnostic(ctx));
+        fgi_buf b = {0};
+        assert_int_equal(fgi_emit_grad(ctx, m, NULL, &b), FG_OK);
+        char *text = fgi_buf_take(&b);
+        char want[48];
+        snprintf(want, sizeof want, "#define FG_SCORE_GRAD_CONST %d\n", cases[i].want);
+        if (!strstr(text, want)) fail_msg("case %zu (%s): expected %s in:\n%s", i, cases[i].expr, want, text);
+        free(text);
+        fg_mod_destroy(m);
+    }
+    fg_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_grad_const),
         cmocka_unit_test(test_buffer_slots),
         cmocka_unit_test(test_gallery_compiles),
     };

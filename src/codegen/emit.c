@@ -37,6 +37,7 @@
 #include "codegen/codegen.h"
 #include "mod/deriv.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -494,6 +495,13 @@ fg_status fgi_emit_grad_math(fg_ctx *ctx, const fg_mod *mod, const char *generat
                       " * checked tree: d score_mod / d score, and for each float buffer read the\n"
                       " * element read and d score_mod / d (the value read). */\n");
     emit_grad_struct(&em, &L);
+    /* A derivative that is a finite constant (1 without a score_mod, as
+     * for ALiBi's score + bias) is finite wherever P underflows to 0, so
+     * the backward's element loop needs no guard there (FG_SCORE_GRAD_CONST,
+     * templates/attention/attention_bwd_sm90.cuh). */
+    float grad_value = 1.0f;
+    const bool grad_const = !g.d_score || (fgi_func_const_float(g.d_score, &grad_value) && isfinite(grad_value));
+    fgi_buf_printf(out, "#define FG_SCORE_GRAD_CONST %d\n\n", grad_const ? 1 : 0);
     if (g.d_score) {
         emit_score_shaped(&em, "float", "fg_score_grad", -1, g.d_score);
     } else {

@@ -26,6 +26,36 @@ int fgi_mod_find_param(const fg_mod *mod, const char *name) {
     return -1;
 }
 
+/* The float value of a tree made of float literals, + - * / and unary
+ * signs (as the derivatives come out of src/mod/deriv.c, unfolded: 1.0f *
+ * 2.0f), following locals; false for anything else. `depth` bounds the
+ * walk. */
+static bool const_float(const fgi_func *fn, const fgi_expr *e, int depth, float *out) {
+    if (!e || depth > 64 || e->type != FGI_T_FLOAT) return false;
+    float x, y;
+    switch (e->kind) {
+    case FGI_E_FLOAT_LIT: *out = e->lit.f; return true;
+    case FGI_E_LOCAL:
+        return e->index >= 0 && e->index < fn->nlocals && const_float(fn, fn->locals[e->index].init, depth + 1, out);
+    case FGI_E_UNARY:
+        if ((e->op != FGI_OP_NEG && e->op != FGI_OP_PLUS) || !const_float(fn, e->a, depth + 1, &x)) return false;
+        *out = e->op == FGI_OP_NEG ? -x : x;
+        return true;
+    case FGI_E_BINARY:
+        if (!const_float(fn, e->a, depth + 1, &x) || !const_float(fn, e->b, depth + 1, &y)) return false;
+        switch (e->op) {
+        case FGI_OP_ADD: *out = x + y; return true;
+        case FGI_OP_SUB: *out = x - y; return true;
+        case FGI_OP_MUL: *out = x * y; return true;
+        case FGI_OP_DIV: *out = x / y; return true;
+        default: return false;
+        }
+    default: return false;
+    }
+}
+
+bool fgi_func_const_float(const fgi_func *fn, float *out) { return fn && const_float(fn, fn->ret, 0, out); }
+
 bool fgi_score_is_identity(const fgi_func *fn) {
     if (!fn || fn->kind != FGI_FUNC_SCORE) return false;
     const fgi_expr *e = fn->ret;

@@ -229,13 +229,13 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float
                 /* A P of 0 (masked or underflowed) gives dR 0, whatever dP,
                  * delta or the derivative are there: a derivative may be
                  * infinite where P underflowed, and an edge tile's rows
-                 * past Q_LEN read delta where nothing was written. Without
-                 * a score_mod and off the edges, dP and delta are finite,
-                 * so dS = P (dP - delta) is 0 there already and dR is dS
-                 * (two instructions fewer per element, attention_notes
-                 * v33). */
-                if (!FG_HAS_SCORE_MOD && !EDGE)
-                    dr = ds;
+                 * past Q_LEN read delta where nothing was written. With a
+                 * constant derivative (1 without a score_mod) and off the
+                 * edges, dP and delta are finite, so dS = P (dP - delta)
+                 * is 0 there already and dR is dS times the constant (two
+                 * instructions fewer per element, attention_notes v33). */
+                if (FG_SCORE_GRAD_CONST && !EDGE)
+                    dr = ds * fg_score_grad(p, raw, b, h, qi, ki);
                 else
                     dr = pr != 0.f ? ds * fg_score_grad(p, raw, b, h, qi, ki) : 0.f;
             }
