@@ -1005,9 +1005,21 @@ static int time_check(state *s, const fg_attention_args *a) {
     fg_kernel_config cfg = fg_kernel_config_init();
     cfg.kind = FG_KERNEL_ATTENTION_BWD, cfg.dtype = o->dtype, cfg.head_dim = o->head_dim;
     fg_kernel *k = NULL;
-    st = fg_kernel_get(ctx, s->mod, &cfg, &k);
-    if (st == FG_OK) st = time_runs(ctx, k, a, &s->bw.args, o->time_n, &ms);
+    /* A workspace of its own, as a training loop keeps one: from the
+     * library's pool, each launch after the synchronisation that ends the
+     * one before would map its hundreds of MB afresh (~0.2 ms at B=4 H=16
+     * S=8192), which is not the kernels' time. */
+    fg_attention_bwd_args bw = s->bw.args;
+    size_t ws_bytes = 0;
+    CUdeviceptr ws = 0;
+    st = fg_attention_backward_workspace_size(ctx, s->mod, &bw, &ws_bytes);
+    if (st == FG_OK && ws_bytes > 0) st = fgi_cu_status(ctx, fgi_cu()->cuMemAlloc(&ws, ws_bytes), "cuMemAlloc");
+    bw.workspace = (void *)(uintptr_t)ws;
+    bw.workspace_size = ws_bytes;
+    if (st == FG_OK) st = fg_kernel_get(ctx, s->mod, &cfg, &k);
+    if (st == FG_OK) st = time_runs(ctx, k, a, &bw, o->time_n, &ms);
     fg_kernel_release(k);
+    if (ws) fgi_cu()->cuMemFree(ws);
     if (st != FG_OK) return fg_cli_fail(ctx, st, "check: timing the backward");
     printf("time backward%s: median %.3f ms over %d launches, %.1f TFLOP/s (2.5x the forward's FLOPs)\n",
            o->deterministic ? " (deterministic)" : "", ms, o->time_n, 2.5 * flops / (ms * 1e-3) / 1e12);
