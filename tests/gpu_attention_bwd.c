@@ -2,8 +2,9 @@
  *
  * Every case draws fresh random q, k, v and dout (and, outside
  * deterministic mode, d loss / d lse), runs the GPU forward for
- * out and lse, poisons dq, dk, dv and the buffer gradients (all-ones bits:
- * NaN in bf16, fp16 and fp32), runs fg_attention_backward and compares with
+ * out and lse, poisons dq, dk, dv, the buffer gradients and the workspace
+ * (all-ones bits: NaN in bf16, fp16 and fp32), runs fg_attention_backward
+ * on that workspace and compares with
  * fg_attention_reference_backward (float64) on the same inputs:
  *     ||g - ref||_F / ||ref||_F <= 2e-2 (bf16), 5e-3 (fp16)
  * for dq, dk, dv and every buffer gradient; no non-finite value anywhere;
@@ -213,6 +214,17 @@ static void run_case(fg_ctx *ctx, const acase *c) {
         b.dlse = (const float *)(uintptr_t)ddlse;
     }
 
+    /* A workspace of the test's own, poisoned like the outputs before each
+     * run (all-ones bits: NaN as fp32): the kernels must zero whatever
+     * accumulator they add into. */
+    size_t ws_bytes = 0;
+    st = fg_attention_backward_workspace_size(ctx, mod, &b, &ws_bytes);
+    if (st != FG_OK) print_error("%s: workspace size: %s\n", name, fg_errmsg(ctx));
+    assert_int_equal(st, FG_OK);
+    CUdeviceptr ws = 0;
+    if (ws_bytes) assert_int_equal(fgi_cu()->cuMemAlloc(&ws, ws_bytes), CUDA_SUCCESS);
+    b.workspace = (void *)(uintptr_t)ws, b.workspace_size = ws_bytes;
+
     uint16_t *out_q = malloc(nq * 2), *out_k = malloc(nk * 2), *out_v = malloc(nk * 2);
     long differs = 0;
     const int runs = deterministic ? 2 : 1;
@@ -224,6 +236,7 @@ static void run_case(fg_ctx *ctx, const acase *c) {
         assert_int_equal(fgi_cu()->cuMemsetD8(gv, 0xff, nk * 2 + goff), CUDA_SUCCESS);
         for (int k = 0; k < gr.n; k++)
             assert_int_equal(fgi_cu()->cuMemsetD8(gr.dev[k], 0xff, 4 * (size_t)gr.len[k]), CUDA_SUCCESS);
+        if (ws) assert_int_equal(fgi_cu()->cuMemsetD8(ws, 0xff, ws_bytes), CUDA_SUCCESS);
         st = fg_attention_backward(ctx, mod, &b);
         if (st != FG_OK) print_error("%s: backward: %s: %s\n%s", name, fg_status_string(st), fg_errmsg(ctx),
                                      fg_compile_log(ctx));
@@ -301,7 +314,7 @@ static void run_case(fg_ctx *ctx, const acase *c) {
     }
     free(rq), free(rk), free(rv), free(out_q), free(out_k), free(out_v);
     free(hq), free(hk), free(hv), free(hdo), free(hdlse);
-    CUdeviceptr all[] = {dq, dk, dv, ddo, dout, dlse, gq, gk, gv, ddlse};
+    CUdeviceptr all[] = {dq, dk, dv, ddo, dout, dlse, gq, gk, gv, ddlse, ws};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]) fgi_cu()->cuMemFree(all[i]);
     fg_block_mask_destroy(bm);

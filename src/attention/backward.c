@@ -18,8 +18,8 @@
  *      stream: delta (and lse * log2(e) for the Hopper kernel), the fp32
  *      dQ accumulator (not in deterministic mode) and the fixed-point
  *      accumulators of the buffer gradients;
- *   7. on the caller's stream, in order: the fixed-point accumulators and
- *      the dQ accumulator zeroed, fg_attention_bwd_pre (delta),
+ *   7. on the caller's stream, in order: the fixed-point accumulators
+ *      zeroed, fg_attention_bwd_pre (delta; the dQ accumulator zeroed),
  *      fg_attention_bwd_dkdv (dK, dV, buffer gradients; dQ through atomics),
  *      then either fg_attention_bwd_dq (dQ from the accumulator) or,
  *      deterministic, fg_attention_bwd_dq_tiles; fg_attention_bwd_fixed_to_float
@@ -166,7 +166,7 @@ static fg_status encode_maps(fg_ctx *ctx, const fg_kernel *k, const fg_attention
  * entry, `fixed` their fixed-point accumulators. */
 static fg_status run_passes(fg_ctx *ctx, const fg_kernel *k, const fg_attention_bwd_args *b,
                             fgi_attn_bwd_abi *abi, fgi_param_blob *blob, unsigned char *gblob, hopper_maps *maps,
-                            size_t dq_accum_bytes, const void *const grads[], const int64_t glen[],
+                            const void *const grads[], const int64_t glen[],
                             const CUdeviceptr fixed[], bool caller_sums) {
     const fg_attention_args *a = b->fwd;
     void *stream = a->stream;
@@ -176,19 +176,20 @@ static fg_status run_passes(fg_ctx *ctx, const fg_kernel *k, const fg_attention_
             FGI_CU_TRY(ctx,
                        fgi_cu()->cuMemsetD8Async(fixed[i], 0, (size_t)glen[i] * FGI_BWD_SUM_BYTES, (CUstream)stream),
                        "cuMemsetD8Async");
-    if (abi->dq_accum)
-        FGI_CU_TRY(ctx, fgi_cu()->cuMemsetD8Async(abi->dq_accum, 0, dq_accum_bytes, (CUstream)stream),
-                   "cuMemsetD8Async");
-    const int bands = k->geom[FGI_BWD_DKDV].bands;
-    const unsigned rows[3] = {(unsigned)((a->q_len + 3) / 4), (unsigned)a->heads_q, (unsigned)a->batch};
+    /* the preprocess zeroes the dQ accumulator (all q_pitch rows) */
+    const int row_block = k->geom[FGI_BWD_PRE].block_m, bands = k->geom[FGI_BWD_DKDV].bands;
+    const unsigned pre_grid[3] = {(unsigned)((abi->q_pitch + row_block - 1) / row_block), (unsigned)a->heads_q,
+                                  (unsigned)a->batch};
     void *pre_args[1] = {abi};
-    FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_PRE, rows, pre_args, stream));
+    FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_PRE, pre_grid, pre_args, stream));
     const unsigned kv_grid[3] = {(unsigned)(abi->kv_tiles * bands), (unsigned)a->heads_kv, (unsigned)a->batch};
     void *dkdv_args[4] = {abi, blob->bytes, gblob, maps};
     FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_DKDV, kv_grid, dkdv_args, stream));
     if (abi->dq_atomic) {
+        const unsigned dq_grid[3] = {(unsigned)((a->q_len + row_block - 1) / row_block), (unsigned)a->heads_q,
+                                     (unsigned)a->batch};
         void *dq_args[1] = {abi};
-        FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_DQ, rows, dq_args, stream));
+        FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_DQ, dq_grid, dq_args, stream));
     } else {
         const unsigned q_grid[3] = {(unsigned)(abi->q_tiles * bands), (unsigned)a->heads_q, (unsigned)a->batch};
         void *dqt_args[2] = {abi, blob->bytes};
@@ -308,7 +309,7 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *
     }
 
     fg_status s =
-        run_passes(ctx, k, b, abi, &p.blob, gblob, &p.maps, p.dq_accum_bytes, p.grads, p.glen, fixed, sums != NULL);
+        run_passes(ctx, k, b, abi, &p.blob, gblob, &p.maps, p.grads, p.glen, fixed, sums != NULL);
     fg_status f = fgi_attn_ws_free(ctx, &w, a->stream);
     return s != FG_OK ? s : f;
 }

@@ -144,6 +144,8 @@ static fgi_kernel_geom bwd_geometry(const fg_kernel_config *c, const fg_mod *mod
         g.block_m = c->head_dim > 64 ? 32 : 64;
         g.smem = (size_t)(2 * g.block_n + 2 * 2 * g.block_m) * row + (size_t)g.block_n * (g.block_m + 8) * 2 +
                  2 * 2 * (size_t)g.block_m * 4;
+    } else if (entry == FGI_BWD_PRE || entry == FGI_BWD_DQ) {
+        g.block_m = 64; /* query rows per thread block: FGB_ROW_BLOCK */
     } else if (entry == FGI_BWD_DQ_TILES) {
         g.block_m = 64;
         g.block_n = c->head_dim > 128 ? 32 : 64;

@@ -4,8 +4,8 @@
  * differentiated exactly as the forward applies them.
  *
  * Three kernels, launched in this order on one stream:
- *   fg_attention_bwd_pre   delta = rowsum(dO * O) - dlse per query row (fp32; the
- *                          host has zeroed the fp32 dQ accumulator);
+ *   fg_attention_bwd_pre   delta = rowsum(dO * O) - dlse per query row (fp32),
+ *                          and the fp32 dQ accumulator zeroed;
  *   fg_attention_bwd_dkdv  one thread block per (kv tile, kv head, batch):
  *                          K and V stay in shared memory, dK and dV in
  *                          registers, while the q tiles the block mask's
@@ -209,29 +209,118 @@ static __device__ __forceinline__ void fgb_load_tile(fg_u32 smem, const fg_u16 *
 
 /* ---- delta and the dQ accumulator ---------------------------------------------- */
 
-/* One warp per query row: delta = sum_d dO * O in fp32 (and, for the
- * Hopper kernel, lse * log2(e) beside it). The host zeroes the dQ
- * accumulator. Grid (ceil(Q_LEN / 4), Hq, B). */
+/* The preprocess and the dQ conversion take FGB_ROW_BLOCK query rows of one
+ * (b, h) per thread block (the host's grid: bwd_geometry's block_m for
+ * these entries). A row is read as D / 8 chunks of 16 bytes, FGB_ROW_LANES
+ * lanes to a row (D / 8 rounded up to a power of two, so a row's lanes are
+ * an aligned group of a warp that xor shuffles can sum): each thread keeps
+ * several 16-byte loads in flight, where one 2-byte load per lane and four
+ * rows per block left both passes at about half the DRAM bandwidth. */
+#define FGB_ROW_BLOCK 64
+#define FGB_ROW_CHUNKS (FGB_D / 8)
+#define FGB_ROW_LANES (FGB_ROW_CHUNKS <= 2 ? 2 : FGB_ROW_CHUNKS <= 4 ? 4 : FGB_ROW_CHUNKS <= 8 ? 8 : FGB_ROW_CHUNKS <= 16 ? 16 : 32)
+#define FGB_ROWS_PER_PASS (FGB_THREADS / FGB_ROW_LANES)
+#define FGB_PRE_PASSES (FGB_ROW_BLOCK / FGB_ROWS_PER_PASS)
+#define FGB_PRE_BATCH (FGB_PRE_PASSES < 4 ? FGB_PRE_PASSES : 4)
+static_assert(FGB_D % 16 == 0 && FGB_ROW_CHUNKS <= 32, "head dims are multiples of 16, at most 256");
+
+/* The dQ accumulator's rows per (b, h): the Hopper pass adds whole 64-row
+ * tiles, so its rows are q_pitch apart; the portable one's are Q_LEN. */
+#if defined(FG_KERNEL_ATTENTION_BWD_SM90)
+#define FGB_ACC_ROWS(a) ((a).q_pitch)
+#else
+#define FGB_ACC_ROWS(a) ((a).q_len)
+#endif
+
+/* 8 consecutive 16-bit elements (VEC: one 16-byte load), kept packed
+ * until fgb_dot8 so that several loads fit in flight. */
+template <bool VEC>
+static __device__ __forceinline__ uint4 fgb_load8(const fg_elem *p) {
+    if (VEC) return *(const uint4 *)p;
+    fg_u32 w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = (fg_u32)p[2 * i].bits | (fg_u32)p[2 * i + 1].bits << 16;
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/* The dot product of two such packs, in fp32. */
+static __device__ __forceinline__ float fgb_dot8(uint4 x, uint4 y) {
+    const fg_u32 xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        fg_elem xl, xh, yl, yh;
+        xl.bits = (fg_u16)(xs[i] & 0xffffu), xh.bits = (fg_u16)(xs[i] >> 16);
+        yl.bits = (fg_u16)(ys[i] & 0xffffu), yh.bits = (fg_u16)(ys[i] >> 16);
+        acc += fg_elem_to_f32(xl) * fg_elem_to_f32(yl);
+        acc += fg_elem_to_f32(xh) * fg_elem_to_f32(yh);
+    }
+    return acc;
+}
+
+/* Whether a 16-bit tensor's rows can be read or written 16 bytes at a time. */
+static __device__ __forceinline__ bool fgb_vec16(fg_u64 ptr, const fg_i64 *stride) {
+    return ((ptr | (fg_u64)stride[0] | (fg_u64)stride[1] | (fg_u64)stride[2]) & 7) == 0 && (ptr & 15) == 0;
+}
+
+/* delta = sum_d dO * O in fp32 for query rows [r0, r0 + FGB_ROW_BLOCK) of
+ * (b, h) (and, for the Hopper kernel, lse * log2(e) beside it); VEC: O's
+ * and dO's rows are read 16 bytes at a time. */
+template <bool VEC>
+static __device__ __forceinline__ void fgb_pre_rows(const fgb_args &a, int r0, int h, int b) {
+    const fg_i64 rb = (fg_i64)b * a.heads_q + h;
+    const int sub = threadIdx.x % FGB_ROW_LANES, chunk = sub * 8;
+    const fg_elem *o = (const fg_elem *)a.out + (fg_i64)b * a.o_stride[0] + (fg_i64)h * a.o_stride[1];
+    const fg_elem *d = (const fg_elem *)a.dout + (fg_i64)b * a.do_stride[0] + (fg_i64)h * a.do_stride[1];
+    /* FGB_PRE_BATCH rows per thread at a time: their loads all issued
+     * before any is used */
+    for (int p0 = 0; p0 < FGB_PRE_PASSES; p0 += FGB_PRE_BATCH) {
+        uint4 x[FGB_PRE_BATCH], y[FGB_PRE_BATCH];
+#pragma unroll
+        for (int j = 0; j < FGB_PRE_BATCH; j++) {
+            const int row = r0 + (p0 + j) * FGB_ROWS_PER_PASS + threadIdx.x / FGB_ROW_LANES;
+            x[j] = y[j] = make_uint4(0, 0, 0, 0);
+            if (row < a.q_len && chunk < FGB_D) {
+                x[j] = fgb_load8<VEC>(o + (fg_i64)row * a.o_stride[2] + chunk);
+                y[j] = fgb_load8<VEC>(d + (fg_i64)row * a.do_stride[2] + chunk);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < FGB_PRE_BATCH; j++) {
+            const int row = r0 + (p0 + j) * FGB_ROWS_PER_PASS + threadIdx.x / FGB_ROW_LANES;
+            float acc = fgb_dot8(x[j], y[j]);
+            /* the row's lanes are an aligned group: xor within it */
+#pragma unroll
+            for (int off = FGB_ROW_LANES / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+            if (sub != 0 || row >= a.q_len) continue;
+            const fg_i64 r = rb * a.q_pitch + row;
+            /* d lse_i / d s_ij = P_ij: a gradient on lse joins dS = P (dP - delta)
+             * as -dlse in delta. */
+            if (a.dlse) acc -= ((const float *)a.dlse)[rb * a.q_len + row];
+            ((float *)a.delta)[r] = acc;
+            if (a.lse2) ((float *)a.lse2)[r] = ((const float *)a.lse)[rb * a.q_len + row] * FGB_LOG2E;
+        }
+    }
+}
+
+/* The preprocess: delta (fgb_pre_rows), and the dQ accumulator's rows of
+ * this block zeroed (where dq_accum is in use), which saves a memset of
+ * the whole accumulator before this launch: the zeros go out while the
+ * loads are in flight. Grid (ceil(q_pitch / FGB_ROW_BLOCK), Hq, B). */
 extern "C" __global__ void __launch_bounds__(FGB_THREADS)
 fg_attention_bwd_pre(const __grid_constant__ fgb_args a) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = blockIdx.x * FGB_NWARPS + warp, h = blockIdx.y, b = blockIdx.z;
-    if (row >= a.q_len) return;
-    const fg_elem *o = (const fg_elem *)a.out + (fg_i64)b * a.o_stride[0] + (fg_i64)h * a.o_stride[1] +
-                       (fg_i64)row * a.o_stride[2];
-    const fg_elem *d = (const fg_elem *)a.dout + (fg_i64)b * a.do_stride[0] + (fg_i64)h * a.do_stride[1] +
-                       (fg_i64)row * a.do_stride[2];
-    float acc = 0.f;
-    for (int c = lane; c < FGB_D; c += 32) acc += fg_elem_to_f32(o[c]) * fg_elem_to_f32(d[c]);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    const fg_i64 rb = (fg_i64)b * a.heads_q + h, r = rb * a.q_pitch + row;
-    if (lane != 0) return;
-    /* d lse_i / d s_ij = P_ij: a gradient on lse joins dS = P (dP - delta)
-     * as -dlse in delta. */
-    if (a.dlse) acc -= ((const float *)a.dlse)[rb * a.q_len + row];
-    ((float *)a.delta)[r] = acc;
-    if (a.lse2) ((float *)a.lse2)[r] = ((const float *)a.lse)[rb * a.q_len + row] * FGB_LOG2E;
+    const int h = blockIdx.y, b = blockIdx.z, r0 = blockIdx.x * FGB_ROW_BLOCK;
+    if (a.dq_accum) {
+        const fg_i64 rb = (fg_i64)b * a.heads_q + h;
+        const int acc_rows = FGB_ACC_ROWS(a);
+        const int n = (min(acc_rows, r0 + FGB_ROW_BLOCK) - r0) * (FGB_D / 4);
+        float4 *z = (float4 *)((float *)a.dq_accum + (rb * acc_rows + r0) * FGB_D);
+        for (int i = threadIdx.x; i < n; i += FGB_THREADS) z[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    if (fgb_vec16(a.out, a.o_stride) && fgb_vec16(a.dout, a.do_stride))
+        fgb_pre_rows<true>(a, r0, h, b);
+    else
+        fgb_pre_rows<false>(a, r0, h, b);
 }
 
 /* One thread per gradient element: the fixed-point sum rounded to fp32
@@ -263,18 +352,51 @@ static __device__ __forceinline__ fg_i64 fgb_dq_index(const fgb_args &a, fg_i64 
 #endif
 }
 
-/* One warp per query row: dQ = scale * accumulator, rounded to the dtype.
- * Grid (ceil(Q_LEN / 4), Hq, B). */
+/* dQ = scale * accumulator, rounded to the dtype: a thread per 8 columns
+ * of a row (8 consecutive columns are 32 contiguous bytes in either
+ * layout: the Hopper one permutes float pairs in aligned groups of four),
+ * 16-byte stores where dq allows them. Grid (ceil(Q_LEN / FGB_ROW_BLOCK),
+ * Hq, B). */
 extern "C" __global__ void __launch_bounds__(FGB_THREADS)
 fg_attention_bwd_dq(const __grid_constant__ fgb_args a) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = blockIdx.x * FGB_NWARPS + warp, h = blockIdx.y, b = blockIdx.z;
-    if (row >= a.q_len) return;
+    const int h = blockIdx.y, b = blockIdx.z, r0 = blockIdx.x * FGB_ROW_BLOCK;
     const fg_i64 rb = (fg_i64)b * a.heads_q + h;
     const float *acc = (const float *)a.dq_accum;
-    fg_elem *dq = (fg_elem *)a.dq + (fg_i64)b * a.dq_stride[0] + (fg_i64)h * a.dq_stride[1] +
-                  (fg_i64)row * a.dq_stride[2];
-    for (int c = lane; c < FGB_D; c += 32) dq[c] = fg_f32_to_elem(acc[fgb_dq_index(a, rb, row, c)] * a.scale);
+    fg_elem *dq = (fg_elem *)a.dq + (fg_i64)b * a.dq_stride[0] + (fg_i64)h * a.dq_stride[1];
+    const bool vec = fgb_vec16(a.dq, a.dq_stride);
+    const int n = (min(a.q_len, r0 + FGB_ROW_BLOCK) - r0) * FGB_ROW_CHUNKS;
+    /* four chunks per thread at a time, their loads issued first */
+    for (int i0 = threadIdx.x; i0 < n; i0 += 4 * FGB_THREADS) {
+        float4 x[4][2];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int i = i0 + j * FGB_THREADS;
+            if (i >= n) continue;
+            const int row = r0 + i / FGB_ROW_CHUNKS, c = (i % FGB_ROW_CHUNKS) * 8;
+            const float4 *src = (const float4 *)(acc + fgb_dq_index(a, rb, row, c));
+            x[j][0] = src[0], x[j][1] = src[1];
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int i = i0 + j * FGB_THREADS;
+            if (i >= n) continue;
+            const int row = r0 + i / FGB_ROW_CHUNKS, c = (i % FGB_ROW_CHUNKS) * 8;
+            const float f[8] = {x[j][0].x, x[j][0].y, x[j][0].z, x[j][0].w,
+                                x[j][1].x, x[j][1].y, x[j][1].z, x[j][1].w};
+            fg_elem *dst = dq + (fg_i64)row * a.dq_stride[2] + c;
+            if (vec) {
+                uint4 u;
+                u.x = fg_pack2(f[0] * a.scale, f[1] * a.scale);
+                u.y = fg_pack2(f[2] * a.scale, f[3] * a.scale);
+                u.z = fg_pack2(f[4] * a.scale, f[5] * a.scale);
+                u.w = fg_pack2(f[6] * a.scale, f[7] * a.scale);
+                *(uint4 *)dst = u;
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; k++) dst[k] = fg_f32_to_elem(f[k] * a.scale);
+            }
+        }
+    }
 }
 
 /* ---- dK, dV and dQ ----------------------------------------------------------------- */
