@@ -236,11 +236,16 @@ static_assert(FGB_D % 16 == 0 && FGB_ROW_CHUNKS <= 32, "head dims are multiples 
  * until fgb_dot8 so that several loads fit in flight. */
 template <bool VEC>
 static __device__ __forceinline__ uint4 fgb_load8(const fg_elem *p) {
-    if (VEC) return *(const uint4 *)p;
-    fg_u32 w[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) w[i] = (fg_u32)p[2 * i].bits | (fg_u32)p[2 * i + 1].bits << 16;
-    return make_uint4(w[0], w[1], w[2], w[3]);
+    uint4 u;
+    if (VEC) {
+        u = *(const uint4 *)p;
+    } else {
+        u.x = (fg_u32)p[0].bits | (fg_u32)p[1].bits << 16;
+        u.y = (fg_u32)p[2].bits | (fg_u32)p[3].bits << 16;
+        u.z = (fg_u32)p[4].bits | (fg_u32)p[5].bits << 16;
+        u.w = (fg_u32)p[6].bits | (fg_u32)p[7].bits << 16;
+    }
+    return u;
 }
 
 /* The dot product of two such packs, in fp32. */
