@@ -223,6 +223,12 @@ static __device__ __forceinline__ void fgb_load_tile(fg_u32 smem, const fg_u16 *
 #define FGB_PRE_PASSES (FGB_ROW_BLOCK / FGB_ROWS_PER_PASS)
 #define FGB_PRE_BATCH (FGB_PRE_PASSES < 4 ? FGB_PRE_PASSES : 4)
 static_assert(FGB_D % 16 == 0 && FGB_ROW_CHUNKS <= 32, "head dims are multiples of 16, at most 256");
+static_assert(FG_LAUNCH_BLOCK_M_fg_attention_bwd_pre == FGB_ROW_BLOCK &&
+                  FG_LAUNCH_BLOCK_M_fg_attention_bwd_dq == FGB_ROW_BLOCK,
+              "bwd_geometry: query rows per block of the preprocess and the dQ conversion");
+static_assert(FG_LAUNCH_THREADS_fg_attention_bwd_pre == FGB_THREADS &&
+                  FG_LAUNCH_THREADS_fg_attention_bwd_dq == FGB_THREADS,
+              "bwd_geometry: threads of the preprocess and the dQ conversion");
 
 /* The dQ accumulator's rows per (b, h): the Hopper pass adds whole 64-row
  * tiles, so its rows are q_pitch apart; the portable one's are Q_LEN. */
