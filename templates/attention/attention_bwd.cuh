@@ -357,9 +357,9 @@ static __device__ __forceinline__ fg_i64 fgb_dq_index(const fgb_args &a, fg_i64 
 #if defined(FG_KERNEL_ATTENTION_BWD_SM90)
     const int r = row & 63, cc = c & 63;
     const int pc = ((((cc >> 1) ^ ((r & 7) << 2))) << 1) | (cc & 1);
-    return (((rb * (a.q_pitch >> 6) + (row >> 6)) * (FGB_D / 64) + (c >> 6)) * 64 + r) * 64 + pc;
+    return (((rb * (FGB_ACC_ROWS(a) >> 6) + (row >> 6)) * (FGB_D / 64) + (c >> 6)) * 64 + r) * 64 + pc;
 #else
-    return (rb * a.q_len + row) * FGB_D + c;
+    return (rb * FGB_ACC_ROWS(a) + row) * FGB_D + c;
 #endif
 }
 
