@@ -176,7 +176,8 @@ static fg_status run_passes(fg_ctx *ctx, const fg_kernel *k, const fg_attention_
             FGI_CU_TRY(ctx,
                        fgi_cu()->cuMemsetD8Async(fixed[i], 0, (size_t)glen[i] * FGI_BWD_SUM_BYTES, (CUstream)stream),
                        "cuMemsetD8Async");
-    /* the preprocess zeroes the dQ accumulator (all q_pitch rows) */
+    /* the preprocess zeroes the dQ accumulator's flags (Hopper) or the
+     * accumulator (all q_pitch rows) */
     const int row_block = k->geom[FGI_BWD_PRE].block_m, bands = k->geom[FGI_BWD_DKDV].bands;
     const unsigned pre_grid[3] = {(unsigned)((abi->q_pitch + row_block - 1) / row_block), (unsigned)a->heads_q,
                                   (unsigned)a->batch};
@@ -216,7 +217,7 @@ typedef struct bwd_plan {
     hopper_maps maps; /* 64-byte aligned, as CUtensorMap is */
     const void *grads[FGI_MAX_GRAD_BUFFERS];
     int64_t glen[FGI_MAX_GRAD_BUFFERS];
-    size_t off_lse2, off_accum, off_fixed[FGI_MAX_GRAD_BUFFERS], dq_accum_bytes, total;
+    size_t off_lse2, off_accum, off_flags, off_fixed[FGI_MAX_GRAD_BUFFERS], dq_accum_bytes, core, total;
 } bwd_plan;
 
 static fg_status plan_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *b, bwd_plan *p) {
@@ -254,13 +255,17 @@ static fg_status plan_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_a
     const bool hopper = k->kernel->variant == FGI_VARIANT_SM90;
     if (hopper) FGI_TRY(encode_maps(ctx, k, b, &st, &bs, &p->maps, abi));
 
-    /* Workspace: delta, lse2 (Hopper), the dQ accumulator, the fixed-point
-     * accumulators; every part 256-byte aligned. */
+    /* Workspace: delta, lse2 (Hopper), the dQ accumulator, its tiles'
+     * flags (Hopper), the fixed-point accumulators; every part 256-byte
+     * aligned. `core` ends the parts every launch has. */
     const size_t rows = (size_t)a->batch * (size_t)a->heads_q * (size_t)abi->q_pitch;
     p->off_lse2 = fgi_attn_ws_round(rows * 4);
     p->off_accum = hopper ? p->off_lse2 + fgi_attn_ws_round(rows * 4) : p->off_lse2;
     p->dq_accum_bytes = abi->dq_atomic ? rows * (size_t)a->head_dim * 4 : 0;
-    p->total = p->off_accum + fgi_attn_ws_round(p->dq_accum_bytes);
+    p->off_flags = p->off_accum + fgi_attn_ws_round(p->dq_accum_bytes);
+    /* one int32 per 64 x 64 tile of the accumulator */
+    const size_t flag_bytes = hopper && abi->dq_atomic ? p->dq_accum_bytes / (64 * 64) : 0;
+    p->core = p->total = p->off_flags + fgi_attn_ws_round(flag_bytes);
     for (int i = 0; i < L->n; i++) {
         p->off_fixed[i] = 0;
         if (p->grads[i]) {
@@ -285,7 +290,7 @@ static CUdeviceptr caller_sum(const fg_kernel *k, const fg_attention_bwd_args *b
 static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *b, const CUdeviceptr *sums) {
     bwd_plan p;
     FGI_TRY(plan_launch(ctx, k, b, &p));
-    if (sums) p.total = p.off_accum + fgi_attn_ws_round(p.dq_accum_bytes); /* no sums of its own */
+    if (sums) p.total = p.core; /* no sums of its own */
     const fg_attention_args *a = b->fwd;
     const bool hopper = k->kernel->variant == FGI_VARIANT_SM90;
     fgi_attn_ws w;
@@ -295,6 +300,7 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *
     abi->delta = base;
     abi->lse2 = hopper ? base + p.off_lse2 : 0;
     abi->dq_accum = abi->dq_atomic ? base + p.off_accum : 0;
+    abi->dq_flags = hopper && abi->dq_atomic ? base + p.off_flags : 0;
     const fgi_grad_layout *L = &k->grads;
     CUdeviceptr fixed[FGI_MAX_GRAD_BUFFERS] = {0};
     _Alignas(16) unsigned char gblob[FGI_MAX_GRAD_BUFFERS * 16 + 16];

@@ -169,7 +169,7 @@ static fgi_kernel_geom bwd_sm90_geometry(const fg_kernel_config *c, const fg_mod
     const size_t bm = c->head_dim == 64 ? 128 : 64;
     const size_t kv_tile = (size_t)128 * (size_t)c->head_dim * 2, q_tile = bm * (size_t)c->head_dim * 2;
     fgi_kernel_geom g = {.block_m = (int)bm, .block_n = 128, .threads = 384, .bands = 1};
-    g.smem = 2 * kv_tile + 2 * 2 * q_tile + 2 * 128 * bm * 2 + 2 * 64 * 64 * 4 + 2 * 2 * bm * 4 + 2 * 2 * bm * 16 + 64 +
+    g.smem = 2 * kv_tile + 2 * 2 * q_tile + 2 * 128 * bm * 2 + 2 * 64 * 64 * 4 + 2 * 2 * bm * 4 + 2 * 2 * bm * 16 + 128 +
              1024;
     return g;
 }

@@ -108,7 +108,7 @@
 struct fgb_args {
 /* @abi src/attention/abi_bwd.def */
 };
-static_assert(sizeof(fgb_args) == 448, "fgb_args must match fgi_attn_bwd_abi");
+static_assert(sizeof(fgb_args) == 456, "fgb_args must match fgi_attn_bwd_abi");
 
 #define FGB_NEG_INF __int_as_float(0xff800000)
 #define FGB_LOG2E 1.4426950408889634f
@@ -314,13 +314,41 @@ static __device__ __forceinline__ void fgb_pre_rows(const fgb_args &a, int r0, i
     }
 }
 
-/* The preprocess: delta (fgb_pre_rows), and the dQ accumulator's rows of
- * this block zeroed (where dq_accum is in use), which saves a memset of
- * the whole accumulator before this launch: the zeros go out while the
- * loads are in flight. Grid (ceil(q_pitch / FGB_ROW_BLOCK), Hq, B). */
+/* Whether the dQ accumulator's tiles have flags and no zeros (the Hopper
+ * pass at head dim 128: attention_bwd_sm90.cuh's "The dQ accumulator
+ * without zeros"); else the preprocess zeroes the accumulator. */
+#if defined(FG_KERNEL_ATTENTION_BWD_SM90) && FG_HEAD_DIM == 128
+#define FGB_DQ_FLAGS 1
+#else
+#define FGB_DQ_FLAGS 0
+#endif
+
+#if defined(FG_KERNEL_ATTENTION_BWD_SM90)
+static_assert(FGB_ROW_BLOCK == 64, "a block of the preprocess and the dQ conversion is one row of dQ tiles");
+/* The Hopper accumulator's 64 x 64 tile (4096 floats) holding row `row`,
+ * column `c` of (b, h) (rb = b * Hq + h): [rb][q_pitch / 64][D / 64]. */
+static __device__ __forceinline__ fg_i64 fgb_dq_tile(const fgb_args &a, fg_i64 rb, int row, int c) {
+    return (rb * (FGB_ACC_ROWS(a) >> 6) + (row >> 6)) * (FGB_D / 64) + (c >> 6);
+}
+/* The flag of that tile (one int per tile, in the same order). */
+static __device__ __forceinline__ int *fgb_dq_flag(const fgb_args &a, fg_i64 rb, int row, int c) {
+    return (int *)a.dq_flags + fgb_dq_tile(a, rb, row, c);
+}
+#endif
+
+/* The preprocess: delta (fgb_pre_rows), and where dq_accum is in use, the
+ * flags of this block's row of dQ tiles zeroed (FGB_DQ_FLAGS: a tile's
+ * first reduction stores) or else its rows of the accumulator, which
+ * saves a memset of the whole accumulator before this launch: the zeros
+ * go out while the loads are in flight. Grid
+ * (ceil(q_pitch / FGB_ROW_BLOCK), Hq, B). */
 extern "C" __global__ void __launch_bounds__(FGB_THREADS)
 fg_attention_bwd_pre(const __grid_constant__ fgb_args a) {
     const int h = blockIdx.y, b = blockIdx.z, r0 = blockIdx.x * FGB_ROW_BLOCK;
+#if FGB_DQ_FLAGS
+    if (a.dq_accum && threadIdx.x < FGB_D / 64)
+        fgb_dq_flag(a, (fg_i64)b * a.heads_q + h, r0, 64 * threadIdx.x)[0] = 0;
+#else
     if (a.dq_accum) {
         const fg_i64 rb = (fg_i64)b * a.heads_q + h;
         const int acc_rows = FGB_ACC_ROWS(a);
@@ -328,6 +356,7 @@ fg_attention_bwd_pre(const __grid_constant__ fgb_args a) {
         float4 *z = (float4 *)((float *)a.dq_accum + (rb * acc_rows + r0) * FGB_D);
         for (int i = threadIdx.x; i < n; i += FGB_THREADS) z[i] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
+#endif
     if (fgb_vec16(a.out, a.o_stride) && fgb_vec16(a.dout, a.do_stride))
         fgb_pre_rows<true>(a, r0, h, b);
     else
@@ -357,7 +386,7 @@ static __device__ __forceinline__ fg_i64 fgb_dq_index(const fgb_args &a, fg_i64 
 #if defined(FG_KERNEL_ATTENTION_BWD_SM90)
     const int r = row & 63, cc = c & 63;
     const int pc = ((((cc >> 1) ^ ((r & 7) << 2))) << 1) | (cc & 1);
-    return (((rb * (FGB_ACC_ROWS(a) >> 6) + (row >> 6)) * (FGB_D / 64) + (c >> 6)) * 64 + r) * 64 + pc;
+    return (fgb_dq_tile(a, rb, row, c) * 64 + r) * 64 + pc;
 #else
     return (rb * FGB_ACC_ROWS(a) + row) * FGB_D + c;
 #endif
@@ -376,6 +405,13 @@ fg_attention_bwd_dq(const __grid_constant__ fgb_args a) {
     fg_elem *dq = (fg_elem *)a.dq + (fg_i64)b * a.dq_stride[0] + (fg_i64)h * a.dq_stride[1];
     const bool vec = fgb_vec16(a.dq, a.dq_stride);
     const int n = (min(a.q_len, r0 + FGB_ROW_BLOCK) - r0) * FGB_ROW_CHUNKS;
+#if FGB_DQ_FLAGS
+    /* which of this row's tiles some reduction wrote: the others hold
+     * whatever the workspace held, and their dQ is 0 */
+    unsigned written = 0; /* bit t: tile t */
+#pragma unroll
+    for (int t = 0; t < FGB_D / 64; t++) written |= (unsigned)(*fgb_dq_flag(a, rb, r0, 64 * t) != 0) << t;
+#endif
     /* four chunks per thread at a time, their loads issued first */
     for (int i0 = threadIdx.x; i0 < n; i0 += 4 * FGB_THREADS) {
         float4 x[4][2];
@@ -384,6 +420,12 @@ fg_attention_bwd_dq(const __grid_constant__ fgb_args a) {
             const int i = i0 + j * FGB_THREADS;
             if (i >= n) continue;
             const int row = r0 + i / FGB_ROW_CHUNKS, c = (i % FGB_ROW_CHUNKS) * 8;
+#if FGB_DQ_FLAGS
+            if (!((written >> (c >> 6)) & 1)) {
+                x[j][0] = x[j][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+                continue;
+            }
+#endif
             const float4 *src = (const float4 *)(acc + fgb_dq_index(a, rb, row, c));
             x[j][0] = src[0], x[j][1] = src[1];
         }

@@ -11,8 +11,9 @@
  * loads K and V once, then, for every q step (64 rows, 128 at head dim
  * 64) of every query head of the KV group that the block mask's
  * transposed arrays list, Q, dO and their lse * log2(e) and delta rows
- * into one of two stages; the group gives most of its registers to the
- * others (setmaxnreg). Warp groups 1
+ * into one of two stages; one thread each of warps 1 and 2 is a
+ * consumer's dQ storer (below); the group gives most of its registers to
+ * the others (setmaxnreg). Warp groups 1
  * and 2 are the consumers, 64 kv rows each, holding dK and dV (64 x D fp32)
  * in registers. Per consumer and q step, with S^T = K Q^T (kv rows, q
  * columns: dK and dV accumulate straight from wgmma's accumulator layout):
@@ -25,9 +26,10 @@
  *     dQ   = dR K                            wgmma, A (dR^T from shared
  *                                            memory) and B (K) transposed
  * and dQ goes to the fp32 accumulator through shared memory and one bulk
- * reduction (cp.reduce.async.bulk .add.f32) per consumer and step: the TMA
- * unit adds a contiguous 16 KB tile, where per-thread atomics would send
- * 2048 requests to L2.
+ * copy per consumer and step, issued by that consumer's storer (a thread
+ * of the producer warp group): the TMA unit adds a contiguous 16 KB tile
+ * (cp.reduce.async.bulk .add.f32), where per-thread atomics would send
+ * 2048 requests to L2, or stores it if it is the tile's first (below).
  *
  * Splitting dQ. At head dim 128 each consumer computes 64 of dQ's 128
  * columns over all 128 kv rows (so each reads the other's dR^T: the
@@ -56,6 +58,20 @@
  * also the global layout, so the bulk reduction copies it as it is. At the
  * end a consumer's dV and dK (bf16 / fp16) take its rows of V and its dQ
  * staging tile, in K's swizzled layout, and leave by TMA store.
+ *
+ * The dQ accumulator without zeros. Nothing zeroes the accumulator:
+ * each 64 x 64 tile has a flag (a.dq_flags, fgb_dq_flag), which the
+ * preprocess sets to FGS_TILE_EMPTY. The storer that finds a tile empty
+ * claims it (compare-and-swap to FGS_TILE_CLAIMED), stores its tile
+ * instead of adding it, waits for the store to complete and publishes the
+ * tile (FGS_TILE_HELD, release); a storer that finds it claimed waits for
+ * that, then adds. The conversion reads a tile's flag and gives 0 for a
+ * tile still empty (no kv block reached its rows). This saves writing
+ * the zeros (the whole accumulator, 268 MB at B=4 H=16 S=8192 D=128) and
+ * reading them back into L2 at the first reduction. A storer claims a
+ * tile only once its consumer's tile is in shared memory, so a claimed
+ * tile's store depends on nothing else and a waiting storer never waits
+ * for a claim that waits in turn: no cycle between thread blocks.
  *
  * Everything else -- the block-mask walk, the pairs kept, the mods'
  * arguments, fully masked rows, GQA, buffer gradients -- is the portable
@@ -98,11 +114,11 @@
 #define FGS_CONSUMER_REGS 240
 #define FGS_DQ_KSTEPS (FGS_BLOCK_N / 16)       /* dQ over all 128 kv rows        */
 /* K, V, two stages, two dR^T buffers, two dQ tiles, two stages of lse2 and
- * delta, two buffers of mask row parts per consumer, 64 bytes of
- * mbarriers, 1 KB to align the base to the swizzle's 1024-byte period;
+ * delta, two buffers of mask row parts per consumer, 128 bytes of
+ * mbarriers and posted dQ tile numbers, 1 KB to align the base to the swizzle's 1024-byte period;
  * bwd_sm90_geometry computes the same. */
 #define FGS_SMEM_BYTES (2 * FGS_KV_TILE + 2 * FGS_STAGE_BYTES + 2 * FGS_DS_BYTES + 2 * FGS_DQ_BYTES + \
-                        2 * FGS_ROWS_BYTES + FGS_ROWP_BYTES + 64 + 1024)
+                        2 * FGS_ROWS_BYTES + FGS_ROWP_BYTES + 128 + 1024)
 
 /* The kernel's fourth argument: q, k, v and dout as [batch, heads, len, D],
  * and dk, dv (a consumer's 64 rows a box) when a.dkdv_tma. */
@@ -255,8 +271,65 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float
  * barrier never gets a second arrival before its sync. The same at head
  * dim 64, whose 128-row steps split dQ by q rows (each consumer's q
  * columns of both consumers' dR^T). Ids 5 and 6: each consumer's dQ
- * staging tile is in place; 7 and 8: its mask row parts. */
+ * staging tile is in place; 7 and 8: its mask row parts; 9 and 10
+ * (fgs_read_bar): its storer has read its dQ staging tile (the storer's
+ * warp arrives once at its start and once per tile read, the consumer's
+ * warp 0 syncs once per step before writing the tile and once at the end;
+ * the storer reads tile n only after the consumer's sync of step n, so
+ * the two alternate). */
 static __device__ __forceinline__ int fgs_drt_bar(int consumer, int st) { return 1 + 2 * consumer + st; }
+static __device__ __forceinline__ int fgs_read_bar(int consumer) { return 9 + consumer; }
+
+/* The storers and the tiles' flags at head dim 128 (FGB_DQ_FLAGS); at
+ * head dim 64 each consumer's first thread adds its tiles itself and the
+ * preprocess zeroes the accumulator: with a storer, even one that only
+ * copies what its consumer posts, ptxas allocated the consumers'
+ * registers differently there (alibi spilled 272 instructions' worth
+ * instead of 110, +14% time), and the zeros' bytes weigh less (half the
+ * columns) where the pass is bound by L2 (attention_notes v35). */
+#define FGS_DQ_STORER FGB_DQ_FLAGS
+
+/* A dQ tile's flag (the protocol: "The dQ accumulator without zeros"). */
+#define FGS_TILE_EMPTY 0
+#define FGS_TILE_CLAIMED 1
+#define FGS_TILE_HELD 2
+
+/* The flag's loads and compare-and-swap are relaxed, not acquire: an
+ * acquire at GPU scope invalidates the SM's whole L1 (CCTL.IVALL) for the
+ * loads after it, the consumers' block-mask and buffer reads included,
+ * and cost the dK/dV pass 3-4% (attention_notes v35). Nothing here needs
+ * it: what follows a flag seen held is a bulk add, performed in L2 after
+ * the load it depends on, not a load that L1 could answer stale. */
+static __device__ __forceinline__ int fgs_flag_load(const int *flag) {
+    int v;
+    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
+    return v;
+}
+/* Whether this storer's copy is the tile's first (then it holds the claim
+ * and stores); else the tile is held and the copy adds. `seen` is a load
+ * of the flag made earlier: a tile seen held stays held. */
+static __device__ __forceinline__ bool fgs_dq_claim(int *flag, int seen) {
+    int v = seen;
+    if (v != FGS_TILE_HELD) {
+        asm volatile("atom.relaxed.gpu.global.cas.b32 %0, [%1], %2, %3;\n"
+                     : "=r"(v)
+                     : "l"(flag), "r"(FGS_TILE_EMPTY), "r"(FGS_TILE_CLAIMED)
+                     : "memory");
+        while (v == FGS_TILE_CLAIMED) { /* another block's store is in flight */
+            __nanosleep(32);
+            v = fgs_flag_load(flag);
+        }
+    }
+    /* the first store (async proxy, another block) before this add */
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    return v == FGS_TILE_EMPTY;
+}
+/* The claimed tile's store has completed (fgh_bulk_wait<0, false>): the
+ * others may add to it. */
+static __device__ __forceinline__ void fgs_dq_publish(int *flag) {
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(flag), "r"(FGS_TILE_HELD) : "memory");
+}
 
 /* The plan of query head h's q steps for the kv block at kv0. */
 static __device__ __forceinline__ fgb_plan fgs_plan(const fgb_args &a, int b, int h, int kv0) {
@@ -264,6 +337,44 @@ static __device__ __forceinline__ fgb_plan fgs_plan(const fgb_args &a, int b, in
                                             fgb_bm_row(a, b, h, kv0 / a.bm_kv_block, a.bm_kv_blocks),
                                             a.bm_q_blocks, a.bm_q_block, FGS_BLOCK_M, a.q_len)
                             : fgb_plan_make(a, 0, 0, 0, 0, 0, 0, 0, FGS_BLOCK_M, a.q_len);
+}
+
+/* Consumer cw's storer (warp 1: consumer 0, warp 2: consumer 1): the
+ * tiles its consumer posts (tile numbers in sJob[k & 1], announced on the
+ * mbarrier post[k & 1] at the start of step k; -1 ends) into the
+ * accumulator, once the tile is in shared memory at sT (mbarrier ready),
+ * by lane 0; the warp arrives at fgs_read_bar together. The tile number
+ * comes early so that the flag's load runs under the step. */
+static __device__ __forceinline__ void fgs_store_dq(const fgb_args &a, int cw, fg_u32 sT, fg_u32 post, fg_u32 ready,
+                                                    const volatile int *sJob) {
+    const bool lead = (threadIdx.x & 31) == 0;
+    fgh_named_arrive(fgs_read_bar(cw), 160); /* the tile is free for step 0 */
+    for (int k = 0;; k++) {
+        fgh_bar_wait(post + 8 * (k & 1), (k >> 1) & 1);
+        const int tile = sJob[k & 1];
+        if (tile < 0) break;
+        bool first = false;
+        int *const flag = (int *)a.dq_flags + tile;
+        if (lead) {
+            float *const dst = (float *)a.dq_accum + (fg_i64)tile * (64 * 64);
+            const int seen = fgs_flag_load(flag); /* its latency under the wait */
+            fgh_bar_wait(ready, k & 1);
+            first = fgs_dq_claim(flag, seen);
+            if (first)
+                fgh_bulk_store(dst, sT, FGS_DQ_BYTES);
+            else
+                fgh_bulk_add_f32(dst, sT, FGS_DQ_BYTES);
+            fgh_bulk_commit();
+            fgh_bulk_wait<0, true>();
+        }
+        __syncwarp();
+        fgh_named_arrive(fgs_read_bar(cw), 160); /* the consumer may write its tile again */
+        if (lead && first) {
+            fgh_bulk_wait<0, false>();
+            fgs_dq_publish(flag);
+        }
+    }
+    if (lead) fgh_bulk_wait<0, false>();
 }
 
 /* Grid (kv_tiles, Hkv, B). */
@@ -281,6 +392,10 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
     const fg_u32 sRowP = sRows + 2 * FGS_ROWS_BYTES;      /* [consumer][2] rows   */
     const fg_u32 bar_kv = sRowP + FGS_ROWP_BYTES;         /* K and V landed       */
     const fg_u32 bar_full = bar_kv + 8, bar_empty = bar_full + 16; /* [2] each    */
+    /* [consumer] its dQ tile is in shared memory, for its storer; then
+     * [consumer][2] its tile number is posted in sJob */
+    const fg_u32 bar_ready = bar_empty + 16, bar_post = bar_ready + 16;
+    volatile int *const sJob = (volatile int *)(fgs_smem + (bar_post + 32 - base)); /* [consumer][2] */
     const float *const rows0 = (const float *)(fgs_smem + (sRows - base));
 
     const int tid = threadIdx.x, wg = tid >> 7;
@@ -295,6 +410,11 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
         for (int i = 0; i < 2; i++) {
             fgh_bar_init(bar_full + 8 * i, 1);
             fgh_bar_init(bar_empty + 8 * i, 8); /* one arrival per consumer warp */
+            if (FGS_DQ_STORER) {
+                fgh_bar_init(bar_ready + 8 * i, 1);
+                fgh_bar_init(bar_post + 16 * i, 1);
+                fgh_bar_init(bar_post + 16 * i + 8, 1);
+            }
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -336,6 +456,9 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                     n++;
                 }
             }
+        } else if (FGS_DQ_STORER && a.dq_atomic && (tid >> 5) >= 1 && (tid >> 5) <= 2) {
+            const int cw = (tid >> 5) - 1;
+            fgs_store_dq(a, cw, sDQ + cw * FGS_DQ_BYTES, bar_post + 16 * cw, bar_ready + 8 * cw, sJob + 2 * cw);
         }
         return;
     }
@@ -363,8 +486,10 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
      * + 63 of both consumers' dR^T (its region cw). */
     const fg_u32 dQ_b_addr = sK, dS_off = cw * FGS_DS_REGION;
 #endif
-    float *const dq_accum = (float *)a.dq_accum;
     const bool dq_atomic = a.dq_atomic != 0; /* else the deterministic pass computes dQ */
+    /* this consumer's dQ tiles: its 64 columns (head dim 128), its 64 q
+     * rows (128-row steps) */
+    const int band = FGB_D == 128 ? cw : 0, qrow = FGS_WIDE_Q ? 64 * cw : 0;
     fgh_bar_wait(bar_kv, 0);
 
     const bool grads = fg_grads_wanted(gr);
@@ -391,6 +516,10 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             if (q0 >= a.q_len) continue;
             const int st = n & 1, phase = (n >> 1) & 1;
             n++;
+            if (FGS_DQ_STORER && dq_atomic && ctid == 0) { /* this step's dQ tile, for the storer */
+                sJob[2 * cw + st] = (int)fgb_dq_tile(a, rb, q0 + qrow, band * 64);
+                fgh_bar_arrive(bar_post + 16 * cw + 8 * st);
+            }
             const fg_u32 sQ = sStage + st * FGS_STAGE_BYTES, sO = sQ + FGS_Q_TILE;
             const float *const s_lse2 = rows0 + st * 2 * FGS_BLOCK_M, *const s_delta = s_lse2 + FGS_BLOCK_M;
             fgh_bar_wait(bar_full + 8 * st, phase);
@@ -496,10 +625,17 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             fgh_fence_regs<FGS_DT * 4>(&dk[0][0]);
             if (lane == 0) fgh_bar_arrive(bar_empty + 8 * st); /* the stage is no longer read */
             if (!dq_atomic) continue; /* dQ has a pass of its own */
-            /* Before the barrier: the previous step's dQ reduction has
-             * read this consumer's staging tile, written again below (the
-             * barrier counts this consumer's threads, ctid 0's included). */
-            if (ctid == 0) fgh_bulk_wait<0, true>();
+            /* Before the barrier: the storer has read the previous step's
+             * dQ from this consumer's staging tile, written again below
+             * (the barrier counts this consumer's threads, warp 0's
+             * included). A named barrier, not an mbarrier, and not only
+             * from the second step on (the storer arrives once first): a
+             * wait loop or a condition here made ptxas spill in the D=64
+             * steps. */
+            if (FGS_DQ_STORER)
+                fgh_named_sync(fgs_read_bar(cw), 160);
+            else if (ctid == 0)
+                fgh_bulk_wait<0, true>(); /* this thread's own reduction */
             fgh_named_sync(fgs_drt_bar(1 - cw, st), 256); /* the other consumer's dR^T is in place */
             float dq[8][4];
             const fg_u64 dS_a = fgh_desc_mn(sD + dS_off, FGS_DS_REGION);
@@ -513,7 +649,7 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             fgh_fence_regs<32>(&dq[0][0]);
 
             /* dQ to the staging tile (pairs permuted as fgb_dq_index says),
-             * then one bulk reduction into the accumulator. */
+             * then to the storer. */
             const fg_u32 sT = sDQ + cw * FGS_DQ_BYTES;
 #pragma unroll
             for (int i = 0; i < 8; i++)
@@ -526,16 +662,22 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                 }
             fgh_fence_async_smem();
             fgh_named_sync(5 + cw, 128);
-            if (ctid == 0) {
-                /* this consumer's 64 columns of dQ (head dim 128), its 64 q
-                 * rows (128-row steps), or the whole tile */
-                const int band = FGB_D == 128 ? cw : 0, qrow = FGS_WIDE_Q ? 64 * cw : 0;
-                fgh_bulk_add_f32(dq_accum + fgb_dq_index(a, rb, q0 + qrow, band * 64), sT, FGS_DQ_BYTES);
+            if (FGS_DQ_STORER && ctid == 0) {
+                fgh_bar_arrive(bar_ready + 8 * cw);
+            } else if (ctid == 0) {
+                fgh_bulk_add_f32((float *)a.dq_accum + fgb_dq_index(a, rb, q0 + qrow, band * 64), sT, FGS_DQ_BYTES);
                 fgh_bulk_commit();
             }
         }
     }
-    if (ctid == 0) fgh_bulk_wait<0, false>();
+    if (!FGS_DQ_STORER && ctid == 0) fgh_bulk_wait<0, false>();
+    if (FGS_DQ_STORER && dq_atomic) {
+        fgh_named_sync(fgs_read_bar(cw), 160); /* the storer has read the last dQ tile */
+        if (ctid == 0) { /* and may stop */
+            sJob[2 * cw + (n & 1)] = -1;
+            fgh_bar_arrive(bar_post + 16 * cw + 8 * (n & 1));
+        }
+    }
 
     fg_grad_flush(gr, gcache);
 
@@ -543,12 +685,12 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
      * 4 bytes from the accumulators were 14% of a document-masked pass's
      * time at head dim 128 (attention_notes v30). dV goes over this
      * consumer's own rows of V (no product reads them any more: dP^T was
-     * their last use), dK over its dQ staging tile (its last reduction has
-     * completed above), each in the 128-byte-swizzled regions of 64
+     * their last use), dK over its dQ staging tile (its storer has read the
+     * last one, above), each in the 128-byte-swizzled regions of 64
      * columns that the tensor maps' boxes describe (fgh_swz128). */
     const fg_u32 sVc = sV + cw * 64 * 128, sKc = sDQ + cw * FGS_DQ_BYTES;
     static_assert(FGS_DQ_BYTES >= 64 * FGB_D * 2, "dK fits in a consumer's dQ staging tile");
-    fgh_named_sync(5 + cw, 128); /* ctid 0 has waited for the reductions */
+    fgh_named_sync(5 + cw, 128); /* warp 0 has waited for the storer's read */
 #pragma unroll
     for (int i = 0; i < FGS_DT; i++)
 #pragma unroll

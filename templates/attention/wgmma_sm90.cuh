@@ -233,6 +233,12 @@ static __device__ __forceinline__ void fgh_bulk_add_f32(void *dst, fg_u32 src, i
                  "r"(bytes)
                  : "memory");
 }
+/* `bytes` (a multiple of 16, both addresses 16-byte aligned) from shared
+ * to global, by the TMA unit; one bulk group per commit. */
+static __device__ __forceinline__ void fgh_bulk_store(void *dst, fg_u32 src, int bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+                 : "memory");
+}
 static __device__ __forceinline__ void fgh_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 /* This thread's bulk groups beyond the newest N have read their shared
  * memory (READ) or are complete. */
