@@ -136,7 +136,12 @@ static void test_buffer_slots(void **state) {
     compile_clean(ctx, "two_reads", src, "sm_90a");
     free(src);
     src = bwd_source_of(ctx, m, FG_KERNEL_ATTENTION_BWD_SM90, "BF16", 128);
-    spill_budget = 160;
+    /* two gradient sites keep the read of S^T's accumulators (FGS_FIRST_
+     * WRITE_ONLY); since the dQ storers (72f865d) ptxas spills 212 bytes
+     * stored and 68 loaded here, where it spilled 152 and 332: more
+     * stores, a fifth of the loads (the storers' own registers, 24 a
+     * thread, among them) */
+    spill_budget = 224;
     compile_clean(ctx, "two_reads, Hopper", src, "sm_90a");
     spill_budget = PORTABLE_SPILL_BUDGET;
     free(src);
