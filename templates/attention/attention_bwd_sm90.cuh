@@ -274,7 +274,8 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float
  * staging tile is in place; 7 and 8: its mask row parts; 9 and 10
  * (fgs_read_bar): its storer has read its dQ staging tile (the storer's
  * warp arrives once at its start and once per tile read, the consumer's
- * warp 0 syncs once per step before writing the tile and once at the end;
+ * four warps sync once per step before writing the tile and once at the
+ * end;
  * the storer reads tile n only after the consumer's sync of step n, so
  * the two alternate). */
 static __device__ __forceinline__ int fgs_drt_bar(int consumer, int st) { return 1 + 2 * consumer + st; }
@@ -625,13 +626,12 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             fgh_fence_regs<FGS_DT * 4>(&dk[0][0]);
             if (lane == 0) fgh_bar_arrive(bar_empty + 8 * st); /* the stage is no longer read */
             if (!dq_atomic) continue; /* dQ has a pass of its own */
-            /* Before the barrier: the storer has read the previous step's
-             * dQ from this consumer's staging tile, written again below
-             * (the barrier counts this consumer's threads, warp 0's
-             * included). A named barrier, not an mbarrier, and not only
-             * from the second step on (the storer arrives once first): a
-             * wait loop or a condition here made ptxas spill in the D=64
-             * steps. */
+            /* The storer has read the previous step's dQ from this
+             * consumer's staging tile, written again below (or, at head
+             * dim 64, this thread's own reduction has). A named barrier,
+             * not an mbarrier's wait loop, and from step 0 on (the storer
+             * arrives once first), not under a condition: both made ptxas
+             * spill in the steps. */
             if (FGS_DQ_STORER)
                 fgh_named_sync(fgs_read_bar(cw), 160);
             else if (ctid == 0)
