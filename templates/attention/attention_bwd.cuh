@@ -330,9 +330,12 @@ static_assert(FGB_ROW_BLOCK == 64, "a block of the preprocess and the dQ convers
 static __device__ __forceinline__ fg_i64 fgb_dq_tile(const fgb_args &a, fg_i64 rb, int row, int c) {
     return (rb * (FGB_ACC_ROWS(a) >> 6) + (row >> 6)) * (FGB_D / 64) + (c >> 6);
 }
-/* The flag of that tile (one int per tile, in the same order). */
+/* The flag of tile number `tile` (one int per tile, in the same order). */
+static __device__ __forceinline__ int *fgb_dq_flag_at(const fgb_args &a, fg_i64 tile) {
+    return (int *)a.dq_flags + tile;
+}
 static __device__ __forceinline__ int *fgb_dq_flag(const fgb_args &a, fg_i64 rb, int row, int c) {
-    return (int *)a.dq_flags + fgb_dq_tile(a, rb, row, c);
+    return fgb_dq_flag_at(a, fgb_dq_tile(a, rb, row, c));
 }
 #endif
 

@@ -355,7 +355,7 @@ static __device__ __forceinline__ void fgs_store_dq(const fgb_args &a, int cw, f
         const int tile = sJob[k & 1];
         if (tile < 0) break;
         bool first = false;
-        int *const flag = (int *)a.dq_flags + tile;
+        int *const flag = fgb_dq_flag_at(a, tile);
         if (lead) {
             float *const dst = (float *)a.dq_accum + (fg_i64)tile * (64 * 64);
             const int seen = fgs_flag_load(flag); /* its latency under the wait */
