@@ -16,10 +16,12 @@
  *      and dv when both are 16-byte aligned: the pass stores them by TMA);
  *   6. the workspace, the caller's or else from the library's pool on the
  *      stream: delta (and lse * log2(e) for the Hopper kernel), the fp32
- *      dQ accumulator (not in deterministic mode) and the fixed-point
+ *      dQ accumulator (not in deterministic mode; the Hopper kernel's with
+ *      an int flag per 64 x 64 tile) and the fixed-point
  *      accumulators of the buffer gradients;
  *   7. on the caller's stream, in order: the fixed-point accumulators
- *      zeroed, fg_attention_bwd_pre (delta; the dQ accumulator zeroed),
+ *      zeroed, fg_attention_bwd_pre (delta; the dQ accumulator zeroed, or
+ *      at the Hopper kernel's head dim 128 its tiles' flags),
  *      fg_attention_bwd_dkdv (dK, dV, buffer gradients; dQ through atomics),
  *      then either fg_attention_bwd_dq (dQ from the accumulator) or,
  *      deterministic, fg_attention_bwd_dq_tiles; fg_attention_bwd_fixed_to_float
@@ -217,7 +219,7 @@ typedef struct bwd_plan {
     hopper_maps maps; /* 64-byte aligned, as CUtensorMap is */
     const void *grads[FGI_MAX_GRAD_BUFFERS];
     int64_t glen[FGI_MAX_GRAD_BUFFERS];
-    size_t off_lse2, off_accum, off_flags, off_fixed[FGI_MAX_GRAD_BUFFERS], dq_accum_bytes, core, total;
+    size_t off_lse2, off_accum, off_flags, off_fixed[FGI_MAX_GRAD_BUFFERS], dq_accum_bytes, flag_bytes, core, total;
 } bwd_plan;
 
 static fg_status plan_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *b, bwd_plan *p) {
@@ -263,9 +265,10 @@ static fg_status plan_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_a
     p->off_accum = hopper ? p->off_lse2 + fgi_attn_ws_round(rows * 4) : p->off_lse2;
     p->dq_accum_bytes = abi->dq_atomic ? rows * (size_t)a->head_dim * 4 : 0;
     p->off_flags = p->off_accum + fgi_attn_ws_round(p->dq_accum_bytes);
-    /* one int32 per 64 x 64 tile of the accumulator */
-    const size_t flag_bytes = hopper && abi->dq_atomic ? p->dq_accum_bytes / (64 * 64) : 0;
-    p->core = p->total = p->off_flags + fgi_attn_ws_round(flag_bytes);
+    /* one int32 per 64 x 64 tile of the accumulator (the Hopper kernel's
+     * templates use them at head dim 128) */
+    p->flag_bytes = hopper ? p->dq_accum_bytes / (64 * 64) : 0;
+    p->core = p->total = p->off_flags + fgi_attn_ws_round(p->flag_bytes);
     for (int i = 0; i < L->n; i++) {
         p->off_fixed[i] = 0;
         if (p->grads[i]) {
@@ -300,7 +303,7 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *
     abi->delta = base;
     abi->lse2 = hopper ? base + p.off_lse2 : 0;
     abi->dq_accum = abi->dq_atomic ? base + p.off_accum : 0;
-    abi->dq_flags = hopper && abi->dq_atomic ? base + p.off_flags : 0;
+    abi->dq_flags = p.flag_bytes ? base + p.off_flags : 0;
     const fgi_grad_layout *L = &k->grads;
     CUdeviceptr fixed[FGI_MAX_GRAD_BUFFERS] = {0};
     _Alignas(16) unsigned char gblob[FGI_MAX_GRAD_BUFFERS * 16 + 16];
