@@ -160,8 +160,8 @@ static fgi_kernel_geom bwd_geometry(const fg_kernel_config *c, const fg_mod *mod
  * and V (128 rows), two stages of Q and dO (a q step's rows), two dR^T
  * buffers (128 kv rows by a q step's columns, bf16), two 16 KB dQ tiles,
  * two stages of lse2 and delta, two buffers of a q step's mask row parts
- * (16 bytes each) per consumer, 64 bytes of mbarriers and 1 KB to align
- * the base to the swizzle's period.
+ * (16 bytes each) per consumer, 128 bytes of mbarriers and the posted dQ
+ * tile numbers, and 1 KB to align the base to the swizzle's period.
  * The other entry points are the portable backward's. */
 static fgi_kernel_geom bwd_sm90_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
     if (entry != FGI_BWD_DKDV) return bwd_geometry(c, mod, entry);

@@ -115,8 +115,8 @@
 #define FGS_DQ_KSTEPS (FGS_BLOCK_N / 16)       /* dQ over all 128 kv rows        */
 /* K, V, two stages, two dR^T buffers, two dQ tiles, two stages of lse2 and
  * delta, two buffers of mask row parts per consumer, 128 bytes of
- * mbarriers and posted dQ tile numbers, 1 KB to align the base to the swizzle's 1024-byte period;
- * bwd_sm90_geometry computes the same. */
+ * mbarriers and posted dQ tile numbers, 1 KB to align the base to the
+ * swizzle's 1024-byte period; bwd_sm90_geometry computes the same. */
 #define FGS_SMEM_BYTES (2 * FGS_KV_TILE + 2 * FGS_STAGE_BYTES + 2 * FGS_DS_BYTES + 2 * FGS_DQ_BYTES + \
                         2 * FGS_ROWS_BYTES + FGS_ROWP_BYTES + 128 + 1024)
 
@@ -275,9 +275,8 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float
  * (fgs_read_bar): its storer has read its dQ staging tile (the storer's
  * warp arrives once at its start and once per tile read, the consumer's
  * four warps sync once per step before writing the tile and once at the
- * end;
- * the storer reads tile n only after the consumer's sync of step n, so
- * the two alternate). */
+ * end; the storer reads tile n only after the consumer's sync of step n,
+ * so the two alternate). */
 static __device__ __forceinline__ int fgs_drt_bar(int consumer, int st) { return 1 + 2 * consumer + st; }
 static __device__ __forceinline__ int fgs_read_bar(int consumer) { return 9 + consumer; }
 
