@@ -202,7 +202,7 @@ typedef enum fg_option {
                                    wave of thread blocks overlaps the other's
                                    work; 1 runs them one after another on
                                    the caller's stream (FLEXGEN_CP_STREAMS=1) */
-    FG_OPT_DECODE_SPLITS = 13   /* int: how many thread blocks the decode
+    FG_OPT_DECODE_SPLITS = 13,  /* int: how many thread blocks the decode
                                    kernel splits each KV walk over (a walk:
                                    a sequence's packed rows of one KV head):
                                    0 (default, or FLEXGEN_DECODE_SPLITS)
@@ -212,6 +212,17 @@ typedef enum fg_option {
                                    the walk has fewer than 2 N K/V tiles.
                                    FlashAttention's num_splits; the result
                                    is the same to rounding either way      */
+    FG_OPT_BWD_LEAD_TILES = 14  /* int: the kv tiles of every (batch, kv
+                                   head) the Hopper backward's dK/dV pass
+                                   starts before all others: -1 (default,
+                                   or FLEXGEN_BWD_LEAD_TILES) chooses per
+                                   call from the block mask (see "The
+                                   backward's tile order"); 0 keeps the
+                                   grid order; N in [1, 65535] starts the
+                                   first N (at most all tiles but one) first
+                                   on the -lead kernel, with or without a
+                                   mask. dK and dV are the same either way,
+                                   dQ to the rounding of its atomics        */
 } fg_option;
 
 /* The longest q_len the decode kernel serves by default (FG_OPT_DECODE_KERNEL
@@ -437,6 +448,15 @@ typedef struct fg_kernel_config {
      * values are FG_ERR_INVALID_ARGUMENT. The block-mask builder, which
      * runs mask_mod only, ignores it. */
     int approx_math;
+    /* Since 0.2. FG_KERNEL_ATTENTION_BWD (its Hopper kernel) only: 1 makes
+     * the backward whose dK/dV pass can start the first kv tiles of every
+     * (batch, kv head) before all the others (its own compile, named
+     * -lead), for block masks whose first keys every query sees (global
+     * tokens, attention sinks): launched in grid order, the last heads'
+     * heavy first tiles would run on alone at the end. 0 the plain one.
+     * fg_attention_backward sets it from the block mask (see "The
+     * backward's tile order" below); other kinds ignore it. */
+    int lead_first;
 } fg_kernel_config;
 
 #ifdef __cplusplus

@@ -16,7 +16,9 @@
  * then GQA 4:1 and MQA, offsets, fully masked rows, B / H broadcast of the
  * block mask, BSHD, odd head dims (16 to 256), buffer gradients (ALiBi
  * slopes, a relative-bias table, a per-head temperature), dK and dV not
- * 16-byte aligned (no TMA store), and every case once more in deterministic mode, which must also give the same bits
+ * 16-byte aligned (no TMA store), the dK/dV pass's leading tiles started
+ * first (FG_OPT_BWD_LEAD_TILES, and the backward's own choice on a mask
+ * with global keys), and every case once more in deterministic mode, which must also give the same bits
  * twice. On a Hopper GPU the table runs over the Hopper kernels (head
  * dims 64 and 128; the others, and kv blocks under 128, take the portable
  * ones), then once more with FG_OPT_HOPPER_KERNEL 0 over the portable
@@ -471,6 +473,47 @@ static void test_approx(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/* ---- the dK/dV pass's tile order -------------------------------------------- */
+
+/* Global keys 0..15 every query sees, and a band of 64 behind each query:
+ * at 2048 rows the first kv tile of every head has 16 q blocks, each of
+ * the others one or two, so the backward starts the first tiles first by
+ * itself (fgi_bwd_lead_tiles) once the grid is over a wave. */
+#define GLOBAL_SRC                                                                 \
+    "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"                       \
+    "    return kv_idx <= q_idx && (kv_idx < 16 || q_idx - kv_idx <= 64);\n}\n"
+
+typedef struct lead_case {
+    acase c;
+    int lead; /* FG_OPT_BWD_LEAD_TILES: -1 the backward's choice */
+} lead_case;
+
+/* The Hopper pass's -lead kernel with the order asked for (more leading
+ * tiles than the call has keeps all but one), with and without block
+ * masks, GQA, batches, kv lengths off the tile; then the choice itself. */
+static const lead_case lead_cases[] = {
+    /* mod  src  D  dtype  B Hq Hkv Q KV  qoff kvoff  layout pad  bm bmB bmH qb kvb scale masked */
+    {{"causal", NULL, 128, FG_BF16, 2, 8, 2, 700, 700, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0}, 1},
+    {{"document", NULL, 64, FG_FP16, 3, 2, 2, 400, 400, 0, 0, BHSD, 0, BM_GPU, 0, 0, 128, 128, 0, 0}, 2},
+    {{"noop", NULL, 128, FG_BF16, 1, 2, 2, 129, 1000, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0}, 3},
+    {{"sliding_window", NULL, 64, FG_BF16, 2, 4, 1, 513, 513, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0}, 100},
+    {{"local_global", NULL, 128, FG_FP16, 1, 3, 3, 1000, 1000, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0}, 1},
+    {{NULL, GLOBAL_SRC, 64, FG_BF16, 1, 9, 9, 2048, 2048, 0, 0, BHSD, 0, BM_CPU, 1, 1, 128, 128, 0, 0}, -1},
+};
+
+static void test_lead_tiles(void **state) {
+    (void)state;
+    fg_ctx *ctx = gpu_ctx();
+    for (size_t i = 0; i < sizeof lead_cases / sizeof lead_cases[0]; i++) {
+        if (quick() && i % 2) continue;
+        assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_BWD_LEAD_TILES, lead_cases[i].lead), FG_OK);
+        printf("[lead tiles %d] ", lead_cases[i].lead);
+        run_case(ctx, &lead_cases[i].c);
+    }
+    fg_ctx_destroy(ctx);
+    assert_int_equal(failures, 0);
+}
+
 /* ---- dK and dV not 16-byte aligned ------------------------------------------- */
 
 /* The Hopper pass stores dK and dV through the TMA unit when both are
@@ -647,6 +690,8 @@ int main(void) {
         MODE_TEST(test_features, atomic_mode),
         MODE_TEST(test_unaligned_grads, atomic_mode),
         MODE_TEST(test_gallery, atomic_mode),
+        MODE_TEST(test_lead_tiles, atomic_mode),
+        MODE_TEST(test_lead_tiles, deterministic_mode),
         MODE_TEST(test_features, deterministic_mode),
         MODE_TEST(test_gallery, deterministic_mode),
         MODE_TEST(test_features, portable_mode),

@@ -132,6 +132,18 @@ static void test_options(void **state) {
     assert_int_equal(v, 7);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_SPLITS, -1), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_SPLITS, 129), FG_ERR_INVALID_ARGUMENT);
+    /* The backward's leading tiles: chosen per call (-1) unless the
+     * environment names a count in [-1, 65535]. */
+    static const env_row lead_envs[] = {{NULL, -1}, {"0", 0}, {"2", 2}, {"65535", 65535}, {"65536", -1},
+                                        {"-2", -1}, {"x", -1}, {"", -1}};
+    check_env_defaults("FLEXGEN_BWD_LEAD_TILES", FG_OPT_BWD_LEAD_TILES, lead_envs,
+                       sizeof lead_envs / sizeof lead_envs[0]);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_BWD_LEAD_TILES, 3), FG_OK);
+    assert_int_equal(fg_ctx_get_int(ctx, FG_OPT_BWD_LEAD_TILES, &v), FG_OK);
+    assert_int_equal(v, 3);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_BWD_LEAD_TILES, -1), FG_OK);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_BWD_LEAD_TILES, -2), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_BWD_LEAD_TILES, 65536), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_kernel_kind_of(NULL), 0);
     assert_int_equal(fg_ctx_set_int(NULL, FG_OPT_MAX_DEPTH, 50), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_ctx_create(NULL), FG_ERR_INVALID_ARGUMENT);

@@ -42,6 +42,7 @@ fg_status fg_ctx_create(fg_ctx **out) {
     const char *cs = getenv("FLEXGEN_CP_STREAMS");
     ctx->cp_streams = cs && strcmp(cs, "1") == 0 ? 1 : 2;
     ctx->decode_splits = (int)env_int("FLEXGEN_DECODE_SPLITS", 0, FGI_DEC_MAX_SPLIT, 0);
+    ctx->bwd_lead_tiles = (int)env_int("FLEXGEN_BWD_LEAD_TILES", -1, 65535, -1);
     ctx->cache_max_bytes = env_int("FLEXGEN_CACHE_MAX_BYTES", 1, INT64_MAX, (int64_t)1 << 30);
     ctx->max_source = 64 * 1024;
     ctx->max_depth = 200;
@@ -93,6 +94,11 @@ fg_status fg_ctx_set_int(fg_ctx *ctx, fg_option opt, int64_t v) {
                       (long long)v, FGI_DEC_MAX_SPLIT);
         ctx->decode_splits = (int)v;
         return FG_OK;
+    case FG_OPT_BWD_LEAD_TILES:
+        FGI_CHECK_ARG(ctx, v >= -1 && v <= 65535, "backward lead tile count %lld out of range [-1, 65535]",
+                      (long long)v);
+        ctx->bwd_lead_tiles = (int)v;
+        return FG_OK;
     case FG_OPT_CACHE_MAX_BYTES:
         FGI_CHECK_ARG(ctx, v > 0, "cache size cap must be positive");
         ctx->cache_max_bytes = v;
@@ -124,6 +130,7 @@ fg_status fg_ctx_get_int(const fg_ctx *ctx, fg_option opt, int64_t *v) {
     case FG_OPT_APPROX_MATH: *v = ctx->approx_math; return FG_OK;
     case FG_OPT_CP_STREAMS: *v = ctx->cp_streams; return FG_OK;
     case FG_OPT_DECODE_SPLITS: *v = ctx->decode_splits; return FG_OK;
+    case FG_OPT_BWD_LEAD_TILES: *v = ctx->bwd_lead_tiles; return FG_OK;
     case FG_OPT_CACHE_MAX_BYTES: *v = ctx->cache_max_bytes; return FG_OK;
     case FG_OPT_MAX_SOURCE: *v = ctx->max_source; return FG_OK;
     case FG_OPT_MAX_DEPTH: *v = ctx->max_depth; return FG_OK;

@@ -36,8 +36,16 @@
  * cannot describe, or a block mask with kv blocks under 128 rows (or, at
  * head dim 64, where the Hopper pass steps by 128 q rows, q blocks under
  * 128), sends fg_attention_backward back to the portable kernels.
+ *
+ * Tile order: under a block mask whose host arrays are at hand,
+ * fg_attention_backward weighs the Hopper dK/dV pass's blocks
+ * (bwd_order.c) and, where every head's first kv tiles are heavy enough
+ * that grid order would leave them running alone at the end, takes the
+ * -lead kernel (config.lead_first) and sets abi.lead_tiles.
  */
 #include "attention/attention.h"
+
+#include "attention/bwd_order.h"
 
 #include "base/growable.h"
 #include "blockmask/blockmask.h"
@@ -101,6 +109,47 @@ static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_atten
         abi->kv_tiles = (a->kv_len + 63) / 64;
     }
     return FG_OK;
+}
+
+/* How many leading kv tiles of every head a Hopper dK/dV pass of
+ * `tile_rows`-row blocks starts first for call `a`: the context's
+ * FG_OPT_BWD_LEAD_TILES where set (at most all tiles but one), else
+ * fgi_bwd_lead_tiles's choice; 0 without a block mask, without its host
+ * arrays (a mask built on the GPU and not downloaded: its counts are on the
+ * device, and the backward does not synchronise to read them) or with a
+ * mask the call does not take (the launch reports that). */
+static int lead_tiles_of(fg_ctx *ctx, const fg_attention_args *a, int tile_rows) {
+    if (tile_rows <= 0) return 0;
+    const int kv_tiles = (a->kv_len + tile_rows - 1) / tile_rows;
+    if (ctx->bwd_lead_tiles >= 0) {
+        /* the kernel's block index is 32-bit */
+        if ((int64_t)kv_tiles * a->heads_kv * a->batch >= ((int64_t)1 << 32)) return 0;
+        return ctx->bwd_lead_tiles < kv_tiles ? ctx->bwd_lead_tiles : kv_tiles - 1;
+    }
+    const fg_block_mask *m = a->block_mask;
+    if (!m || !m->host_valid) return 0;
+    int sms = 0;
+    if (fgi_block_mask_check(ctx, m, a->batch, a->heads_q, a->q_len, a->kv_len, m->desc.q_block,
+                             m->desc.kv_block) != FG_OK ||
+        fgi_cuda_sm_count(ctx, &sms) != FG_OK) {
+        fgi_clear_error(ctx);
+        return 0;
+    }
+    const fgi_bwd_tiles t = {
+        .q_num = m->host[fgi_bm_slot(FG_BM_Q_NUM_BLOCKS)],
+        .full_q_num = m->host[fgi_bm_slot(FG_BM_FULL_Q_NUM_BLOCKS)],
+        .bm_batch = m->desc.batch,
+        .bm_heads = m->desc.heads,
+        .kv_blocks = m->kv_blocks,
+        .kv_block = m->desc.kv_block,
+        .batch = a->batch,
+        .heads_q = a->heads_q,
+        .heads_kv = a->heads_kv,
+        .kv_tiles = kv_tiles,
+        .tile_rows = tile_rows,
+        .slots = sms, /* one block per SM */
+    };
+    return fgi_bwd_lead_tiles(&t);
 }
 
 static void fill_abi(const fg_kernel *k, const fg_attention_bwd_args *b, const fgi_attn_strides *st,
@@ -248,6 +297,7 @@ static fg_status plan_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_a
     memset(abi, 0, sizeof *abi);
     fill_abi(k, b, &st, &bs, abi);
     if (a->block_mask) FGI_TRY(block_mask_args(ctx, k, a, abi));
+    if (k->config.lead_first) abi->lead_tiles = lead_tiles_of(ctx, a, k->geom[FGI_BWD_DKDV].block_n);
 
     fgi_value bound[FGI_MAX_PARAMS];
     FGI_TRY(fgi_kernel_pack_params(ctx, k, a->binds, a->nbinds, &p->blob, bound));
@@ -362,7 +412,11 @@ static fg_status on_chosen_kernel(fg_ctx *ctx, const fg_mod *mod, const fg_atten
     FGI_TRY(fgi_attn_check_bwd_args(ctx, mod, &b, &st, &bs));
     /* before a compile that could not be used */
     FGI_CHECK_ARG(ctx, fwd.lse, "the backward needs the forward's lse (fg_attention_args.lse is NULL)");
-    const fg_kernel_config cfg = fgi_attn_bwd_config(fwd.dtype, fwd.head_dim);
+    fg_kernel_config cfg = fgi_attn_bwd_config(fwd.dtype, fwd.head_dim);
+    /* the -lead kernel where its order pays (the portable row has no such
+     * form and ignores the flag) */
+    const fgi_kernel_entry *h = fgi_kernel_find(FG_KERNEL_ATTENTION_BWD_SM90);
+    cfg.lead_first = lead_tiles_of(ctx, &fwd, h->geometry(&cfg, mod, FGI_BWD_DKDV).block_n) > 0;
     fg_kernel *k;
     FGI_TRY(fg_kernel_get(ctx, mod, &cfg, &k));
     fg_status s = bytes ? workspace_of(ctx, k, &b, bytes) : launch(ctx, k, &b, sums);

@@ -377,7 +377,43 @@ static __device__ __forceinline__ void fgs_store_dq(const fgb_args &a, int cw, f
     if (lead) fgh_bulk_wait<0, false>();
 }
 
-/* Grid (kv_tiles, Hkv, B). */
+/* The kv tile, kv head and batch of this block. The hardware starts
+ * blocks in linear index order, x fastest: a head's kv tiles in order
+ * (its Q and dO stay in L2 across them), the heads one after another.
+ * Where the first tiles of every head are much heavier than the rest
+ * (keys every query sees: global tokens, attention sinks), the last
+ * heads' heavy tiles would start near the end and run on alone (local_-
+ * global: a tail of 23-28% of this pass in a schedule simulation,
+ * attention_notes v33). The -lead kernel (FG_LEAD_FIRST) starts the first
+ * a.lead_tiles tiles of every head first, head after head, then the other
+ * tiles head after head; the host chose the count (fgi_bwd_lead_tiles),
+ * under 2^32 blocks and kv_tiles, so 32 bits hold the index (a 64-bit
+ * division costs ptxas a spill here). The plain kernel reads blockIdx
+ * alone: its coordinates as values cost others' element loops spills
+ * (document at head dim 64: 40 instructions). */
+static __device__ __forceinline__ void fgs_block_of(const fgb_args &a, int &tile, int &hk, int &b) {
+#if FG_LEAD_FIRST
+    const unsigned lead = (unsigned)a.lead_tiles;
+    if (lead != 0) {
+        const unsigned tiles = gridDim.x, heads = gridDim.y * gridDim.z;
+        const unsigned lin = blockIdx.x + tiles * (blockIdx.y + gridDim.y * blockIdx.z);
+        unsigned hb;
+        if (lin < lead * heads) {
+            hb = lin / lead;
+            tile = (int)(lin - hb * lead);
+        } else {
+            const unsigned r = lin - lead * heads, rest = tiles - lead;
+            hb = r / rest;
+            tile = (int)(lead + r - hb * rest);
+        }
+        hk = (int)(hb % gridDim.y), b = (int)(hb / gridDim.y);
+        return;
+    }
+#endif
+    tile = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+}
+
+/* Grid (kv_tiles, Hkv, B), blocks mapped by fgs_block_of. */
 extern "C" __global__ void __launch_bounds__(FGS_THREADS, 1)
 fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant__ fg_mod_params p,
                       const __grid_constant__ fg_mod_grads gr, const __grid_constant__ fgs_maps maps) {
@@ -399,9 +435,10 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
     const float *const rows0 = (const float *)(fgs_smem + (sRows - base));
 
     const int tid = threadIdx.x, wg = tid >> 7;
-    const int hk = blockIdx.y, b = blockIdx.z;
+    int tile, hk, b;
+    fgs_block_of(a, tile, hk, b);
     const int group = a.heads_q / a.heads_kv;
-    const int kv0 = blockIdx.x * FGS_BLOCK_N;
+    const int kv0 = tile * FGS_BLOCK_N;
     const int kv_end = min(a.kv_len, kv0 + FGS_BLOCK_N);
 
     if (tid == 0) {

@@ -1,0 +1,92 @@
+/*
+ * bwd_order.c -- which kv tiles the Hopper backward's dK/dV pass starts
+ * first.
+ *
+ * The pass is a grid of blocks, one per (kv tile, kv head, batch), each
+ * walking the q blocks its kv tile sees under the block mask; the hardware
+ * starts them in grid order (a head's tiles in order, the heads one after
+ * another) as SMs free up. When one tile of every head carries far more
+ * work than the others -- the tile of the keys every query sees: global
+ * tokens (local_global), attention sinks -- the last heads' heavy tiles
+ * start near the end and run on alone while the other SMs idle. Starting
+ * the first tiles of every head before all the rest removes that tail; it
+ * costs the pass its L2 sharing of a head's Q and dO between its heavy and
+ * its light tiles, and a causal mask, whose first tile is only about twice
+ * the mean and whose grid order is already heaviest first within a head,
+ * lost 2-4% to it (attention_notes v34). So the order is chosen per call,
+ * from an estimate:
+ *
+ *   a block's weight is its partial q blocks twice (their steps evaluate
+ *   mask_mod and select) plus its full ones, plus one for the block's own
+ *   loads and stores; in the fluid picture block i starts once the work
+ *   before it, spread over the slots, is done, so a pass in some order ends
+ *   at max(total / slots, max_i (before_i / slots + w_i)).
+ *
+ * The leading tiles go first when every head's first tiles weigh at least
+ * four times the mean and the estimate shortens by a tenth or more
+ * (local_global at B=4 H=16 S=8192: by about a quarter; causal, prefixes
+ * and documents not at all).
+ */
+#include "attention/bwd_order.h"
+
+#include <stdbool.h>
+
+#define HEAVY_TIMES 4  /* a leading tile's weight against the mean       */
+#define BLOCK_COST 1   /* a block's own loads and stores, in full q blocks */
+
+/* The weight of the pass's block (b, hk, tile): over the query heads of
+ * kv head hk, the q blocks of the mask's kv block the tile lies in. */
+static int64_t weight(const fgi_bwd_tiles *t, int b, int hk, int tile) {
+    const int group = t->heads_q / t->heads_kv;
+    const int kb = (int)((int64_t)tile * t->tile_rows / t->kv_block);
+    const int mb = t->bm_batch == 1 ? 0 : b;
+    int64_t w = BLOCK_COST;
+    for (int g = 0; g < group; g++) {
+        const int h = hk * group + g, mh = t->bm_heads == 1 ? 0 : h;
+        const int64_t row = ((int64_t)mb * t->bm_heads + mh) * t->kv_blocks + kb;
+        w += 2 * (int64_t)t->q_num[row] + t->full_q_num[row];
+    }
+    return w;
+}
+
+/* The fluid estimate of the pass's end with the first `lead` tiles of
+ * every head started first (0: grid order), in weight units times slots. */
+static double estimate(const fgi_bwd_tiles *t, int lead, int64_t total) {
+    double before = 0, end = (double)total;
+    const int heads = t->batch * t->heads_kv;
+    /* pass 0: the leading tiles (none in grid order); pass 1: the rest */
+    for (int pass = lead ? 0 : 1; pass < 2; pass++)
+        for (int hb = 0; hb < heads; hb++)
+            for (int tile = pass ? lead : 0; tile < (pass ? t->kv_tiles : lead); tile++) {
+                const int64_t w = weight(t, hb / t->heads_kv, hb % t->heads_kv, tile);
+                const double finish = before + (double)w * t->slots;
+                if (finish > end) end = finish;
+                before += (double)w;
+            }
+    return end;
+}
+
+int fgi_bwd_lead_tiles(const fgi_bwd_tiles *t) {
+    if (!t || !t->q_num || !t->full_q_num || t->slots <= 0 || t->kv_tiles < 2 || t->heads_kv <= 0 ||
+        t->heads_q % t->heads_kv != 0 || t->kv_block <= 0 || t->tile_rows <= 0)
+        return 0;
+    const int heads = t->batch * t->heads_kv;
+    const int64_t blocks = (int64_t)heads * t->kv_tiles;
+    /* one wave starts every block at once; past 2^32 blocks the kernel
+     * keeps the grid order (its index arithmetic is 32-bit) */
+    if (blocks <= t->slots || blocks >= ((int64_t)1 << 32)) return 0;
+    int64_t total = 0;
+    for (int hb = 0; hb < heads; hb++)
+        for (int tile = 0; tile < t->kv_tiles; tile++)
+            total += weight(t, hb / t->heads_kv, hb % t->heads_kv, tile);
+    /* the leading tiles heavy in every head: weight * blocks >= HEAVY_TIMES * total */
+    int lead = 0;
+    for (; lead < FGI_BWD_LEAD_MAX && lead < t->kv_tiles - 1; lead++) {
+        bool heavy = true;
+        for (int hb = 0; hb < heads && heavy; hb++)
+            heavy = weight(t, hb / t->heads_kv, hb % t->heads_kv, lead) * blocks >= HEAVY_TIMES * total;
+        if (!heavy) break;
+    }
+    if (lead == 0) return 0;
+    return 10 * estimate(t, lead, total) <= 9 * estimate(t, 0, total) ? lead : 0;
+}

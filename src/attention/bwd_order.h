@@ -1,0 +1,31 @@
+/*
+ * bwd_order.h -- which kv tiles the Hopper backward's dK/dV pass starts
+ * first (bwd_order.c).
+ */
+#ifndef FLEXGEN_BWD_ORDER_H
+#define FLEXGEN_BWD_ORDER_H
+
+#include <stdint.h>
+
+/* The most leading tiles per head the pass starts first: past a few, the
+ * heads' Q and dO no longer share L2 at the start. */
+#define FGI_BWD_LEAD_MAX 4
+
+/* One dK/dV pass over a block mask, as the weighing needs it. */
+typedef struct fgi_bwd_tiles {
+    /* the mask's transposed counts, [bm_batch][bm_heads][kv_blocks]: per kv
+     * block, its partial and its full q blocks (host arrays) */
+    const int32_t *q_num, *full_q_num;
+    int bm_batch, bm_heads, kv_blocks, kv_block;
+    int batch, heads_q, heads_kv; /* the call's */
+    int kv_tiles, tile_rows;      /* the pass's blocks per (batch, kv head), their kv rows */
+    int slots;                    /* the pass's blocks the GPU runs at once */
+} fgi_bwd_tiles;
+
+/* How many leading kv tiles of every (batch, kv head) the pass should start
+ * before all other tiles (fgs_block_of in attention_bwd_sm90.cuh): 0 (grid
+ * order) unless the first tiles of every head are heavy and starting them
+ * first shortens the pass by the estimate by at least a tenth. */
+int fgi_bwd_lead_tiles(const fgi_bwd_tiles *t);
+
+#endif
