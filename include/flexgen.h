@@ -828,6 +828,18 @@ FG_API fg_status fg_block_table_check(fg_ctx *ctx, const fg_attention_args *args
  * gradient is sum ds (kv - q) with ds summing to zero along each row -- so
  * an fp32 sum's order would decide their digits.)
  *
+ * The backward's tile order: the Hopper kernel's dK/dV pass is a grid of
+ * blocks, one per (kv tile of 128 rows, kv head, batch), which the GPU
+ * starts in grid order. Under a block mask whose host arrays are at hand
+ * (built on the CPU, or downloaded), the call weighs those blocks from the
+ * mask's transposed counts; where every head's first kv tiles are heavy
+ * enough that grid order would leave them running alone at the end (keys
+ * every query sees: global tokens, attention sinks; by its estimate a
+ * tenth of the pass or more), it runs the -lead kernel
+ * (fg_kernel_config.lead_first), which starts those tiles first. A mask
+ * built on the GPU and not downloaded keeps the grid order (the call does
+ * not synchronise to read it). FG_OPT_BWD_LEAD_TILES overrides the choice.
+ *
  * The library needs fp32 workspace of about (B * Hq * Q_LEN) * (D + 1)
  * floats (D + 1 without deterministic, 1 with it; 2 more per row on the
  * Hopper kernel) and 32 bytes per buffer-gradient element;
@@ -877,6 +889,14 @@ static inline fg_attention_bwd_args fg_attention_bwd_args_init(void) {
  * with kind FG_KERNEL_ATTENTION_BWD (fetched once, launched many times). */
 FG_API fg_status fg_attention_backward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args);
 FG_API fg_status fg_kernel_launch_backward(fg_ctx *ctx, fg_kernel *kernel, const fg_attention_bwd_args *args);
+/* The kernel fg_attention_backward runs for `args` (checked as for the
+ * call; nothing is launched), for fg_kernel_launch_backward: the Hopper
+ * one where it applies, its -lead form where the block mask asks for it
+ * (see "The backward's tile order"), else the portable one. Release it
+ * with fg_kernel_release. A -lead kernel weighs each launch's block mask
+ * again; the plain kernels keep the grid order. */
+FG_API fg_status fg_attention_backward_kernel_for(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args,
+                                                  fg_kernel **out);
 /* The workspace (bytes) fg_attention_backward uses for `args`, given as
  * for the call (checked the same way; no memory is read): it depends on
  * the shapes, deterministic, the gradient bindings and the kernel the call

@@ -594,6 +594,20 @@ static void test_device_errors(void **state) {
     assert_int_equal(fg_kernel_get(ctx, mod, &cfg, &fk), FG_OK);
     assert_int_equal(fg_kernel_launch_backward(ctx, fk, &b), FG_ERR_INVALID_ARGUMENT);
     fg_kernel_release(fk);
+    /* the kernel the call itself runs, fetched for launching */
+    fg_kernel *ck = NULL;
+    assert_int_equal(fg_attention_backward_kernel_for(ctx, mod, &b, &ck), FG_OK);
+    assert_int_equal(fg_kernel_kind_of(ck), hopper ? FG_KERNEL_ATTENTION_BWD_SM90 : FG_KERNEL_ATTENTION_BWD);
+    assert_int_equal(fg_kernel_launch_backward(ctx, ck, &b), FG_OK);
+    fg_kernel_release(ck);
+    ck = (fg_kernel *)&ck;
+    fg_attention_bwd_args nofwd = b;
+    nofwd.fwd = NULL;
+    assert_int_equal(fg_attention_backward_kernel_for(ctx, mod, &nofwd, &ck), FG_ERR_INVALID_ARGUMENT);
+    assert_null(ck);
+    assert_int_equal(fg_attention_backward_kernel_for(NULL, mod, &b, &ck), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_attention_backward_kernel_for(ctx, NULL, &b, &ck), FG_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fg_attention_backward_kernel_for(ctx, mod, &b, NULL), FG_ERR_INVALID_ARGUMENT);
     /* The Hopper backward by name: only on compute capability 9.0, and not
      * for head dims it does not take; FG_OPT_HOPPER_KERNEL 0 keeps the
      * portable one. */

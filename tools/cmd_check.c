@@ -1002,8 +1002,6 @@ static int time_check(state *s, const fg_attention_args *a) {
         printf("K/V: %.1f MB read per call, %.3f TB/s of K/V\n", bytes / 1e6, bytes / (ms * 1e-3) / 1e12);
     }
     if (!o->backward) return FG_EXIT_OK;
-    fg_kernel_config cfg = fg_kernel_config_init();
-    cfg.kind = FG_KERNEL_ATTENTION_BWD, cfg.dtype = o->dtype, cfg.head_dim = o->head_dim;
     fg_kernel *k = NULL;
     /* A workspace of its own, as a training loop keeps one: from the
      * library's pool, each launch after the synchronisation that ends the
@@ -1016,7 +1014,9 @@ static int time_check(state *s, const fg_attention_args *a) {
     if (st == FG_OK && ws_bytes > 0) st = fgi_cu_status(ctx, fgi_cu()->cuMemAlloc(&ws, ws_bytes), "cuMemAlloc");
     bw.workspace = (void *)(uintptr_t)ws;
     bw.workspace_size = ws_bytes;
-    if (st == FG_OK) st = fg_kernel_get(ctx, s->mod, &cfg, &k);
+    /* the kernel fg_attention_backward would run (its -lead form where
+     * the block mask asks for it) */
+    if (st == FG_OK) st = fg_attention_backward_kernel_for(ctx, s->mod, &bw, &k);
     if (st == FG_OK) st = time_runs(ctx, k, a, &bw, o->time_n, &ms);
     fg_kernel_release(k);
     if (ws) fgi_cu()->cuMemFree(ws);

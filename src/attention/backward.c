@@ -398,12 +398,23 @@ fg_kernel_config fgi_attn_bwd_config(fg_dtype dtype, int head_dim) {
     return cfg;
 }
 
-/* fg_attention_backward's kernel choice, shared by the call and its
- * workspace size: the kernel fg_kernel_get picks, and the portable one
- * where the Hopper kernel refuses the call. With `bytes` the chosen
- * kernel's workspace is reported instead of launching. */
+/* fg_attention_backward's config for `fwd`: the -lead kernel where its
+ * order pays (the portable row has no such form and ignores the flag). */
+static fg_kernel_config chosen_config(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *fwd) {
+    fg_kernel_config cfg = fgi_attn_bwd_config(fwd->dtype, fwd->head_dim);
+    const fgi_kernel_entry *h = fgi_kernel_find(FG_KERNEL_ATTENTION_BWD_SM90);
+    cfg.lead_first = lead_tiles_of(ctx, fwd, h->geometry(&cfg, mod, FGI_BWD_DKDV).block_n) > 0;
+    return cfg;
+}
+
+/* fg_attention_backward's kernel choice, shared by the call, its
+ * workspace size and fg_attention_backward_kernel_for: the kernel
+ * fg_kernel_get picks, and the portable one where the Hopper kernel refuses
+ * the call. With `bytes` the chosen kernel's workspace is reported instead
+ * of launching; with `out` the kernel is handed over instead (its
+ * workspace planned, not launched). */
 static fg_status on_chosen_kernel(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args,
-                                  size_t *bytes, const CUdeviceptr *sums) {
+                                  size_t *bytes, const CUdeviceptr *sums, fg_kernel **out) {
     fg_attention_bwd_args b;
     fg_attention_args fwd;
     FGI_TRY(fgi_attn_bwd_args_in(ctx, args, &b, &fwd));
@@ -412,31 +423,38 @@ static fg_status on_chosen_kernel(fg_ctx *ctx, const fg_mod *mod, const fg_atten
     FGI_TRY(fgi_attn_check_bwd_args(ctx, mod, &b, &st, &bs));
     /* before a compile that could not be used */
     FGI_CHECK_ARG(ctx, fwd.lse, "the backward needs the forward's lse (fg_attention_args.lse is NULL)");
-    fg_kernel_config cfg = fgi_attn_bwd_config(fwd.dtype, fwd.head_dim);
-    /* the -lead kernel where its order pays (the portable row has no such
-     * form and ignores the flag) */
-    const fgi_kernel_entry *h = fgi_kernel_find(FG_KERNEL_ATTENTION_BWD_SM90);
-    cfg.lead_first = lead_tiles_of(ctx, &fwd, h->geometry(&cfg, mod, FGI_BWD_DKDV).block_n) > 0;
+    const fg_kernel_config cfg = chosen_config(ctx, mod, &fwd);
+    size_t unused = 0;
+    if (out) bytes = &unused;
     fg_kernel *k;
     FGI_TRY(fg_kernel_get(ctx, mod, &cfg, &k));
     fg_status s = bytes ? workspace_of(ctx, k, &b, bytes) : launch(ctx, k, &b, sums);
     const bool retry = s == FG_ERR_NOT_SUPPORTED && k->kernel->variant == FGI_VARIANT_SM90;
-    fg_kernel_release(k);
+    if (retry || !out || s != FG_OK) fg_kernel_release(k);
     if (retry) {
         /* A layout TMA cannot describe, or blocks under its steps: the
          * portable backward takes them (it refuses nothing the Hopper one
          * accepts, so its error, if any, is the one to report). */
         FGI_TRY(fgi_attn_kernel_get(ctx, mod, &cfg, false, &k));
         s = bytes ? workspace_of(ctx, k, &b, bytes) : launch(ctx, k, &b, sums);
-        fg_kernel_release(k);
+        if (!out || s != FG_OK) fg_kernel_release(k);
     }
+    if (out && s == FG_OK) *out = k;
     return s;
 }
 
 fg_status fg_attention_backward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, mod, "NULL mod");
-    return on_chosen_kernel(ctx, mod, args, NULL, NULL);
+    return on_chosen_kernel(ctx, mod, args, NULL, NULL, NULL);
+}
+
+fg_status fg_attention_backward_kernel_for(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args,
+                                           fg_kernel **out) {
+    if (!ctx) return FG_ERR_INVALID_ARGUMENT;
+    FGI_CHECK_ARG(ctx, mod && out, "NULL mod or output pointer");
+    *out = NULL;
+    return on_chosen_kernel(ctx, mod, args, NULL, NULL, out);
 }
 
 fg_status fg_attention_backward_workspace_size(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args,
@@ -444,7 +462,7 @@ fg_status fg_attention_backward_workspace_size(fg_ctx *ctx, const fg_mod *mod, c
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, mod && bytes, "NULL mod or output pointer");
     *bytes = 0;
-    FGI_TRY(on_chosen_kernel(ctx, mod, args, bytes, NULL));
+    FGI_TRY(on_chosen_kernel(ctx, mod, args, bytes, NULL, NULL));
     fgi_clear_error(ctx);
     return FG_OK;
 }
@@ -452,7 +470,7 @@ fg_status fg_attention_backward_workspace_size(fg_ctx *ctx, const fg_mod *mod, c
 fg_status fgi_attention_backward_into_sums(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *args,
                                            const CUdeviceptr *sums) {
     FGI_CHECK_ARG(ctx, mod && sums, "NULL mod or sums");
-    return on_chosen_kernel(ctx, mod, args, NULL, sums);
+    return on_chosen_kernel(ctx, mod, args, NULL, sums, NULL);
 }
 
 fg_status fgi_attention_backward_sums_to_float(fg_ctx *ctx, const fg_mod *mod, fg_dtype dtype, int head_dim,
