@@ -70,11 +70,11 @@ int fgi_bwd_lead_tiles(const fgi_bwd_tiles *t) {
     if (!t || !t->q_num || !t->full_q_num || t->slots <= 0 || t->kv_tiles < 2 || t->heads_kv <= 0 ||
         t->heads_q % t->heads_kv != 0 || t->kv_block <= 0 || t->tile_rows <= 0)
         return 0;
-    const int heads = t->batch * t->heads_kv;
-    const int64_t blocks = (int64_t)heads * t->kv_tiles;
+    const int64_t blocks = (int64_t)t->batch * t->heads_kv * t->kv_tiles;
     /* one wave starts every block at once; past 2^32 blocks the kernel
      * keeps the grid order (its index arithmetic is 32-bit) */
-    if (blocks <= t->slots || blocks >= ((int64_t)1 << 32)) return 0;
+    if (t->batch <= 0 || blocks <= t->slots || blocks >= ((int64_t)1 << 32)) return 0;
+    const int heads = t->batch * t->heads_kv; /* under 2^31: kv_tiles >= 2 */
     int64_t total = 0;
     for (int hb = 0; hb < heads; hb++)
         for (int tile = 0; tile < t->kv_tiles; tile++)
