@@ -271,7 +271,10 @@ typedef struct bwd_plan {
     size_t off_lse2, off_accum, off_flags, off_fixed[FGI_MAX_GRAD_BUFFERS], dq_accum_bytes, flag_bytes, core, total;
 } bwd_plan;
 
-static fg_status plan_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *b, bwd_plan *p) {
+/* `lead`: the leading tiles a -lead kernel starts first, as
+ * on_chosen_kernel weighed them, or -1 to weigh them here (a kernel the
+ * caller launches itself); the plain kernels ignore it. */
+static fg_status plan_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *b, int lead, bwd_plan *p) {
     if (k->kernel->op != FGI_KOP_ATTENTION_BWD)
         return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
                          "fg_kernel_launch_backward runs backward kernels (kind FG_KERNEL_ATTENTION_BWD); "
@@ -297,7 +300,8 @@ static fg_status plan_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_a
     memset(abi, 0, sizeof *abi);
     fill_abi(k, b, &st, &bs, abi);
     if (a->block_mask) FGI_TRY(block_mask_args(ctx, k, a, abi));
-    if (k->config.lead_first) abi->lead_tiles = lead_tiles_of(ctx, a, k->geom[FGI_BWD_DKDV].block_n);
+    if (k->config.lead_first)
+        abi->lead_tiles = lead >= 0 ? lead : lead_tiles_of(ctx, a, k->geom[FGI_BWD_DKDV].block_n);
 
     fgi_value bound[FGI_MAX_PARAMS];
     FGI_TRY(fgi_kernel_pack_params(ctx, k, a->binds, a->nbinds, &p->blob, bound));
@@ -340,9 +344,10 @@ static CUdeviceptr caller_sum(const fg_kernel *k, const fg_attention_bwd_args *b
 
 /* One backward launch of `b`, already in this library's layout; with
  * `sums`, the buffer gradients go into the caller's fixed-point sums. */
-static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *b, const CUdeviceptr *sums) {
+static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *b, int lead,
+                        const CUdeviceptr *sums) {
     bwd_plan p;
-    FGI_TRY(plan_launch(ctx, k, b, &p));
+    FGI_TRY(plan_launch(ctx, k, b, lead, &p));
     if (sums) p.total = p.core; /* no sums of its own */
     const fg_attention_args *a = b->fwd;
     const bool hopper = k->kernel->variant == FGI_VARIANT_SM90;
@@ -379,13 +384,13 @@ fg_status fg_kernel_launch_backward(fg_ctx *ctx, fg_kernel *k, const fg_attentio
     fg_attention_bwd_args b;
     fg_attention_args fwd;
     FGI_TRY(fgi_attn_bwd_args_in(ctx, args, &b, &fwd));
-    return launch(ctx, k, &b, NULL);
+    return launch(ctx, k, &b, -1, NULL);
 }
 
-/* The workspace launch(k, b) would use. */
-static fg_status workspace_of(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *b, size_t *bytes) {
+/* The workspace launch(k, b, lead) would use. */
+static fg_status workspace_of(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *b, int lead, size_t *bytes) {
     bwd_plan p;
-    FGI_TRY(plan_launch(ctx, k, b, &p));
+    FGI_TRY(plan_launch(ctx, k, b, lead, &p));
     *bytes = p.total;
     return FG_OK;
 }
@@ -399,11 +404,13 @@ fg_kernel_config fgi_attn_bwd_config(fg_dtype dtype, int head_dim) {
 }
 
 /* fg_attention_backward's config for `fwd`: the -lead kernel where its
- * order pays (the portable row has no such form and ignores the flag). */
-static fg_kernel_config chosen_config(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *fwd) {
+ * order pays (the portable row has no such form and ignores the flag),
+ * with the leading tiles it starts first in *lead. */
+static fg_kernel_config chosen_config(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *fwd, int *lead) {
     fg_kernel_config cfg = fgi_attn_bwd_config(fwd->dtype, fwd->head_dim);
     const fgi_kernel_entry *h = fgi_kernel_find(FG_KERNEL_ATTENTION_BWD_SM90);
-    cfg.lead_first = lead_tiles_of(ctx, fwd, h->geometry(&cfg, mod, FGI_BWD_DKDV).block_n) > 0;
+    *lead = lead_tiles_of(ctx, fwd, h->geometry(&cfg, mod, FGI_BWD_DKDV).block_n);
+    cfg.lead_first = *lead > 0;
     return cfg;
 }
 
@@ -423,12 +430,13 @@ static fg_status on_chosen_kernel(fg_ctx *ctx, const fg_mod *mod, const fg_atten
     FGI_TRY(fgi_attn_check_bwd_args(ctx, mod, &b, &st, &bs));
     /* before a compile that could not be used */
     FGI_CHECK_ARG(ctx, fwd.lse, "the backward needs the forward's lse (fg_attention_args.lse is NULL)");
-    const fg_kernel_config cfg = chosen_config(ctx, mod, &fwd);
+    int lead = 0;
+    const fg_kernel_config cfg = chosen_config(ctx, mod, &fwd, &lead);
     size_t unused = 0;
     if (out) bytes = &unused;
     fg_kernel *k;
     FGI_TRY(fg_kernel_get(ctx, mod, &cfg, &k));
-    fg_status s = bytes ? workspace_of(ctx, k, &b, bytes) : launch(ctx, k, &b, sums);
+    fg_status s = bytes ? workspace_of(ctx, k, &b, lead, bytes) : launch(ctx, k, &b, lead, sums);
     const bool retry = s == FG_ERR_NOT_SUPPORTED && k->kernel->variant == FGI_VARIANT_SM90;
     if (retry || !out || s != FG_OK) fg_kernel_release(k);
     if (retry) {
@@ -436,7 +444,7 @@ static fg_status on_chosen_kernel(fg_ctx *ctx, const fg_mod *mod, const fg_atten
          * portable backward takes them (it refuses nothing the Hopper one
          * accepts, so its error, if any, is the one to report). */
         FGI_TRY(fgi_attn_kernel_get(ctx, mod, &cfg, false, &k));
-        s = bytes ? workspace_of(ctx, k, &b, bytes) : launch(ctx, k, &b, sums);
+        s = bytes ? workspace_of(ctx, k, &b, lead, bytes) : launch(ctx, k, &b, lead, sums);
         if (!out || s != FG_OK) fg_kernel_release(k);
     }
     if (out && s == FG_OK) *out = k;
