@@ -830,15 +830,18 @@ FG_API fg_status fg_block_table_check(fg_ctx *ctx, const fg_attention_args *args
  *
  * The backward's tile order: the Hopper kernel's dK/dV pass is a grid of
  * blocks, one per (kv tile of 128 rows, kv head, batch), which the GPU
- * starts in grid order. Under a block mask whose host arrays are at hand
- * (built on the CPU, or downloaded), the call weighs those blocks from the
- * mask's transposed counts; where every head's first kv tiles are heavy
- * enough that grid order would leave them running alone at the end (keys
- * every query sees: global tokens, attention sinks; by its estimate a
- * tenth of the pass or more), it runs the -lead kernel
- * (fg_kernel_config.lead_first), which starts those tiles first. A mask
- * built on the GPU and not downloaded keeps the grid order (the call does
- * not synchronise to read it). FG_OPT_BWD_LEAD_TILES overrides the choice.
+ * starts in grid order. Under a block mask, the call weighs those blocks
+ * from the mask's transposed counts; where every head's first kv tiles are
+ * heavy enough that grid order would leave them running alone at the end
+ * (keys every query sees: global tokens, attention sinks; by its estimate
+ * a tenth of the pass or more), it runs the -lead kernel
+ * (fg_kernel_config.lead_first), which starts those tiles first. The
+ * counts are the host arrays of a mask built on the CPU or downloaded;
+ * a GPU build (fg_block_mask_create_gpu, fg_block_mask_rebuild_gpu) also
+ * copies them to pinned host memory behind itself on its stream, and the
+ * call uses that copy once it has landed. The call never waits for it:
+ * until then, and for a build captured into a graph, it keeps the grid
+ * order. FG_OPT_BWD_LEAD_TILES overrides the choice.
  *
  * The library needs fp32 workspace of about (B * Hq * Q_LEN) * (D + 1)
  * floats (D + 1 without deterministic, 1 with it; 2 more per row on the

@@ -38,6 +38,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
+
 /* A relative-bias table and a per-head temperature: two float buffers that
  * get gradients, read at computed indices (clamped into the table). */
 #define BIAS_SRC                                                                          \
@@ -514,6 +516,65 @@ static void test_lead_tiles(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/* The backward's own choice of kernel on the global-key mask (GLOBAL_SRC)
+ * and on a causal one, with the mask built on the CPU and on the GPU. A
+ * GPU-built mask is never downloaded here: its counts reach the host by
+ * the copy queued behind its build (fgi_block_mask_counts), which has
+ * landed once the context is synchronised. Until then the choice is the
+ * grid order; it must never wait for the copy. */
+static void test_lead_choice(void **state) {
+    (void)state;
+    fg_ctx *ctx = gpu_ctx();
+    int major = 0, minor = 0;
+    assert_int_equal(fgi_cuda_arch(ctx, &major, &minor), FG_OK);
+    const bool hopper = major == 9 && minor == 0;
+    enum { B = 1, H = 9, S = 2048, D = 64 };
+    const size_t elems = (size_t)B * H * S * D;
+    CUdeviceptr buf = 0, lse = 0;
+    assert_int_equal(fgi_cu()->cuMemAlloc(&buf, elems * 2 * 8), CUDA_SUCCESS); /* q k v out dout dq dk dv */
+    assert_int_equal(fgi_cu()->cuMemAlloc(&lse, (size_t)B * H * S * 4), CUDA_SUCCESS);
+    const struct {
+        const char *name, *src;
+        bool gpu, lead; /* the mask's builder, whether -lead is chosen */
+    } cases[] = {
+        {"global-key", GLOBAL_SRC, false, true},
+        {"global-key", GLOBAL_SRC, true, true},
+        {"causal", CAUSAL_SRC, true, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fg_mod *mod = NULL;
+        assert_int_equal(fg_mod_from_source(ctx, "m", cases[i].src, (size_t)-1, &mod), FG_OK);
+        fg_block_mask_desc desc = {B, H, S, S, 128, 128, sizeof(fg_block_mask_desc), 0, 0};
+        fg_block_mask *bm = NULL;
+        assert_int_equal(cases[i].gpu ? fg_block_mask_create_gpu(ctx, mod, &desc, NULL, 0, NULL, &bm)
+                                      : fg_block_mask_create(ctx, mod, &desc, NULL, 0, &bm),
+                         FG_OK);
+        assert_int_equal(fgi_cu()->cuCtxSynchronize(), CUDA_SUCCESS);
+        fg_attention_args a = FG_ATTENTION_ARGS_INIT;
+        a.batch = B, a.heads_q = a.heads_kv = H, a.q_len = a.kv_len = S, a.head_dim = D, a.dtype = FG_BF16;
+        a.q = (const void *)(uintptr_t)buf, a.k = (const void *)(uintptr_t)(buf + elems * 2);
+        a.v = (const void *)(uintptr_t)(buf + elems * 4), a.out = (void *)(uintptr_t)(buf + elems * 6);
+        a.lse = (float *)(uintptr_t)lse, a.block_mask = bm;
+        fg_attention_bwd_args b = FG_ATTENTION_BWD_ARGS_INIT;
+        b.fwd = &a;
+        b.dout = (const void *)(uintptr_t)(buf + elems * 8);
+        b.dq = (void *)(uintptr_t)(buf + elems * 10);
+        b.dk = (void *)(uintptr_t)(buf + elems * 12);
+        b.dv = (void *)(uintptr_t)(buf + elems * 14);
+        fg_kernel *k = NULL;
+        assert_int_equal(fg_attention_backward_kernel_for(ctx, mod, &b, &k), FG_OK);
+        printf("[lead choice] %s mask, %s: %s\n", cases[i].name,
+               cases[i].gpu ? "GPU-built" : "CPU-built", k->config.lead_first ? "-lead" : "grid order");
+        assert_int_equal(k->config.lead_first, hopper && cases[i].lead);
+        fg_kernel_release(k);
+        fg_block_mask_destroy(bm);
+        fg_mod_destroy(mod);
+    }
+    fgi_cu()->cuMemFree(buf);
+    fgi_cu()->cuMemFree(lse);
+    fg_ctx_destroy(ctx);
+}
+
 /* ---- dK and dV not 16-byte aligned ------------------------------------------- */
 
 /* The Hopper pass stores dK and dV through the TMA unit when both are
@@ -706,6 +767,7 @@ int main(void) {
         MODE_TEST(test_gallery, atomic_mode),
         MODE_TEST(test_lead_tiles, atomic_mode),
         MODE_TEST(test_lead_tiles, deterministic_mode),
+        cmocka_unit_test(test_lead_choice),
         MODE_TEST(test_features, deterministic_mode),
         MODE_TEST(test_gallery, deterministic_mode),
         MODE_TEST(test_features, portable_mode),

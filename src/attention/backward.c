@@ -114,10 +114,10 @@ static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_atten
 /* How many leading kv tiles of every head a Hopper dK/dV pass of
  * `tile_rows`-row blocks starts first for call `a`: the context's
  * FG_OPT_BWD_LEAD_TILES where set (at most all tiles but one), else
- * fgi_bwd_lead_tiles's choice; 0 without a block mask, without its host
- * arrays (a mask built on the GPU and not downloaded: its counts are on the
- * device, and the backward does not synchronise to read them) or with a
- * mask the call does not take (the launch reports that). */
+ * fgi_bwd_lead_tiles's choice; 0 without a block mask, without its counts
+ * on the host (a GPU-built mask whose copy of them has not landed yet: the
+ * backward does not wait for it, fgi_block_mask_counts) or with a mask the
+ * call does not take (the launch reports that). */
 static int lead_tiles_of(fg_ctx *ctx, const fg_attention_args *a, int tile_rows) {
     if (tile_rows <= 0) return 0;
     const int kv_tiles = (a->kv_len + tile_rows - 1) / tile_rows;
@@ -127,7 +127,8 @@ static int lead_tiles_of(fg_ctx *ctx, const fg_attention_args *a, int tile_rows)
         return ctx->bwd_lead_tiles < kv_tiles ? ctx->bwd_lead_tiles : kv_tiles - 1;
     }
     const fg_block_mask *m = a->block_mask;
-    if (!m || !m->host_valid) return 0;
+    const int32_t *q_num = NULL, *full_q_num = NULL;
+    if (!m || !fgi_block_mask_counts(m, &q_num, &full_q_num)) return 0;
     int sms = 0;
     if (fgi_block_mask_check(ctx, m, a->batch, a->heads_q, a->q_len, a->kv_len, m->desc.q_block,
                              m->desc.kv_block) != FG_OK ||
@@ -136,8 +137,8 @@ static int lead_tiles_of(fg_ctx *ctx, const fg_attention_args *a, int tile_rows)
         return 0;
     }
     const fgi_bwd_tiles t = {
-        .q_num = m->host[fgi_bm_slot(FG_BM_Q_NUM_BLOCKS)],
-        .full_q_num = m->host[fgi_bm_slot(FG_BM_FULL_Q_NUM_BLOCKS)],
+        .q_num = q_num,
+        .full_q_num = full_q_num,
         .bm_batch = m->desc.batch,
         .bm_heads = m->desc.heads,
         .kv_blocks = m->kv_blocks,

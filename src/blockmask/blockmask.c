@@ -116,6 +116,15 @@ void fgi_bm_free_device(fg_block_mask *m) {
      * nothing to clean up that the driver does not reclaim itself. */
     if (m->device_block) fgi_cu()->cuMemFree((CUdeviceptr)m->device_block);
     if (m->tiles) fgi_cu()->cuMemFree((CUdeviceptr)m->tiles);
+    /* the counts' copy may still be landing in the pinned memory */
+    if (m->counts_event) {
+        if (m->counts_queued) fgi_cu()->cuEventSynchronize((CUevent)m->counts_event);
+        fgi_cu()->cuEventDestroy((CUevent)m->counts_event);
+    }
+    if (m->counts_host) fgi_cu()->cuMemFreeHost(m->counts_host);
+    m->counts_event = NULL;
+    m->counts_host = NULL;
+    m->counts_queued = false;
     m->device_block = 0;
     m->tiles = 0;
     memset(m->device, 0, sizeof m->device);

@@ -57,6 +57,18 @@ struct fg_block_mask {
     bool device_valid;
     uint64_t tiles;
     int cu_device;            /* the device ordinal the memory belongs to     */
+    /* The transposed counts of the last GPU build (Q_NUM_BLOCKS then
+     * FULL_Q_NUM_BLOCKS), copied into pinned host memory behind the build
+     * on its stream, with counts_event recorded after the copy. The
+     * backward orders its dK/dV pass by them (attention/bwd_order.c) once
+     * the event has completed, and never waits for it: a mask built on the
+     * GPU and not downloaded would otherwise leave it grid order.
+     * counts_queued: a copy of the current device arrays was queued (not
+     * for a build captured into a graph, nor where the driver has no
+     * pinned memory or event query). */
+    int32_t *counts_host;
+    void *counts_event;       /* CUevent                                      */
+    bool counts_queued;
 
     /* The hash of the mod the arrays were built from (0: from_kv_blocks). */
     uint64_t mod_hash;
@@ -83,6 +95,12 @@ fg_status fgi_block_mask_check(fg_ctx *ctx, const fg_block_mask *mask, int batch
  * array. */
 fg_status fgi_block_mask_device_array(fg_ctx *ctx, fg_block_mask *mask, fg_block_mask_array which,
                                       uint64_t *ptr);
+
+/* The transposed counts, Q_NUM_BLOCKS and FULL_Q_NUM_BLOCKS, on the host
+ * without waiting for the GPU: the host arrays where valid, else the copy
+ * behind the last GPU build once it has landed. false when neither is
+ * there yet (the caller goes without them). */
+bool fgi_block_mask_counts(const fg_block_mask *mask, const int32_t **q_num, const int32_t **full_q_num);
 
 /* ---- shared between blockmask.c (host) and blockmask_gpu.c (device) ---- */
 

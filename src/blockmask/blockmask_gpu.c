@@ -66,6 +66,56 @@ static unsigned grid_for(int64_t warps) {
     return (unsigned)((warps + BM_WARPS_PER_BLOCK - 1) / BM_WARPS_PER_BLOCK);
 }
 
+/* Copy the transposed counts of the build just queued on `stream` into
+ * the mask's pinned host memory behind it, and record counts_event after
+ * them (blockmask.h says who reads them). Best effort: without the driver's
+ * pinned memory or event query, inside a stream capture (the copy would
+ * land only when the graph runs, and the event would not say when), or on
+ * any failure here, the counts are simply not there and the build goes on.
+ * Pinned memory and the event are made at the first GPU build of the mask,
+ * so a rebuild allocates nothing. */
+static void queue_counts(fg_block_mask *m, CUstream stream) {
+    const fgi_cu_api *cu = fgi_cu();
+    m->counts_queued = false;
+    if (!cu->cuMemAllocHost || !cu->cuMemFreeHost || !cu->cuEventQuery) return;
+    if (cu->cuStreamIsCapturing) {
+        CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+        if (cu->cuStreamIsCapturing(stream, &cs) != CUDA_SUCCESS || cs != CU_STREAM_CAPTURE_STATUS_NONE) return;
+    }
+    const int qn = fgi_bm_slot(FG_BM_Q_NUM_BLOCKS), fqn = fgi_bm_slot(FG_BM_FULL_Q_NUM_BLOCKS);
+    const size_t qn_bytes = (size_t)m->count[qn] * sizeof(int32_t);
+    const size_t fqn_bytes = (size_t)m->count[fqn] * sizeof(int32_t);
+    if (!m->counts_host) {
+        void *p = NULL;
+        if (cu->cuMemAllocHost(&p, qn_bytes + fqn_bytes) != CUDA_SUCCESS) return;
+        m->counts_host = p;
+    }
+    if (!m->counts_event) {
+        CUevent e = NULL;
+        if (cu->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return;
+        m->counts_event = e;
+    }
+    if (cu->cuMemcpyDtoHAsync(m->counts_host, (CUdeviceptr)m->device[qn], qn_bytes, stream) != CUDA_SUCCESS ||
+        cu->cuMemcpyDtoHAsync(m->counts_host + m->count[qn], (CUdeviceptr)m->device[fqn], fqn_bytes, stream) !=
+            CUDA_SUCCESS ||
+        cu->cuEventRecord((CUevent)m->counts_event, stream) != CUDA_SUCCESS)
+        return;
+    m->counts_queued = true;
+}
+
+bool fgi_block_mask_counts(const fg_block_mask *mask, const int32_t **q_num, const int32_t **full_q_num) {
+    if (mask->host_valid) {
+        *q_num = mask->host[fgi_bm_slot(FG_BM_Q_NUM_BLOCKS)];
+        *full_q_num = mask->host[fgi_bm_slot(FG_BM_FULL_Q_NUM_BLOCKS)];
+        return true;
+    }
+    /* counts_queued implies the driver table is loaded and has cuEventQuery */
+    if (!mask->counts_queued || fgi_cu()->cuEventQuery((CUevent)mask->counts_event) != CUDA_SUCCESS) return false;
+    *q_num = mask->counts_host;
+    *full_q_num = mask->counts_host + mask->count[fgi_bm_slot(FG_BM_Q_NUM_BLOCKS)];
+    return true;
+}
+
 /* Queue the two kernels for mask m with the given parameter values. */
 static fg_status launch(fg_ctx *ctx, const fg_mod *mod, const bm_kernels *k, fg_block_mask *m,
                         const fgi_value *values, CUstream stream) {
@@ -107,6 +157,7 @@ static fg_status launch(fg_ctx *ctx, const fg_mod *mod, const bm_kernels *k, fg_
                "cuLaunchKernel (block mask compact)");
     m->device_valid = true;
     m->host_valid = false;
+    queue_counts(m, stream);
     return FG_OK;
 }
 
