@@ -58,16 +58,20 @@ struct fg_block_mask {
     uint64_t tiles;
     int cu_device;            /* the device ordinal the memory belongs to     */
     /* The transposed counts of the last GPU build (Q_NUM_BLOCKS then
-     * FULL_Q_NUM_BLOCKS), copied into pinned host memory behind the build
-     * on its stream, with counts_event recorded after the copy. The
-     * backward orders its dK/dV pass by them (attention/bwd_order.c) once
-     * the event has completed, and never waits for it: a mask built on the
-     * GPU and not downloaded would otherwise leave it grid order.
-     * counts_queued: a copy of the current device arrays was queued (not
-     * for a build captured into a graph, nor where the driver has no
-     * pinned memory or event query). */
+     * FULL_Q_NUM_BLOCKS, then one word), copied into pinned host memory
+     * behind the build on its stream; a memset then writes counts_seq into
+     * that last word, so the host sees the copy landed by reading it, with
+     * no driver call (an event query is not allowed while another stream
+     * is being captured into a graph). The backward orders its dK/dV pass
+     * by them (attention/bwd_order.c) once they have landed and never waits
+     * for them: a mask built on the GPU and not downloaded would otherwise
+     * leave it grid order. counts_queued: a copy of the current device
+     * arrays was queued (not for a build captured into a graph, nor where
+     * the driver has no pinned memory); counts_event, recorded after it,
+     * is what freeing the memory waits for. */
     int32_t *counts_host;
     void *counts_event;       /* CUevent                                      */
+    uint32_t counts_seq;
     bool counts_queued;
 
     /* The hash of the mod the arrays were built from (0: from_kv_blocks). */

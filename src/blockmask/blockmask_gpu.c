@@ -66,18 +66,25 @@ static unsigned grid_for(int64_t warps) {
     return (unsigned)((warps + BM_WARPS_PER_BLOCK - 1) / BM_WARPS_PER_BLOCK);
 }
 
+/* The word after the counts in the pinned copy: the sequence number of
+ * the last build whose counts have landed. */
+static uint32_t *counts_landed_word(const fg_block_mask *m) {
+    const int64_t n = m->count[fgi_bm_slot(FG_BM_Q_NUM_BLOCKS)] + m->count[fgi_bm_slot(FG_BM_FULL_Q_NUM_BLOCKS)];
+    return (uint32_t *)(m->counts_host + n);
+}
+
 /* Copy the transposed counts of the build just queued on `stream` into
- * the mask's pinned host memory behind it, and record counts_event after
- * them (blockmask.h says who reads them). Best effort: without the driver's
- * pinned memory or event query, inside a stream capture (the copy would
- * land only when the graph runs, and the event would not say when), or on
- * any failure here, the counts are simply not there and the build goes on.
- * Pinned memory and the event are made at the first GPU build of the mask,
- * so a rebuild allocates nothing. */
+ * the mask's pinned host memory behind it, then the build's sequence
+ * number into the word after them (blockmask.h says who reads them and
+ * how). Best effort: without the driver's pinned memory, inside a stream
+ * capture (the copy would land only when the graph runs), or on any
+ * failure here, the counts are simply not there and the build goes on.
+ * The memory and the event are made at the first GPU build of the mask, so
+ * a rebuild allocates nothing. */
 static void queue_counts(fg_block_mask *m, CUstream stream) {
     const fgi_cu_api *cu = fgi_cu();
     m->counts_queued = false;
-    if (!cu->cuMemAllocHost || !cu->cuMemFreeHost || !cu->cuEventQuery) return;
+    if (!cu->cuMemAllocHost || !cu->cuMemFreeHost) return;
     if (cu->cuStreamIsCapturing) {
         CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
         if (cu->cuStreamIsCapturing(stream, &cs) != CUDA_SUCCESS || cs != CU_STREAM_CAPTURE_STATUS_NONE) return;
@@ -87,19 +94,25 @@ static void queue_counts(fg_block_mask *m, CUstream stream) {
     const size_t fqn_bytes = (size_t)m->count[fqn] * sizeof(int32_t);
     if (!m->counts_host) {
         void *p = NULL;
-        if (cu->cuMemAllocHost(&p, qn_bytes + fqn_bytes) != CUDA_SUCCESS) return;
+        if (cu->cuMemAllocHost(&p, qn_bytes + fqn_bytes + sizeof(uint32_t)) != CUDA_SUCCESS) return;
         m->counts_host = p;
+        counts_landed_word(m)[0] = 0;
     }
     if (!m->counts_event) {
         CUevent e = NULL;
         if (cu->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return;
         m->counts_event = e;
     }
+    const uint32_t seq = m->counts_seq + 1 ? m->counts_seq + 1 : 1; /* never 0, the word's first value */
+    /* pinned memory is addressable by the device under unified addressing:
+     * the memset writes the word through that address */
     if (cu->cuMemcpyDtoHAsync(m->counts_host, (CUdeviceptr)m->device[qn], qn_bytes, stream) != CUDA_SUCCESS ||
         cu->cuMemcpyDtoHAsync(m->counts_host + m->count[qn], (CUdeviceptr)m->device[fqn], fqn_bytes, stream) !=
             CUDA_SUCCESS ||
+        cu->cuMemsetD32Async((CUdeviceptr)(uintptr_t)counts_landed_word(m), seq, 1, stream) != CUDA_SUCCESS ||
         cu->cuEventRecord((CUevent)m->counts_event, stream) != CUDA_SUCCESS)
         return;
+    m->counts_seq = seq;
     m->counts_queued = true;
 }
 
@@ -109,8 +122,11 @@ bool fgi_block_mask_counts(const fg_block_mask *mask, const int32_t **q_num, con
         *full_q_num = mask->host[fgi_bm_slot(FG_BM_FULL_Q_NUM_BLOCKS)];
         return true;
     }
-    /* counts_queued implies the driver table is loaded and has cuEventQuery */
-    if (!mask->counts_queued || fgi_cu()->cuEventQuery((CUevent)mask->counts_event) != CUDA_SUCCESS) return false;
+    if (!mask->counts_queued) return false;
+    /* The copies and the memset run in order on one stream: the word holds
+     * this build's number only once both copies have landed. The acquire
+     * keeps the counts' reads after the word's. */
+    if (__atomic_load_n(counts_landed_word(mask), __ATOMIC_ACQUIRE) != mask->counts_seq) return false;
     *q_num = mask->counts_host;
     *full_q_num = mask->counts_host + mask->count[fgi_bm_slot(FG_BM_Q_NUM_BLOCKS)];
     return true;

@@ -67,8 +67,7 @@
     X(cuMemPoolSetAttribute) X(cuMemAllocFromPoolAsync) X(cuStreamBeginCapture) X(cuStreamEndCapture) \
     X(cuStreamIsCapturing) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphDestroy)       \
     X(cuGraphExecDestroy) X(cuGraphGetNodes) X(cuGraphNodeGetType) X(cuStreamWaitEvent)           \
-    X(cuMemcpy2DAsync) X(cuFuncLoad) X(cuLaunchKernelEx) X(cuMemAllocHost) X(cuMemFreeHost)    \
-    X(cuEventQuery)
+    X(cuMemcpy2DAsync) X(cuFuncLoad) X(cuLaunchKernelEx) X(cuMemAllocHost) X(cuMemFreeHost)
 
 typedef struct fgi_cu_sym {
     const char *name;

@@ -89,12 +89,10 @@ typedef struct fgi_cu_api {
     /* Launches with attributes: a programmatic dependent launch (CUDA
      * 12.0+; fgi_kernel_run_dependent). */
     FGI_CU_FN(cuLaunchKernelEx);
-    /* Pinned host memory and an event polled without waiting: a GPU-built
-     * block mask's counts, copied to the host behind its build
-     * (fgi_block_mask_counts). */
+    /* Pinned host memory: a GPU-built block mask's counts, copied to the
+     * host behind its build (fgi_block_mask_counts). */
     FGI_CU_FN(cuMemAllocHost);
     FGI_CU_FN(cuMemFreeHost);
-    FGI_CU_FN(cuEventQuery);
 } fgi_cu_api;
 #undef FGI_CU_FN
 
