@@ -144,8 +144,8 @@ static_assert(FG_LAUNCH_BLOCK_N_fg_attention_bwd_dkdv == FGS_BLOCK_N, "bwd_sm90_
 #define FGS_ROWS_SHARED (FG_MASK_ROW_COSTLY && !__is_empty(fg_mask_row) && sizeof(fg_mask_row) <= FGS_ROWP_SIZE)
 
 /* S^T's and dP^T's first k step writes its accumulators only
- * (fgh_mma_ss_n64_first) for mods with a score_mod or costly mask parts
- * and at most one float buffer read with a gradient.
+ * (fgh_mma_ss_n64_first) for mods with a score_mod and at most one float
+ * buffer read with a gradient.
  * With the accumulators read as well, ptxas moves the element loop's 64
  * results out of their registers after every step's wait, and those mods'
  * loops, with more values live, spilled (at head dim 128 alibi 44 bytes,
@@ -154,9 +154,13 @@ static_assert(FG_LAUNCH_BLOCK_N_fg_attention_bwd_dkdv == FGS_BLOCK_N, "bwd_sm90_
  * (noop, causal) lost 3-5% at head dim 64 with it, so they keep the read,
  * and a score_mod with two buffer gradients (test_emit_grad's two_reads)
  * spilled more with it (252 bytes stored at head dim 128 against 152), so
- * it does too. */
-#define FGS_FIRST_WRITE_ONLY \
-    ((FG_HAS_SCORE_MOD || FG_MASK_ROW_COSTLY || FG_MASK_COL_COSTLY) && FG_GRAD_SITES <= 1)
+ * it does too. Mods whose only costly work is in mask parts (document,
+ * flamingo, natten, sasa, jagged) took it too until the kernel around it
+ * changed; measured again (v39) they ran 1% faster with the read at head
+ * dim 128 (flamingo, document, two rounds each) and spill with neither,
+ * so only a score_mod takes it now. Head dim 64's 128-row steps write
+ * only in any case. */
+#define FGS_FIRST_WRITE_ONLY (FG_HAS_SCORE_MOD && FG_GRAD_SITES <= 1)
 
 /* K step kk of S^T or dP^T (both operands K-major), the first one as
  * FGS_FIRST_WRITE_ONLY says. */
