@@ -610,6 +610,52 @@ static void test_bad_arguments(void **state) {
 }
 
 /* Without a device, the GPU entry points say so and leave nothing behind. */
+/* fgi_block_mask_counts, which the backward's tile order reads without
+ * waiting: the host arrays of a CPU mask; nothing for a mask whose arrays
+ * are only on the device and whose counts' copy was never queued; the
+ * pinned copy once the word after it holds the last build's number, and
+ * nothing while it holds an older one (a copy still landing). The pinned
+ * memory is stood in for by ordinary memory: the reader only reads it. */
+static void test_counts_for_the_backward(void **state) {
+    (void)state;
+    fg_ctx *ctx = NULL;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    fg_mod *mod = mod_src(ctx, CAUSAL);
+    fg_block_mask_desc d = {2, 1, 300, 500, 128, 128, sizeof(fg_block_mask_desc), 0, 0};
+    fg_block_mask *m = NULL;
+    assert_int_equal(fg_block_mask_create(ctx, mod, &d, NULL, 0, &m), FG_OK);
+    const int qn = fgi_bm_slot(FG_BM_Q_NUM_BLOCKS), fqn = fgi_bm_slot(FG_BM_FULL_Q_NUM_BLOCKS);
+    const int32_t *a = NULL, *b = NULL;
+    assert_true(fgi_block_mask_counts(m, &a, &b));
+    assert_ptr_equal(a, m->host[qn]);
+    assert_ptr_equal(b, m->host[fqn]);
+
+    m->host_valid = false; /* as after a GPU build */
+    a = b = NULL;
+    assert_false(fgi_block_mask_counts(m, &a, &b));
+    assert_null(a);
+    const int64_t n = m->count[qn] + m->count[fqn];
+    int32_t *pinned = calloc((size_t)n + 1, sizeof(int32_t));
+    assert_non_null(pinned);
+    memcpy(pinned, m->host[qn], (size_t)m->count[qn] * sizeof(int32_t));
+    memcpy(pinned + m->count[qn], m->host[fqn], (size_t)m->count[fqn] * sizeof(int32_t));
+    m->counts_host = pinned, m->counts_seq = 7, m->counts_queued = true;
+    pinned[n] = 6; /* the previous build's copy */
+    assert_false(fgi_block_mask_counts(m, &a, &b));
+    pinned[n] = 7;
+    assert_true(fgi_block_mask_counts(m, &a, &b));
+    assert_ptr_equal(a, pinned);
+    assert_ptr_equal(b, pinned + m->count[qn]);
+    assert_memory_equal(b, m->host[fqn], (size_t)m->count[fqn] * sizeof(int32_t));
+    m->counts_queued = false; /* a build inside a stream capture queues none */
+    assert_false(fgi_block_mask_counts(m, &a, &b));
+    m->counts_host = NULL; /* not the driver's memory: not for fg_block_mask_destroy */
+    free(pinned);
+    fg_block_mask_destroy(m);
+    fg_mod_destroy(mod);
+    fg_ctx_destroy(ctx);
+}
+
 static void test_no_device(void **state) {
     (void)state;
     fg_ctx *ctx;
@@ -645,6 +691,7 @@ int main(void) {
         cmocka_unit_test(test_from_kv_blocks_errors),
         cmocka_unit_test(test_picture),
         cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_counts_for_the_backward),
         cmocka_unit_test(test_no_device),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
