@@ -475,6 +475,19 @@ static void test_approx(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/* Backward arguments for forward `a` whose tensors lie in one device
+ * buffer of 16-bit elements, `elems` per tensor: dout, dq, dk and dv at
+ * 8, 10, 12 and 14 times elems bytes, after the forward's q, k, v, out. */
+static fg_attention_bwd_args bwd_args_in(const fg_attention_args *a, CUdeviceptr buf, size_t elems) {
+    fg_attention_bwd_args b = FG_ATTENTION_BWD_ARGS_INIT;
+    b.fwd = a;
+    b.dout = (const void *)(uintptr_t)(buf + elems * 8);
+    b.dq = (void *)(uintptr_t)(buf + elems * 10);
+    b.dk = (void *)(uintptr_t)(buf + elems * 12);
+    b.dv = (void *)(uintptr_t)(buf + elems * 14);
+    return b;
+}
+
 /* ---- the dK/dV pass's tile order -------------------------------------------- */
 
 /* Global keys 0..15 every query sees, and a band of 64 behind each query:
@@ -555,12 +568,7 @@ static void test_lead_choice(void **state) {
         a.q = (const void *)(uintptr_t)buf, a.k = (const void *)(uintptr_t)(buf + elems * 2);
         a.v = (const void *)(uintptr_t)(buf + elems * 4), a.out = (void *)(uintptr_t)(buf + elems * 6);
         a.lse = (float *)(uintptr_t)lse, a.block_mask = bm;
-        fg_attention_bwd_args b = FG_ATTENTION_BWD_ARGS_INIT;
-        b.fwd = &a;
-        b.dout = (const void *)(uintptr_t)(buf + elems * 8);
-        b.dq = (void *)(uintptr_t)(buf + elems * 10);
-        b.dk = (void *)(uintptr_t)(buf + elems * 12);
-        b.dv = (void *)(uintptr_t)(buf + elems * 14);
+        fg_attention_bwd_args b = bwd_args_in(&a, buf, elems);
         fg_kernel *k = NULL;
         assert_int_equal(fg_attention_backward_kernel_for(ctx, mod, &b, &k), FG_OK);
         printf("[lead choice] %s mask, %s: %s\n", cases[i].name,
@@ -621,12 +629,7 @@ static void test_device_errors(void **state) {
     a.binds = &bind, a.nbinds = 1;
     assert_int_equal(fgi_cu()->cuMemsetD8(buf, 0, elems * 16), CUDA_SUCCESS);
     assert_int_equal(fg_attention_forward(ctx, mod, &a), FG_OK);
-    fg_attention_bwd_args b = FG_ATTENTION_BWD_ARGS_INIT;
-    b.fwd = &a;
-    b.dout = (const void *)(uintptr_t)(buf + elems * 8);
-    b.dq = (void *)(uintptr_t)(buf + elems * 10);
-    b.dk = (void *)(uintptr_t)(buf + elems * 12);
-    b.dv = (void *)(uintptr_t)(buf + elems * 14);
+    fg_attention_bwd_args b = bwd_args_in(&a, buf, elems);
     assert_int_equal(fg_attention_backward(ctx, mod, &b), FG_OK);
     fg_binding g = fg_bind_float_buffer("slopes", (const float *)(uintptr_t)gslopes, 2);
     b.grad_binds = &g, b.ngrad_binds = 1;
