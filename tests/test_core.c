@@ -76,6 +76,16 @@ static void check_env_defaults(const char *var, fg_option opt, const env_row *ro
     free(saved);
 }
 
+/* An int option set in range reads back; each value out of range is
+ * refused with FG_ERR_INVALID_ARGUMENT. */
+static void check_int_option(fg_ctx *ctx, fg_option opt, int64_t ok, const int64_t *bad, size_t nbad) {
+    int64_t v = 0;
+    assert_int_equal(fg_ctx_set_int(ctx, opt, ok), FG_OK);
+    assert_int_equal(fg_ctx_get_int(ctx, opt, &v), FG_OK);
+    assert_int_equal(v, ok);
+    for (size_t i = 0; i < nbad; i++) assert_int_equal(fg_ctx_set_int(ctx, opt, bad[i]), FG_ERR_INVALID_ARGUMENT);
+}
+
 static void test_options(void **state) {
     (void)state;
     fg_ctx *ctx;
@@ -127,23 +137,17 @@ static void test_options(void **state) {
                                          {"-1", 0},  {"x", 0},   {"", 0}};
     check_env_defaults("FLEXGEN_DECODE_SPLITS", FG_OPT_DECODE_SPLITS, split_envs,
                        sizeof split_envs / sizeof split_envs[0]);
-    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_SPLITS, 7), FG_OK);
-    assert_int_equal(fg_ctx_get_int(ctx, FG_OPT_DECODE_SPLITS, &v), FG_OK);
-    assert_int_equal(v, 7);
-    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_SPLITS, -1), FG_ERR_INVALID_ARGUMENT);
-    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_SPLITS, 129), FG_ERR_INVALID_ARGUMENT);
+    static const int64_t bad_splits[] = {-1, 129};
+    check_int_option(ctx, FG_OPT_DECODE_SPLITS, 7, bad_splits, 2);
     /* The backward's leading tiles: chosen per call (-1) unless the
      * environment names a count in [-1, 65535]. */
     static const env_row lead_envs[] = {{NULL, -1}, {"0", 0}, {"2", 2}, {"65535", 65535}, {"65536", -1},
                                         {"-2", -1}, {"x", -1}, {"", -1}};
     check_env_defaults("FLEXGEN_BWD_LEAD_TILES", FG_OPT_BWD_LEAD_TILES, lead_envs,
                        sizeof lead_envs / sizeof lead_envs[0]);
-    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_BWD_LEAD_TILES, 3), FG_OK);
-    assert_int_equal(fg_ctx_get_int(ctx, FG_OPT_BWD_LEAD_TILES, &v), FG_OK);
-    assert_int_equal(v, 3);
+    static const int64_t bad_leads[] = {-2, 65536};
+    check_int_option(ctx, FG_OPT_BWD_LEAD_TILES, 3, bad_leads, 2);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_BWD_LEAD_TILES, -1), FG_OK);
-    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_BWD_LEAD_TILES, -2), FG_ERR_INVALID_ARGUMENT);
-    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_BWD_LEAD_TILES, 65536), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_kernel_kind_of(NULL), 0);
     assert_int_equal(fg_ctx_set_int(NULL, FG_OPT_MAX_DEPTH, 50), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_ctx_create(NULL), FG_ERR_INVALID_ARGUMENT);
