@@ -841,7 +841,14 @@ FG_API fg_status fg_block_table_check(fg_ctx *ctx, const fg_attention_args *args
  * copies them to pinned host memory behind itself on its stream, and the
  * call uses that copy once it has landed. The call never waits for it:
  * until then, and for a build captured into a graph, it keeps the grid
- * order. FG_OPT_BWD_LEAD_TILES overrides the choice.
+ * order. FG_OPT_BWD_LEAD_TILES overrides the choice. Inside a block, the
+ * q tiles are visited in the transposed row's order, except where a kv
+ * tile's row has the same counts as its left neighbour's (no block mask,
+ * or kv blocks that many queries share alike, as flamingo's images): such
+ * a block starts at item (tile % items), so that neighbours with the same
+ * q tiles add into each one's dQ at different times. dK and dV do not
+ * depend on the order beyond the rounding of their fp32 sums; the
+ * deterministic mode stays bit-reproducible.
  *
  * The library needs fp32 workspace of about (B * Hq * Q_LEN) * (D + 1)
  * floats (D + 1 without deterministic, 1 with it; 2 more per row on the

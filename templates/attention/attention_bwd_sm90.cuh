@@ -343,6 +343,35 @@ static __device__ __forceinline__ fgb_plan fgs_plan(const fgb_args &a, int b, in
                             : fgb_plan_make(a, 0, 0, 0, 0, 0, 0, 0, FGS_BLOCK_M, a.q_len);
 }
 
+/* Item j of a plan in this block's order. Blocks whose transposed rows
+ * list the same q tiles in the same order (no block mask; flamingo's kv
+ * blocks of one image) would reach each q tile in the same step, and all
+ * but one of their storers would wait there for the tile's first store
+ * (fgs_dq_claim). Such a block starts its walk at item tile % n_items
+ * instead, so that each reaches a tile in a step of its own. A block
+ * rotates where its row has as many partial and full q blocks as its left
+ * neighbour's (the counts only: comparing the rows' first q blocks cost a
+ * chain of global loads before the first step, and document 1-2%).
+ * Banded masks whose counts match too (sliding_window) rotate with no
+ * gain or loss to speak of; those whose counts differ (causal, document)
+ * keep their order, whose visits of a tile are spread already
+ * (attention_notes v40). */
+static __device__ __forceinline__ int fgs_rotation(const fgb_args &a, const fgb_plan &pl, int b, int h, int tile) {
+    if (pl.n_items == 0 || tile == 0) return 0;
+    if (a.has_block_mask) {
+        const int blk = tile * FGS_BLOCK_N / a.bm_kv_block, left = (tile - 1) * FGS_BLOCK_N / a.bm_kv_block;
+        const fg_i64 row = fgb_bm_row(a, b, h, left, a.bm_kv_blocks);
+        if (blk != left && (((const int *)a.q_num)[row] != pl.n_partial ||
+                            ((const int *)a.full_q_num)[row] * pl.per_block != pl.n_items - pl.n_partial * pl.per_block))
+            return 0;
+    }
+    return tile % pl.n_items;
+}
+static __device__ __forceinline__ int fgs_item_start(const fgb_plan &pl, int j, int rot, bool &partial) {
+    const int k = j + rot;
+    return fgb_item_start(pl, k < pl.n_items ? k : k - pl.n_items, partial);
+}
+
 /* Consumer cw's storer (warp 1: consumer 0, warp 2: consumer 1): the
  * tiles its consumer posts (tile numbers in sJob[k & 1], announced on the
  * mbarrier post[k & 1] at the start of step k; -1 ends) into the
@@ -477,9 +506,10 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                 const int h = hk * group + gi;
                 const fgb_plan pl = fgs_plan(a, b, h, kv0);
                 const fg_i64 row_base = ((fg_i64)b * a.heads_q + h) * a.q_pitch;
+                const int rot = fgs_rotation(a, pl, b, h, tile);
                 for (int j = 0; j < pl.n_items; j++) {
                     bool partial;
-                    const int q0 = fgb_item_start(pl, j, partial);
+                    const int q0 = fgs_item_start(pl, j, rot, partial);
                     if (q0 >= a.q_len) continue; /* a block's step past Q_LEN: nothing there */
                     const int st = n & 1;
                     if (n >= 2) fgh_bar_wait(bar_empty + 8 * st, ((n >> 1) - 1) & 1);
@@ -549,9 +579,10 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             for (int half = 0; half < 2; half++)
                 mcol[half] = fg_mask_col_init(p, mhd, b, h, min(kvr0 + 8 * half, a.kv_len - 1) + a.kv_offset);
         }
+        const int rot = fgs_rotation(a, pl, b, h, tile);
         for (int j = 0; j < pl.n_items; j++) {
             bool partial;
-            const int q0 = fgb_item_start(pl, j, partial);
+            const int q0 = fgs_item_start(pl, j, rot, partial);
             /* the producer skips these too; past q_pitch the dQ tile would
              * land outside the accumulator */
             if (q0 >= a.q_len) continue;
