@@ -140,8 +140,10 @@ static void test_buffer_slots(void **state) {
      * WRITE_ONLY); since the dQ storers (72f865d) ptxas spills 212 bytes
      * stored and 68 loaded here, where it spilled 152 and 332: more
      * stores, a fifth of the loads (the storers' own registers, 24 a
-     * thread, among them) */
-    spill_budget = 224;
+     * thread, among them); since the rotated q walk (attention_notes v40)
+     * 236 and 104, the producer's (15 spill instructions -> 27) and one
+     * more in the consumers */
+    spill_budget = 240;
     compile_clean(ctx, "two_reads, Hopper", src, "sm_90a");
     spill_budget = PORTABLE_SPILL_BUDGET;
     free(src);
