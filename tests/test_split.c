@@ -8,7 +8,8 @@
  * slopes[h], dilated's WINDOW * DILATION; and whether the emitter calls
  * the mask's row and column parts costly (FG_MASK_ROW_COSTLY,
  * FG_MASK_COL_COSTLY: worth computing once per row or column and
- * sharing), and whether score_mod's per-element rest is (FG_SCORE_ELEM_COSTLY,
+ * sharing) and whether the column part reads a buffer (FG_MASK_COL_READS:
+ * the Hopper forward reads it a tile ahead), and whether score_mod's per-element rest is (FG_SCORE_ELEM_COSTLY,
  * which fgi_split_score_elem_costly answers on the host too). Then
  * every gallery mod, and a composition, must compile with
  * NVRTC next to a kernel that compares split and whole mods (gpu_split runs
@@ -29,23 +30,24 @@ typedef struct split_row {
     const char *score_gone[2]; /* must not appear in fg_score_split0    */
     int row_costly;            /* FG_MASK_ROW_COSTLY                    */
     int col_costly;            /* FG_MASK_COL_COSTLY                    */
+    int col_reads;             /* FG_MASK_COL_READS                     */
     int score_costly;          /* FG_SCORE_ELEM_COSTLY                  */
 } split_row;
 
 static const split_row rows[] = {
-    {"natten", {3, 4, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", "fg_iclamp"}, {NULL}, 1, 1, 0},
-    {"sasa", {0, 2, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", NULL}, {NULL}, 1, 1, 0},
-    {"document", {0, 1, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 0},
-    {"jagged", {0, 3, 0}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 0, 0},
-    {"flamingo", {0, 2, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 0},
-    {"prefix_lm", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0},
-    {"sliding_window", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0},
-    {"causal", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0},
-    {"alibi", {0, 0, 0}, {1, 0, 0}, {NULL}, {"fg_load", NULL}, 0, 0, 1},
-    {"softcap", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 1},
-    {"noop", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0},
-    {"dilated", {1, 0, 0}, {0, 0, 0}, {"fg_imul", NULL}, {NULL}, 0, 0, 0},
-    {"local_global", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0},
+    {"natten", {3, 4, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", "fg_iclamp"}, {NULL}, 1, 1, 0, 0},
+    {"sasa", {0, 2, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", NULL}, {NULL}, 1, 1, 0, 0},
+    {"document", {0, 1, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 1, 0},
+    {"jagged", {0, 3, 0}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 0, 0, 0},
+    {"flamingo", {0, 2, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 1, 0},
+    {"prefix_lm", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0},
+    {"sliding_window", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0},
+    {"causal", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0},
+    {"alibi", {0, 0, 0}, {1, 0, 0}, {NULL}, {"fg_load", NULL}, 0, 0, 0, 1},
+    {"softcap", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 1},
+    {"noop", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0},
+    {"dilated", {1, 0, 0}, {0, 0, 0}, {"fg_imul", NULL}, {NULL}, 0, 0, 0, 0},
+    {"local_global", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0},
 };
 
 static char *emit_split(fg_ctx *ctx, const fg_mod *m) {
@@ -125,6 +127,9 @@ static void gallery_table(void **state) {
         char costly[96];
         snprintf(costly, sizeof costly, "#define FG_MASK_ROW_COSTLY %d\n#define FG_MASK_COL_COSTLY %d\n",
                  r->row_costly, r->col_costly);
+        if (!strstr(text, costly)) print_error("%s: expected %s in\n%s\n", r->mod, costly, text);
+        assert_non_null(strstr(text, costly));
+        snprintf(costly, sizeof costly, "#define FG_MASK_COL_READS %d\n", r->col_reads);
         if (!strstr(text, costly)) print_error("%s: expected %s in\n%s\n", r->mod, costly, text);
         assert_non_null(strstr(text, costly));
         snprintf(costly, sizeof costly, "#define FG_SCORE_ELEM_COSTLY %d\n", r->score_costly);

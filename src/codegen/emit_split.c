@@ -78,6 +78,7 @@ typedef struct splitter {
     int next_num;
     split_class at;  /* the class being printed (print_expr)       */
     bool costly[4]; /* per class: some leaf's part of it does costly work */
+    bool reads[4];  /* per class: some leaf's part of it reads a buffer    */
     fgi_math score_math; /* score_mod's float math (the mask's: accurate) */
     fgi_math math;       /* that of the kind being printed            */
 } splitter;
@@ -242,44 +243,47 @@ static void print_expr(splitter *sp, const fgi_expr *e, split_class at) {
 
 /* Whether computing `e` as a value of class `at` does costly work itself:
  * a buffer read, a division or remainder, an int-to-float conversion, or a
- * call of a builtin that builtins.def marks costly. Values of other classes it uses are computed elsewhere,
+ * call of a builtin that builtins.def marks costly (with `reads_only`: a
+ * buffer read). Values of other classes it uses are computed elsewhere,
  * and a local held in a field of its own class is judged as that field. */
-static bool is_costly(const splitter *sp, const fgi_expr *e, split_class at) {
+static bool is_costly(const splitter *sp, const fgi_expr *e, split_class at, bool reads_only) {
     if (!e) return false;
     const field *f = field_of_expr(sp, e);
     if (f && f->cls != at) return false;
     switch (e->kind) {
     case FGI_E_INDEX: return true;
     case FGI_E_BINARY:
-        if (e->op == FGI_OP_DIV || e->op == FGI_OP_MOD) return true;
+        if (!reads_only && (e->op == FGI_OP_DIV || e->op == FGI_OP_MOD)) return true;
         break;
     case FGI_E_CALL:
-        if (fgi_builtin_get(e->op) && fgi_builtin_get(e->op)->costly) return true;
+        if (!reads_only && fgi_builtin_get(e->op) && fgi_builtin_get(e->op)->costly) return true;
         for (int i = 0; i < e->nargs; i++)
-            if (is_costly(sp, e->args[i], at)) return true;
+            if (is_costly(sp, e->args[i], at, reads_only)) return true;
         return false;
     case FGI_E_LOCAL: return false;
     case FGI_E_CAST:
         /* int to float: an I2F per score on the conversion unit, which the
          * softmax's exponentials share (ALiBi's bias). Measured at D=64:
          * two consumers with it beat three (attention_notes.md v20). */
-        if (e->type == FGI_T_FLOAT && e->a && e->a->type == FGI_T_INT) return true;
+        if (!reads_only && e->type == FGI_T_FLOAT && e->a && e->a->type == FGI_T_INT) return true;
         break;
     default: break;
     }
-    return is_costly(sp, e->a, at) || is_costly(sp, e->b, at) || is_costly(sp, e->c, at);
+    return is_costly(sp, e->a, at, reads_only) || is_costly(sp, e->b, at, reads_only) ||
+           is_costly(sp, e->c, at, reads_only);
 }
 
 /* Records which parts (row, column, the per-element rest) do costly work. */
 static void note_cost(splitter *sp) {
     for (int i = 0; i < sp->nfields; i++) {
         const field *f = &sp->fields[i];
-        if ((f->cls == C_ROW || f->cls == C_COL) && is_costly(sp, field_value(sp, f), f->cls))
-            sp->costly[f->cls] = true;
+        if (f->cls != C_ROW && f->cls != C_COL) continue;
+        if (is_costly(sp, field_value(sp, f), f->cls, false)) sp->costly[f->cls] = true;
+        if (is_costly(sp, field_value(sp, f), f->cls, true)) sp->reads[f->cls] = true;
     }
     for (int i = 0; i < sp->fn->nlocals; i++)
-        if (sp->local_field[i] < 0 && is_costly(sp, sp->fn->locals[i].init, C_ELEM)) sp->costly[C_ELEM] = true;
-    if (is_costly(sp, sp->fn->ret, C_ELEM)) sp->costly[C_ELEM] = true;
+        if (sp->local_field[i] < 0 && is_costly(sp, sp->fn->locals[i].init, C_ELEM, false)) sp->costly[C_ELEM] = true;
+    if (is_costly(sp, sp->fn->ret, C_ELEM, false)) sp->costly[C_ELEM] = true;
 }
 
 /* The struct members of one class. */
@@ -409,9 +413,13 @@ static void emit_kind(splitter *sp, bool mask) {
          * the element loop) instead of once per element; that pays only
          * when the part is costly to compute. */
         memset(sp->costly, 0, sizeof sp->costly);
+        memset(sp->reads, 0, sizeof sp->reads);
         for_each_leaf(sp, true, PASS_COST);
         fgi_buf_printf(out, "#define FG_MASK_ROW_COSTLY %d\n#define FG_MASK_COL_COSTLY %d\n",
                        sp->costly[C_ROW] ? 1 : 0, sp->costly[C_COL] ? 1 : 0);
+        /* A column part that reads a buffer waits for memory: the Hopper
+         * forward reads it a tile ahead (FGH_COLS_AHEAD). */
+        fgi_buf_printf(out, "#define FG_MASK_COL_READS %d\n", sp->reads[C_COL] ? 1 : 0);
     } else {
         /* Costly work per score needs registers: the Hopper forward keeps
          * fewer, larger consumers for it (fgi_split_score_elem_costly). */

@@ -70,6 +70,9 @@
  *                          transcendental call): FGA_SHARED_COLS below,
  *                          the Hopper backward's FGS_ROWS_SHARED and
  *                          FGS_COLS_FIRST
+ *     FG_MASK_COL_READS (0 or 1)
+ *                          whether fg_mask_col_init reads a buffer: the
+ *                          Hopper forward's FGH_COLS_AHEAD
  *     struct fg_score_head, fg_score_row, fg_score_col, fg_score_head_init,
  *     fg_score_row_init, fg_score_col_init,
  *     fg_score_split(p, hd, score, b, h, q_idx, kv_idx, row, col)

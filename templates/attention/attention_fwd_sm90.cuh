@@ -150,6 +150,16 @@
 #define FGH_SMEM_BYTES (FGH_Q_BYTES + FGH_TILE_BYTES * (FGH_K_STAGES + FGH_V_STAGES) + FGH_BAR_BYTES + \
                         2 * FGH_CONSUMERS * 128 * FGA_COL_BYTES + FGH_MERGE_BYTES + 1024)
 
+/* Shared column parts that read a buffer (flamingo's kv_image[kv],
+ * document's document_id[kv]) are read a partial tile ahead, into a
+ * register that is stored at the tile's turn: made at their tile, the
+ * read's latency stalled the consumer before the tile's barrier (D=128
+ * flamingo and document forwards -2%). Only with two consumers and only
+ * for reads: a part that computes (natten's divisions) gained nothing and
+ * its register across the softmax cost 2.8%, and three consumers (D=64)
+ * lost 1-2% (attention_notes v40). */
+#define FGH_COLS_AHEAD (FGA_SHARED_COLS && FG_MASK_COL_READS && FGH_CONSUMERS == 2)
+
 /* The kernel's third argument: q, k and v as [batch, heads, len, D]. */
 struct fgh_maps {
     fgh_tmap q, k, v;
@@ -512,6 +522,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
             next_item = fgh_walk_item(w, 0, ahead);
             fga_cursor_next(w.pl, ahead);
         }
+        fg_mask_col col_ahead; /* the next partial item's column part (FGH_COLS_AHEAD) */
         for (int j = 0; j < w.n_items; j++) {
             /* (lists are in shared memory: no need to read ahead) */
             const int item = built ? w.list[j] : next_item, kv0 = item & ~15;
@@ -561,14 +572,20 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
              * passed the barrier of the one in between, so after its last
              * read. */
             const fg_mask_col *cols = 0;
-            if (FGA_SHARED_COLS && any_partial) {
-                fg_mask_col *buf = (fg_mask_col *)((unsigned char *)col_parts +
-                                                   (cw * 2 + (shared_cols & 1)) * 128 * FGA_COL_BYTES);
-                shared_cols++;
+            if (FGA_SHARED_COLS) {
                 const int c = tid & 127;
-                if (c < FGH_BLOCK_N) buf[c] = fga_mask_col_at<false>(rows, a, p, buf, kv0, c);
-                fgh_named_sync(1 + cw, 128);
-                cols = buf;
+                if (any_partial) {
+                    fg_mask_col *buf = (fg_mask_col *)((unsigned char *)col_parts +
+                                                       (cw * 2 + (shared_cols & 1)) * 128 * FGA_COL_BYTES);
+                    shared_cols++;
+                    if (c < FGH_BLOCK_N)
+                        buf[c] = FGH_COLS_AHEAD && j > 0 ? col_ahead : fga_mask_col_at<false>(rows, a, p, buf, kv0, c);
+                    fgh_named_sync(1 + cw, 128);
+                    cols = buf;
+                }
+                const int nitem = built ? (j + 1 < w.n_items ? w.list[j + 1] : FGH_BOTH(FGH_FULL)) : next_item;
+                if (FGH_COLS_AHEAD && j + 1 < w.n_items && (nitem & 15) != FGH_BOTH(FGH_FULL) && c < FGH_BLOCK_N)
+                    col_ahead = fga_mask_col_at<false>(rows, a, p, (const fg_mask_col *)0, nitem & ~15, c);
             }
 
             const int vs = vr.s, vph = vr.ph; /* V_{j-1}'s stage */

@@ -319,6 +319,7 @@ struct fg_mask_col {
 };
 #define FG_MASK_ROW_COSTLY 0
 #define FG_MASK_COL_COSTLY 0
+#define FG_MASK_COL_READS 0
 __device__ __forceinline__ fg_mask_head fg_mask_head_init(const fg_mod_params &p, int b, int h) {
     fg_mask_head hd;
     return hd;
@@ -438,6 +439,9 @@ __device__ __forceinline__ float fg_score_split(const fg_mod_params &p, const fg
  *                          transcendental call): FGA_SHARED_COLS below,
  *                          the Hopper backward's FGS_ROWS_SHARED and
  *                          FGS_COLS_FIRST
+ *     FG_MASK_COL_READS (0 or 1)
+ *                          whether fg_mask_col_init reads a buffer: the
+ *                          Hopper forward's FGH_COLS_AHEAD
  *     struct fg_score_head, fg_score_row, fg_score_col, fg_score_head_init,
  *     fg_score_row_init, fg_score_col_init,
  *     fg_score_split(p, hd, score, b, h, q_idx, kv_idx, row, col)
