@@ -154,7 +154,7 @@
  * document's document_id[kv]) are read a partial tile ahead, into a
  * register that is stored at the tile's turn: made at their tile, the
  * read's latency stalled the consumer before the tile's barrier (D=128
- * flamingo and document forwards -2%). Only with two consumers and only
+ * flamingo's forward -1.8%, document's flat). Only with two consumers and only
  * for reads: a part that computes (natten's divisions) gained nothing and
  * its register across the softmax cost 2.8%, and three consumers (D=64)
  * lost 1-2% (attention_notes v40). */
