@@ -583,9 +583,11 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
                     fgh_named_sync(1 + cw, 128);
                     cols = buf;
                 }
-                const int nitem = built ? (j + 1 < w.n_items ? w.list[j + 1] : FGH_BOTH(FGH_FULL)) : next_item;
-                if (FGH_COLS_AHEAD && j + 1 < w.n_items && (nitem & 15) != FGH_BOTH(FGH_FULL) && c < FGH_BLOCK_N)
-                    col_ahead = fga_mask_col_at<false>(rows, a, p, (const fg_mask_col *)0, nitem & ~15, c);
+                if (FGH_COLS_AHEAD && j + 1 < w.n_items && c < FGH_BLOCK_N) {
+                    const int nitem = built ? w.list[j + 1] : next_item;
+                    if ((nitem & 15) != FGH_BOTH(FGH_FULL))
+                        col_ahead = fga_mask_col_at<false>(rows, a, p, (const fg_mask_col *)0, nitem & ~15, c);
+                }
             }
 
             const int vs = vr.s, vph = vr.ph; /* V_{j-1}'s stage */
