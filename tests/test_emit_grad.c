@@ -142,8 +142,11 @@ static void test_buffer_slots(void **state) {
      * stores, a fifth of the loads (the storers' own registers, 24 a
      * thread, among them); since the rotated q walk (attention_notes v40)
      * 236 and 104, the producer's (15 spill instructions -> 27) and one
-     * more in the consumers */
-    spill_budget = 240;
+     * more in the consumers; since the walk with its entries a block
+     * ahead and dK staged in a free stage (attention_notes v42) 284 and
+     * 168, again mostly the producer's (27 spill instructions -> 43, the
+     * consumers' 58 -> 61) */
+    spill_budget = 288;
     compile_clean(ctx, "two_reads, Hopper", src, "sm_90a");
     spill_budget = PORTABLE_SPILL_BUDGET;
     free(src);

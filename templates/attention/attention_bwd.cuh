@@ -111,6 +111,7 @@ struct fgb_args {
 static_assert(sizeof(fgb_args) == 464, "fgb_args must match fgi_attn_bwd_abi");
 
 #define FGB_NEG_INF __int_as_float(0xff800000)
+#define FGB_POS_INF __int_as_float(0x7f800000)
 #define FGB_LOG2E 1.4426950408889634f
 
 /* ---- PTX wrappers (besides mma_sm80.cuh's) --------------------------------- */
@@ -309,7 +310,15 @@ static __device__ __forceinline__ void fgb_pre_rows(const fgb_args &a, int r0, i
              * as -dlse in delta. */
             if (a.dlse) acc -= ((const float *)a.dlse)[rb * a.q_len + row];
             ((float *)a.delta)[r] = acc;
-            if (a.lse2) ((float *)a.lse2)[r] = ((const float *)a.lse)[rb * a.q_len + row] * FGB_LOG2E;
+            /* lse2 = lse log2(e), and +inf for a row no key reaches (lse
+             * -inf): there exp2(x - lse2) is 0 for every finite x, so the
+             * Hopper pass's element loops without a score_mod need no test
+             * of lse2 to keep such rows out (attention_bwd_sm90.cuh,
+             * fgs_elements) */
+            if (a.lse2) {
+                const float l = ((const float *)a.lse)[rb * a.q_len + row];
+                ((float *)a.lse2)[r] = l == FGB_NEG_INF ? FGB_POS_INF : l * FGB_LOG2E;
+            }
         }
     }
 }

@@ -228,7 +228,12 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float
                 return fgb_exp2(s[i][e] * a.scale_log2 - lse2);
 #endif
             };
-            const bool in_range = (!EDGE || ((q < a.q_len) & (kv < kv_end))) & (lse2 != FGB_NEG_INF);
+            /* A row no key reaches has lse2 +inf (the preprocess): without
+             * a score_mod every raw score is finite and its P is 0 there
+             * already; a score_mod's value may not be, so those rows are
+             * kept out by a test. */
+            const bool in_range =
+                (!EDGE || ((q < a.q_len) & (kv < kv_end))) & (!FG_HAS_SCORE_MOD || lse2 != FGB_POS_INF);
             float pr = 0.f, dr = 0.f;
             if (GRADS) {
                 if (!CHECK || in_range)
@@ -367,9 +372,65 @@ static __device__ __forceinline__ int fgs_rotation(const fgb_args &a, const fgb_
     }
     return tile % pl.n_items;
 }
-static __device__ __forceinline__ int fgs_item_start(const fgb_plan &pl, int j, int rot, bool &partial) {
-    const int k = j + rot;
-    return fgb_item_start(pl, k < pl.n_items ? k : k - pl.n_items, partial);
+
+/* A walk over a plan's items in this block's order (from item `rot` on,
+ * wrapping), one item a step. fgb_item_start's division of the item's
+ * index by the items per mask block, and its load of the block's entry of
+ * the transposed row, came before every step's products: a chain of
+ * dependent instructions and a global load (5-8% of a consumer's time in
+ * ncu's samples, attention_notes v42). The walk keeps the block and the
+ * item within it as counters, and loads the entry of the block after the
+ * current one as soon as it enters a block, so the load has a step or more
+ * to land. */
+struct fgs_walk {
+    int blk, sub; /* the next item: its mask block (its index in the plan's
+                     blocks, partial ones first) and its tile in it */
+    int ob, ob_next; /* the block's q block, and the next block's */
+    int blocks;      /* the plan's mask blocks */
+};
+static __device__ __forceinline__ int fgs_walk_entry(const fgb_plan &pl, int blk) {
+    return blk < pl.n_partial ? pl.part[blk] : pl.full[blk - pl.n_partial];
+}
+/* At head dim 64 the walk's registers cost alibi's element loop a spill
+ * (110 -> 257 instructions, -5% time); there the walk divides and loads
+ * per step as fgb_item_start does (FGS_WALK_AHEAD 0). */
+#define FGS_WALK_AHEAD (FGB_D == 128)
+static __device__ __forceinline__ fgs_walk fgs_walk_start(const fgb_plan &pl, int rot) {
+    fgs_walk w = {rot, 0, 0, 0, 0};
+    if (!FGS_WALK_AHEAD) return w;
+    w.blk = rot / pl.per_block;
+    w.sub = rot - w.blk * pl.per_block;
+    w.blocks = pl.n_items / pl.per_block;
+    w.ob = w.ob_next = 0;
+    if (pl.part && pl.n_items > 0) {
+        w.ob = fgs_walk_entry(pl, w.blk);
+        w.ob_next = fgs_walk_entry(pl, w.blk + 1 < w.blocks ? w.blk + 1 : 0);
+    }
+    return w;
+}
+/* The first row of the walk's next item and whether it is partial (what
+ * fgb_item_start says of it); the walk moves on. */
+static __device__ __forceinline__ int fgs_walk_next(const fgb_plan &pl, fgs_walk &w, bool &partial) {
+    if (!FGS_WALK_AHEAD) { /* w.blk counts items here */
+        const int k = w.blk;
+        if (++w.blk == pl.n_items) w.blk = 0;
+        return fgb_item_start(pl, k, partial);
+    }
+    if (!pl.part) {
+        partial = FG_HAS_MASK_MOD;
+        const int q0 = w.blk * pl.tile;
+        if (++w.blk == pl.n_items) w.blk = 0;
+        return q0;
+    }
+    partial = w.blk < pl.n_partial;
+    const int q0 = w.ob * pl.block + w.sub * pl.tile;
+    if (++w.sub == pl.per_block) {
+        w.sub = 0;
+        if (++w.blk == w.blocks) w.blk = 0;
+        w.ob = w.ob_next;
+        w.ob_next = fgs_walk_entry(pl, w.blk + 1 < w.blocks ? w.blk + 1 : 0);
+    }
+    return q0;
 }
 
 /* Consumer cw's storer (warp 1: consumer 0, warp 2: consumer 1): the
@@ -506,10 +567,10 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                 const int h = hk * group + gi;
                 const fgb_plan pl = fgs_plan(a, b, h, kv0);
                 const fg_i64 row_base = ((fg_i64)b * a.heads_q + h) * a.q_pitch;
-                const int rot = fgs_rotation(a, pl, b, h, tile);
+                fgs_walk walk = fgs_walk_start(pl, fgs_rotation(a, pl, b, h, tile));
                 for (int j = 0; j < pl.n_items; j++) {
                     bool partial;
-                    const int q0 = fgs_item_start(pl, j, rot, partial);
+                    const int q0 = fgs_walk_next(pl, walk, partial);
                     if (q0 >= a.q_len) continue; /* a block's step past Q_LEN: nothing there */
                     const int st = n & 1;
                     if (n >= 2) fgh_bar_wait(bar_empty + 8 * st, ((n >> 1) - 1) & 1);
@@ -579,10 +640,10 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             for (int half = 0; half < 2; half++)
                 mcol[half] = fg_mask_col_init(p, mhd, b, h, min(kvr0 + 8 * half, a.kv_len - 1) + a.kv_offset);
         }
-        const int rot = fgs_rotation(a, pl, b, h, tile);
+        fgs_walk walk = fgs_walk_start(pl, fgs_rotation(a, pl, b, h, tile));
         for (int j = 0; j < pl.n_items; j++) {
             bool partial;
-            const int q0 = fgs_item_start(pl, j, rot, partial);
+            const int q0 = fgs_walk_next(pl, walk, partial);
             /* the producer skips these too; past q_pitch the dQ tile would
              * land outside the accumulator */
             if (q0 >= a.q_len) continue;
@@ -741,27 +802,27 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             }
         }
     }
-    if (!FGS_DQ_STORER && ctid == 0) fgh_bulk_wait<0, false>();
-    if (FGS_DQ_STORER && dq_atomic) {
-        fgh_named_sync(fgs_read_bar(cw), 160); /* the storer has read the last dQ tile */
-        if (ctid == 0) { /* and may stop */
-            sJob[2 * cw + (n & 1)] = -1;
-            fgh_bar_arrive(bar_post + 16 * cw + 8 * (n & 1));
-        }
-    }
-
     fg_grad_flush(gr, gcache);
 
     /* dK (scaled) and dV leave through shared memory: per-thread stores of
      * 4 bytes from the accumulators were 14% of a document-masked pass's
      * time at head dim 128 (attention_notes v30). dV goes over this
      * consumer's own rows of V (no product reads them any more: dP^T was
-     * their last use), dK over its dQ staging tile (its storer has read the
-     * last one, above), each in the 128-byte-swizzled regions of 64
-     * columns that the tensor maps' boxes describe (fgh_swz128). */
-    const fg_u32 sVc = sV + cw * 64 * 128, sKc = sDQ + cw * FGS_DQ_BYTES;
-    static_assert(FGS_DQ_BYTES >= 64 * FGB_D * 2, "dK fits in a consumer's dQ staging tile");
-    fgh_named_sync(5 + cw, 128); /* warp 0 has waited for the storer's read */
+     * their last use). dK goes, where dQ is reduced here, over this
+     * consumer's tile (Q for consumer 0, dO for 1) of the stage the last
+     * step did not use (n & 1): the producer loads nothing more, and the
+     * other consumer's reads of it (its products of the step before the
+     * last) came before its dR^T of the last step, which this consumer
+     * synced on before its last dQ. So the storer's read of the last dQ
+     * tile runs under these stores instead of before them. The
+     * deterministic pass has no such sync between the consumers; there dK
+     * takes the dQ staging tile, which nothing else uses. Both in the
+     * 128-byte-swizzled regions of 64 columns that the tensor maps' boxes
+     * describe (fgh_swz128). */
+    const fg_u32 sVc = sV + cw * 64 * 128;
+    const fg_u32 sKc = dq_atomic ? sStage + (n & 1) * FGS_STAGE_BYTES + cw * FGS_Q_TILE : sDQ + cw * FGS_DQ_BYTES;
+    static_assert(FGS_Q_TILE >= 64 * FGB_D * 2 && FGS_DQ_BYTES >= 64 * FGB_D * 2,
+                  "dK fits in a stage's Q or dO tile and in a consumer's dQ staging tile");
 #pragma unroll
     for (int i = 0; i < FGS_DT; i++)
 #pragma unroll
@@ -787,24 +848,38 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                 fgh_tma_store(&maps.dk, sKc + r * 64 * 128, r * 64, kv0 + cw * 64, hk, b);
             }
             fgh_bulk_commit();
-            fgh_bulk_wait<0, true>(); /* the block's shared memory outlives the reads */
         }
-        return;
+    } else {
+        /* dK or dV not 16-byte aligned: row by row, 4 bytes a thread, so a
+         * warp writes 128 contiguous bytes of a row */
+        fgh_named_sync(5 + cw, 128);
+        fg_elem *dkp = (fg_elem *)a.dk + (fg_i64)b * a.dk_stride[0] + (fg_i64)hk * a.dk_stride[1];
+        fg_elem *dvp = (fg_elem *)a.dv + (fg_i64)b * a.dv_stride[0] + (fg_i64)hk * a.dv_stride[1];
+        for (int e = ctid; e < 64 * (FGB_D / 2); e += 128) {
+            const int r = e / (FGB_D / 2), c = (e % (FGB_D / 2)) * 2, kv = kv0 + cw * 64 + r;
+            if (kv >= kv_end) break; /* rows go up with e */
+            const int region = c >> 6;
+            const fg_u32 off = fgh_swz128(r, (c & 63) * 2);
+            fg_u32 vx, kx;
+            asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(vx) : "r"(sVc + region * FGS_KV_REGION + off));
+            asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(kx) : "r"(sKc + region * 64 * 128 + off));
+            *(fg_u32 *)(dvp + (fg_i64)kv * a.dv_stride[2] + c) = vx;
+            *(fg_u32 *)(dkp + (fg_i64)kv * a.dk_stride[2] + c) = kx;
+        }
     }
-    /* dK or dV not 16-byte aligned: row by row, 4 bytes a thread, so a
-     * warp writes 128 contiguous bytes of a row */
-    fgh_named_sync(5 + cw, 128);
-    fg_elem *dkp = (fg_elem *)a.dk + (fg_i64)b * a.dk_stride[0] + (fg_i64)hk * a.dk_stride[1];
-    fg_elem *dvp = (fg_elem *)a.dv + (fg_i64)b * a.dv_stride[0] + (fg_i64)hk * a.dv_stride[1];
-    for (int e = ctid; e < 64 * (FGB_D / 2); e += 128) {
-        const int r = e / (FGB_D / 2), c = (e % (FGB_D / 2)) * 2, kv = kv0 + cw * 64 + r;
-        if (kv >= kv_end) break; /* rows go up with e */
-        const int region = c >> 6;
-        const fg_u32 off = fgh_swz128(r, (c & 63) * 2);
-        fg_u32 vx, kx;
-        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(vx) : "r"(sVc + region * FGS_KV_REGION + off));
-        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(kx) : "r"(sKc + region * 64 * 128 + off));
-        *(fg_u32 *)(dvp + (fg_i64)kv * a.dv_stride[2] + c) = vx;
-        *(fg_u32 *)(dkp + (fg_i64)kv * a.dk_stride[2] + c) = kx;
+    if (FGS_DQ_STORER && dq_atomic) {
+        fgh_named_sync(fgs_read_bar(cw), 160); /* the storer has read the last dQ tile */
+        if (ctid == 0) { /* and may stop */
+            sJob[2 * cw + (n & 1)] = -1;
+            fgh_bar_arrive(bar_post + 16 * cw + 8 * (n & 1));
+        }
+    }
+    /* the block's shared memory outlives the reads of the bulk copies (and,
+     * without a storer, this thread's dQ reductions have completed) */
+    if (ctid == 0) {
+        if (FGS_DQ_STORER)
+            fgh_bulk_wait<0, true>();
+        else
+            fgh_bulk_wait<0, false>();
     }
 }
