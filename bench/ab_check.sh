@@ -18,11 +18,14 @@
 # the mod files of A_ROOT
 # for both builds, and prints one line: label, mod, head dim, the median
 # time and TFLOP/s. EXTRA, when set, is added to every command (e.g.
-# "--backward"). Each build gets a kernel cache of its own, filled first
-# by small runs side by side (NVRTC's compiles, one core each, would
-# otherwise take most of the time), so that the timed runs only load.
+# "--backward"). MORE, when set, names further builds as "ROOT:BUILD ...",
+# labelled C, D, ... and alternated with A and B (several changes, each
+# alone and together, in one run). Each build gets a kernel cache of its
+# own, filled first by small runs side by side (NVRTC's compiles, one core
+# each, would otherwise take most of the time), so that the timed runs
+# only load.
 set -uo pipefail
-[ $# -ge 4 ] || { sed -n 2,20p "$0"; exit 2; }
+[ $# -ge 4 ] || { sed -n 2,24p "$0"; exit 2; }
 a_root=$(cd "$1" && pwd); a_build=$2; b_root=$(cd "$3" && pwd); b_build=$4
 mods=${5:-noop causal sliding_window local_global dilated}
 dims=${6:-64 128}
@@ -30,7 +33,13 @@ rounds=${7:-2}
 abs() { case $2 in /*) echo "$2" ;; *) echo "$1/$2" ;; esac; }
 a_cli=$(abs "$a_root" "$a_build")/tools/flexgen
 b_cli=$(abs "$b_root" "$b_build")/tools/flexgen
-for cli in "$a_cli" "$b_cli"; do [ -x "$cli" ] || { echo "ab_check.sh: no $cli" >&2; exit 2; }; done
+labels=(A B) roots=("$a_root" "$b_root") clis=("$a_cli" "$b_cli")
+for more in ${MORE:-}; do
+    root=$(cd "${more%%:*}" && pwd) || exit 2
+    letters=ABCDEFGHIJ
+    labels+=("${letters:${#labels[@]}:1}") roots+=("$root") clis+=("$(abs "$root" "${more#*:}")/tools/flexgen")
+done
+for cli in "${clis[@]}"; do [ -x "$cli" ] || { echo "ab_check.sh: no $cli" >&2; exit 2; }; done
 caches=$(mktemp -d)
 trap 'rm -rf "$caches"' EXIT
 
@@ -53,16 +62,14 @@ one() { # label root cli mod d
 }
 for d in $dims; do
     for mod in $mods; do
-        warm A "$a_root" "$a_cli" "$mod" "$d" &
-        warm B "$b_root" "$b_cli" "$mod" "$d" &
+        for i in "${!labels[@]}"; do warm "${labels[$i]}" "${roots[$i]}" "${clis[$i]}" "$mod" "$d" & done
     done
 done
 wait
 for d in $dims; do
     for mod in $mods; do
         for ((r = 0; r < rounds; r++)); do
-            one A "$a_root" "$a_cli" "$mod" "$d"
-            one B "$b_root" "$b_cli" "$mod" "$d"
+            for i in "${!labels[@]}"; do one "${labels[$i]}" "${roots[$i]}" "${clis[$i]}" "$mod" "$d"; done
         done
     done
 done

@@ -56,8 +56,9 @@
  * dQ staging tile is [64 rows][64 columns] fp32 in the accumulator's own
  * order with the float pairs permuted per row (fgb_dq_index), which is
  * also the global layout, so the bulk reduction copies it as it is. At the
- * end a consumer's dV and dK (bf16 / fp16) take its rows of V and its dQ
- * staging tile, in K's swizzled layout, and leave by TMA store.
+ * end a consumer's dV and dK (bf16 / fp16) take its rows of V and its
+ * tile of the stage the last step left free (its dQ staging tile in the
+ * deterministic pass), in K's swizzled layout, and leave by TMA store.
  *
  * The dQ accumulator without zeros. Nothing zeroes the accumulator:
  * each 64 x 64 tile has a flag (a.dq_flags, fgb_dq_flag), which the
