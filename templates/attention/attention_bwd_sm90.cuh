@@ -402,7 +402,6 @@ static __device__ __forceinline__ fgs_walk fgs_walk_start(const fgb_plan &pl, in
     w.blk = rot / pl.per_block;
     w.sub = rot - w.blk * pl.per_block;
     w.blocks = pl.n_items / pl.per_block;
-    w.ob = w.ob_next = 0;
     if (pl.part && pl.n_items > 0) {
         w.ob = fgs_walk_entry(pl, w.blk);
         w.ob_next = fgs_walk_entry(pl, w.blk + 1 < w.blocks ? w.blk + 1 : 0);
