@@ -708,7 +708,12 @@ FG_API fg_kernel_kind fg_kernel_kind_of(const fg_kernel *kernel);
 
 /* Run the forward pass on the GPU (device pointers). Asynchronous on the
  * stream. Uses fg_attention_kernel_for internally (a memory-cache hit after
- * the first). */
+ * the first). Where the Hopper kernel cannot take a call it runs the
+ * portable one: a layout its tensor maps cannot describe, and, at head dim
+ * 128, a mod computing (float)(kv_idx - q_idx) (ALiBi's distance) with an
+ * index past 2^24 in magnitude (the Hopper kernel computes that cast as
+ * (float)kv_idx - (float)q_idx, the same float up to there; its
+ * fg_kernel_launch returns FG_ERR_NOT_SUPPORTED beyond). */
 FG_API fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args);
 /* The kernel fg_attention_forward runs for `args` (the shapes, dtype,
  * paging and block mask count; pointers may be NULL): the decode kernel

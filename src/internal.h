@@ -458,8 +458,18 @@ void fgi_emit_float(fgi_buf *out, float f);
  * _col with their _init functions and fg_mask_split, the same for score_mod,
  * and FG_HAS_SPLIT_MODS; for the attention kernel, after fgi_emit_mod. */
 fg_status fgi_emit_split(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out);
-/* The same with score_mod's float math spelled as `math` says. */
-fg_status fgi_emit_split_math(fg_ctx *ctx, const fg_mod *mod, fgi_math math, fgi_buf *out);
+/* The same with score_mod's float math spelled as `math` says and the
+ * rewrites `flags` asks for (FGI_SPLIT_*). */
+enum {
+    /* (float)(kv_idx - q_idx) as a column part less a row part: exact
+     * while every index lies in [-FGI_SPLIT_INDEX_FLOAT_MAX,
+     * FGI_SPLIT_INDEX_FLOAT_MAX] */
+    FGI_SPLIT_INDEX_FLOATS = 1u << 0
+};
+#define FGI_SPLIT_INDEX_FLOAT_MAX (1ll << 24) /* every int up to it in magnitude is a float */
+fg_status fgi_emit_split_math(fg_ctx *ctx, const fg_mod *mod, fgi_math math, unsigned flags, fgi_buf *out);
+/* Whether `mod` has a cast FGI_SPLIT_INDEX_FLOATS rewrites. */
+bool fgi_split_casts_indices(const fg_mod *mod);
 /* Whether score_mod's per-element part (what stays per score once its
  * head, row and column parts are hoisted) does costly work: a division, a
  * buffer read, a transcendental; the split source says the same as

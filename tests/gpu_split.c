@@ -3,7 +3,8 @@
  * give: every (q_idx, kv_idx) of a square, for every gallery mod and a
  * composition, with buffers full of values that index in and out of range
  * (out-of-range loads give 0 on the GPU, and the split reads them
- * speculatively), mask results equal and score results equal bit for bit.
+ * speculatively), mask results equal and score results equal bit for bit;
+ * and the index-cast rewrite (FGI_SPLIT_INDEX_FLOATS) inside its range.
  */
 #include "testutil.h"
 
@@ -16,8 +17,14 @@
 #define SIDE 300     /* q_idx, kv_idx in [0, SIDE)       */
 #define BUF_LEN 257  /* buffer elements: shorter than SIDE */
 
+typedef struct check_source {
+    const fg_mod *mod;
+    unsigned flags; /* FGI_SPLIT_* */
+} check_source;
+
 static fg_status gen(fg_ctx *ctx, void *arg, char **out) {
-    return split_check_source(ctx, arg, out);
+    const check_source *c = arg;
+    return split_check_source_flags(ctx, c->mod, c->flags, out);
 }
 
 static void check_ok(fg_ctx *ctx, fg_status st) {
@@ -54,12 +61,13 @@ static fg_status fill_values(fg_ctx *ctx, const fg_mod *m, fgi_value *vals, CUde
     return FG_OK;
 }
 
-/* Mismatches of mask (bad[0]) and score (bad[1]) over the square at (b, h). */
-static fg_status run_check(fg_ctx *ctx, const fg_mod *m, int b, int h, int bad[2]) {
-    fgi_kernel_spec spec = {.name = "gpu_split", .entry = "fg_split_check",
-                            .gen_source = gen, .gen_arg = (void *)m};
+/* Mismatches of mask (bad[0]) and score (bad[1]) over the square of
+ * indices base .. base + SIDE - 1 at (b, h), the split made with `flags`. */
+static fg_status run_check_at(fg_ctx *ctx, const fg_mod *m, unsigned flags, int base, int b, int h, int bad[2]) {
+    check_source cs = {m, flags};
+    fgi_kernel_spec spec = {.name = "gpu_split", .entry = "fg_split_check", .gen_source = gen, .gen_arg = &cs};
     char key[4096];
-    snprintf(key, sizeof key, "gpu_split check\n%s", m->canonical);
+    snprintf(key, sizeof key, "gpu_split check %u\n%s", flags, m->canonical);
     spec.key = key;
     CUfunction fn;
     FGI_TRY(fgi_cache_get_function(ctx, &spec, &fn));
@@ -79,7 +87,7 @@ static fg_status run_check(fg_ctx *ctx, const fg_mod *m, int b, int h, int bad[2
         int n = SIDE, zero[2] = {0, 0};
         CUresult r = cu->cuMemAlloc(&dbad, sizeof zero);
         if (r == CUDA_SUCCESS) r = cu->cuMemcpyHtoD(dbad, zero, sizeof zero);
-        void *args[] = {blob, &b, &h, &n, &dbad};
+        void *args[] = {blob, &b, &h, &n, &base, &dbad};
         if (r == CUDA_SUCCESS) r = cu->cuLaunchKernel(fn, SIDE, 1, 1, 128, 1, 1, 0, NULL, args, NULL);
         if (r == CUDA_SUCCESS) r = cu->cuCtxSynchronize();
         if (r == CUDA_SUCCESS) r = cu->cuMemcpyDtoH(bad, dbad, 2 * sizeof(int));
@@ -92,6 +100,10 @@ static fg_status run_check(fg_ctx *ctx, const fg_mod *m, int b, int h, int bad[2
     free(bufs);
     free(vals);
     return st;
+}
+
+static fg_status run_check(fg_ctx *ctx, const fg_mod *m, int b, int h, int bad[2]) {
+    return run_check_at(ctx, m, 0, 0, b, h, bad);
 }
 
 static const char *const gallery[] = {"natten", "sasa", "document", "jagged", "flamingo",
@@ -158,12 +170,48 @@ static void table_limit_equals_whole(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* FGI_SPLIT_INDEX_FLOATS: the split's (float)kv_idx - (float)q_idx gives
+ * the whole mod's (float)(kv_idx - q_idx) bit for bit wherever both
+ * indices lie within 2^24 in magnitude (at 0, just under 2^24 and at
+ * -2^24), and not beyond (ALiBi's score from 2^24 + 1000 on): why the
+ * kernels that take it refuse such launches. */
+static void index_floats_equal_whole(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    fg_ctx_set_int(ctx, FG_OPT_DISK_CACHE, 0);
+    const int bases[] = {0, (1 << 24) - SIDE, -(1 << 24)};
+    for (size_t i = 0; i < sizeof split_check_index_casts / sizeof split_check_index_casts[0]; i++) {
+        const char *text = split_check_index_casts[i].text;
+        fg_mod *m = NULL;
+        assert_int_equal(fg_mod_from_source(ctx, "casts", text, strlen(text), &m), FG_OK);
+        for (size_t k = 0; k < sizeof bases / sizeof bases[0]; k++) {
+            int bad[2] = {-1, -1};
+            check_ok(ctx, run_check_at(ctx, m, FGI_SPLIT_INDEX_FLOATS, bases[k], 0, 1, bad));
+            if (bad[0] || bad[1])
+                print_error("case %zu at %d: %d mask and %d score mismatches\n", i, bases[k], bad[0], bad[1]);
+            assert_int_equal(bad[0], 0);
+            assert_int_equal(bad[1], 0);
+        }
+        fg_mod_destroy(m);
+    }
+    fg_mod *alibi = tu_gallery_mod(ctx, "alibi");
+    int bad[2] = {-1, -1};
+    check_ok(ctx, run_check_at(ctx, alibi, FGI_SPLIT_INDEX_FLOATS, (1 << 24) + 1000, 0, 1, bad));
+    assert_true(bad[1] > 0);
+    check_ok(ctx, run_check_at(ctx, alibi, 0, (1 << 24) + 1000, 0, 1, bad));
+    assert_int_equal(bad[1], 0);
+    fg_mod_destroy(alibi);
+    fg_ctx_destroy(ctx);
+}
+
 int main(void) {
     tu_require_gpu();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(split_equals_whole),
         cmocka_unit_test(composition_equals_whole),
         cmocka_unit_test(table_limit_equals_whole),
+        cmocka_unit_test(index_floats_equal_whole),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

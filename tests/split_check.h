@@ -12,17 +12,18 @@
 
 #include "codegen.h"
 
-/* One block per q row, threads over kv. bad[0]: mask mismatches, bad[1]:
- * score mismatches (two NaNs count as equal). */
+/* One block per q row, threads over kv: indices base .. base + n - 1.
+ * bad[0]: mask mismatches, bad[1]: score mismatches (two NaNs count as
+ * equal). */
 static const char split_check_kernel[] =
     "extern \"C\" __global__ void fg_split_check(const __grid_constant__ fg_mod_params p,\n"
-    "                                            int b, int h, int n, int *bad) {\n"
-    "    const int q_idx = blockIdx.x;\n"
+    "                                            int b, int h, int n, int base, int *bad) {\n"
+    "    const int q_idx = base + (int)blockIdx.x;\n"
     "    const fg_mask_head mhd = fg_mask_head_init(p, b, h);\n"
     "    const fg_score_head shd = fg_score_head_init(p, b, h);\n"
     "    const fg_mask_row mr = fg_mask_row_init(p, mhd, b, h, q_idx);\n"
     "    const fg_score_row sr = fg_score_row_init(p, shd, b, h, q_idx);\n"
-    "    for (int kv_idx = threadIdx.x; kv_idx < n; kv_idx += blockDim.x) {\n"
+    "    for (int kv_idx = base + (int)threadIdx.x; kv_idx < base + n; kv_idx += blockDim.x) {\n"
     "        const fg_mask_col mc = fg_mask_col_init(p, mhd, b, h, kv_idx);\n"
     "        const fg_score_col sc = fg_score_col_init(p, shd, b, h, kv_idx);\n"
     "        if (fg_mask_mod(p, b, h, q_idx, kv_idx) !=\n"
@@ -57,15 +58,16 @@ static inline char *split_check_big_mod(void) {
     return s;
 }
 
-/* common.cuh, the mod, its split and the checking kernel (malloc'd). */
-static inline fg_status split_check_source(fg_ctx *ctx, const fg_mod *mod, char **out) {
+/* common.cuh, the mod, its split with the rewrites `flags` asks for
+ * (FGI_SPLIT_*) and the checking kernel (malloc'd). */
+static inline fg_status split_check_source_flags(fg_ctx *ctx, const fg_mod *mod, unsigned flags, char **out) {
     const fgi_template *common = fgi_template_find("common.cuh");
     if (!common) return fgi_error(ctx, FG_ERR_NOT_FOUND, "common.cuh is not built in");
     fgi_buf b = {0};
     fgi_buf_puts(&b, common->text);
     fgi_buf_puts(&b, "\n");
     fg_status st = fgi_emit_mod_named(ctx, mod, "split_check.cu", &b);
-    if (st == FG_OK) st = fgi_emit_split(ctx, mod, &b);
+    if (st == FG_OK) st = fgi_emit_split_math(ctx, mod, FGI_MATH_ACCURATE, flags, &b);
     fgi_buf_puts(&b, split_check_kernel);
     if (st == FG_OK && b.oom) st = FG_ERR_OUT_OF_MEMORY;
     if (st != FG_OK) {
@@ -75,5 +77,31 @@ static inline fg_status split_check_source(fg_ctx *ctx, const fg_mod *mod, char 
     *out = fgi_buf_take(&b);
     return *out ? FG_OK : FG_ERR_OUT_OF_MEMORY;
 }
+static inline fg_status split_check_source(fg_ctx *ctx, const fg_mod *mod, char **out) {
+    return split_check_source_flags(ctx, mod, 0, out);
+}
+
+/* Mods whose index casts FGI_SPLIT_INDEX_FLOATS rewrites (test_split,
+ * gpu_split): ALiBi's form, the other order, one in a mask, and one the
+ * rewrite must leave alone (not the bare indices). `rewritten`: how many
+ * casts become fg_fsub of a column and a row part. */
+static const struct {
+    const char *text;
+    int rewritten;
+} split_check_index_casts[] = {
+    {"const float *slopes;\n"
+     "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+     "    return score + slopes[h] * (float)(kv_idx - q_idx);\n}\n",
+     1},
+    {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+     "    float d = (float)(q_idx - kv_idx);\n    return score - 0.125f * d + (float)(kv_idx - q_idx) * 0.5f;\n}\n",
+     2},
+    {"bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+     "    return (float)(q_idx - kv_idx) * 0.75f < 100.0f && q_idx >= kv_idx;\n}\n",
+     1},
+    {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+     "    return score + (float)(kv_idx - q_idx + 1) + (float)(kv_idx - kv_idx);\n}\n",
+     0},
+};
 
 #endif

@@ -268,6 +268,63 @@ static void score_element_cost(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* FGI_SPLIT_INDEX_FLOATS: each bare (float)(kv_idx - q_idx) becomes
+ * fg_fsub of a column part (float)kv_idx and a row part (float)q_idx, in
+ * the order the subtraction had, no longer costly per score; without the
+ * flag nothing changes; fgi_split_casts_indices finds them; and the
+ * rewritten split compiles next to the whole mod (gpu_split runs it). */
+static void index_casts_rewritten(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    for (size_t i = 0; i < sizeof split_check_index_casts / sizeof split_check_index_casts[0]; i++) {
+        const char *text = split_check_index_casts[i].text;
+        const int want = split_check_index_casts[i].rewritten;
+        fg_mod *m = NULL;
+        assert_int_equal(fg_mod_from_source(ctx, "casts", text, strlen(text), &m), FG_OK);
+        assert_int_equal(fgi_split_casts_indices(m), want > 0);
+        fgi_buf b = {0};
+        assert_int_equal(fgi_emit_split_math(ctx, m, FGI_MATH_ACCURATE, FGI_SPLIT_INDEX_FLOATS, &b), FG_OK);
+        char *split = fgi_buf_take(&b);
+        assert_non_null(split);
+        int n = 0;
+        for (const char *p = split; (p = strstr(p, "fg_fsub(")); p++) {
+            const bool col_row = strncmp(p, "fg_fsub(c.", 10) == 0 && strstr(p, ", r.") == strchr(p, ',');
+            const bool row_col = strncmp(p, "fg_fsub(r.", 10) == 0 && strstr(p, ", c.") == strchr(p, ',');
+            n += col_row || row_col;
+        }
+        if (n != want) print_error("case %zu: %d rewritten casts, expected %d\n%s\n", i, n, want, split);
+        assert_int_equal(n, want);
+        if (i == 0) { /* ALiBi: kv first, and nothing costly left per score */
+            assert_non_null(strstr(split, "fg_fsub(c."));
+            assert_non_null(strstr(split, "#define FG_SCORE_ELEM_COSTLY 0\n"));
+        }
+        if (i == 1) assert_non_null(strstr(split, "fg_fsub(r."));
+        free(split);
+        char *plain = emit_split(ctx, m);
+        assert_null(strstr(plain, "fg_fsub(c."));
+        assert_null(strstr(plain, "fg_fsub(r."));
+        free(plain);
+        char *src = NULL;
+        assert_int_equal(split_check_source_flags(ctx, m, FGI_SPLIT_INDEX_FLOATS, &src), FG_OK);
+        void *img = NULL;
+        size_t size = 0;
+        fg_status st = fgi_nvrtc_compile(ctx, src, "split_check.cu", "sm_90a", FG_EMIT_PTX, &img, &size, NULL);
+        if (st != FG_OK) print_error("case %zu: %s\n", i, fg_compile_log(ctx));
+        assert_int_equal(st, FG_OK);
+        free(img);
+        free(src);
+        fg_mod_destroy(m);
+    }
+    fg_mod *alibi = tu_gallery_mod(ctx, "alibi"), *causal = tu_gallery_mod(ctx, "causal");
+    assert_true(fgi_split_casts_indices(alibi));
+    assert_false(fgi_split_casts_indices(causal));
+    assert_false(fgi_split_casts_indices(NULL));
+    fg_mod_destroy(causal);
+    fg_mod_destroy(alibi);
+    fg_ctx_destroy(ctx);
+}
+
 static void gallery_compiles(void **state) {
     (void)state;
     fg_ctx *ctx;
@@ -342,7 +399,7 @@ int main(void) {
         cmocka_unit_test(gallery_table),
         cmocka_unit_test(composition_splits_per_leaf),
         cmocka_unit_test(tricky_mods_split), cmocka_unit_test(score_element_cost),
-        cmocka_unit_test(gallery_compiles),
+        cmocka_unit_test(index_casts_rewritten), cmocka_unit_test(gallery_compiles),
         cmocka_unit_test(table_limit_degrades),
         cmocka_unit_test(bad_arguments),
     };

@@ -267,6 +267,11 @@ struct fg_kernel {
     uint64_t cu_id;                  /* the CUDA context fn was loaded in  */
     fgi_grad_layout grads;           /* a row with FGI_PIECE_GRAD: the
                                         struct fg_mod_grads it takes       */
+    bool index_floats;               /* its split computes the mod's
+                                        (float)(kv_idx - q_idx) as a
+                                        difference of floats
+                                        (FGI_SPLIT_INDEX_FLOATS): launches
+                                        check their indices                */
 };
 
 /* The row of `asked`'s operation that serves `config` on this device

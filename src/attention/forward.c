@@ -145,6 +145,18 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
                          k->kernel->what);
     FGI_TRY(fgi_attn_check_io_aligned(ctx, a, &st));
     FGI_TRY(fgi_kernel_check_context(ctx, k));
+    if (k->index_floats) {
+        /* the kernel's (float)kv_idx - (float)q_idx is the mod's
+         * (float)(kv_idx - q_idx) while both convert exactly */
+        const long long lo = a->q_offset < a->kv_offset ? a->q_offset : a->kv_offset;
+        const long long q_hi = (long long)a->q_offset + a->q_len - 1, kv_hi = (long long)a->kv_offset + a->kv_len - 1;
+        const long long hi = q_hi > kv_hi ? q_hi : kv_hi;
+        if (lo < -FGI_SPLIT_INDEX_FLOAT_MAX || hi > FGI_SPLIT_INDEX_FLOAT_MAX)
+            return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                             "indices %lld .. %lld: the %s computes this mod's (float)(kv_idx - q_idx) exactly for "
+                             "indices up to 2^24 in magnitude; the portable kernel takes these",
+                             lo, hi, k->kernel->what);
+    }
 
     fgi_attn_abi abi;
     memset(&abi, 0, sizeof abi);

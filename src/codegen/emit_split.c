@@ -28,6 +28,16 @@
  * is total (x / 0 == 0, an out-of-range load gives 0; see internal.h), and
  * the value is used only where the original would have used it.
  *
+ * One rewrite, asked for with FGI_SPLIT_INDEX_FLOATS: `(float)(kv_idx -
+ * q_idx)` (either order; ALiBi's and relative biases' distance) becomes
+ * `(float)kv_idx - (float)q_idx`, the first a column part and the second
+ * a row part, so a score costs one FADD where it cost an IADD and an
+ * int-to-float conversion. The same float while both indices lie in
+ * [-2^24, 2^24]: each converts exactly, and the FADD rounds the exact
+ * difference as the conversion does. A kernel emitted so refuses
+ * launches with indices beyond (fgi_split_casts_indices, the launch's
+ * check against FGI_SPLIT_INDEX_FLOAT_MAX).
+ *
  * Expressions print in that printer's fully parenthesised style (the text
  * is read by NVRTC, the readable rendering of the mod is fg_mask_mod's),
  * through a hook that names each hoisted value hd.fK_N, r.fK_N or c.fK_N:
@@ -81,6 +91,17 @@ typedef struct splitter {
     bool reads[4];  /* per class: some leaf's part of it reads a buffer    */
     fgi_math score_math; /* score_mod's float math (the mask's: accurate) */
     fgi_math math;       /* that of the kind being printed            */
+    unsigned flags;      /* FGI_SPLIT_*                                  */
+    /* The index casts rewritten (FGI_SPLIT_INDEX_FLOATS) in the function
+     * being split: the cast, and the fields of (float)kv_idx and
+     * (float)q_idx, made of the nodes in `conv`. */
+    struct {
+        const fgi_expr *cast;
+        int col, row;
+        bool kv_first; /* (float)(kv_idx - q_idx), else (q_idx - kv_idx) */
+    } casts[MAX_FIELDS / 2];
+    int ncasts;
+    fgi_expr conv[MAX_FIELDS];
 } splitter;
 
 static void fail(splitter *sp, const char *what) {
@@ -149,6 +170,47 @@ static const field *field_of_expr(const splitter *sp, const fgi_expr *e) {
 
 static void collect(splitter *sp, const fgi_expr *e, split_class outer);
 
+/* Whether e is (float)(kv_idx - q_idx) or (float)(q_idx - kv_idx) on the
+ * arguments themselves; *kv_first says which. */
+static bool is_index_cast(const fgi_expr *e, bool *kv_first) {
+    if (!e || e->kind != FGI_E_CAST || e->type != FGI_T_FLOAT || !e->a || e->a->type != FGI_T_INT) return false;
+    const fgi_expr *d = e->a;
+    if (d->kind != FGI_E_BINARY || d->op != FGI_OP_SUB || !d->a || !d->b) return false;
+    if (d->a->kind != FGI_E_ARG || d->b->kind != FGI_E_ARG) return false;
+    if (d->a->op == FGI_ARG_KV_IDX && d->b->op == FGI_ARG_Q_IDX) *kv_first = true;
+    else if (d->a->op == FGI_ARG_Q_IDX && d->b->op == FGI_ARG_KV_IDX) *kv_first = false;
+    else return false;
+    return true;
+}
+
+/* The rewrite of an index cast (emit_split.c's header): (float)kv_idx as a
+ * column part and (float)q_idx as a row part, the cast printed as their
+ * difference. false where the tables are full (the cast stays as it is). */
+static bool rewrite_index_cast(splitter *sp, const fgi_expr *e) {
+    bool kv_first;
+    if (!(sp->flags & FGI_SPLIT_INDEX_FLOATS) || !is_index_cast(e, &kv_first)) return false;
+    if (sp->ncasts >= (int)(sizeof sp->casts / sizeof sp->casts[0]) || sp->nfields + 2 > MAX_FIELDS) return false;
+    const fgi_expr *kv = kv_first ? e->a->a : e->a->b, *q = kv_first ? e->a->b : e->a->a;
+    fgi_expr *ck = &sp->conv[2 * sp->ncasts], *cq = ck + 1;
+    *ck = *e; /* a cast to float of the bare argument */
+    ck->a = (fgi_expr *)kv;
+    *cq = *e;
+    cq->a = (fgi_expr *)q;
+    const int col = add_field(sp, ck, -1, C_COL), row = add_field(sp, cq, -1, C_ROW);
+    sp->casts[sp->ncasts].cast = e;
+    sp->casts[sp->ncasts].col = col;
+    sp->casts[sp->ncasts].row = row;
+    sp->casts[sp->ncasts].kv_first = kv_first;
+    sp->ncasts++;
+    return true;
+}
+
+static int index_cast_of(const splitter *sp, const fgi_expr *e) {
+    for (int i = 0; i < sp->ncasts; i++)
+        if (sp->casts[i].cast == e) return i;
+    return -1;
+}
+
 static void collect_children(splitter *sp, const fgi_expr *e, split_class outer) {
     collect(sp, e->a, outer);
     collect(sp, e->b, outer);
@@ -162,6 +224,7 @@ static void collect_children(splitter *sp, const fgi_expr *e, split_class outer)
 static void collect(splitter *sp, const fgi_expr *e, split_class outer) {
     if (!e || sp->st != FG_OK) return;
     split_class cls = class_of(deps_of(sp, e));
+    if (cls == C_ELEM && rewrite_index_cast(sp, e)) return;
     if (cls == outer || cls == C_ELEM || is_cheap(e)) {
         collect_children(sp, e, outer);
         return;
@@ -177,6 +240,7 @@ static void analyse(splitter *sp, const fgi_func *fn, int leaf) {
     sp->leaf = leaf;
     sp->nfields = 0;
     sp->next_num = 0;
+    sp->ncasts = 0;
     if (fn->nlocals > sp->cap_locals) {
         free(sp->local_deps);
         free(sp->local_field);
@@ -218,6 +282,16 @@ static void put_field_name(const splitter *sp, fgi_buf *out, const field *f) {
  * field is always read from there. */
 static bool replace_hoisted(void *user, fgi_buf *out, const fgi_expr *e) {
     const splitter *sp = user;
+    const int ic = sp->at == C_ELEM ? index_cast_of(sp, e) : -1;
+    if (ic >= 0) { /* (float)(kv_idx - q_idx) as c.x - r.y */
+        const field *c = &sp->fields[sp->casts[ic].col], *r = &sp->fields[sp->casts[ic].row];
+        fgi_buf_puts(out, "fg_fsub(");
+        put_field_name(sp, out, sp->casts[ic].kv_first ? c : r);
+        fgi_buf_puts(out, ", ");
+        put_field_name(sp, out, sp->casts[ic].kv_first ? r : c);
+        fgi_buf_puts(out, ")");
+        return true;
+    }
     const field *f = field_of_expr(sp, e);
     if (f && f->cls != sp->at) {
         put_field_name(sp, out, f);
@@ -250,6 +324,7 @@ static bool is_costly(const splitter *sp, const fgi_expr *e, split_class at, boo
     if (!e) return false;
     const field *f = field_of_expr(sp, e);
     if (f && f->cls != at) return false;
+    if (at == C_ELEM && index_cast_of(sp, e) >= 0) return false; /* one FADD */
     switch (e->kind) {
     case FGI_E_INDEX: return true;
     case FGI_E_BINARY:
@@ -458,7 +533,7 @@ static void emit_kind(splitter *sp, bool mask) {
     fgi_buf_puts(out, ";\n}\n\n");
 }
 
-fg_status fgi_emit_split_math(fg_ctx *ctx, const fg_mod *mod, fgi_math math, fgi_buf *out) {
+fg_status fgi_emit_split_math(fg_ctx *ctx, const fg_mod *mod, fgi_math math, unsigned flags, fgi_buf *out) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, mod && out, "NULL mod or output buffer");
     splitter *sp = calloc(1, sizeof *sp);
@@ -467,6 +542,7 @@ fg_status fgi_emit_split_math(fg_ctx *ctx, const fg_mod *mod, fgi_math math, fgi
     sp->mod = mod;
     sp->out = out;
     sp->score_math = math;
+    sp->flags = flags;
     fgi_buf_puts(out,
                  "/* ---- the mods split by dependency (emit_split.c): the kernel computes\n"
                  " * the head part once per (b, h), the row part once per q row and the\n"
@@ -497,5 +573,31 @@ bool fgi_split_score_elem_costly(const fg_mod *mod) {
 }
 
 fg_status fgi_emit_split(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out) {
-    return fgi_emit_split_math(ctx, mod, FGI_MATH_ACCURATE, out);
+    return fgi_emit_split_math(ctx, mod, FGI_MATH_ACCURATE, 0, out);
+}
+
+/* Whether an index cast of `fn` (or of its locals) is rewritten. */
+static bool func_casts_indices(const fgi_expr *e) {
+    if (!e) return false;
+    bool kv_first;
+    if (is_index_cast(e, &kv_first)) return true;
+    if (func_casts_indices(e->a) || func_casts_indices(e->b) || func_casts_indices(e->c)) return true;
+    for (int i = 0; i < e->nargs; i++)
+        if (func_casts_indices(e->args[i])) return true;
+    return false;
+}
+static bool fn_casts_indices(const fgi_func *fn) {
+    if (!fn) return false;
+    for (int i = 0; i < fn->nlocals; i++)
+        if (func_casts_indices(fn->locals[i].init)) return true;
+    return func_casts_indices(fn->ret);
+}
+static bool mask_casts_indices(const fgi_mask_node *n) {
+    if (!n) return false;
+    if (n->op == FGI_MASK_LEAF) return fn_casts_indices(n->func);
+    return mask_casts_indices(n->a) || mask_casts_indices(n->b);
+}
+
+bool fgi_split_casts_indices(const fg_mod *mod) {
+    return mod && (mask_casts_indices(mod->mask) || fn_casts_indices(mod->score));
 }

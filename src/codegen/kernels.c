@@ -122,6 +122,14 @@ static fgi_kernel_geom fwd_sm90_geometry(const fg_kernel_config *c, const fg_mod
     return g;
 }
 
+/* ALiBi's distance (float)(kv_idx - q_idx) as a column part less a row
+ * part at head dim 128 only: the forward there +3.1%; at 64 the per-score
+ * work it leaves no longer counts as costly, the kernel takes three
+ * consumers and lost 1.5% (attention_notes v42). */
+static unsigned fwd_sm90_split_flags(const fg_kernel_config *c) {
+    return c->head_dim == 128 ? FGI_SPLIT_INDEX_FLOATS : 0;
+}
+
 /* The portable backward (templates/attention/attention_bwd.cuh), four warps
  * per block for every entry point. Its rows are padded by 8 elements.
  *   pre, dq: a warp per query row, no shared memory;
@@ -257,6 +265,7 @@ static const fgi_kernel_entry registry[] = {
         .min_cc = 90,
         .check = sm90_check,
         .geometry = fwd_sm90_geometry,
+        .split_flags = fwd_sm90_split_flags,
     },
     {
         .kind = FG_KERNEL_ATTENTION_BWD,

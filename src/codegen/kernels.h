@@ -133,6 +133,12 @@ typedef struct fgi_kernel_entry {
      * kernel is launched by its own module with its own geometry (the
      * block-mask builder). */
     fgi_kernel_geom (*geometry)(const fg_kernel_config *c, const fg_mod *mod, int entry);
+    /* The rewrites its split takes under config `c` (FGI_SPLIT_*, given
+     * to fgi_emit_split_math); NULL: none. A kernel whose split takes
+     * FGI_SPLIT_INDEX_FLOATS for a mod with such a cast refuses launches
+     * whose indices it would not compute exactly (fg_kernel's
+     * index_floats). */
+    unsigned (*split_flags)(const fg_kernel_config *c);
 } fgi_kernel_entry;
 
 /* The block-mask builder's entry points, in its row's order. */

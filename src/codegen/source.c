@@ -41,7 +41,7 @@
 #include <string.h>
 
 /* Bump when emit.c or this file changes what the source looks like. */
-#define FGI_CODEGEN_VERSION "flexgen-codegen 11"
+#define FGI_CODEGEN_VERSION "flexgen-codegen 12"
 
 /* What the source generator needs; owned by the fgi_codegen, so a spec
  * copied out of it stays valid until fgi_codegen_free. */
@@ -295,22 +295,23 @@ static void put_template(fgi_buf *b, const char *file, const char *text) {
 /* The emitted pieces (kernels.h, FGI_PIECE_*), in the order they are
  * printed. `file` is the generated source's name, for #line directives;
  * `math` how score_mod's float math is spelled. */
-static fg_status emit_mod(fg_ctx *ctx, const fg_mod *mod, const char *file, fgi_math math, fgi_buf *b) {
-    return fgi_emit_mod_math(ctx, mod, file, math, b);
+static fg_status emit_mod(fg_ctx *ctx, const gen_state *g, const char *file, fgi_math math, fgi_buf *b) {
+    return fgi_emit_mod_math(ctx, g->mod, file, math, b);
 }
 
-static fg_status emit_split(fg_ctx *ctx, const fg_mod *mod, const char *file, fgi_math math, fgi_buf *b) {
+static fg_status emit_split(fg_ctx *ctx, const gen_state *g, const char *file, fgi_math math, fgi_buf *b) {
     (void)file;
-    return fgi_emit_split_math(ctx, mod, math, b);
+    const unsigned flags = g->kernel->split_flags ? g->kernel->split_flags(&g->config) : 0;
+    return fgi_emit_split_math(ctx, g->mod, math, flags, b);
 }
 
-static fg_status emit_grad(fg_ctx *ctx, const fg_mod *mod, const char *file, fgi_math math, fgi_buf *b) {
-    return fgi_emit_grad_math(ctx, mod, file, math, b);
+static fg_status emit_grad(fg_ctx *ctx, const gen_state *g, const char *file, fgi_math math, fgi_buf *b) {
+    return fgi_emit_grad_math(ctx, g->mod, file, math, b);
 }
 
 static const struct {
     unsigned piece;
-    fg_status (*emit)(fg_ctx *ctx, const fg_mod *mod, const char *file, fgi_math math, fgi_buf *b);
+    fg_status (*emit)(fg_ctx *ctx, const gen_state *g, const char *file, fgi_math math, fgi_buf *b);
 } pieces[] = {
     {FGI_PIECE_MOD, emit_mod},
     {FGI_PIECE_SPLIT, emit_split},
@@ -339,7 +340,7 @@ static fg_status gen_source(fg_ctx *ctx, void *arg, char **source) {
         if (!(g->kernel->pieces & pieces[i].piece)) continue;
         if (!first) fgi_buf_puts(&b, "\n");
         first = false;
-        st = pieces[i].emit(ctx, g->mod, file, math, &b);
+        st = pieces[i].emit(ctx, g, file, math, &b);
     }
     if (st == FG_OK) {
         fgi_buf_puts(&b, "\n");
