@@ -576,21 +576,22 @@ fg_status fgi_emit_split(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out) {
     return fgi_emit_split_math(ctx, mod, FGI_MATH_ACCURATE, 0, out);
 }
 
-/* Whether an index cast of `fn` (or of its locals) is rewritten. */
-static bool func_casts_indices(const fgi_expr *e) {
+/* Whether an expression, a function (its locals and result) or a mask
+ * tree holds a cast FGI_SPLIT_INDEX_FLOATS rewrites. */
+static bool expr_casts_indices(const fgi_expr *e) {
     if (!e) return false;
     bool kv_first;
     if (is_index_cast(e, &kv_first)) return true;
-    if (func_casts_indices(e->a) || func_casts_indices(e->b) || func_casts_indices(e->c)) return true;
+    if (expr_casts_indices(e->a) || expr_casts_indices(e->b) || expr_casts_indices(e->c)) return true;
     for (int i = 0; i < e->nargs; i++)
-        if (func_casts_indices(e->args[i])) return true;
+        if (expr_casts_indices(e->args[i])) return true;
     return false;
 }
 static bool fn_casts_indices(const fgi_func *fn) {
     if (!fn) return false;
     for (int i = 0; i < fn->nlocals; i++)
-        if (func_casts_indices(fn->locals[i].init)) return true;
-    return func_casts_indices(fn->ret);
+        if (expr_casts_indices(fn->locals[i].init)) return true;
+    return expr_casts_indices(fn->ret);
 }
 static bool mask_casts_indices(const fgi_mask_node *n) {
     if (!n) return false;
