@@ -337,9 +337,9 @@ static bool is_costly(const splitter *sp, const fgi_expr *e, split_class at, boo
         return false;
     case FGI_E_LOCAL: return false;
     case FGI_E_CAST:
-        /* int to float: an I2F per score on the conversion unit, which the
-         * softmax's exponentials share (ALiBi's bias). Measured at D=64:
-         * two consumers with it beat three (attention_notes.md v20). */
+        /* int to float per score (ALiBi's bias: an IMAD.IADD and an
+         * I2FP on sm_90, attention_notes v42). Measured at D=64: two
+         * consumers with it beat three (attention_notes.md v20). */
         if (!reads_only && e->type == FGI_T_FLOAT && e->a && e->a->type == FGI_T_INT) return true;
         break;
     default: break;
