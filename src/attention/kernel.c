@@ -119,8 +119,8 @@ fg_status fgi_kernel_make(fg_ctx *ctx, const fg_mod *mod, const fgi_kernel_entry
             k->nentries = i + 1;
         }
         st = copy_params(ctx, mod, &k->params);
-        k->index_floats = cg.kernel->split_flags && (cg.kernel->split_flags(&k->config) & FGI_SPLIT_INDEX_FLOATS) &&
-                          fgi_split_casts_indices(mod);
+        k->index_floats =
+            (fgi_kernel_split_flags(cg.kernel, &k->config) & FGI_SPLIT_INDEX_FLOATS) && fgi_split_casts_indices(mod);
     }
     if (st == FG_OK && (row->pieces & FGI_PIECE_GRAD)) {
         fgi_mod_grad g;

@@ -402,3 +402,7 @@ bool fgi_kernel_applies(const fgi_kernel_entry *e, const fg_kernel_config *confi
     if (c.arch && !*c.arch) c.arch = NULL;
     return e->check(NULL, &c) == FG_OK;
 }
+
+unsigned fgi_kernel_split_flags(const fgi_kernel_entry *e, const fg_kernel_config *config) {
+    return e->split_flags ? e->split_flags(config) : 0;
+}

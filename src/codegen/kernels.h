@@ -193,4 +193,9 @@ const char *fgi_variant_name(fgi_kernel_variant v);
  * (head dim and blocks 128, arch "" as none). */
 bool fgi_kernel_applies(const fgi_kernel_entry *e, const fg_kernel_config *config);
 
+/* The rewrites `e`'s split takes under `config` (its split_flags; 0 where
+ * it has none): what the source generator asks of fgi_emit_split_math
+ * and what a made kernel checks its launches against. */
+unsigned fgi_kernel_split_flags(const fgi_kernel_entry *e, const fg_kernel_config *config);
+
 #endif

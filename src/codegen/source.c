@@ -301,8 +301,7 @@ static fg_status emit_mod(fg_ctx *ctx, const gen_state *g, const char *file, fgi
 
 static fg_status emit_split(fg_ctx *ctx, const gen_state *g, const char *file, fgi_math math, fgi_buf *b) {
     (void)file;
-    const unsigned flags = g->kernel->split_flags ? g->kernel->split_flags(&g->config) : 0;
-    return fgi_emit_split_math(ctx, g->mod, math, flags, b);
+    return fgi_emit_split_math(ctx, g->mod, math, fgi_kernel_split_flags(g->kernel, &g->config), b);
 }
 
 static fg_status emit_grad(fg_ctx *ctx, const gen_state *g, const char *file, fgi_math math, fgi_buf *b) {
