@@ -212,7 +212,7 @@ typedef enum fg_option {
                                    the walk has fewer than 2 N K/V tiles.
                                    FlashAttention's num_splits; the result
                                    is the same to rounding either way      */
-    FG_OPT_BWD_LEAD_TILES = 14  /* int: the kv tiles of every (batch, kv
+    FG_OPT_BWD_LEAD_TILES = 14, /* int: the kv tiles of every (batch, kv
                                    head) the Hopper backward's dK/dV pass
                                    starts before all others: -1 (default,
                                    or FLEXGEN_BWD_LEAD_TILES) chooses per
@@ -223,6 +223,16 @@ typedef enum fg_option {
                                    on the -lead kernel, with or without a
                                    mask. dK and dV are the same either way,
                                    dQ to the rounding of its atomics        */
+    FG_OPT_BWD_HEAD_PAIRS = 15  /* int: whether the Hopper backward's dK/dV
+                                   pass runs its kv heads in pairs (tile t
+                                   of both, then t + 1; the -pairs kernel)
+                                   where heads_kv is even and the -lead
+                                   kernel is not taken: -1 (default, or
+                                   FLEXGEN_BWD_HEAD_PAIRS) chooses per call
+                                   from the block mask at head dim 128 (see
+                                   "The backward's tile order"); 0 never; 1
+                                   always. Results as for
+                                   FG_OPT_BWD_LEAD_TILES                    */
 } fg_option;
 
 /* The longest q_len the decode kernel serves by default (FG_OPT_DECODE_KERNEL
@@ -457,6 +467,16 @@ typedef struct fg_kernel_config {
      * fg_attention_backward sets it from the block mask (see "The
      * backward's tile order" below); other kinds ignore it. */
     int lead_first;
+    /* Since 0.2. FG_KERNEL_ATTENTION_BWD (its Hopper kernel) only: 1 makes
+     * the backward whose dK/dV pass runs the kv heads in pairs, tile t of
+     * both heads before tile t + 1 (its own compile, named -pairs), for
+     * block masks whose kv tiles grow lighter along the kv axis (causal,
+     * prefixes): launched in grid order, the last head's heavy first tile
+     * would run on alone at the end. It serves calls with an even number
+     * of kv heads. 0 the plain one; lead_first and head_pairs together are
+     * FG_ERR_INVALID_ARGUMENT. fg_attention_backward sets it from the
+     * block mask; other kinds ignore it. */
+    int head_pairs;
 } fg_kernel_config;
 
 #ifdef __cplusplus
@@ -846,10 +866,16 @@ FG_API fg_status fg_block_table_check(fg_ctx *ctx, const fg_attention_args *args
  * copies them to pinned host memory behind itself on its stream, and the
  * call uses that copy once it has landed. The call never waits for it:
  * until then, and for a build captured into a graph, it keeps the grid
- * order. FG_OPT_BWD_LEAD_TILES overrides the choice. Inside a block, the
- * q tiles are visited in the transposed row's order, except where a kv
- * tile's row has the same counts as its left neighbour's (no block mask,
- * or kv blocks that many queries share alike, as flamingo's images): such
+ * order. FG_OPT_BWD_LEAD_TILES overrides the choice. Otherwise, at head
+ * dim 128 with an even number of kv heads, where the heads' tiles grow
+ * lighter along the kv axis (causal, prefix masks: the last head's first
+ * tile would otherwise outlast the rest of the pass) and the estimate
+ * shortens by half a percent or more, it runs the -pairs kernel
+ * (fg_kernel_config.head_pairs), tile t of two heads before tile t + 1
+ * (FG_OPT_BWD_HEAD_PAIRS overrides). Inside a block, the q tiles are
+ * visited in the transposed row's order, except where a kv tile's row has
+ * the same counts as its left neighbour's (no block mask, or kv blocks
+ * that many queries share alike, as flamingo's images): such
  * a block starts at item (tile % items), so that neighbours with the same
  * q tiles add into each one's dQ at different times. dK and dV do not
  * depend on the order beyond the rounding of their fp32 sums; the

@@ -108,6 +108,7 @@ struct fg_ctx {
     int cp_streams;           /* 1/2: FG_OPT_CP_STREAMS                    */
     int decode_splits;        /* 0 (chosen per call) or 1..128: FG_OPT_DECODE_SPLITS */
     int bwd_lead_tiles;       /* -1 (chosen per call) or 0..65535: FG_OPT_BWD_LEAD_TILES */
+    int bwd_head_pairs;       /* -1 (chosen per call), 0 or 1: FG_OPT_BWD_HEAD_PAIRS      */
     int64_t cache_max_bytes;
     int max_source, max_depth, max_locals;
     /* lazily initialised CUDA state (driver/cuda.c) */

@@ -18,7 +18,8 @@
  * slopes, a relative-bias table, a per-head temperature), dK and dV not
  * 16-byte aligned (no TMA store), the dK/dV pass's leading tiles started
  * first (FG_OPT_BWD_LEAD_TILES, and the backward's own choice on a mask
- * with global keys), and every case once more in deterministic mode, which must also give the same bits
+ * with global keys), the pass in pairs of kv heads (FG_OPT_BWD_HEAD_PAIRS),
+ * and every case once more in deterministic mode, which must also give the same bits
  * twice. On a Hopper GPU the table runs over the Hopper kernels (head
  * dims 64 and 128; the others, and kv blocks under 128, take the portable
  * ones), then once more with FG_OPT_HOPPER_KERNEL 0 over the portable
@@ -529,32 +530,75 @@ static void test_lead_tiles(void **state) {
     assert_int_equal(failures, 0);
 }
 
-/* The backward's own choice of kernel on the global-key mask (GLOBAL_SRC)
- * and on a causal one, with the mask built on the CPU and on the GPU. A
- * GPU-built mask is never downloaded here: its counts reach the host by
- * the copy queued behind its build (fgi_block_mask_counts), which has
- * landed once the context is synchronised. Until then the choice is the
- * grid order; it must never wait for the copy. */
-static void test_lead_choice(void **state) {
+typedef struct pairs_case {
+    acase c;
+    int pairs; /* FG_OPT_BWD_HEAD_PAIRS: -1 the backward's choice */
+} pairs_case;
+
+/* The Hopper pass in pairs of kv heads (the -pairs kernel: forced, and
+ * chosen where the estimate says so: causal and prefix masks built on the
+ * CPU or the GPU), GQA, batches, kv lengths off the tile, head dim 64
+ * forced; an odd number of kv heads keeps the plain kernel whatever the
+ * option. */
+static const pairs_case pairs_cases[] = {
+    /* mod  src  D  dtype  B Hq Hkv Q KV  qoff kvoff  layout pad  bm bmB bmH qb kvb scale masked */
+    {{"causal", NULL, 128, FG_BF16, 2, 8, 4, 1000, 1300, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0}, 1},
+    {{"noop", NULL, 128, FG_FP16, 1, 2, 2, 700, 700, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0}, 1},
+    {{"causal", NULL, 128, FG_BF16, 1, 8, 8, 2300, 2300, 0, 0, BHSD, 0, BM_GPU, 0, 0, 128, 128, 0, 0}, -1},
+    {{"sliding_window", NULL, 128, FG_BF16, 1, 3, 3, 900, 900, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0}, 1},
+    {{"prefix_lm", NULL, 128, FG_BF16, 2, 4, 2, 2500, 2500, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0}, -1},
+    {{"document", NULL, 64, FG_BF16, 1, 4, 2, 600, 600, 0, 0, BHSD, 0, BM_GPU, 0, 0, 128, 128, 0, 0}, 1},
+};
+
+static void test_head_pairs(void **state) {
+    (void)state;
+    fg_ctx *ctx = gpu_ctx();
+    for (size_t i = 0; i < sizeof pairs_cases / sizeof pairs_cases[0]; i++) {
+        if (quick() && i % 2) continue;
+        assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_BWD_HEAD_PAIRS, pairs_cases[i].pairs), FG_OK);
+        printf("[head pairs %d] ", pairs_cases[i].pairs);
+        run_case(ctx, &pairs_cases[i].c);
+    }
+    fg_ctx_destroy(ctx);
+    assert_int_equal(failures, 0);
+}
+
+/* The backward's own choice of kernel: -lead on the global-key mask
+ * (GLOBAL_SRC), -pairs on a causal one at head dim 128 with an even
+ * number of kv heads (test_bwd_order has this shape's estimate), neither
+ * at head dim 64 or with an odd number, with the mask built on the CPU
+ * and on the GPU. A GPU-built mask is never downloaded here: its counts
+ * reach the host by the copy queued behind its build
+ * (fgi_block_mask_counts), which has landed once the context is
+ * synchronised. Until then the choice is the grid order; it must never
+ * wait for the copy. */
+static void test_order_choice(void **state) {
     (void)state;
     fg_ctx *ctx = gpu_ctx();
     int major = 0, minor = 0;
     assert_int_equal(fgi_cuda_arch(ctx, &major, &minor), FG_OK);
     const bool hopper = major == 9 && minor == 0;
-    enum { B = 1, H = 9, S = 2048, D = 64 };
-    const size_t elems = (size_t)B * H * S * D;
+    enum { B = 1, H_MAX = 10, S = 2048, D_MAX = 128 };
+    const size_t most = (size_t)B * H_MAX * S * D_MAX;
     CUdeviceptr buf = 0, lse = 0;
-    assert_int_equal(fgi_cu()->cuMemAlloc(&buf, elems * 2 * 8), CUDA_SUCCESS); /* q k v out dout dq dk dv */
-    assert_int_equal(fgi_cu()->cuMemAlloc(&lse, (size_t)B * H * S * 4), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemAlloc(&buf, most * 2 * 8), CUDA_SUCCESS); /* q k v out dout dq dk dv */
+    assert_int_equal(fgi_cu()->cuMemAlloc(&lse, (size_t)B * H_MAX * S * 4), CUDA_SUCCESS);
     const struct {
         const char *name, *src;
-        bool gpu, lead; /* the mask's builder, whether -lead is chosen */
+        bool gpu;        /* the mask's builder */
+        int d, h;        /* head dim, heads (q and kv) */
+        bool lead, pairs; /* the kernel chosen on Hopper */
     } cases[] = {
-        {"global-key", GLOBAL_SRC, false, true},
-        {"global-key", GLOBAL_SRC, true, true},
-        {"causal", CAUSAL_SRC, true, false},
+        {"global-key", GLOBAL_SRC, false, 64, 9, true, false},
+        {"global-key", GLOBAL_SRC, true, 64, 9, true, false},
+        {"causal", CAUSAL_SRC, true, 64, 10, false, false},
+        {"causal", CAUSAL_SRC, false, 128, 10, false, true},
+        {"causal", CAUSAL_SRC, true, 128, 10, false, true},
+        {"causal", CAUSAL_SRC, false, 128, 9, false, false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int H = cases[i].h, D = cases[i].d;
+        const size_t elems = (size_t)B * H * S * D;
         fg_mod *mod = NULL;
         assert_int_equal(fg_mod_from_source(ctx, "m", cases[i].src, (size_t)-1, &mod), FG_OK);
         fg_block_mask_desc desc = {B, H, S, S, 128, 128, sizeof(fg_block_mask_desc), 0, 0};
@@ -571,9 +615,11 @@ static void test_lead_choice(void **state) {
         fg_attention_bwd_args b = bwd_args_in(&a, buf, elems);
         fg_kernel *k = NULL;
         assert_int_equal(fg_attention_backward_kernel_for(ctx, mod, &b, &k), FG_OK);
-        printf("[lead choice] %s mask, %s: %s\n", cases[i].name,
-               cases[i].gpu ? "GPU-built" : "CPU-built", k->config.lead_first ? "-lead" : "grid order");
+        printf("[order choice] %s mask, %s, head dim %d, %d heads: %s\n", cases[i].name,
+               cases[i].gpu ? "GPU-built" : "CPU-built", D, H,
+               k->config.lead_first ? "-lead" : k->config.head_pairs ? "-pairs" : "grid order");
         assert_int_equal(k->config.lead_first, hopper && cases[i].lead);
+        assert_int_equal(k->config.head_pairs, hopper && cases[i].pairs);
         fg_kernel_release(k);
         fg_block_mask_destroy(bm);
         fg_mod_destroy(mod);
@@ -770,7 +816,9 @@ int main(void) {
         MODE_TEST(test_gallery, atomic_mode),
         MODE_TEST(test_lead_tiles, atomic_mode),
         MODE_TEST(test_lead_tiles, deterministic_mode),
-        cmocka_unit_test(test_lead_choice),
+        MODE_TEST(test_head_pairs, atomic_mode),
+        MODE_TEST(test_head_pairs, deterministic_mode),
+        cmocka_unit_test(test_order_choice),
         MODE_TEST(test_features, deterministic_mode),
         MODE_TEST(test_gallery, deterministic_mode),
         MODE_TEST(test_features, portable_mode),

@@ -1,5 +1,6 @@
-/* test_bwd_order.c -- which kv tiles the Hopper backward's dK/dV pass
- * starts first (attention/bwd_order.c), on the CPU.
+/* test_bwd_order.c -- the order of the Hopper backward's dK/dV pass
+ * (attention/bwd_order.c): which kv tiles it starts first and whether it
+ * runs the kv heads in pairs, on the CPU.
  *
  * A table of block-level masks, counts made here the way the block mask
  * stores them ([B][H][kv blocks] partial and full q blocks), against the
@@ -7,8 +8,10 @@
  * tiles carry the global keys every query sees (one block or two, GQA
  * groups, kv blocks twice the pass's tile), grid order where the first
  * tiles are not much heavier than the rest (causal, a prefix, a band),
- * where only some heads have them, and where the grid fits in one wave.
- * Then the same on masks the CPU builder makes from the gallery's
+ * where only some heads have them, and where the grid fits in one wave;
+ * pairs of heads where a head's tiles grow lighter along the kv axis
+ * (causal, a prefix, global keys in front), not where they weigh alike (a band, no mask), nor
+ * with an odd number of kv heads. Then the same on masks the CPU builder makes from the gallery's
  * local_global and causal, and arguments the choice must refuse. */
 #include "testutil.h"
 
@@ -35,6 +38,11 @@ static int global1(int h, int qb, int kb) { return kb == 0 ? 1 : band(h, qb, kb)
 static int global2(int h, int qb, int kb) { return kb <= 1 ? 1 : band(h, qb, kb); }
 /* a prefix of 16 blocks every query sees, causal after it */
 static int prefix(int h, int qb, int kb) { return kb < 16 ? 2 : causal(h, qb, kb); }
+/* every block full (no mask) */
+static int dense(int h, int qb, int kb) {
+    (void)h, (void)qb, (void)kb;
+    return 2;
+}
 /* global keys in head 0 only */
 static int global_head0(int h, int qb, int kb) { return h == 0 ? global1(h, qb, kb) : band(h, qb, kb); }
 
@@ -67,26 +75,33 @@ typedef struct order_case {
     int kv_block;                   /* the mask's kv block rows         */
     int batch, heads_q, heads_kv;
     int slots;
-    int want;
+    int want;       /* leading tiles        */
+    int want_pairs; /* pairs of kv heads    */
 } order_case;
 
 static const order_case cases[] = {
     /* B=4 H=16 S=8192 in blocks of 128 on 132 SMs: the benchmark's shape */
-    {"global keys, broadcast mask", global1, 1, 1, 64, 128, 4, 16, 16, 132, 1},
-    {"global keys, a mask per head", global1, 4, 16, 64, 128, 4, 16, 16, 132, 1},
-    {"global keys over two blocks", global2, 1, 1, 64, 128, 4, 16, 16, 132, 2},
-    {"global keys, GQA 4:1", global1, 1, 1, 64, 128, 4, 32, 8, 132, 1},
-    {"global keys, kv blocks of 256", global1, 1, 1, 32, 256, 4, 16, 16, 132, 2},
-    {"causal", causal, 1, 1, 64, 128, 4, 16, 16, 132, 0},
-    {"a prefix of 16 blocks", prefix, 1, 1, 64, 128, 4, 16, 16, 132, 0},
-    {"a band", band, 1, 1, 64, 128, 4, 16, 16, 132, 0},
-    {"global keys in one head of 16", global_head0, 4, 16, 64, 128, 4, 16, 16, 132, 0},
-    {"one wave: 64 blocks on 132 SMs", global1, 1, 1, 64, 128, 1, 1, 1, 132, 0},
+    {"global keys, broadcast mask", global1, 1, 1, 64, 128, 4, 16, 16, 132, 1, 1},
+    {"global keys, a mask per head", global1, 4, 16, 64, 128, 4, 16, 16, 132, 1, 1},
+    {"global keys over two blocks", global2, 1, 1, 64, 128, 4, 16, 16, 132, 2, 1},
+    {"global keys, GQA 4:1", global1, 1, 1, 64, 128, 4, 32, 8, 132, 1, 1},
+    {"global keys, kv blocks of 256", global1, 1, 1, 32, 256, 4, 16, 16, 132, 2, 1},
+    {"causal", causal, 1, 1, 64, 128, 4, 16, 16, 132, 0, 1},
+    {"causal, GQA 4:1", causal, 1, 1, 64, 128, 4, 16, 4, 132, 0, 1},
+    {"causal, 15 kv heads", causal, 1, 1, 64, 128, 4, 15, 15, 132, 0, 0},
+    {"a prefix of 16 blocks", prefix, 1, 1, 64, 128, 4, 16, 16, 132, 0, 1},
+    {"a band", band, 1, 1, 64, 128, 4, 16, 16, 132, 0, 0},
+    {"every block full", dense, 1, 1, 64, 128, 4, 16, 16, 132, 0, 0},
+    {"global keys in one head of 16", global_head0, 4, 16, 64, 128, 4, 16, 16, 132, 0, 0},
+    {"one wave: 64 blocks on 132 SMs", global1, 1, 1, 64, 128, 1, 1, 1, 132, 0, 0},
+    {"one wave of causal: 128 blocks", causal, 1, 1, 64, 128, 1, 2, 2, 132, 0, 0},
+    /* gpu_attention_bwd's choice test: B=1 H=10 S=2048 */
+    {"causal, 160 blocks", causal, 1, 1, 16, 128, 1, 10, 10, 132, 0, 1},
 };
 
-static int choose(const order_case *c, const mask_counts *m) {
+static fgi_bwd_tiles tiles_of(const order_case *c, const mask_counts *m) {
     const int tile_rows = 128;
-    const fgi_bwd_tiles t = {
+    return (fgi_bwd_tiles){
         .q_num = m->q_num,
         .full_q_num = m->full_q_num,
         .bm_batch = c->bm_batch,
@@ -100,7 +115,6 @@ static int choose(const order_case *c, const mask_counts *m) {
         .tile_rows = tile_rows,
         .slots = c->slots,
     };
-    return fgi_bwd_lead_tiles(&t);
 }
 
 static void test_table(void **state) {
@@ -109,9 +123,12 @@ static void test_table(void **state) {
         const order_case *c = &cases[i];
         /* a per-head mask of a GQA call has heads_q heads */
         mask_counts m = counts_of(c->cls, c->bm_batch, c->bm_heads, c->blocks, c->blocks);
-        const int got = choose(c, &m);
+        const fgi_bwd_tiles t = tiles_of(c, &m);
+        const int got = fgi_bwd_lead_tiles(&t), pairs = fgi_bwd_head_pairs(&t);
         if (got != c->want) print_error("%s: %d leading tiles, want %d\n", c->what, got, c->want);
+        if (pairs != c->want_pairs) print_error("%s: pairs %d, want %d\n", c->what, pairs, c->want_pairs);
         assert_int_equal(got, c->want);
+        assert_int_equal(pairs, c->want_pairs);
         free(m.q_num);
         free(m.full_q_num);
     }
@@ -119,15 +136,19 @@ static void test_table(void **state) {
 
 /* The choice on masks the CPU builder makes: local_global's global keys
  * fill kv block 0 (S=4096: 32 q blocks see it, 65 units against ~8 for
- * the band's tiles), causal's first tile is twice the mean. */
+ * the band's tiles), causal's first tile is twice the mean. Pairs for
+ * causal and local_global (where the -lead kernel goes first); not for
+ * prefix_lm here, whose prefix of 2048 is half of S=4096: its tiles weigh
+ * alike over the first half, and pairing shortens the estimate by less
+ * than half a percent. */
 static void test_built_masks(void **state) {
     (void)state;
     fg_ctx *ctx = NULL;
     assert_int_equal(fg_ctx_create(&ctx), FG_OK);
     static const struct {
         const char *mod;
-        int want;
-    } built[] = {{"local_global", 1}, {"causal", 0}, {"sliding_window", 0}};
+        int want, want_pairs;
+    } built[] = {{"local_global", 1, 1}, {"causal", 0, 1}, {"sliding_window", 0, 0}, {"prefix_lm", 0, 0}};
     for (size_t i = 0; i < sizeof built / sizeof built[0]; i++) {
         fg_mod *mod = tu_gallery_mod(ctx, built[i].mod);
         fg_block_mask_desc d = fg_block_mask_desc_init();
@@ -143,9 +164,12 @@ static void test_built_masks(void **state) {
         const fgi_bwd_tiles t = {.q_num = qn, .full_q_num = fqn, .bm_batch = 1, .bm_heads = 1,
                                  .kv_blocks = (int)dims[2], .kv_block = 128, .batch = 4, .heads_q = 16,
                                  .heads_kv = 16, .kv_tiles = 32, .tile_rows = 128, .slots = 132};
-        const int got = fgi_bwd_lead_tiles(&t);
+        const int got = fgi_bwd_lead_tiles(&t), pairs = fgi_bwd_head_pairs(&t);
         if (got != built[i].want) print_error("%s: %d leading tiles, want %d\n", built[i].mod, got, built[i].want);
+        if (pairs != built[i].want_pairs)
+            print_error("%s: pairs %d, want %d\n", built[i].mod, pairs, built[i].want_pairs);
         assert_int_equal(got, built[i].want);
+        assert_int_equal(pairs, built[i].want_pairs);
         fg_block_mask_destroy(bm);
         fg_mod_destroy(mod);
     }
@@ -182,6 +206,26 @@ static void test_bad_input(void **state) {
     t = good;
     t.batch = 65535, t.heads_kv = t.heads_q = 65535; /* 2^32 blocks and more: the kernel's index is 32-bit */
     assert_int_equal(fgi_bwd_lead_tiles(&t), 0);
+    free(m.q_num);
+    free(m.full_q_num);
+    /* the pairs' choice refuses the same */
+    m = counts_of(causal, 1, 1, 64, 64);
+    fgi_bwd_tiles c = good;
+    c.q_num = m.q_num, c.full_q_num = m.full_q_num;
+    assert_int_equal(fgi_bwd_head_pairs(&c), 1);
+    assert_int_equal(fgi_bwd_head_pairs(NULL), 0);
+    t = c, t.full_q_num = NULL;
+    assert_int_equal(fgi_bwd_head_pairs(&t), 0);
+    t = c, t.slots = -1;
+    assert_int_equal(fgi_bwd_head_pairs(&t), 0);
+    t = c, t.heads_q = 15;
+    assert_int_equal(fgi_bwd_head_pairs(&t), 0);
+    t = c, t.kv_block = 0;
+    assert_int_equal(fgi_bwd_head_pairs(&t), 0);
+    t = c, t.batch = 0;
+    assert_int_equal(fgi_bwd_head_pairs(&t), 0);
+    t = c, t.batch = 65536, t.heads_kv = t.heads_q = 65536;
+    assert_int_equal(fgi_bwd_head_pairs(&t), 0);
     free(m.q_num);
     free(m.full_q_num);
 }

@@ -148,6 +148,14 @@ static void test_options(void **state) {
     static const int64_t bad_leads[] = {-2, 65536};
     check_int_option(ctx, FG_OPT_BWD_LEAD_TILES, 3, bad_leads, 2);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_BWD_LEAD_TILES, -1), FG_OK);
+    /* The backward's pairs of kv heads: chosen per call (-1) unless the
+     * environment says 0 or 1. */
+    static const env_row pair_envs[] = {{NULL, -1}, {"0", 0}, {"1", 1}, {"2", -1}, {"-2", -1}, {"x", -1}, {"", -1}};
+    check_env_defaults("FLEXGEN_BWD_HEAD_PAIRS", FG_OPT_BWD_HEAD_PAIRS, pair_envs,
+                       sizeof pair_envs / sizeof pair_envs[0]);
+    static const int64_t bad_pairs[] = {-2, 2};
+    check_int_option(ctx, FG_OPT_BWD_HEAD_PAIRS, 1, bad_pairs, 2);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_BWD_HEAD_PAIRS, -1), FG_OK);
     assert_int_equal(fg_kernel_kind_of(NULL), 0);
     assert_int_equal(fg_ctx_set_int(NULL, FG_OPT_MAX_DEPTH, 50), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_ctx_create(NULL), FG_ERR_INVALID_ARGUMENT);

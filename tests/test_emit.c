@@ -11,6 +11,7 @@
  *  - approximate math: its own key, name, macro and template for every
  *    kind that runs score_mod, the accurate kernels untouched, mask_mod
  *    never approximated, and each such kind compiling with it;
+ *  - the Hopper backward's block orders (-lead, -pairs): the same for them;
  *  - the CLI as a subprocess: exit codes and the caret diagnostic.
  * The test runs in the source root, so mod paths (and the file names in the
  * golden files) are relative: mods/causal.c. */
@@ -1059,6 +1060,85 @@ static void test_approx_keys(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* ---- the Hopper backward's block orders ------------------------------------- */
+
+/* lead_first and head_pairs: each its own key line, name suffix and macro
+ * on the Hopper backward, the plain kernel none of them; the portable
+ * backward ignores both (one kernel); 0 or 1 each, never both; each form
+ * compiles. */
+static void test_order_forms(void **state) {
+    (void)state;
+    fg_ctx *ctx = new_ctx();
+    fg_mod *m = load(ctx, "mods/causal.c");
+    static const struct {
+        int lead, pairs;
+        const char *key_line, *suffix, *macro, *header;
+    } forms[] = {
+        {1, 0, "\nlead_first 1\n", "-lead", "#define FG_LEAD_FIRST 1\n", ", leading kv tiles first.\n"},
+        {0, 1, "\nhead_pairs 1\n", "-pairs", "#define FG_HEAD_PAIRS 1\n", ", kv heads in pairs.\n"},
+    };
+    fg_kernel_config plain = fg_kernel_config_init();
+    plain.kind = FG_KERNEL_ATTENTION_BWD_SM90;
+    fgi_codegen p0;
+    assert_int_equal(fgi_codegen_init(ctx, m, &plain, &p0), FG_OK);
+    assert_string_equal(p0.name, "attention_bwd_sm90-causal-bf16-d128");
+    char *src0 = NULL;
+    assert_int_equal(fg_generate_source(ctx, m, &plain, &src0), FG_OK);
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        assert_null(strstr(p0.key, forms[i].key_line));
+        assert_null(strstr(src0, forms[i].macro));
+        fg_kernel_config c = plain;
+        c.lead_first = forms[i].lead, c.head_pairs = forms[i].pairs;
+        fgi_codegen cg;
+        assert_int_equal(fgi_codegen_init(ctx, m, &c, &cg), FG_OK);
+        assert_int_equal(cg.config.lead_first, forms[i].lead);
+        assert_int_equal(cg.config.head_pairs, forms[i].pairs);
+        /* one key line more, the rest the same */
+        const char *line = strstr(cg.key, forms[i].key_line);
+        assert_non_null(line);
+        line++;
+        assert_memory_equal(cg.key, p0.key, (size_t)(line - cg.key));
+        assert_string_equal(strchr(line, '\n') + 1, p0.key + (line - cg.key));
+        char want[200];
+        snprintf(want, sizeof want, "%s%s", p0.name, forms[i].suffix);
+        assert_string_equal(cg.name, want);
+        fgi_codegen_free(&cg);
+        char *src = NULL;
+        assert_int_equal(fg_generate_source(ctx, m, &c, &src), FG_OK);
+        assert_non_null(strstr(src, forms[i].macro));
+        assert_non_null(strstr(src, forms[i].header));
+        fg_free(src);
+        /* it compiles (PTX, no GPU needed) */
+        void *img = NULL;
+        size_t size = 0;
+        fg_status st = fg_compile(ctx, m, &c, FG_EMIT_PTX, &img, &size);
+        if (st != FG_OK) print_error("%s\n%s\n", fg_errmsg(ctx), fg_compile_log(ctx));
+        assert_int_equal(st, FG_OK);
+        fg_free(img);
+        /* the portable backward has one kernel for every order */
+        fg_kernel_config pc = c, pp = plain;
+        pc.kind = pp.kind = FG_KERNEL_ATTENTION_BWD;
+        char *kc = key_of(ctx, m, pc), *kp = key_of(ctx, m, pp);
+        assert_string_equal(kc, kp);
+        free(kc), free(kp);
+    }
+    fg_free(src0);
+    fgi_codegen_free(&p0);
+    /* 0 or 1 each, and one of them at most */
+    fgi_codegen cg;
+    fg_kernel_config bad = plain;
+    bad.head_pairs = 2;
+    assert_int_equal(fgi_codegen_init(ctx, m, &bad, &cg), FG_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fg_errmsg(ctx), "head_pairs 2"));
+    bad = plain, bad.lead_first = -1;
+    assert_int_equal(fgi_codegen_init(ctx, m, &bad, &cg), FG_ERR_INVALID_ARGUMENT);
+    bad = plain, bad.lead_first = 1, bad.head_pairs = 1;
+    assert_int_equal(fgi_codegen_init(ctx, m, &bad, &cg), FG_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fg_errmsg(ctx), "set one of them"));
+    fg_mod_destroy(m);
+    fg_ctx_destroy(ctx);
+}
+
 /* Every kind that runs score_mod compiles with approximate math for each
  * arch it takes (the Hopper ones for sm_90a only), without a warning, and
  * the PTX holds the instructions the bounds are stated for. */
@@ -1259,6 +1339,7 @@ int main(void) {
         cmocka_unit_test(test_gallery_compiles), cmocka_unit_test(test_launch_geometry),
         cmocka_unit_test(test_divisors), cmocka_unit_test(test_float_divisors),
         cmocka_unit_test(test_approx_keys),     cmocka_unit_test(test_approx_compiles),
+        cmocka_unit_test(test_order_forms),
     };
     snprintf(tmpdir, sizeof tmpdir, "/tmp/flexgen_test_emit_XXXXXX");
     if (!mkdtemp(tmpdir)) {

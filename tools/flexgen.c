@@ -57,7 +57,10 @@ static void usage(FILE *f) {
             "                          also FLEXGEN_APPROX_MATH=1)\n"
             "  --lead-first            attention-bwd-sm90: the -lead kernel, whose dK/dV pass\n"
             "                          can start every head's first kv tiles first (what\n"
-            "                          the backward takes for masks with global tokens)\n\n"
+            "                          the backward takes for masks with global tokens)\n"
+            "  --head-pairs            attention-bwd-sm90: the -pairs kernel, whose dK/dV pass\n"
+            "                          runs the kv heads in pairs (what the backward takes\n"
+            "                          for causal and prefix masks)\n\n"
             "Output:\n"
             "  --emit cuda|ptx|cubin   the CUDA source (default), or compile it with NVRTC\n"
             "  --emit mod              only the emitted mod (params struct, fg_mask_mod,\n"
@@ -145,7 +148,7 @@ typedef struct gen_opts {
 
 enum {
     OPT_KERNEL = 0x2000, OPT_DTYPE, OPT_HEAD_DIM, OPT_BLOCK, OPT_Q_BLOCK, OPT_KV_BLOCK, OPT_ARCH,
-    OPT_EMIT, OPT_CANONICAL, OPT_APPROX_MATH, OPT_LEAD_FIRST
+    OPT_EMIT, OPT_CANONICAL, OPT_APPROX_MATH, OPT_LEAD_FIRST, OPT_HEAD_PAIRS
 };
 
 static int parse_choice(const char *arg, const char *opt, const char *const *names, int n) {
@@ -181,6 +184,7 @@ static int gen_option(gen_opts *o, int c, const char *arg) {
     case OPT_ARCH: o->cfg.arch = arg; return 0;
     case OPT_APPROX_MATH: o->cfg.approx_math = 1; return 0;
     case OPT_LEAD_FIRST: o->cfg.lead_first = 1; return 0;
+    case OPT_HEAD_PAIRS: o->cfg.head_pairs = 1; return 0;
     case OPT_EMIT:
         if ((i = parse_choice(arg, "--emit", emits, 4)) < 0) return FG_EXIT_USAGE;
         o->what = i == 0 ? EMIT_CUDA : i == 1 ? EMIT_PTX : i == 2 ? EMIT_CUBIN : EMIT_MOD;
@@ -275,6 +279,7 @@ static int cmd_generate(int argc, char **argv) {
         {"arch", required_argument, 0, OPT_ARCH},
         {"approx-math", no_argument, 0, OPT_APPROX_MATH},
         {"lead-first", no_argument, 0, OPT_LEAD_FIRST},
+        {"head-pairs", no_argument, 0, OPT_HEAD_PAIRS},
         {"emit", required_argument, 0, OPT_EMIT},
         {"canonical", no_argument, 0, OPT_CANONICAL},
         {"output", required_argument, 0, 'o'},
@@ -285,7 +290,7 @@ static int cmd_generate(int argc, char **argv) {
     gen_opts o;
     memset(&o, 0, sizeof o);
     fg_cli_mod_args_init(&o.mod);
-    o.cfg = fg_kernel_config_init(); /* this header's layout: approx_math and lead_first are read */
+    o.cfg = fg_kernel_config_init(); /* this header's layout: approx_math, lead_first and head_pairs are read */
     o.cfg.kind = FG_KERNEL_ATTENTION_FWD;
     int c;
     opterr = 0;

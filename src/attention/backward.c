@@ -41,7 +41,9 @@
  * fg_attention_backward weighs the Hopper dK/dV pass's blocks
  * (bwd_order.c) and, where every head's first kv tiles are heavy enough
  * that grid order would leave them running alone at the end, takes the
- * -lead kernel (config.lead_first) and sets abi.lead_tiles.
+ * -lead kernel (config.lead_first) and sets abi.lead_tiles; else, where
+ * the heads' tiles grow lighter along the kv axis (causal, prefixes), the
+ * -pairs kernel (config.head_pairs), launched on a grid of kv-head pairs.
  */
 #include "attention/attention.h"
 
@@ -111,32 +113,24 @@ static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_atten
     return FG_OK;
 }
 
-/* How many leading kv tiles of every head a Hopper dK/dV pass of
- * `tile_rows`-row blocks starts first for call `a`: the context's
- * FG_OPT_BWD_LEAD_TILES where set (at most all tiles but one), else
- * fgi_bwd_lead_tiles's choice; 0 without a block mask, without its counts
- * on the host (a GPU-built mask whose copy of them has not landed yet: the
- * backward does not wait for it, fgi_block_mask_counts) or with a mask the
- * call does not take (the launch reports that). */
-static int lead_tiles_of(fg_ctx *ctx, const fg_attention_args *a, int tile_rows) {
-    if (tile_rows <= 0) return 0;
-    const int kv_tiles = (a->kv_len + tile_rows - 1) / tile_rows;
-    if (ctx->bwd_lead_tiles >= 0) {
-        /* the kernel's block index is 32-bit */
-        if ((int64_t)kv_tiles * a->heads_kv * a->batch >= ((int64_t)1 << 32)) return 0;
-        return ctx->bwd_lead_tiles < kv_tiles ? ctx->bwd_lead_tiles : kv_tiles - 1;
-    }
+/* The Hopper dK/dV pass over call `a`'s block mask as bwd_order.c weighs
+ * it, in blocks of `tile_rows` kv rows; false without a block mask,
+ * without its counts on the host (a GPU-built mask whose copy of them has
+ * not landed yet: the backward does not wait for it,
+ * fgi_block_mask_counts) or with a mask the call does not take (the
+ * launch reports that). */
+static bool pass_tiles(fg_ctx *ctx, const fg_attention_args *a, int tile_rows, fgi_bwd_tiles *t) {
     const fg_block_mask *m = a->block_mask;
     const int32_t *q_num = NULL, *full_q_num = NULL;
-    if (!m || !fgi_block_mask_counts(m, &q_num, &full_q_num)) return 0;
+    if (tile_rows <= 0 || !m || !fgi_block_mask_counts(m, &q_num, &full_q_num)) return false;
     int sms = 0;
     if (fgi_block_mask_check(ctx, m, a->batch, a->heads_q, a->q_len, a->kv_len, m->desc.q_block,
                              m->desc.kv_block) != FG_OK ||
         fgi_cuda_sm_count(ctx, &sms) != FG_OK) {
         fgi_clear_error(ctx);
-        return 0;
+        return false;
     }
-    const fgi_bwd_tiles t = {
+    *t = (fgi_bwd_tiles){
         .q_num = q_num,
         .full_q_num = full_q_num,
         .bm_batch = m->desc.batch,
@@ -146,11 +140,41 @@ static int lead_tiles_of(fg_ctx *ctx, const fg_attention_args *a, int tile_rows)
         .batch = a->batch,
         .heads_q = a->heads_q,
         .heads_kv = a->heads_kv,
-        .kv_tiles = kv_tiles,
+        .kv_tiles = (a->kv_len + tile_rows - 1) / tile_rows,
         .tile_rows = tile_rows,
         .slots = sms, /* one block per SM */
     };
-    return fgi_bwd_lead_tiles(&t);
+    return true;
+}
+
+/* How many leading kv tiles of every head a Hopper dK/dV pass of
+ * `tile_rows`-row blocks starts first for call `a`: the context's
+ * FG_OPT_BWD_LEAD_TILES where set (at most all tiles but one), else
+ * fgi_bwd_lead_tiles's choice; 0 where pass_tiles has no counts. */
+static int lead_tiles_of(fg_ctx *ctx, const fg_attention_args *a, int tile_rows) {
+    if (tile_rows <= 0) return 0;
+    const int kv_tiles = (a->kv_len + tile_rows - 1) / tile_rows;
+    if (ctx->bwd_lead_tiles >= 0) {
+        /* the kernel's block index is 32-bit */
+        if ((int64_t)kv_tiles * a->heads_kv * a->batch >= ((int64_t)1 << 32)) return 0;
+        return ctx->bwd_lead_tiles < kv_tiles ? ctx->bwd_lead_tiles : kv_tiles - 1;
+    }
+    fgi_bwd_tiles t;
+    return pass_tiles(ctx, a, tile_rows, &t) ? fgi_bwd_lead_tiles(&t) : 0;
+}
+
+/* Whether the Hopper dK/dV pass of `tile_rows`-row blocks runs call `a`
+ * in pairs of kv heads (the -pairs kernel): with an even number of kv
+ * heads, the context's FG_OPT_BWD_HEAD_PAIRS where set, else at head dim
+ * 128 fgi_bwd_head_pairs's choice (false where pass_tiles has no counts). */
+static bool head_pairs_of(fg_ctx *ctx, const fg_attention_args *a, int tile_rows) {
+    if (a->heads_kv % 2 != 0) return false;
+    if (ctx->bwd_head_pairs >= 0) return ctx->bwd_head_pairs;
+    /* at head dim 64 the -pairs kernel spills in causal's and document's
+     * steps (49 and 51 local loads and stores; the plain one none) */
+    if (a->head_dim != 128) return false;
+    fgi_bwd_tiles t;
+    return pass_tiles(ctx, a, tile_rows, &t) && fgi_bwd_head_pairs(&t);
 }
 
 static void fill_abi(const fg_kernel *k, const fg_attention_bwd_args *b, const fgi_attn_strides *st,
@@ -235,7 +259,10 @@ static fg_status run_passes(fg_ctx *ctx, const fg_kernel *k, const fg_attention_
                                   (unsigned)a->batch};
     void *pre_args[1] = {abi};
     FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_PRE, pre_grid, pre_args, stream));
-    const unsigned kv_grid[3] = {(unsigned)(abi->kv_tiles * bands), (unsigned)a->heads_kv, (unsigned)a->batch};
+    /* the -pairs kernel: pair y's block x is tile x / 2 of head 2 y + x % 2 */
+    const int pairs = k->config.head_pairs;
+    const unsigned kv_grid[3] = {(unsigned)(abi->kv_tiles * bands) << pairs, (unsigned)a->heads_kv >> pairs,
+                                 (unsigned)a->batch};
     void *dkdv_args[4] = {abi, blob->bytes, gblob, maps};
     FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_DKDV, kv_grid, dkdv_args, stream));
     if (abi->dq_atomic) {
@@ -291,6 +318,9 @@ static fg_status plan_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_a
                          k->config.dtype == FG_FP16 ? "fp16" : "bf16", k->config.head_dim,
                          a->dtype == FG_FP16 ? "fp16" : "bf16", a->head_dim);
     FGI_CHECK_ARG(ctx, a->lse, "the backward needs the forward's lse (fg_attention_args.lse is NULL)");
+    if (k->config.head_pairs && a->heads_kv % 2 != 0)
+        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
+                         "the -pairs kernel runs the kv heads in pairs; this call has %d kv heads", a->heads_kv);
     if (a->heads_q > 65535 || a->batch > 65535)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "heads_q %d and batch %d must be <= 65535", a->heads_q,
                          a->batch);
@@ -405,13 +435,16 @@ fg_kernel_config fgi_attn_bwd_config(fg_dtype dtype, int head_dim) {
 }
 
 /* fg_attention_backward's config for `fwd`: the -lead kernel where its
- * order pays (the portable row has no such form and ignores the flag),
- * with the leading tiles it starts first in *lead. */
+ * order pays, with the leading tiles it starts first in *lead, else the
+ * -pairs kernel where that order pays (the portable row has neither form
+ * and ignores the flags). */
 static fg_kernel_config chosen_config(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *fwd, int *lead) {
     fg_kernel_config cfg = fgi_attn_bwd_config(fwd->dtype, fwd->head_dim);
     const fgi_kernel_entry *h = fgi_kernel_find(FG_KERNEL_ATTENTION_BWD_SM90);
-    *lead = lead_tiles_of(ctx, fwd, h->geometry(&cfg, mod, FGI_BWD_DKDV).block_n);
+    const int tile_rows = h->geometry(&cfg, mod, FGI_BWD_DKDV).block_n;
+    *lead = lead_tiles_of(ctx, fwd, tile_rows);
     cfg.lead_first = *lead > 0;
+    cfg.head_pairs = !cfg.lead_first && head_pairs_of(ctx, fwd, tile_rows);
     return cfg;
 }
 

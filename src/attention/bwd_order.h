@@ -1,6 +1,6 @@
 /*
- * bwd_order.h -- which kv tiles the Hopper backward's dK/dV pass starts
- * first (bwd_order.c).
+ * bwd_order.h -- the order in which the Hopper backward's dK/dV pass
+ * starts its blocks (bwd_order.c).
  */
 #ifndef FLEXGEN_BWD_ORDER_H
 #define FLEXGEN_BWD_ORDER_H
@@ -27,5 +27,13 @@ typedef struct fgi_bwd_tiles {
  * order) unless the first tiles of every head are heavy and starting them
  * first shortens the pass by the estimate by at least a tenth. */
 int fgi_bwd_lead_tiles(const fgi_bwd_tiles *t);
+
+/* Whether the pass should run in pairs of kv heads (the -pairs kernel):
+ * both heads' tile 0, then both heads' tile 1, ... instead of one head's
+ * tiles after another's. 1 where the heads' tiles grow lighter along the kv axis
+ * (causal, prefixes) and pairing shortens the estimate by at least
+ * 1 / FGI_BWD_PAIRS_GAIN; 0 otherwise, and where heads_kv is odd. */
+#define FGI_BWD_PAIRS_GAIN 200
+int fgi_bwd_head_pairs(const fgi_bwd_tiles *t);
 
 #endif

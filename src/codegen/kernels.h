@@ -67,17 +67,19 @@ enum {
  * run score_mod: approximate math (fgi_math) adds FG_APPROX_MATH 1,
  * templates/approx_math.cuh, an "approx_math 1" key line and "-approx" to
  * the name, and the accurate kernel has none of them, so its source and key
- * are what they were before the flag existed. FGI_CFG_LEAD, the Hopper
- * backward's: lead_first adds FG_LEAD_FIRST 1 (its dK/dV pass maps its
- * blocks through fgs_block_of), a "lead_first 1" key line and "-lead" to
- * the name, and the plain kernel has none of them either. */
+ * are what they were before the flag existed. FGI_CFG_ORDER, the Hopper
+ * backward's block order: lead_first adds FG_LEAD_FIRST 1 (its dK/dV pass
+ * maps its blocks through fgs_block_of), a "lead_first 1" key line and
+ * "-lead" to the name; head_pairs, FG_HEAD_PAIRS 1, "head_pairs 1" and
+ * "-pairs" (one of the two at most); the plain kernel has none of them
+ * either. */
 enum {
     FGI_CFG_DTYPE = 1u << 0,
     FGI_CFG_HEAD_DIM = 1u << 1,
     FGI_CFG_BLOCKS = 1u << 2,
     FGI_CFG_RAGGED = 1u << 3,
     FGI_CFG_APPROX = 1u << 4,
-    FGI_CFG_LEAD = 1u << 5
+    FGI_CFG_ORDER = 1u << 5
 };
 
 #define FGI_KERNEL_MAX_TEMPLATES 4

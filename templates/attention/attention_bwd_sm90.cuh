@@ -484,7 +484,13 @@ static __device__ __forceinline__ void fgs_store_dq(const fgb_args &a, int cw, f
  * under 2^32 blocks and kv_tiles, so 32 bits hold the index (a 64-bit
  * division costs ptxas a spill here). The plain kernel reads blockIdx
  * alone: its coordinates as values cost others' element loops spills
- * (document at head dim 64: 40 instructions). */
+ * (document at head dim 64: 40 instructions), and a run-time choice of
+ * order in it cost the masks that never took it 2-17% (attention_notes
+ * v43). The -pairs kernel (FG_HEAD_PAIRS) runs the kv heads in pairs,
+ * tile t of both before tile t + 1, which under causal masks puts the
+ * heaviest tiles of the last heads earlier (bwd_order.c); its grid is
+ * (2 kv_tiles, Hkv / 2, B), so its mapping is a shift and a mask of
+ * blockIdx. */
 static __device__ __forceinline__ void fgs_block_of(const fgb_args &a, int &tile, int &hk, int &b) {
 #if FG_LEAD_FIRST
     const unsigned lead = (unsigned)a.lead_tiles;
@@ -504,10 +510,16 @@ static __device__ __forceinline__ void fgs_block_of(const fgb_args &a, int &tile
         return;
     }
 #endif
+#if FG_HEAD_PAIRS
+    /* block x of pair y: tile x / 2 of kv head 2 y + x % 2 */
+    tile = (int)(blockIdx.x >> 1), hk = (int)(2 * blockIdx.y + (blockIdx.x & 1)), b = (int)blockIdx.z;
+#else
     tile = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+#endif
 }
 
-/* Grid (kv_tiles, Hkv, B), blocks mapped by fgs_block_of. */
+/* Grid (kv_tiles, Hkv, B), (2 kv_tiles, Hkv / 2, B) in the -pairs kernel;
+ * blocks mapped by fgs_block_of. */
 extern "C" __global__ void __launch_bounds__(FGS_THREADS, 1)
 fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant__ fg_mod_params p,
                       const __grid_constant__ fg_mod_grads gr, const __grid_constant__ fgs_maps maps) {
