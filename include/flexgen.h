@@ -229,7 +229,8 @@ typedef enum fg_option {
                                    where heads_kv is even and the -lead
                                    kernel is not taken: -1 (default, or
                                    FLEXGEN_BWD_HEAD_PAIRS) chooses per call
-                                   from the block mask at head dim 128 (see
+                                   from the block mask at head dim 128 for
+                                   mods without a score_mod (see
                                    "The backward's tile order"); 0 never; 1
                                    always. Results as for
                                    FG_OPT_BWD_LEAD_TILES                    */
@@ -867,16 +868,17 @@ FG_API fg_status fg_block_table_check(fg_ctx *ctx, const fg_attention_args *args
  * call uses that copy once it has landed. The call never waits for it:
  * until then, and for a build captured into a graph, it keeps the grid
  * order. FG_OPT_BWD_LEAD_TILES overrides the choice. Otherwise, at head
- * dim 128 with an even number of kv heads, where the heads' tiles grow
- * lighter along the kv axis (causal, prefix masks: the last head's first
- * tile would otherwise outlast the rest of the pass) and the estimate
- * shortens by half a percent or more, it runs the -pairs kernel
- * (fg_kernel_config.head_pairs), tile t of two heads before tile t + 1
- * (FG_OPT_BWD_HEAD_PAIRS overrides). Inside a block, the q tiles are
- * visited in the transposed row's order, except where a kv tile's row has
- * the same counts as its left neighbour's (no block mask, or kv blocks
- * that many queries share alike, as flamingo's images): such
- * a block starts at item (tile % items), so that neighbours with the same
+ * dim 128, for a mod without a score_mod (with one, the -pairs compile
+ * measured slower than its order gains) and an even number of kv heads,
+ * where the heads' tiles grow lighter along the kv axis (causal, prefix
+ * masks: the last head's first tile would otherwise outlast the rest of
+ * the pass) and the estimate shortens by half a percent or more, it runs
+ * the -pairs kernel (fg_kernel_config.head_pairs), tile t of two heads
+ * before tile t + 1 (FG_OPT_BWD_HEAD_PAIRS overrides). Inside a block,
+ * the q tiles are visited in the transposed row's order, except where a
+ * kv tile's row has the same counts as its left neighbour's (no block
+ * mask, or kv blocks that many queries share alike, as flamingo's images):
+ * such a block starts at item (tile % items), so that neighbours with the same
  * q tiles add into each one's dQ at different times. dK and dV do not
  * depend on the order beyond the rounding of their fp32 sums; the
  * deterministic mode stays bit-reproducible.

@@ -50,6 +50,9 @@
     "    return score / temp[h] + bias[d + SPAN];\n}\n"                                    \
     "bool mask_mod(int b, int h, int q_idx, int kv_idx) { return q_idx + 8 >= kv_idx; }\n"
 #define CAUSAL_SRC "bool mask_mod(int b, int h, int q_idx, int kv_idx) { return q_idx >= kv_idx; }\n"
+/* a linear bias, as ALiBi's */
+#define RAMP_SCORE_SRC \
+    "float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return score + 0.01f * (float)(kv_idx - q_idx); }\n"
 #define LATE_SRC                                                                   \
     "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"                       \
     "    return q_idx >= 70 && kv_idx <= q_idx;\n}\n"
@@ -566,7 +569,7 @@ static void test_head_pairs(void **state) {
 /* The backward's own choice of kernel: -lead on the global-key mask
  * (GLOBAL_SRC), -pairs on a causal one at head dim 128 with an even
  * number of kv heads (test_bwd_order has this shape's estimate), neither
- * at head dim 64 or with an odd number, with the mask built on the CPU
+ * at head dim 64, with an odd number or with a score_mod, with the mask built on the CPU
  * and on the GPU. A GPU-built mask is never downloaded here: its counts
  * reach the host by the copy queued behind its build
  * (fgi_block_mask_counts), which has landed once the context is
@@ -595,6 +598,7 @@ static void test_order_choice(void **state) {
         {"causal", CAUSAL_SRC, false, 128, 10, false, true},
         {"causal", CAUSAL_SRC, true, 128, 10, false, true},
         {"causal", CAUSAL_SRC, false, 128, 9, false, false},
+        {"causal with a score_mod", CAUSAL_SRC RAMP_SCORE_SRC, false, 128, 10, false, false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const int H = cases[i].h, D = cases[i].d;

@@ -164,15 +164,20 @@ static int lead_tiles_of(fg_ctx *ctx, const fg_attention_args *a, int tile_rows)
 }
 
 /* Whether the Hopper dK/dV pass of `tile_rows`-row blocks runs call `a`
- * in pairs of kv heads (the -pairs kernel): with an even number of kv
- * heads, the context's FG_OPT_BWD_HEAD_PAIRS where set, else at head dim
- * 128 fgi_bwd_head_pairs's choice (false where pass_tiles has no counts). */
-static bool head_pairs_of(fg_ctx *ctx, const fg_attention_args *a, int tile_rows) {
+ * of `mod` in pairs of kv heads (the -pairs kernel): with an even number
+ * of kv heads, the context's FG_OPT_BWD_HEAD_PAIRS where set, else, at head
+ * dim 128 for a mod without a score_mod, fgi_bwd_head_pairs's choice
+ * (false where pass_tiles has no counts). */
+static bool head_pairs_of(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a, int tile_rows) {
     if (a->heads_kv % 2 != 0) return false;
     if (ctx->bwd_head_pairs >= 0) return ctx->bwd_head_pairs;
-    /* at head dim 64 the -pairs kernel spills in causal's and document's
-     * steps (49 and 51 local loads and stores; the plain one none) */
-    if (a->head_dim != 128) return false;
+    /* At head dim 64 the -pairs kernel spills in causal's and document's
+     * steps (49 and 51 local loads and stores; the plain one none). With
+     * a score_mod the -pairs compile's consumer ran slower than the plain
+     * one by more than the order gains (alibi: 1.4% over five alternated
+     * rounds, attention_notes v44): its block coordinates are values, not
+     * blockIdx, and the consumer holds the score_mod's parts besides. */
+    if (a->head_dim != 128 || (mod->score && !fgi_score_is_identity(mod->score))) return false;
     fgi_bwd_tiles t;
     return pass_tiles(ctx, a, tile_rows, &t) && fgi_bwd_head_pairs(&t);
 }
@@ -444,7 +449,7 @@ static fg_kernel_config chosen_config(fg_ctx *ctx, const fg_mod *mod, const fg_a
     const int tile_rows = h->geometry(&cfg, mod, FGI_BWD_DKDV).block_n;
     *lead = lead_tiles_of(ctx, fwd, tile_rows);
     cfg.lead_first = *lead > 0;
-    cfg.head_pairs = !cfg.lead_first && head_pairs_of(ctx, fwd, tile_rows);
+    cfg.head_pairs = !cfg.lead_first && head_pairs_of(ctx, mod, fwd, tile_rows);
     return cfg;
 }
 
