@@ -173,10 +173,11 @@ static bool head_pairs_of(fg_ctx *ctx, const fg_mod *mod, const fg_attention_arg
     if (ctx->bwd_head_pairs >= 0) return ctx->bwd_head_pairs;
     /* At head dim 64 the -pairs kernel spills in causal's and document's
      * steps (49 and 51 local loads and stores; the plain one none). With
-     * a score_mod the -pairs compile's consumer ran slower than the plain
-     * one by more than the order gains (alibi: 1.4% over five alternated
-     * rounds, attention_notes v44): its block coordinates are values, not
-     * blockIdx, and the consumer holds the score_mod's parts besides. */
+     * a score_mod, what ptxas makes of the -pairs consumer (its block
+     * coordinates are values, not blockIdx) decides more than the order:
+     * alibi ran 1.4% slower in it over five alternated rounds, softcap
+     * 2.3% faster over two (attention_notes v44); such mods keep the plain
+     * kernel, which no measurement has seen lose to it. */
     if (a->head_dim != 128 || (mod->score && !fgi_score_is_identity(mod->score))) return false;
     fgi_bwd_tiles t;
     return pass_tiles(ctx, a, tile_rows, &t) && fgi_bwd_head_pairs(&t);
