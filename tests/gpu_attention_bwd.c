@@ -502,15 +502,31 @@ static fg_attention_bwd_args bwd_args_in(const fg_attention_args *a, CUdeviceptr
     "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"                       \
     "    return kv_idx <= q_idx && (kv_idx < 16 || q_idx - kv_idx <= 64);\n}\n"
 
-typedef struct lead_case {
+/* A case run with one of the dK/dV pass's order options set. */
+typedef struct order_case {
     acase c;
-    int lead; /* FG_OPT_BWD_LEAD_TILES: -1 the backward's choice */
-} lead_case;
+    int value; /* the option's value: -1 the backward's choice */
+} order_case;
 
-/* The Hopper pass's -lead kernel with the order asked for (more leading
- * tiles than the call has keeps all but one), with and without block
- * masks, GQA, batches, kv lengths off the tile; then the choice itself. */
-static const lead_case lead_cases[] = {
+/* Run `cases` with `opt` set to each one's value (every other one in the
+ * quick table). */
+static void run_order_cases(fg_option opt, const char *what, const order_case *cases, size_t n) {
+    fg_ctx *ctx = gpu_ctx();
+    for (size_t i = 0; i < n; i++) {
+        if (quick() && i % 2) continue;
+        assert_int_equal(fg_ctx_set_int(ctx, opt, cases[i].value), FG_OK);
+        printf("[%s %d] ", what, cases[i].value);
+        run_case(ctx, &cases[i].c);
+    }
+    fg_ctx_destroy(ctx);
+    assert_int_equal(failures, 0);
+}
+
+/* The Hopper pass's -lead kernel with the order asked for
+ * (FG_OPT_BWD_LEAD_TILES; more leading tiles than the call has keeps all
+ * but one), with and without block masks, GQA, batches, kv lengths off
+ * the tile; then the choice itself. */
+static const order_case lead_cases[] = {
     /* mod  src  D  dtype  B Hq Hkv Q KV  qoff kvoff  layout pad  bm bmB bmH qb kvb scale masked */
     {{"causal", NULL, 128, FG_BF16, 2, 8, 2, 700, 700, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0}, 1},
     {{"document", NULL, 64, FG_FP16, 3, 2, 2, 400, 400, 0, 0, BHSD, 0, BM_GPU, 0, 0, 128, 128, 0, 0}, 2},
@@ -522,28 +538,15 @@ static const lead_case lead_cases[] = {
 
 static void test_lead_tiles(void **state) {
     (void)state;
-    fg_ctx *ctx = gpu_ctx();
-    for (size_t i = 0; i < sizeof lead_cases / sizeof lead_cases[0]; i++) {
-        if (quick() && i % 2) continue;
-        assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_BWD_LEAD_TILES, lead_cases[i].lead), FG_OK);
-        printf("[lead tiles %d] ", lead_cases[i].lead);
-        run_case(ctx, &lead_cases[i].c);
-    }
-    fg_ctx_destroy(ctx);
-    assert_int_equal(failures, 0);
+    run_order_cases(FG_OPT_BWD_LEAD_TILES, "lead tiles", lead_cases, sizeof lead_cases / sizeof lead_cases[0]);
 }
 
-typedef struct pairs_case {
-    acase c;
-    int pairs; /* FG_OPT_BWD_HEAD_PAIRS: -1 the backward's choice */
-} pairs_case;
-
-/* The Hopper pass in pairs of kv heads (the -pairs kernel: forced, and
- * chosen where the estimate says so: causal and prefix masks built on the
- * CPU or the GPU), GQA, batches, kv lengths off the tile, head dim 64
- * forced; an odd number of kv heads keeps the plain kernel whatever the
- * option. */
-static const pairs_case pairs_cases[] = {
+/* The Hopper pass in pairs of kv heads (FG_OPT_BWD_HEAD_PAIRS, the -pairs
+ * kernel: forced, and chosen where the estimate says so: causal and
+ * prefix masks built on the CPU or the GPU), GQA, batches, kv lengths off
+ * the tile, head dim 64 forced; an odd number of kv heads keeps the plain
+ * kernel whatever the option. */
+static const order_case pairs_cases[] = {
     /* mod  src  D  dtype  B Hq Hkv Q KV  qoff kvoff  layout pad  bm bmB bmH qb kvb scale masked */
     {{"causal", NULL, 128, FG_BF16, 2, 8, 4, 1000, 1300, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0}, 1},
     {{"noop", NULL, 128, FG_FP16, 1, 2, 2, 700, 700, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0}, 1},
@@ -555,15 +558,7 @@ static const pairs_case pairs_cases[] = {
 
 static void test_head_pairs(void **state) {
     (void)state;
-    fg_ctx *ctx = gpu_ctx();
-    for (size_t i = 0; i < sizeof pairs_cases / sizeof pairs_cases[0]; i++) {
-        if (quick() && i % 2) continue;
-        assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_BWD_HEAD_PAIRS, pairs_cases[i].pairs), FG_OK);
-        printf("[head pairs %d] ", pairs_cases[i].pairs);
-        run_case(ctx, &pairs_cases[i].c);
-    }
-    fg_ctx_destroy(ctx);
-    assert_int_equal(failures, 0);
+    run_order_cases(FG_OPT_BWD_HEAD_PAIRS, "head pairs", pairs_cases, sizeof pairs_cases / sizeof pairs_cases[0]);
 }
 
 /* The backward's own choice of kernel: -lead on the global-key mask
