@@ -329,6 +329,9 @@ int fgi_mod_find_param(const fg_mod *mod, const char *name);
  * treat the mod as having none (FG_HAS_SCORE_MOD 0), which saves a multiply
  * per score and takes the scale into the exponential's multiplier. */
 bool fgi_score_is_identity(const fgi_func *fn);
+/* Whether the kernels run `mod`'s score_mod (FG_HAS_SCORE_MOD 1): it has
+ * one and it is not the identity. */
+bool fgi_mod_runs_score(const fg_mod *mod);
 /* Whether fn returns a constant float (literals and + - * / of them,
  * through locals), and its value. */
 bool fgi_func_const_float(const fgi_func *fn, float *out);

@@ -150,8 +150,9 @@ static bool pass_tiles(fg_ctx *ctx, const fg_attention_args *a, int tile_rows, f
 /* How many leading kv tiles of every head a Hopper dK/dV pass of
  * `tile_rows`-row blocks starts first for call `a`: the context's
  * FG_OPT_BWD_LEAD_TILES where set (at most all tiles but one), else
- * fgi_bwd_lead_tiles's choice; 0 where pass_tiles has no counts. */
-static int lead_tiles_of(fg_ctx *ctx, const fg_attention_args *a, int tile_rows) {
+ * fgi_bwd_lead_tiles's choice over `w`, the pass as pass_tiles weighed it
+ * (NULL, where it had no counts: 0). */
+static int lead_tiles_of(fg_ctx *ctx, const fg_attention_args *a, int tile_rows, const fgi_bwd_tiles *w) {
     if (tile_rows <= 0) return 0;
     const int kv_tiles = (a->kv_len + tile_rows - 1) / tile_rows;
     if (ctx->bwd_lead_tiles >= 0) {
@@ -159,16 +160,15 @@ static int lead_tiles_of(fg_ctx *ctx, const fg_attention_args *a, int tile_rows)
         if ((int64_t)kv_tiles * a->heads_kv * a->batch >= ((int64_t)1 << 32)) return 0;
         return ctx->bwd_lead_tiles < kv_tiles ? ctx->bwd_lead_tiles : kv_tiles - 1;
     }
-    fgi_bwd_tiles t;
-    return pass_tiles(ctx, a, tile_rows, &t) ? fgi_bwd_lead_tiles(&t) : 0;
+    return w ? fgi_bwd_lead_tiles(w) : 0;
 }
 
-/* Whether the Hopper dK/dV pass of `tile_rows`-row blocks runs call `a`
- * of `mod` in pairs of kv heads (the -pairs kernel): with an even number
- * of kv heads, the context's FG_OPT_BWD_HEAD_PAIRS where set, else, at head
- * dim 128 for a mod without a score_mod, fgi_bwd_head_pairs's choice
- * (false where pass_tiles has no counts). */
-static bool head_pairs_of(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a, int tile_rows) {
+/* Whether the Hopper dK/dV pass runs call `a` of `mod` in pairs of kv
+ * heads (the -pairs kernel): with an even number of kv heads, the
+ * context's FG_OPT_BWD_HEAD_PAIRS where set, else, at head dim 128 for a
+ * mod without a score_mod, fgi_bwd_head_pairs's choice over `w`, the pass
+ * as pass_tiles weighed it (NULL, where it had no counts: false). */
+static bool head_pairs_of(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a, const fgi_bwd_tiles *w) {
     if (a->heads_kv % 2 != 0) return false;
     if (ctx->bwd_head_pairs >= 0) return ctx->bwd_head_pairs;
     /* At head dim 64 the -pairs kernel spills in causal's and document's
@@ -178,9 +178,8 @@ static bool head_pairs_of(fg_ctx *ctx, const fg_mod *mod, const fg_attention_arg
      * alibi ran 1.4% slower in it over five alternated rounds, softcap
      * 2.3% faster over two (attention_notes v44); such mods keep the plain
      * kernel, which no measurement has seen lose to it. */
-    if (a->head_dim != 128 || (mod->score && !fgi_score_is_identity(mod->score))) return false;
-    fgi_bwd_tiles t;
-    return pass_tiles(ctx, a, tile_rows, &t) && fgi_bwd_head_pairs(&t);
+    if (a->head_dim != 128 || fgi_mod_runs_score(mod)) return false;
+    return w && fgi_bwd_head_pairs(w);
 }
 
 static void fill_abi(const fg_kernel *k, const fg_attention_bwd_args *b, const fgi_attn_strides *st,
@@ -337,8 +336,11 @@ static fg_status plan_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_a
     memset(abi, 0, sizeof *abi);
     fill_abi(k, b, &st, &bs, abi);
     if (a->block_mask) FGI_TRY(block_mask_args(ctx, k, a, abi));
-    if (k->config.lead_first)
-        abi->lead_tiles = lead >= 0 ? lead : lead_tiles_of(ctx, a, k->geom[FGI_BWD_DKDV].block_n);
+    if (k->config.lead_first) {
+        const int rows = k->geom[FGI_BWD_DKDV].block_n;
+        fgi_bwd_tiles t;
+        abi->lead_tiles = lead >= 0 ? lead : lead_tiles_of(ctx, a, rows, pass_tiles(ctx, a, rows, &t) ? &t : NULL);
+    }
 
     fgi_value bound[FGI_MAX_PARAMS];
     FGI_TRY(fgi_kernel_pack_params(ctx, k, a->binds, a->nbinds, &p->blob, bound));
@@ -448,9 +450,12 @@ static fg_kernel_config chosen_config(fg_ctx *ctx, const fg_mod *mod, const fg_a
     fg_kernel_config cfg = fgi_attn_bwd_config(fwd->dtype, fwd->head_dim);
     const fgi_kernel_entry *h = fgi_kernel_find(FG_KERNEL_ATTENTION_BWD_SM90);
     const int tile_rows = h->geometry(&cfg, mod, FGI_BWD_DKDV).block_n;
-    *lead = lead_tiles_of(ctx, fwd, tile_rows);
+    /* the pass weighed once, for both orders */
+    fgi_bwd_tiles t;
+    const fgi_bwd_tiles *w = pass_tiles(ctx, fwd, tile_rows, &t) ? &t : NULL;
+    *lead = lead_tiles_of(ctx, fwd, tile_rows, w);
     cfg.lead_first = *lead > 0;
-    cfg.head_pairs = !cfg.lead_first && head_pairs_of(ctx, mod, fwd, tile_rows);
+    cfg.head_pairs = !cfg.lead_first && head_pairs_of(ctx, mod, fwd, w);
     return cfg;
 }
 

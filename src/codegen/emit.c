@@ -347,11 +347,11 @@ static void emit_header(emitter *em) {
         c += n + (nl ? 1 : 0);
     }
     fgi_buf_puts(out, " */\n");
-    const bool identity = mod->score && fgi_score_is_identity(mod->score);
-    if (identity)
+    const bool runs_score = fgi_mod_runs_score(mod);
+    if (mod->score && !runs_score)
         fgi_buf_puts(out, "/* score_mod returns its score unchanged: the kernels skip it. */\n");
     fgi_buf_printf(out, "#define FG_HAS_MASK_MOD %d\n#define FG_HAS_SCORE_MOD %d\n\n",
-                   mod->mask ? 1 : 0, mod->score && !identity ? 1 : 0);
+                   mod->mask ? 1 : 0, runs_score ? 1 : 0);
 }
 
 fg_status fgi_emit_mod_math(fg_ctx *ctx, const fg_mod *mod, const char *generated_name, fgi_math math,

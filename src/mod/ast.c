@@ -56,6 +56,8 @@ static bool const_float(const fgi_func *fn, const fgi_expr *e, int depth, float 
 
 bool fgi_func_const_float(const fgi_func *fn, float *out) { return fn && const_float(fn, fn->ret, 0, out); }
 
+bool fgi_mod_runs_score(const fg_mod *mod) { return mod->score && !fgi_score_is_identity(mod->score); }
+
 bool fgi_score_is_identity(const fgi_func *fn) {
     if (!fn || fn->kind != FGI_FUNC_SCORE) return false;
     const fgi_expr *e = fn->ret;
