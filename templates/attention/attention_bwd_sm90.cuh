@@ -45,7 +45,7 @@
  *
  * Pipeline. Each stage has a "full" mbarrier (the producer arms it with the
  * bytes it expects; the TMA unit completes it) and an "empty" one (each
- * consumer warp arrives once the stage's last product is done). Inside a
+ * consumer thread arrives once the stage's last product is done). Inside a
  * step the work is in order: the element loop needs S^T and dP^T, the
  * products after it need its results. The two consumers overlap each
  * other, and the loads of the next step overlap this one.
@@ -552,7 +552,7 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             fgh_bar_init(bar_full + 8 * i, 1);
-            fgh_bar_init(bar_empty + 8 * i, 8); /* one arrival per consumer warp */
+            fgh_bar_init(bar_empty + 8 * i, 256); /* one arrival per consumer thread */
             if (FGS_DQ_STORER) {
                 fgh_bar_init(bar_ready + 8 * i, 1);
                 fgh_bar_init(bar_post + 16 * i, 1);
@@ -768,7 +768,14 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             fgh_wait<0>();
             fgh_fence_regs<FGS_DT * 4>(&dv[0][0]);
             fgh_fence_regs<FGS_DT * 4>(&dk[0][0]);
-            if (lane == 0) fgh_bar_arrive(bar_empty + 8 * st); /* the stage is no longer read */
+            /* the stage is no longer read. Every consumer thread arrives,
+             * not one lane per warp: each thread's own reads of the lse /
+             * delta rows then come before the producer's bulk copy into
+             * them in the order the sanitizer's race check follows (with
+             * one lane per warp it reported those reads, __syncwarp() or
+             * a named barrier before the arrival notwithstanding:
+             * attention_notes v45) */
+            fgh_bar_arrive(bar_empty + 8 * st);
             if (!dq_atomic) continue; /* dQ has a pass of its own */
             /* The storer has read the previous step's dQ from this
              * consumer's staging tile, written again below (or, at head
