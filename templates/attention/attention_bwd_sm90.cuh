@@ -44,8 +44,13 @@
  * place per 64 q rows.
  *
  * Pipeline. Each stage has a "full" mbarrier (the producer arms it with the
- * bytes it expects; the TMA unit completes it) and an "empty" one (each
- * consumer thread arrives once the stage's last product is done). Inside a
+ * bytes it expects; the TMA unit completes it), an "empty" one (one lane
+ * of each consumer warp arrives once the stage's last product, which
+ * read Q and dO, is done) and a "rows" one for its lse2 / delta rows
+ * (every consumer thread arrives: the element loop reads them with plain
+ * shared loads, thread by thread, and the sanitizer's race check orders
+ * those reads before the producer's next bulk copy into the rows only
+ * through each thread's own arrival). Inside a
  * step the work is in order: the element loop needs S^T and dP^T, the
  * products after it need its results. The two consumers overlap each
  * other, and the loads of the next step overlap this one.
@@ -538,6 +543,7 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
      * [consumer][2] its tile number is posted in sJob */
     const fg_u32 bar_ready = bar_empty + 16, bar_post = bar_ready + 16;
     volatile int *const sJob = (volatile int *)(fgs_smem + (bar_post + 32 - base)); /* [consumer][2] */
+    const fg_u32 bar_rows = bar_post + 48; /* [2] a stage's lse2 / delta rows are read */
     const float *const rows0 = (const float *)(fgs_smem + (sRows - base));
 
     const int tid = threadIdx.x, wg = tid >> 7;
@@ -552,7 +558,8 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             fgh_bar_init(bar_full + 8 * i, 1);
-            fgh_bar_init(bar_empty + 8 * i, 256); /* one arrival per consumer thread */
+            fgh_bar_init(bar_empty + 8 * i, 8);  /* one arrival per consumer warp */
+            fgh_bar_init(bar_rows + 8 * i, 256); /* one arrival per consumer thread */
             if (FGS_DQ_STORER) {
                 fgh_bar_init(bar_ready + 8 * i, 1);
                 fgh_bar_init(bar_post + 16 * i, 1);
@@ -594,6 +601,7 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                         fgh_tma_load(sQ + FGS_Q_TILE + r * FGS_Q_REGION, &maps.o, r * 64, q0, h, b, full);
                     }
                     const fg_u32 rows = sRows + st * FGS_ROWS_BYTES;
+                    if (n >= 2) fgh_bar_wait(bar_rows + 8 * st, ((n >> 1) - 1) & 1); /* every thread read them */
                     fgh_bulk_load(rows, (const float *)a.lse2 + row_base + q0, FGS_BLOCK_M * 4, full);
                     fgh_bulk_load(rows + FGS_BLOCK_M * 4, (const float *)a.delta + row_base + q0, FGS_BLOCK_M * 4,
                                   full);
@@ -768,14 +776,17 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             fgh_wait<0>();
             fgh_fence_regs<FGS_DT * 4>(&dv[0][0]);
             fgh_fence_regs<FGS_DT * 4>(&dk[0][0]);
-            /* the stage is no longer read. Every consumer thread arrives,
-             * not one lane per warp: each thread's own reads of the lse /
-             * delta rows then come before the producer's bulk copy into
-             * them in the order the sanitizer's race check follows (with
-             * one lane per warp it reported those reads, __syncwarp() or
-             * a named barrier before the arrival notwithstanding:
-             * attention_notes v45) */
-            fgh_bar_arrive(bar_empty + 8 * st);
+            /* The stage is no longer read. Q and dO were read by the
+             * products only: one lane per warp releases them. The lse2 /
+             * delta rows were read by every thread's shared loads: each
+             * thread releases its own reads (with one lane per warp the
+             * race check reported them, a __syncwarp() or named barrier
+             * before the arrival notwithstanding). Every thread arriving
+             * on the one barrier instead cost ALiBi's pass 5-6% at head
+             * dim 128: ptxas moved its stage addresses out of uniform
+             * registers (attention_notes v45). */
+            if (lane == 0) fgh_bar_arrive(bar_empty + 8 * st);
+            fgh_bar_arrive(bar_rows + 8 * st);
             if (!dq_atomic) continue; /* dQ has a pass of its own */
             /* The storer has read the previous step's dQ from this
              * consumer's staging tile, written again below (or, at head
