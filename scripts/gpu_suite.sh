@@ -39,21 +39,18 @@ run() { # name, command...  (exit 77: skipped, as meson counts it)
     ) &
 }
 
-# The three long programs run in shards, one process per group of their
-# tests (FLEXGEN_TEST_FILTER, a cmocka name pattern): whole, each takes
-# longer than a device call may (gpu_attention_bwd alone ran past 600 s).
-# A test added to one of them needs a shard here; a shard that runs no test
-# fails (see below), so a renamed test is not dropped silently.
-shards() { # program: its filters, one per line
+# The three long programs run in shards, one process per test
+# (FLEXGEN_TEST_FILTER, a cmocka name): whole, each takes longer than a
+# device call may (gpu_attention_bwd alone ran past 600 s). The names are
+# read from the program's own table of tests (tests/NAME.c: MODE_TEST(f,
+# mode) is "f/mode", cmocka_unit_test(f) and _setup(f, ..) are "f"); a shard
+# that runs no test fails (see below), so a name read wrongly shows.
+shards() { # program: its test names, one per line (none: run it whole)
     case $1 in
-    gpu_attention_bwd)
-        printf '%s\n' 'test_gallery/atomic_mode' 'test_gallery/deterministic_mode' \
-            'test_gallery/portable_mode' 'test_features/*' 'test_lead_tiles/*' 'test_head_pairs/*' \
-            'test_order_choice' 'test_device_errors/*' 'test_unaligned_grads/*' 'test_approx/*' ;;
-    gpu_attention)
-        printf '%s\n' test_gallery test_features test_device_errors test_approx_math ;;
-    gpu_attention_decode)
-        printf '%s\n' test_gallery test_features test_prefill test_errors test_workspace test_merge ;;
+    gpu_attention_bwd | gpu_attention | gpu_attention_decode)
+        sed -nE 's/^[[:space:]]*MODE_TEST\(([A-Za-z0-9_]+), ([A-Za-z0-9_]+)\).*/\1\/\2/p
+                 s/^[[:space:]]*cmocka_unit_test(_setup)?\(([A-Za-z0-9_]+).*/\2/p' \
+            "$FLEXGEN_SOURCE_ROOT/tests/$1.c" | awk '!seen[$0]++' ;;
     esac
 }
 for t in gpu_attention_bwd gpu_attention gpu_attention_decode gpu_jit gpu_blockmask gpu_split gpu_capture gpu_cp; do

@@ -507,8 +507,7 @@ static void test_device_errors(void **state) {
 int main(void) {
     tu_require_gpu();
     setvbuf(stdout, NULL, _IOLBF, 0);
-    /* scripts/gpu_suite.sh runs these in shards by name: a new test needs
-     * a shard there too */
+    /* scripts/gpu_suite.sh reads this table for its shards, a test a line */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_device_errors, allow_hopper),
         cmocka_unit_test_setup(test_features, allow_hopper),

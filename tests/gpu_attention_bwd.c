@@ -808,8 +808,7 @@ int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     /* Named by test and mode, so FLEXGEN_TEST_FILTER can pick e.g. "*portable". */
 #define MODE_TEST(f, mode) { #f "/" #mode, f, mode, NULL, NULL }
-    /* scripts/gpu_suite.sh runs these in shards by name: a new test needs
-     * a shard there too */
+    /* scripts/gpu_suite.sh reads this table for its shards, a test a line */
     const struct CMUnitTest tests[] = {
         MODE_TEST(test_device_errors, atomic_mode),
         MODE_TEST(test_features, atomic_mode),

@@ -564,8 +564,7 @@ static void test_errors(void **state) {
 int main(void) {
     tu_require_gpu();
     setvbuf(stdout, NULL, _IOLBF, 0);
-    /* scripts/gpu_suite.sh runs these in shards by name: a new test needs
-     * a shard there too */
+    /* scripts/gpu_suite.sh reads this table for its shards, a test a line */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_workspace),

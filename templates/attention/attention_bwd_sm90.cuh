@@ -544,6 +544,8 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
     const fg_u32 bar_ready = bar_empty + 16, bar_post = bar_ready + 16;
     volatile int *const sJob = (volatile int *)(fgs_smem + (bar_post + 32 - base)); /* [consumer][2] */
     const fg_u32 bar_rows = bar_post + 48; /* [2] a stage's lse2 / delta rows are read */
+    /* bar_kv, full, empty, ready, post, sJob, rows: FGS_SMEM_BYTES's 128 */
+    static_assert(8 + 16 + 16 + 16 + 32 + 16 + 16 <= 128, "the mbarriers fit their 128 bytes");
     const float *const rows0 = (const float *)(fgs_smem + (sRows - base));
 
     const int tid = threadIdx.x, wg = tid >> 7;
