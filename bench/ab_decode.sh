@@ -12,7 +12,9 @@
 # the library each run loads is BUILD/src/libflexgen.so. MODS (default
 # "causal softcap") are compare_decode's mods, DIMS (default "128") head
 # dims, ROUNDS (default 2). PAGES (default 16) and SHAPES (compare_decode's
-# four when unset) pass through. Prints compare_decode's lines, each
+# four when unset) pass through; A_ENV / B_ENV (assignments, e.g.
+# "FLEXGEN_DECODE_HEAD_PAIRS=0") set a build's environment, so one build
+# can run against itself under two options. Prints compare_decode's lines, each
 # prefixed with its build's label and head dim (a run that printed none:
 # the end of its output instead).
 set -uo pipefail
@@ -29,9 +31,9 @@ for lib in "$a_lib" "$b_lib"; do [ -e "$lib" ] || { echo "ab_decode.sh: no $lib"
 caches=$(mktemp -d)
 trap 'rm -rf "$caches"' EXIT
 export PYTHONUNBUFFERED=1
-one() { # label root lib d
+one() { # label root lib d [assignments]
     local out
-    out=$(FLEXGEN_LIB=$3 FLEXGEN_SOURCE_ROOT=$2 FLEXGEN_CACHE_DIR=$caches/$1 python3 "$here/compare_decode.py" \
+    out=$(env ${5:-} FLEXGEN_LIB=$3 FLEXGEN_SOURCE_ROOT=$2 FLEXGEN_CACHE_DIR=$caches/$1 python3 "$here/compare_decode.py" \
         --head-dim "$4" --mods "${mods// /,}" --pages "${PAGES:-16}" ${SHAPES:+--shapes "$SHAPES"} \
         --systems flexgen --warmup 10 --rep 50 2>&1)
     if grep -q "TB/s" <<<"$out"; then
@@ -43,7 +45,7 @@ one() { # label root lib d
 }
 for d in $dims; do
     for ((r = 0; r < rounds; r++)); do
-        one A "$a_root" "$a_lib" "$d"
-        one B "$b_root" "$b_lib" "$d"
+        one A "$a_root" "$a_lib" "$d" "${A_ENV:-}"
+        one B "$b_root" "$b_lib" "$d" "${B_ENV:-}"
     done
 done

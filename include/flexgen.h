@@ -223,7 +223,7 @@ typedef enum fg_option {
                                    on the -lead kernel, with or without a
                                    mask. dK and dV are the same either way,
                                    dQ to the rounding of its atomics        */
-    FG_OPT_BWD_HEAD_PAIRS = 15  /* int: whether the Hopper backward's dK/dV
+    FG_OPT_BWD_HEAD_PAIRS = 15, /* int: whether the Hopper backward's dK/dV
                                    pass runs its kv heads in pairs (tile t
                                    of both, then t + 1; the -pairs kernel)
                                    where heads_kv is even and the -lead
@@ -234,6 +234,17 @@ typedef enum fg_option {
                                    "The backward's tile order"); 0 never; 1
                                    always. Results as for
                                    FG_OPT_BWD_LEAD_TILES                    */
+    FG_OPT_DECODE_HEAD_PAIRS = 16 /* int: whether the decode kernel at head
+                                   dim 64 walks two KV heads at once (the
+                                   -pairs kernel, config.head_pairs), which
+                                   reads the pair's rows as one 256-byte
+                                   row: 1 (default, or
+                                   FLEXGEN_DECODE_HEAD_PAIRS) where heads_kv
+                                   is even, k's and v's head strides are the
+                                   head dim (the paged [page, row, head, d]
+                                   layout) and a block mask, if any, has one
+                                   row for every head; 0 never. The result
+                                   is the same to rounding either way       */
 } fg_option;
 
 /* The longest q_len the decode kernel serves by default (FG_OPT_DECODE_KERNEL
@@ -476,7 +487,12 @@ typedef struct fg_kernel_config {
      * would run on alone at the end. It serves calls with an even number
      * of kv heads. 0 the plain one; lead_first and head_pairs together are
      * FG_ERR_INVALID_ARGUMENT. fg_attention_backward sets it from the
-     * block mask; other kinds ignore it. */
+     * block mask. FG_KERNEL_ATTENTION_DECODE at head dim 64 (other head
+     * dims: FG_ERR_NOT_SUPPORTED): 1 makes the decode kernel that walks
+     * two KV heads at once, reading their rows as one (its own compile,
+     * named -pairs); it serves calls with an even number of kv heads whose
+     * k and v head strides are 64 (FG_OPT_DECODE_HEAD_PAIRS). Other kinds
+     * ignore it. */
     int head_pairs;
 } fg_kernel_config;
 

@@ -107,6 +107,7 @@ struct fg_ctx {
     int approx_math;          /* 0/1: FG_OPT_APPROX_MATH                   */
     int cp_streams;           /* 1/2: FG_OPT_CP_STREAMS                    */
     int decode_splits;        /* 0 (chosen per call) or 1..128: FG_OPT_DECODE_SPLITS */
+    int decode_head_pairs;    /* 0 or 1: FG_OPT_DECODE_HEAD_PAIRS                     */
     int bwd_lead_tiles;       /* -1 (chosen per call) or 0..65535: FG_OPT_BWD_LEAD_TILES */
     int bwd_head_pairs;       /* -1 (chosen per call), 0 or 1: FG_OPT_BWD_HEAD_PAIRS      */
     int64_t cache_max_bytes;

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
 #include "cudrv.h"
 #include "internal.h"
 
@@ -56,6 +57,8 @@ typedef struct dcase {
     int decode_opt;        /* FG_OPT_DECODE_KERNEL (0 is taken as 1, -1 as 0) */
     fg_kernel_kind expect; /* the kernel fg_attention_kernel_for picks      */
     int splits;            /* FG_OPT_DECODE_SPLITS (0: chosen per call)     */
+    int pairs_opt;         /* FG_OPT_DECODE_HEAD_PAIRS (0 is taken as 1, -1 as 0) */
+    int expect_pairs;      /* 1: the -pairs kernel, -1: not it, 0: either   */
 } dcase;
 
 static bool quick(void) {
@@ -79,6 +82,7 @@ static void run_case(const dcase *c) {
     const int opt = c->decode_opt < 0 ? 0 : c->decode_opt ? c->decode_opt : 1;
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_KERNEL, opt), FG_OK);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_SPLITS, c->splits), FG_OK);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_HEAD_PAIRS, c->pairs_opt >= 0), FG_OK);
     fg_mod *mod = tu_gallery_mod(ctx, c->mod);
     /* the gallery's parameters for positions up to kv + q */
     acase ac = {.mod = c->mod, .d = c->d, .dtype = c->dtype, .b = c->b, .hq = c->hq, .hkv = c->hkv,
@@ -158,6 +162,7 @@ static void run_case(const dcase *c) {
     if (st != FG_OK) print_error("%s: kernel: %s\n", name, fg_errmsg(ctx));
     assert_int_equal(st, FG_OK);
     const fg_kernel_kind kind = fg_kernel_kind_of(k);
+    const int pairs = k->config.head_pairs;
     fg_kernel_release(k);
     st = fg_attention_forward(ctx, mod, &a);
     if (st != FG_OK) print_error("%s: %s: %s\n%s", name, fg_status_string(st), fg_errmsg(ctx), fg_compile_log(ctx));
@@ -186,12 +191,15 @@ static void run_case(const dcase *c) {
     assert_int_equal(st, FG_OK);
 
     const out_check oc = check_out(c->dtype, gout, glse, rout, rlse, nlse, D);
-    const bool ok = oc.ok && kind_is(kind, c->expect);
-    printf("%-4s %s: rel %.2e lse %.2e kernel %d\n", ok ? "ok" : "FAIL", name, oc.rel, oc.lse_err, (int)kind);
+    const bool pairs_ok = c->expect_pairs == 0 || pairs == (c->expect_pairs > 0);
+    const bool ok = oc.ok && kind_is(kind, c->expect) && pairs_ok;
+    printf("%-4s %s: rel %.2e lse %.2e kernel %d%s\n", ok ? "ok" : "FAIL", name, oc.rel, oc.lse_err, (int)kind,
+           pairs ? "-pairs" : "");
     fflush(stdout);
     if (!ok) {
-        printf("     nonfinite %ld, nonzero masked %ld, lse -inf mismatch %ld, kernel %d (expected %d)\n", oc.nonfinite,
-               oc.bad_masked, oc.lse_inf_mismatch, (int)kind, (int)c->expect);
+        printf("     nonfinite %ld, nonzero masked %ld, lse -inf mismatch %ld, kernel %d%s (expected %d%s)\n",
+               oc.nonfinite, oc.bad_masked, oc.lse_inf_mismatch, (int)kind, pairs ? "-pairs" : "", (int)c->expect,
+               c->expect_pairs > 0 ? "-pairs" : c->expect_pairs < 0 ? " without pairs" : "");
         failures++;
     }
     free(rout), free(rlse), free(gout), free(glse), free(hq), free(hk), free(hv), free(lens), free(qoff), free(table);
@@ -280,6 +288,40 @@ static void test_features(void **state) {
         fg_kernel_release(k);
         fg_mod_destroy(mod);
         fg_ctx_destroy(ctx);
+    }
+    assert_int_equal(failures, 0);
+}
+
+/* ---- KV heads in pairs ------------------------------------------------------------ */
+
+/* The decode kernel at head dim 64 over a paged cache ([page, row, head,
+ * d]: a pair's rows side by side) walks two KV heads at once: GQA 4, 1
+ * (MHA, a pair's two heads in one tile) and 8 with 16 queries (several row
+ * tiles), ragged, every page size, a bad page, a long sequence with many
+ * splits, a block mask broadcast over heads; and where it must not: the
+ * option off, MQA (one KV head), head dim 128, a contiguous cache (a head's
+ * rows back to back), a mask per query head over a group of one (the
+ * pair's tile would read two mask rows). */
+static void test_head_pairs(void **state) {
+    (void)state;
+    const fg_kernel_kind DEC = FG_KERNEL_ATTENTION_DECODE;
+    const dcase cases[] = {
+        {"causal", 64, FG_BF16, 4, 16, 4, 1, 4097, 1, 16, 0, 0, 0, 0, DEC, 0, 0, 1},
+        {"causal", 64, FG_BF16, 4, 16, 4, 1, 4097, 1, 16, 0, 0, 0, 0, DEC, 0, -1, -1},
+        {"alibi", 64, FG_FP16, 2, 6, 6, 3, 1000, 0, 32, 0, 0, 0, 0, DEC, 0, 0, 1},
+        {"softcap", 64, FG_BF16, 3, 32, 4, 16, 1000, 1, 64, 0, 0, 0, 0, DEC, 0, 0, 1},
+        {"sliding_window", 64, FG_BF16, 2, 8, 2, 2, 4097, 2, 128, 0, 0, 0, 0, DEC, 0, 0, 1},
+        {"document", 64, FG_FP16, 2, 8, 2, 1, 1000, 1, 256, 1, 0, 0, 0, DEC, 0, 0, 1},
+        {"causal", 64, FG_BF16, 1, 32, 8, 1, 65536, 0, 64, 0, 0, 0, 0, DEC, 0, 0, 1},
+        {"prefix_lm", 64, FG_BF16, 2, 8, 2, 4, 4097, 0, 16, 0, 1, 128, 0, DEC, 0, 0, 1},
+        {"noop", 64, FG_BF16, 2, 8, 1, 1, 1000, 0, 16, 0, 0, 0, 0, DEC, 0, 0, -1},
+        {"causal", 128, FG_BF16, 2, 8, 2, 1, 1000, 0, 16, 0, 0, 0, 0, DEC, 0, 0, -1},
+        {"causal", 64, FG_BF16, 2, 8, 2, 1, 1000, 0, 0, 0, 0, 0, 0, DEC, 0, 0, -1},
+        {"causal", 64, FG_BF16, 1, 4, 4, 2, 1000, 0, 16, 0, 2, 128, 0, DEC, 0, 0, -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (quick() && cases[i].kv > 10000) continue;
+        run_case(&cases[i]);
     }
     assert_int_equal(failures, 0);
 }
@@ -570,6 +612,7 @@ int main(void) {
         cmocka_unit_test(test_workspace),
         cmocka_unit_test(test_merge),
         cmocka_unit_test(test_features),
+        cmocka_unit_test(test_head_pairs),
         cmocka_unit_test(test_prefill),
         cmocka_unit_test(test_gallery),
     };

@@ -1139,6 +1139,118 @@ static void test_order_forms(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* ---- the decode kernel's KV heads in pairs ------------------------------------ */
+
+/* The spill stores ptxas reports for entry point `entry` in `log` (its
+ * verbose report), or -1 when the report does not name it. */
+static long entry_spill(const char *log, const char *entry) {
+    char want[160];
+    snprintf(want, sizeof want, "Compiling entry function '%s'", entry);
+    const char *at = strstr(log, want);
+    if (!at) return -1;
+    at = strstr(at, " bytes spill stores");
+    if (!at) return -1;
+    while (at[-1] >= '0' && at[-1] <= '9') at--;
+    return atol(at);
+}
+
+/* head_pairs on the decode kernel: at head dim 64 its own key line, name
+ * suffix, macro and header, and the walk of head dim 128 (64-row tiles of
+ * 256-byte rows, three stages: the geometry printed for the template);
+ * other head dims refuse it. Gallery mods with and without a score_mod
+ * compile for sm_90a without a warning, each walk spilling no more than
+ * the same walk at head dim 128 (the GPU tests compile for the GPU's
+ * arch). */
+static void test_decode_pairs(void **state) {
+    (void)state;
+    fg_ctx *ctx = new_ctx();
+    fg_mod *m = load(ctx, "mods/causal.c");
+    fg_kernel_config plain = fg_kernel_config_init();
+    plain.kind = FG_KERNEL_ATTENTION_DECODE;
+    plain.head_dim = 64;
+    fg_kernel_config c = plain;
+    c.head_pairs = 1;
+    fgi_codegen p0, p1;
+    assert_int_equal(fgi_codegen_init(ctx, m, &plain, &p0), FG_OK);
+    assert_int_equal(fgi_codegen_init(ctx, m, &c, &p1), FG_OK);
+    assert_string_equal(p0.name, "attention_decode-causal-bf16-d64");
+    assert_string_equal(p1.name, "attention_decode-causal-bf16-d64-pairs");
+    assert_null(strstr(p0.key, "head_pairs"));
+    const char *line = strstr(p1.key, "\nhead_pairs 1\n");
+    assert_non_null(line);
+    line++;
+    assert_memory_equal(p1.key, p0.key, (size_t)(line - p1.key));
+    assert_string_equal(strchr(line, '\n') + 1, p0.key + (line - p1.key));
+    fgi_codegen_free(&p0);
+    fgi_codegen_free(&p1);
+    char *src0 = NULL, *src1 = NULL;
+    assert_int_equal(fg_generate_source(ctx, m, &plain, &src0), FG_OK);
+    assert_int_equal(fg_generate_source(ctx, m, &c, &src1), FG_OK);
+    assert_null(strstr(src0, "#define FG_HEAD_PAIRS"));
+    assert_non_null(strstr(src1, "#define FG_HEAD_PAIRS 1\n"));
+    assert_non_null(strstr(src1, ", kv heads in pairs.\n"));
+    /* plain: 128-row tiles of 128-byte rows, three stages; pairs: 64-row
+     * tiles of 256-byte rows, three stages */
+    assert_non_null(strstr(src0, "#define FG_LAUNCH_BLOCK_N_fg_attention_decode_r16 128\n"));
+    assert_non_null(strstr(src1, "#define FG_LAUNCH_BLOCK_N_fg_attention_decode_r16 64\n"));
+    assert_non_null(strstr(src1, "#define FG_LAUNCH_SMEM_fg_attention_decode_r16 99328\n"));
+    fg_free(src0);
+    fg_free(src1);
+    fgi_codegen cg;
+    static const int other_dims[] = {32, 128, 256};
+    for (size_t i = 0; i < sizeof other_dims / sizeof other_dims[0]; i++) {
+        fg_kernel_config bad = c;
+        bad.head_dim = other_dims[i];
+        assert_int_equal(fgi_codegen_init(ctx, m, &bad, &cg), FG_ERR_NOT_SUPPORTED);
+        assert_non_null(strstr(fg_errmsg(ctx), "head dim 64 only"));
+    }
+    fg_mod_destroy(m);
+
+    static const char *const mods[] = {"mods/causal.c", "mods/alibi.c", "mods/softcap.c"};
+    static const char *const archs[] = {"sm_90a"};
+    int failures = 0;
+    for (size_t i = 0; i < sizeof mods / sizeof mods[0]; i++) {
+        m = load(ctx, mods[i]);
+        for (size_t k = 0; k < sizeof archs / sizeof archs[0]; k++) {
+            /* the pairs' walk against the plain one of head dim 128 */
+            char *logs[2] = {NULL, NULL};
+            for (int form = 0; form < 2; form++) {
+                fg_kernel_config cc = c;
+                cc.arch = archs[k];
+                if (form == 1) cc.head_pairs = 0, cc.head_dim = 128;
+                char *src = NULL;
+                void *img = NULL;
+                size_t size = 0;
+                fg_status st = fg_generate_source(ctx, m, &cc, &src);
+                if (st == FG_OK)
+                    st = fgi_nvrtc_compile_verbose(ctx, src, mods[i], archs[k], FG_EMIT_CUBIN, &img, &size, &logs[form]);
+                if (st != FG_OK || !logs[form] || strstr(logs[form], "warning")) {
+                    print_error("%s %s %s: %s\n%s\n", mods[i], archs[k], form ? "d128" : "pairs", fg_errmsg(ctx),
+                                logs[form] ? logs[form] : fg_compile_log(ctx));
+                    failures++;
+                }
+                fg_free(img);
+                fg_free(src);
+            }
+            for (int e = 0; logs[0] && logs[1] && e < FGI_KERNEL_MAX_ENTRIES; e++) {
+                const char *entry = fgi_kernel_find(FG_KERNEL_ATTENTION_DECODE)->entries[e];
+                if (!entry) break;
+                const long pairs = entry_spill(logs[0], entry), d128 = entry_spill(logs[1], entry);
+                if (pairs < 0 || d128 < 0 || pairs > d128) {
+                    print_error("%s %s %s: %ld bytes of spill stores, the head-dim-128 walk %ld\n", mods[i], archs[k],
+                                entry, pairs, d128);
+                    failures++;
+                }
+            }
+            free(logs[0]);
+            free(logs[1]);
+        }
+        fg_mod_destroy(m);
+    }
+    assert_int_equal(failures, 0);
+    fg_ctx_destroy(ctx);
+}
+
 /* Every kind that runs score_mod compiles with approximate math for each
  * arch it takes (the Hopper ones for sm_90a only), without a warning, and
  * the PTX holds the instructions the bounds are stated for. */
@@ -1340,7 +1452,12 @@ int main(void) {
         cmocka_unit_test(test_divisors), cmocka_unit_test(test_float_divisors),
         cmocka_unit_test(test_approx_keys),     cmocka_unit_test(test_approx_compiles),
         cmocka_unit_test(test_order_forms),
+        cmocka_unit_test(test_decode_pairs),
     };
+    /* a run can take some of the tests only (the gallery's compiles take
+     * minutes) */
+    const char *filter = getenv("FLEXGEN_TEST_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
     snprintf(tmpdir, sizeof tmpdir, "/tmp/flexgen_test_emit_XXXXXX");
     if (!mkdtemp(tmpdir)) {
         fprintf(stderr, "test_emit: cannot make a scratch folder\n");

@@ -243,6 +243,11 @@ fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_a
  * fg_attention_forward and fg_attention_kernel_for take the forward
  * kernel for a call whose mask they cannot. */
 bool fgi_attn_decode_walks(const fg_attention_args *a);
+/* Whether the decode kernel at head dim 64 walks `a` over KV heads in
+ * pairs (config.head_pairs): the context allows it
+ * (FG_OPT_DECODE_HEAD_PAIRS), the heads are even in number with their k
+ * and v rows side by side, and the pairs' tiles can walk the block mask. */
+bool fgi_attn_decode_pairs(const fg_ctx *ctx, const fg_attention_args *a);
 /* The workspace a decode launch of `a` (checked) by the kernel of `cfg`
  * uses, in bytes: 0 when its walk is not split. */
 fg_status fgi_attn_decode_workspace(fg_ctx *ctx, const fg_attention_args *a, const fg_kernel_config *cfg,

@@ -18,6 +18,10 @@
  *      caller's, fg_attention_args.workspace, when large enough; else the
  *      library pool's for this call), the walk, the merge -- all on the
  *      caller's stream.
+ * With KV heads in pairs (the -pairs kernel, head dim 64) steps 1-3 see
+ * the call as the walk does (pair_view): half the KV heads, each row the
+ * pair's two rows side by side (the head stride doubled), twice the query
+ * heads per KV head.
  */
 #include "attention/attention.h"
 
@@ -63,6 +67,37 @@ static fg_status block_mask_args(fg_ctx *ctx, const fg_attention_args *a, int bl
                          "with q_len (%d) inside one q block",
                          d->q_block, d->kv_block, d->heads, FGI_DEC_BLOCK_N, a->q_len);
     return fgi_attn_abi_block_mask(ctx, m, abi);
+}
+
+/* ---- KV heads in pairs ------------------------------------------------------------ */
+
+/* A K or V tensor's head stride as the kernels read it (fgi_attn_check_args's
+ * effective strides): all zero means [num_pages, page, heads_kv, D] when
+ * paged, [batch, heads_kv, len, D] otherwise. */
+static int64_t head_stride(const fg_attention_args *a, const int64_t st[4]) {
+    if (st[0] || st[1] || st[2] || st[3]) return st[1];
+    return a->block_table ? a->head_dim : (int64_t)a->kv_len * a->head_dim;
+}
+
+/* Whether the pair's rows lie side by side in k and v: an even number of
+ * KV heads, each head's row starting head_dim elements after the one
+ * before. */
+static bool pairs_fit(const fg_attention_args *a) {
+    return a->heads_kv % 2 == 0 && head_stride(a, a->k_stride) == a->head_dim &&
+           head_stride(a, a->v_stride) == a->head_dim;
+}
+
+/* The call as a walk over KV heads in pairs sees it. */
+static fg_attention_args pair_view(const fg_attention_args *a) {
+    fg_attention_args p = *a;
+    p.heads_kv /= 2;
+    return p;
+}
+
+bool fgi_attn_decode_pairs(const fg_ctx *ctx, const fg_attention_args *a) {
+    if (!ctx->decode_head_pairs || a->head_dim != 64 || !pairs_fit(a)) return false;
+    const fg_attention_args p = pair_view(a);
+    return fgi_attn_decode_walks(&p);
 }
 
 /* Splits of each (sequence, KV head, row tile)'s walk. Chosen: the blocks
@@ -133,7 +168,8 @@ static fg_status plan_decode(fg_ctx *ctx, const fg_attention_args *a, int block_
 fg_status fgi_attn_decode_workspace(fg_ctx *ctx, const fg_attention_args *a, const fg_kernel_config *cfg,
                                     size_t *bytes) {
     decode_plan p = {0};
-    FGI_TRY(plan_decode(ctx, a, fgi_dec_block_n(cfg), &p));
+    const fg_attention_args walk = cfg->head_pairs ? pair_view(a) : *a;
+    FGI_TRY(plan_decode(ctx, &walk, fgi_dec_block_n(cfg), &p));
     *bytes = p.ws_bytes;
     return FG_OK;
 }
@@ -143,6 +179,17 @@ fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_a
     FGI_TRY(fgi_attn_check_call(ctx, k, a, &st));
     FGI_TRY(fgi_attn_check_io_aligned(ctx, a, &st));
     FGI_TRY(fgi_kernel_check_context(ctx, k));
+    if (k->config.head_pairs) {
+        if (a->heads_kv % 2 != 0 || st.k[1] != a->head_dim || st.v[1] != a->head_dim)
+            return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
+                             "the -pairs decode kernel walks KV heads in pairs: it needs an even number of KV heads "
+                             "whose k and v rows lie side by side (head stride %d); this call has %d KV heads, "
+                             "head strides %lld and %lld",
+                             a->head_dim, a->heads_kv, (long long)st.k[1], (long long)st.v[1]);
+        st.k[1] *= 2, st.v[1] *= 2;
+    }
+    const fg_attention_args walk = k->config.head_pairs ? pair_view(a) : *a;
+    a = &walk;
 
     decode_plan plan = {0};
     const int block_n = k->geom[FGI_DEC_R16].block_n;

@@ -233,6 +233,8 @@ static fg_kernel_config forward_config(const fg_ctx *ctx, const fg_attention_arg
     if (cfg.kind == FG_KERNEL_ATTENTION_FWD) {
         cfg.q_block = bm && bm->q_block < 128 ? 64 : 128;
         cfg.ragged = fgi_attn_is_seq(a);
+    } else {
+        cfg.head_pairs = fgi_attn_decode_pairs(ctx, a);
     }
     return cfg;
 }

@@ -68,11 +68,16 @@ static fg_status sm90_bwd_check(fg_ctx *ctx, const fg_kernel_config *c) {
 }
 
 /* The decode kernel: a thread's chunk column of a K/V row must divide its
- * 128 threads, so head dims 16, 32, 64, 128 and 256. */
+ * 128 threads, so head dims 16, 32, 64, 128 and 256; KV heads in pairs at
+ * head dim 64 (the walk of head dim 128 over a pair's rows). */
 static fg_status decode_check(fg_ctx *ctx, const fg_kernel_config *c) {
     if (128 % (c->head_dim / 8) != 0)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
                          "head dim %d: the decode kernel supports 16, 32, 64, 128 and 256", c->head_dim);
+    if (c->head_pairs == 1 && c->head_dim != 64)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "head dim %d: the decode kernel walks KV heads in pairs (head_pairs) at head dim 64 only",
+                         c->head_dim);
     return FG_OK;
 }
 
@@ -184,19 +189,20 @@ static fgi_kernel_geom bwd_sm90_geometry(const fg_kernel_config *c, const fg_mod
 
 /* The decode kernel (templates/attention/attention_decode.cuh): four
  * warps; tiles of 16, 32 or 64 packed rows (entry points r16, r32, r64)
- * against K/V tiles of fgi_dec_block_n rows in FGD_STAGES stages (up to
- * head dim 64 five of 64 rows or three of 128, 3 up to 128, else 2) of K
- * and V rows (unpadded, swizzled); head dims over 128 keep Q in a shared
- * region of 64 rows; 1 KB for the warps' merge. The
- * merge entry has static shared memory only. */
+ * against K/V tiles of fgi_dec_block_n rows in FGD_STAGES stages (walk
+ * rows of up to 64 columns: five of 64 rows or three of 128; up to 128: 3;
+ * else 2) of K and V rows (unpadded, swizzled; fgi_dec_walk_dim wide);
+ * walk rows over 128 keep Q in a shared region of 64 rows; 1 KB for the
+ * warps' merge. The merge entry has static shared memory only. */
 static fgi_kernel_geom decode_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
     (void)mod;
     fgi_kernel_geom g = {.block_m = 16, .block_n = fgi_dec_block_n(c), .threads = 128, .bands = 1};
     if (entry == FGI_DEC_MERGE) return g;
     g.block_m = fgi_dec_tile_rows(entry);
-    const size_t row = (size_t)c->head_dim * 2;
-    const int stages = c->head_dim <= 64 ? (g.block_n == 64 ? 5 : 3) : c->head_dim <= 128 ? 3 : 2;
-    g.smem = (size_t)stages * 2 * (size_t)g.block_n * row + (c->head_dim > 128 ? 64 * row : 0) + 1024;
+    const int w = fgi_dec_walk_dim(c);
+    const size_t row = (size_t)w * 2;
+    const int stages = w <= 64 ? (g.block_n == 64 ? 5 : 3) : w <= 128 ? 3 : 2;
+    g.smem = (size_t)stages * 2 * (size_t)g.block_n * row + (w > 128 ? 64 * row : 0) + 1024;
     return g;
 }
 
@@ -295,8 +301,8 @@ static const fgi_kernel_entry registry[] = {
         .templates = {"attention/mma_sm80.cuh", "attention/attention_bwd.cuh", "attention/wgmma_sm90.cuh",
                       "attention/attention_bwd_sm90.cuh"},
         .pieces = FGI_PIECE_MOD | FGI_PIECE_GRAD | FGI_PIECE_SPLIT,
-        .source_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_APPROX | FGI_CFG_ORDER,
-        .name_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_APPROX | FGI_CFG_ORDER,
+        .source_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_APPROX | FGI_CFG_ORDER | FGI_CFG_PAIRS,
+        .name_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_APPROX | FGI_CFG_ORDER | FGI_CFG_PAIRS,
         .entries = {"fg_attention_bwd_pre", "fg_attention_bwd_dkdv", "fg_attention_bwd_dq",
                     "fg_attention_bwd_dq_tiles", "fg_attention_bwd_fixed_to_float"},
         .arch = "sm_90a",
@@ -315,8 +321,8 @@ static const fgi_kernel_entry registry[] = {
         .pieces = FGI_PIECE_MOD | FGI_PIECE_SPLIT,
         /* the block mask's sizes are read at run time; kv_block picks
          * the tile (fgi_dec_block_n) */
-        .source_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_BLOCKS | FGI_CFG_APPROX,
-        .name_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_APPROX,
+        .source_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_BLOCKS | FGI_CFG_APPROX | FGI_CFG_PAIRS,
+        .name_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_APPROX | FGI_CFG_PAIRS,
         .entries = {"fg_attention_decode_r16", "fg_attention_decode_r32", "fg_attention_decode_r64",
                     "fg_attention_decode_merge", "fg_attention_decode_r16_paged", "fg_attention_decode_r32_paged",
                     "fg_attention_decode_r64_paged"},

@@ -70,16 +70,19 @@ enum {
  * are what they were before the flag existed. FGI_CFG_ORDER, the Hopper
  * backward's block order: lead_first adds FG_LEAD_FIRST 1 (its dK/dV pass
  * maps its blocks through fgs_block_of), a "lead_first 1" key line and
- * "-lead" to the name; head_pairs, FG_HEAD_PAIRS 1, "head_pairs 1" and
- * "-pairs" (one of the two at most); the plain kernel has none of them
- * either. */
+ * "-lead" to the name. FGI_CFG_PAIRS, KV heads in pairs (the Hopper
+ * backward's other order, with FGI_CFG_ORDER one of the two at most; the
+ * decode kernel's walk over two heads' rows at once): head_pairs adds
+ * FG_HEAD_PAIRS 1, "head_pairs 1" and "-pairs". The plain kernel has none
+ * of them either. */
 enum {
     FGI_CFG_DTYPE = 1u << 0,
     FGI_CFG_HEAD_DIM = 1u << 1,
     FGI_CFG_BLOCKS = 1u << 2,
     FGI_CFG_RAGGED = 1u << 3,
     FGI_CFG_APPROX = 1u << 4,
-    FGI_CFG_ORDER = 1u << 5
+    FGI_CFG_ORDER = 1u << 5,
+    FGI_CFG_PAIRS = 1u << 6
 };
 
 #define FGI_KERNEL_MAX_TEMPLATES 4
@@ -164,12 +167,16 @@ enum { FGI_DEC_R16 = 0, FGI_DEC_R32 = 1, FGI_DEC_R64 = 2, FGI_DEC_MERGE = 3, FGI
  * walk (the parts of a row its merge sums). */
 #define FGI_DEC_BLOCK_N 64
 #define FGI_DEC_MAX_SPLIT 128
+/* The width of the decode walk's K/V rows (the template's FGD_D): the head
+ * dim, or with KV heads in pairs (config.head_pairs, head dim 64 only) a
+ * pair's two rows side by side. */
+static inline int fgi_dec_walk_dim(const fg_kernel_config *c) { return c->head_dim * (c->head_pairs ? 2 : 1); }
 /* K/V rows per decode tile (the template's FGD_BLOCK_N, from the walks'
- * FG_LAUNCH_BLOCK_N): 128 at head dim 64 and under for kv blocks of a
+ * FG_LAUNCH_BLOCK_N): 128 for walk rows of 64 and under and kv blocks of a
  * multiple of 128 (a 64-row tile is then 8 KB of K, and the per-tile
  * barrier and softmax cost as much as reading it), else 64. */
 static inline int fgi_dec_block_n(const fg_kernel_config *c) {
-    return c->head_dim <= 64 && c->kv_block % 128 == 0 ? 2 * FGI_DEC_BLOCK_N : FGI_DEC_BLOCK_N;
+    return fgi_dec_walk_dim(c) <= 64 && c->kv_block % 128 == 0 ? 2 * FGI_DEC_BLOCK_N : FGI_DEC_BLOCK_N;
 }
 /* Packed rows per tile of decode walk entry `entry` (R16..R64 or their
  * paged twins): 16, 32 or 64. */

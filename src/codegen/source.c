@@ -107,13 +107,14 @@ static fg_status fill_config(fg_ctx *ctx, const fgi_kernel_entry *kernel, const 
         return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT, "lead_first %d is not 0 or 1", c->lead_first);
     if (c->head_pairs != 0 && c->head_pairs != 1)
         return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT, "head_pairs %d is not 0 or 1", c->head_pairs);
-    /* a row without the tile order has one kernel for every call */
+    /* a row without the tile order or the pairs has one kernel for every
+     * call */
     const bool order = kernel->source_config & FGI_CFG_ORDER;
     if (order && c->lead_first && c->head_pairs)
         return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT,
                          "lead_first and head_pairs are two orders of the same pass: set one of them");
     c->lead_first = order && c->lead_first;
-    c->head_pairs = order && c->head_pairs;
+    c->head_pairs = (kernel->source_config & FGI_CFG_PAIRS) && c->head_pairs;
     return FG_OK;
 }
 
@@ -143,7 +144,7 @@ static void config_suffix(const fgi_kernel_entry *k, const fg_kernel_config *c, 
     if ((k->name_config & FGI_CFG_RAGGED) && c->ragged) fgi_buf_puts(&b, "-ragged");
     if ((k->name_config & FGI_CFG_APPROX) && c->approx_math) fgi_buf_puts(&b, "-approx");
     if ((k->name_config & FGI_CFG_ORDER) && c->lead_first) fgi_buf_puts(&b, "-lead");
-    if ((k->name_config & FGI_CFG_ORDER) && c->head_pairs) fgi_buf_puts(&b, "-pairs");
+    if ((k->name_config & FGI_CFG_PAIRS) && c->head_pairs) fgi_buf_puts(&b, "-pairs");
     snprintf(out, cap, "%s", b.data && !b.oom ? b.data : "");
     fgi_buf_free(&b);
 }
@@ -232,7 +233,7 @@ static char *build_key(const gen_state *g, uint64_t thash, uint64_t ahash) {
     if ((use & FGI_CFG_APPROX) && c->approx_math)
         fgi_buf_printf(&b, "approx_math 1 %s %016llx\n", APPROX_TEMPLATE, (unsigned long long)ahash);
     if ((use & FGI_CFG_ORDER) && c->lead_first) fgi_buf_puts(&b, "lead_first 1\n");
-    if ((use & FGI_CFG_ORDER) && c->head_pairs) fgi_buf_puts(&b, "head_pairs 1\n");
+    if ((use & FGI_CFG_PAIRS) && c->head_pairs) fgi_buf_puts(&b, "head_pairs 1\n");
     fgi_buf_printf(&b, "mod %zu\n", strlen(canon));
     fgi_buf_puts(&b, canon);
     return fgi_buf_take(&b);
@@ -261,7 +262,7 @@ static void put_header(fgi_buf *b, const gen_state *g) {
         if ((use & FGI_CFG_RAGGED) && c->ragged) fgi_buf_puts(b, ", ragged lengths and paged K/V");
         if ((use & FGI_CFG_APPROX) && c->approx_math) fgi_buf_puts(b, ", approximate math");
         if ((use & FGI_CFG_ORDER) && c->lead_first) fgi_buf_puts(b, ", leading kv tiles first");
-        if ((use & FGI_CFG_ORDER) && c->head_pairs) fgi_buf_puts(b, ", kv heads in pairs");
+        if ((use & FGI_CFG_PAIRS) && c->head_pairs) fgi_buf_puts(b, ", kv heads in pairs");
         fgi_buf_puts(b, ".\n");
     }
     fgi_buf_puts(b, " * Regenerate with the flexgen command-line tool (flexgen --help).\n */\n\n");
@@ -280,7 +281,7 @@ static void put_macros(fgi_buf *b, const gen_state *g) {
     if (use & FGI_CFG_RAGGED) fgi_buf_printf(b, "#define FG_RAGGED %d\n", c->ragged);
     if ((use & FGI_CFG_APPROX) && c->approx_math) fgi_buf_puts(b, "#define FG_APPROX_MATH 1\n");
     if ((use & FGI_CFG_ORDER) && c->lead_first) fgi_buf_puts(b, "#define FG_LEAD_FIRST 1\n");
-    if ((use & FGI_CFG_ORDER) && c->head_pairs) fgi_buf_puts(b, "#define FG_HEAD_PAIRS 1\n");
+    if ((use & FGI_CFG_PAIRS) && c->head_pairs) fgi_buf_puts(b, "#define FG_HEAD_PAIRS 1\n");
     /* The launch geometry the host will use for each entry point
      * (kernels.c's geometry), so that a template can check its own sizes
      * against it at compile time: the two are written twice, once per

@@ -41,6 +41,21 @@
  *     128-row tiles): step t waits for tile t + 1
  *     instead and issues its Q K^T before tile t's softmax and P V, so
  *     each warp has two independent chains in flight.
+ *   - KV heads in pairs (FG_HEAD_PAIRS, head dim 64, a cache whose two
+ *     neighbouring KV heads' rows lie side by side: the paged
+ *     [page, row, KV head, d] layout). In such a cache a head's 128-byte
+ *     rows sit 1 KB apart, between the other heads' rows, which other
+ *     blocks read at other times, and the DRAM serves that at 85% of its
+ *     peak against 88% for rows back to back (bench/attention_notes.md,
+ *     decode d17). Here a block walks a pair of KV heads: the host passes
+ *     the head stride doubled, so each K/V row of the walk is the pair's two
+ *     rows, 128 columns (256 bytes), and the walk is the head-dim-128 one.
+ *     The tile's rows are the pair's query heads (the group passed is
+ *     twice the heads' own); each row's Q fills its KV head's half of the
+ *     columns and is zero in the other, so Q K^T gives it its own head's
+ *     scores, and it keeps its half of P V. The products double (half of
+ *     each is zeros), the element loop runs once per pair instead of once
+ *     per head, and the bytes read are the same.
  *
  * Positions. Query i of sequence b sees q_idx = q_offsets[b] + i (or
  * q_offset + i), key j sees kv_idx = kv_offset + j for j < kv_lens[b] (or
@@ -69,23 +84,29 @@
 #define FGD_NWARPS 4
 #define FGD_THREADS (FGD_NWARPS * 32)
 #define FGD_BLOCK_N FG_LAUNCH_BLOCK_N_fg_attention_decode_r16 /* K/V rows per tile: 64 or 128 */
-#define FGD_D FG_HEAD_DIM
+#ifdef FG_HEAD_PAIRS
+#define FGD_PAIRS 1
+#else
+#define FGD_PAIRS 0
+#endif
+#define FGD_OUT_D FG_HEAD_DIM                    /* a query head's output row      */
+#define FGD_D (FG_HEAD_DIM * (FGD_PAIRS ? 2 : 1)) /* the walk's K/V row (pairs: two heads') */
 #define FGD_ROW FGD_D                /* shared row, in elements (swizzled) */
 #define FGD_CHUNKS (FGD_D / 8)       /* 16-byte chunks per row             */
 #define FGD_KSTEPS (FGD_D / 16)
 #define FGD_DTILES (FGD_D / 8)
-#if FG_HEAD_DIM <= 64
+#if FGD_D <= 64
 #define FGD_STAGES (FGD_BLOCK_N == 64 ? 5 : 3)
-#elif FG_HEAD_DIM <= 128
+#elif FGD_D <= 128
 #define FGD_STAGES 3
 #else
 #define FGD_STAGES 2
 #endif
-#define FGD_Q_IN_REGS (FG_HEAD_DIM <= 128)
+#define FGD_Q_IN_REGS (FGD_D <= 128)
 /* A tile holds 16 KB of K or more (head dim 128 and over, or 64 with
  * 128-row tiles): where the walk's per-tile work is worth overlapping
  * (FGD_PIPE_S, FGD_PAGE_AHEAD). */
-#define FGD_TILE_16K (FG_HEAD_DIM * FGD_BLOCK_N * 2 >= 16384)
+#define FGD_TILE_16K (FGD_D * FGD_BLOCK_N * 2 >= 16384)
 /* The walk software-pipelined by one tile (fgd_decode) where a tile holds
  * 16 KB of K: at head dim 128 +1-7%; at head dim 64 with 64-row tiles
  * within +-1.5%, with 128-row tiles (three stages) +1-2% contiguous and
@@ -95,7 +116,7 @@
 #define FGD_PIPE_S (FGD_TILE_16K && FGD_STAGES >= 3)
 /* Blocks resident per SM, as the stages' shared memory allows (the host's
  * split count assumes the same): the register budget ptxas may use. */
-#define FGD_BLOCKS_PER_SM (FG_HEAD_DIM <= 128 ? 2 : 1)
+#define FGD_BLOCKS_PER_SM (FGD_D <= 128 ? 2 : 1)
 #define FGD_KV_BYTES (FGD_BLOCK_N * FGD_ROW * 2)  /* one K or V tile       */
 #define FGD_STAGE_BYTES (2 * FGD_KV_BYTES)
 
@@ -228,10 +249,12 @@ static __device__ __forceinline__ bool fgd_load_kv(const fga_args &a, fg_u32 sta
 
 /* One packed row: whether it exists, its head and the q_idx the mods see
  * (clamped to the last row when it does not exist, so a mod never sees an
- * index out of range). */
+ * index out of range), and with kv heads in pairs which half of the walk's
+ * 128-wide rows is its KV head's (the host passes the pair's group, twice
+ * the heads' own: its first half reads the pair's first head). */
 struct fgd_row_info {
     bool valid;
-    int h, q_idx;
+    int h, q_idx, half;
 };
 
 static __device__ __forceinline__ fgd_row_info fgd_row_of(const fga_args &a, int hk, int qpos, int r) {
@@ -241,6 +264,7 @@ static __device__ __forceinline__ fgd_row_info fgd_row_of(const fga_args &a, int
     const int g = rr / a.q_len, i = rr - g * a.q_len;
     ri.h = hk * a.group + g;
     ri.q_idx = qpos + i;
+    ri.half = FGD_PAIRS && g >= (a.group >> 1);
     return ri;
 }
 
@@ -326,7 +350,10 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     const int n = it1 - it0;
 
     /* Q rows of the tile: into the last stage (head dim 256: after the
-     * stages), zero past the packed rows. */
+     * stages), zero past the packed rows. With kv heads in pairs a row's
+     * query fills its KV head's half of the 128 columns and the other half
+     * is zero, so Q K^T over the pair's rows gives each row its own head's
+     * scores. */
 #if FGD_Q_IN_REGS
     const fg_u32 sQ = s0 + (FGD_STAGES - 1) * FGD_STAGE_BYTES;
 #else
@@ -336,9 +363,11 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
         const int r = c / FGD_CHUNKS, ch = c % FGD_CHUNKS;
         const fgd_row_info ri = fgd_row_of(a, hk, qpos, row0 + r);
         const int qi = ri.q_idx - qpos;
+        const int qch = ch - ri.half * (FGD_OUT_D / 8); /* the chunk of the query's own row */
+        const bool mine = (unsigned)qch < (unsigned)(FGD_OUT_D / 8);
         const fg_u16 *src = (const fg_u16 *)a.q + (fg_i64)b * a.q_stride[0] + (fg_i64)ri.h * a.q_stride[1] +
-                            (fg_i64)qi * a.q_stride[2] + ch * 8;
-        fga_cp16(sQ + fgd_at(r, ch), src, ri.valid);
+                            (fg_i64)qi * a.q_stride[2] + (mine ? qch : 0) * 8;
+        fga_cp16(sQ + fgd_at(r, ch), src, ri.valid && mine);
     }
     fga_cp_commit();
 
@@ -566,18 +595,20 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     __syncthreads();
 
     /* Write the rows: out and lse when the walk is not split, else this
-     * split's part. Two columns per thread and step. */
-    for (int c = tid; c < RB * (FGD_D / 2); c += FGD_THREADS) {
-        const int rl = c / (FGD_D / 2), d = (c % (FGD_D / 2)) * 2;
+     * split's part. Two columns per thread and step; with kv heads in
+     * pairs a row's columns are its KV head's half of the walk's. */
+    for (int c = tid; c < RB * (FGD_OUT_D / 2); c += FGD_THREADS) {
+        const int rl = c / (FGD_OUT_D / 2), d = (c % (FGD_OUT_D / 2)) * 2;
         const int r = row0 + rl;
         if (r >= a.rows) continue;
+        const fgd_row_info rw = fgd_row_of(a, hk, qpos, r);
+        const int dw = d + rw.half * FGD_OUT_D;
         float x0 = 0.f, x1 = 0.f;
 #pragma unroll
         for (int w = 0; w < WK; w++) {
-            x0 += red[((fg_i64)w * RB + rl) * FGD_D + d];
-            x1 += red[((fg_i64)w * RB + rl) * FGD_D + d + 1];
+            x0 += red[((fg_i64)w * RB + rl) * FGD_D + dw];
+            x1 += red[((fg_i64)w * RB + rl) * FGD_D + dw + 1];
         }
-        const fgd_row_info rw = fgd_row_of(a, hk, qpos, r);
         const int qi = rw.q_idx - qpos;
         if (a.n_split == 1) {
             fg_u16 *op = (fg_u16 *)a.out + (fg_i64)b * a.o_stride[0] + (fg_i64)rw.h * a.o_stride[1] +
@@ -585,7 +616,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
             *(fg_u32 *)(op + d) = fg_pack2(x0, x1);
         } else {
             const fg_i64 prow = ((fg_i64)b * a.heads_q + rw.h) * a.q_len + qi;
-            float *op = (float *)a.o_part + (prow * a.n_split + split) * FGD_D;
+            float *op = (float *)a.o_part + (prow * a.n_split + split) * FGD_OUT_D;
             *(float2 *)(op + d) = make_float2(x0, x1);
         }
     }
@@ -636,7 +667,7 @@ FGD_ENTRY(fg_attention_decode_r64, 1)
  * 0 and -inf. (A thread per output element looping over the parts took
  * 8.7 us after the 128k-key walk at B=1, 33 parts; a warp per row with
  * dependent loads 17 us; bench/attention_notes.md, decode d2, d12.) */
-#define FGD_MERGE_CG (FGD_D / 4)                /* 4-column groups of a row */
+#define FGD_MERGE_CG (FGD_OUT_D / 4)            /* 4-column groups of a row */
 #define FGD_MERGE_PG (FGD_THREADS / FGD_MERGE_CG) /* part groups: 8, 4 or 2  */
 #define FGD_MERGE_LOADS 8                        /* part loads per thread in flight */
 static_assert(FGD_THREADS % FGD_MERGE_CG == 0 && FGD_MERGE_PG >= 1, "the merge's thread groups");
@@ -669,7 +700,7 @@ fg_attention_decode_merge(const __grid_constant__ fga_args a, const __grid_const
     const int tid = threadIdx.x, n = a.n_split;
     const int cg = tid % FGD_MERGE_CG, pg = tid / FGD_MERGE_CG;
     const float *lp = (const float *)a.lse_part + prow * n;
-    const float4 *op = (const float4 *)((const float *)a.o_part + prow * n * FGD_D) + cg;
+    const float4 *op = (const float4 *)((const float *)a.o_part + prow * n * FGD_OUT_D) + cg;
     fga_grid_wait(); /* launched as the walk's dependent: its parts are written from here on */
 
     float m = FGA_NEG_INF;
