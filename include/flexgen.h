@@ -764,8 +764,10 @@ FG_API fg_status fg_attention_kernel_for(fg_ctx *ctx, const fg_mod *mod, const f
 /* The workspace (bytes) fg_attention_forward uses for `args` (shapes,
  * dtype, head dim and paging; pointers may be NULL): the decode kernel's
  * split parts, B * Hq * q_len * splits * (head_dim + 1) floats rounded up,
- * 0 when it does not split its walk; 256 bytes when the call runs on a
- * forward kernel (the Hopper forward's tile counter).
+ * 0 when it does not split its walk or when its 2 to 8 splits merge among
+ * themselves as thread block clusters (a Hopper GPU); 256 bytes when the
+ * call runs on a forward kernel (the Hopper forward's tile counter). It
+ * fetches the decode kernel (compiling it on a cache miss) to know.
  * The split count follows the batch, the heads, kv_len and the GPU, so a
  * serving loop sizes its workspace for the largest of its calls (more
  * sequences need fewer splits). */

@@ -248,10 +248,10 @@ bool fgi_attn_decode_walks(const fg_attention_args *a);
  * (FG_OPT_DECODE_HEAD_PAIRS), the heads are even in number with their k
  * and v rows side by side, and the pairs' tiles can walk the block mask. */
 bool fgi_attn_decode_pairs(const fg_ctx *ctx, const fg_attention_args *a);
-/* The workspace a decode launch of `a` (checked) by the kernel of `cfg`
- * uses, in bytes: 0 when its walk is not split. */
-fg_status fgi_attn_decode_workspace(fg_ctx *ctx, const fg_attention_args *a, const fg_kernel_config *cfg,
-                                    size_t *bytes);
+/* The workspace a decode launch of `a` (checked) on decode kernel k uses,
+ * in bytes: 0 when its walk is not split or its splits merge in thread
+ * block clusters. */
+fg_status fgi_attn_decode_workspace(fg_ctx *ctx, const fg_attention_args *a, fg_kernel *k, size_t *bytes);
 
 /* ---- the kernel object (kernel.c) ----------------------------------------- */
 
@@ -277,7 +277,22 @@ struct fg_kernel {
                                         difference of floats
                                         (FGI_SPLIT_INDEX_FLOATS): launches
                                         check their indices                */
+    /* Per entry point and cluster size n (2..FGI_CLUSTER_MAX): how many
+     * clusters of n of its blocks fit on the GPU at once, plus one (0: not
+     * asked yet; 1: none, or the entry's code cannot run as a cluster),
+     * asked once (fgi_kernel_clusters). Atomic: a kernel may be launched
+     * from several threads. */
+    _Atomic int clusters[FGI_KERNEL_MAX_ENTRIES][FGI_CLUSTER_MAX + 1];
 };
+
+/* How many clusters of `n` blocks (2..FGI_CLUSTER_MAX, the portable
+ * cluster size) of entry point `entry` fit on the GPU at once: 0 where the
+ * device, the driver or the entry's compiled code (for an arch before
+ * sm_90) cannot launch it as clusters. */
+int fgi_kernel_clusters(fg_ctx *ctx, fg_kernel *k, int entry, int n);
+/* A launch of `entry` whose blocks form clusters of `cluster_x` along x. */
+fg_status fgi_kernel_run_cluster(fg_ctx *ctx, const fg_kernel *k, int entry, const unsigned grid[3], int cluster_x,
+                                 void **args, void *stream);
 
 /* The row of `asked`'s operation that serves `config` on this device
  * (needs fgi_cuda_ready). Asked for a Hopper row, the device must be

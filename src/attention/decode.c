@@ -14,7 +14,9 @@
  *   3. the split count (choose_split): enough thread blocks to fill every
  *      SM once with resident blocks, never more than a split per 2 K/V
  *      tiles nor FGI_DEC_MAX_SPLIT;
- *   4. with more than one split, fp32 workspace for the parts (the
+ *   4. with 2 to 8 splits on a Hopper GPU that holds them as thread block
+ *      clusters, one launch whose clusters merge their own splits; else,
+ *      with more than one split, fp32 workspace for the parts (the
  *      caller's, fg_attention_args.workspace, when large enough; else the
  *      library pool's for this call), the walk, the merge -- all on the
  *      caller's stream.
@@ -165,12 +167,30 @@ static fg_status plan_decode(fg_ctx *ctx, const fg_attention_args *a, int block_
     return FG_OK;
 }
 
-fg_status fgi_attn_decode_workspace(fg_ctx *ctx, const fg_attention_args *a, const fg_kernel_config *cfg,
-                                    size_t *bytes) {
+/* The walk's entry point (by the plan's tile, paged or not) and grid:
+ * (splits, KV heads x row tiles, batch) of the walk's view of the call. */
+static int walk_entry(const fg_attention_args *walk, const decode_plan *p, unsigned grid[3]) {
+    grid[0] = (unsigned)p->n_split, grid[1] = (unsigned)(walk->heads_kv * p->row_tiles), grid[2] = (unsigned)walk->batch;
+    return p->entry + (walk->block_table ? FGI_DEC_PAGED - FGI_DEC_R16 : 0);
+}
+
+/* Whether a walk of 2 to 8 splits runs as one thread block cluster: where
+ * the GPU holds every cluster at once (the split count assumed one wave).
+ * Its blocks then merge their parts among themselves (attention_decode.cuh):
+ * no parts to store, no merge to launch. */
+static bool merges_in_clusters(fg_ctx *ctx, fg_kernel *k, const decode_plan *p, int entry, const unsigned grid[3]) {
+    const int64_t blocks = (int64_t)grid[0] * grid[1] * grid[2];
+    return p->n_split >= 2 && p->n_split <= FGI_CLUSTER_MAX &&
+           (int64_t)fgi_kernel_clusters(ctx, k, entry, p->n_split) * p->n_split >= blocks;
+}
+
+fg_status fgi_attn_decode_workspace(fg_ctx *ctx, const fg_attention_args *a, fg_kernel *k, size_t *bytes) {
     decode_plan p = {0};
-    const fg_attention_args walk = cfg->head_pairs ? pair_view(a) : *a;
-    FGI_TRY(plan_decode(ctx, &walk, fgi_dec_block_n(cfg), &p));
-    *bytes = p.ws_bytes;
+    const fg_attention_args walk = k->config.head_pairs ? pair_view(a) : *a;
+    FGI_TRY(plan_decode(ctx, &walk, k->geom[FGI_DEC_R16].block_n, &p));
+    unsigned grid[3];
+    const int entry = walk_entry(&walk, &p, grid);
+    *bytes = merges_in_clusters(ctx, k, &p, entry, grid) ? 0 : p.ws_bytes;
     return FG_OK;
 }
 
@@ -197,7 +217,6 @@ fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_a
     fgi_attn_abi abi;
     memset(&abi, 0, sizeof abi);
     FGI_ATTN_ABI_FILL_COMMON(&abi, a, &st);
-    int entry = plan.entry;
     if (a->block_mask) FGI_TRY(block_mask_args(ctx, a, block_n, &abi));
     abi.group = plan.group;
     abi.rows = plan.rows;
@@ -207,6 +226,12 @@ fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_a
 
     fgi_param_blob blob;
     FGI_TRY(fgi_kernel_pack_params(ctx, k, a->binds, a->nbinds, &blob, NULL));
+
+    void *params[2] = {&abi, blob.bytes};
+    unsigned grid[3];
+    const int entry = walk_entry(a, &plan, grid);
+    if (merges_in_clusters(ctx, k, &plan, entry, grid))
+        return fgi_kernel_run_cluster(ctx, k, entry, grid, plan.n_split, params, a->stream);
 
     /* The parts: in the caller's workspace when it is large enough, else
      * from the library's pool for this call. */
@@ -218,9 +243,6 @@ fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_a
         abi.lse_part = base;
         abi.o_part = base + plan.lse_bytes;
     }
-    void *params[2] = {&abi, blob.bytes};
-    const unsigned grid[3] = {(unsigned)abi.n_split, (unsigned)(a->heads_kv * abi.row_tiles), (unsigned)a->batch};
-    if (abi.paged) entry += FGI_DEC_PAGED - FGI_DEC_R16;
     fg_status s = fgi_kernel_run(ctx, k, entry, grid, params, a->stream);
     if (s == FG_OK && abi.n_split > 1) {
         /* a thread block per output row, placed on the SMs as the walk's

@@ -26,6 +26,7 @@
 #include "codegen/codegen.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -224,24 +225,66 @@ fg_status fgi_kernel_run(fg_ctx *ctx, const fg_kernel *k, int entry, const unsig
     return launch_status(ctx, k, entry, r, "cuLaunchKernel");
 }
 
-fg_status fgi_kernel_run_dependent(fg_ctx *ctx, const fg_kernel *k, int entry, const unsigned grid[3], void **args,
-                                   void *stream) {
-    int major = 0;
-    FGI_TRY(fgi_cuda_arch(ctx, &major, NULL));
-    if (major < 9 || !fgi_cu()->cuLaunchKernelEx) return fgi_kernel_run(ctx, k, entry, grid, args, stream);
-    const fgi_kernel_geom *g = &k->geom[entry];
-    CUlaunchAttribute attr;
-    memset(&attr, 0, sizeof attr);
-    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
+/* A cuLaunchKernelEx configuration of entry geometry `g` over `grid` on
+ * `stream` with the one attribute `attr`. */
+static CUlaunchConfig launch_config(const fgi_kernel_geom *g, const unsigned grid[3], void *stream,
+                                    CUlaunchAttribute *attr) {
     CUlaunchConfig cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.gridDimX = grid[0], cfg.gridDimY = grid[1], cfg.gridDimZ = grid[2];
     cfg.blockDimX = (unsigned)g->threads, cfg.blockDimY = 1, cfg.blockDimZ = 1;
     cfg.sharedMemBytes = (unsigned)g->smem;
     cfg.hStream = (CUstream)stream;
-    cfg.attrs = &attr;
+    cfg.attrs = attr;
     cfg.numAttrs = 1;
+    return cfg;
+}
+
+/* Thread block clusters of `n` blocks along x. */
+static CUlaunchAttribute cluster_attr(int n) {
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = (unsigned)n, attr.value.clusterDim.y = 1, attr.value.clusterDim.z = 1;
+    return attr;
+}
+
+int fgi_kernel_clusters(fg_ctx *ctx, fg_kernel *k, int entry, int n) {
+    if (n < 2 || n > FGI_CLUSTER_MAX || entry < 0 || entry >= k->nentries) return 0;
+    int have = atomic_load_explicit(&k->clusters[entry][n], memory_order_relaxed);
+    if (have) return have - 1;
+    int fit = 0, major = 0, bin = 0;
+    if (fgi_cuda_arch(ctx, &major, NULL) == FG_OK && major >= 9 && fgi_cu()->cuLaunchKernelEx &&
+        fgi_cu()->cuOccupancyMaxActiveClusters &&
+        fgi_cu()->cuFuncGetAttribute(&bin, CU_FUNC_ATTRIBUTE_BINARY_VERSION, k->fn[entry]) == CUDA_SUCCESS &&
+        bin >= 90) {
+        CUlaunchAttribute attr = cluster_attr(n);
+        const unsigned one[3] = {(unsigned)n, 1, 1};
+        const CUlaunchConfig cfg = launch_config(&k->geom[entry], one, NULL, &attr);
+        if (fgi_cu()->cuOccupancyMaxActiveClusters(&fit, k->fn[entry], &cfg) != CUDA_SUCCESS || fit < 0) fit = 0;
+    }
+    atomic_store_explicit(&k->clusters[entry][n], fit + 1, memory_order_relaxed);
+    return fit;
+}
+
+fg_status fgi_kernel_run_cluster(fg_ctx *ctx, const fg_kernel *k, int entry, const unsigned grid[3], int cluster_x,
+                                 void **args, void *stream) {
+    CUlaunchAttribute attr = cluster_attr(cluster_x);
+    const CUlaunchConfig cfg = launch_config(&k->geom[entry], grid, stream, &attr);
+    CUresult r = fgi_cu()->cuLaunchKernelEx(&cfg, k->fn[entry], args, NULL);
+    return launch_status(ctx, k, entry, r, "cuLaunchKernelEx");
+}
+
+fg_status fgi_kernel_run_dependent(fg_ctx *ctx, const fg_kernel *k, int entry, const unsigned grid[3], void **args,
+                                   void *stream) {
+    int major = 0;
+    FGI_TRY(fgi_cuda_arch(ctx, &major, NULL));
+    if (major < 9 || !fgi_cu()->cuLaunchKernelEx) return fgi_kernel_run(ctx, k, entry, grid, args, stream);
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    const CUlaunchConfig cfg = launch_config(&k->geom[entry], grid, stream, &attr);
     CUresult r = fgi_cu()->cuLaunchKernelEx(&cfg, k->fn[entry], args, NULL);
     return launch_status(ctx, k, entry, r, "cuLaunchKernelEx");
 }

@@ -87,6 +87,7 @@ enum {
 
 #define FGI_KERNEL_MAX_TEMPLATES 4
 #define FGI_KERNEL_MAX_ENTRIES 8
+#define FGI_CLUSTER_MAX 8 /* the portable thread block cluster size */
 #define FGI_KERNEL_SLOTS 16 /* rows the registry may have (per-row memos) */
 
 /* The Hopper forward's merged walk (FGH_MERGE_MAX_KB): the kv blocks of a

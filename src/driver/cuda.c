@@ -67,7 +67,8 @@
     X(cuMemPoolSetAttribute) X(cuMemAllocFromPoolAsync) X(cuStreamBeginCapture) X(cuStreamEndCapture) \
     X(cuStreamIsCapturing) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphDestroy)       \
     X(cuGraphExecDestroy) X(cuGraphGetNodes) X(cuGraphNodeGetType) X(cuStreamWaitEvent)           \
-    X(cuMemcpy2DAsync) X(cuFuncLoad) X(cuLaunchKernelEx) X(cuMemAllocHost) X(cuMemFreeHost)
+    X(cuMemcpy2DAsync) X(cuFuncLoad) X(cuLaunchKernelEx) X(cuMemAllocHost) X(cuMemFreeHost)        \
+    X(cuOccupancyMaxActiveClusters)
 
 typedef struct fgi_cu_sym {
     const char *name;

@@ -93,6 +93,9 @@ typedef struct fgi_cu_api {
      * host behind its build (fgi_block_mask_counts). */
     FGI_CU_FN(cuMemAllocHost);
     FGI_CU_FN(cuMemFreeHost);
+    /* How many thread block clusters of a launch fit on the GPU at once
+     * (CUDA 11.8+; the decode walk's splits as one cluster). */
+    FGI_CU_FN(cuOccupancyMaxActiveClusters);
 } fgi_cu_api;
 #undef FGI_CU_FN
 

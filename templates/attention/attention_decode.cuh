@@ -20,7 +20,9 @@
  *     their LSE, and fg_attention_decode_merge combines the n_split parts of
  *     each row exactly: out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M)
  *     with M the largest lse_s (log2 units), LSE = M + log2 of that sum.
- *     With n_split 1 the block writes out and lse itself.
+ *     With n_split 1 the block writes out and lse itself; with 2 to 8 on a
+ *     Hopper GPU the splits of a walk are one thread block cluster and
+ *     merge the same way among themselves (fgd_cluster_sync).
  *   - Warps along KV. Four warps; a tile of 16 packed rows is shared by
  *     WK warps that each take a quarter (WK 4), half (WK 2) or all (WK 1) of
  *     each 64-row K/V tile, so small row counts do not leave warps idle.
@@ -311,6 +313,60 @@ static __device__ __forceinline__ void fgd_tile_mods(float (&s)[NT][4], const fg
     }
 }
 
+/* ---- the splits of a walk as one cluster (sm_90 and newer) ----------------------- */
+
+/* Where the host launches a walk's n_split blocks as one thread block
+ * cluster (2 to 8 splits, a Hopper GPU, this code compiled for it), the
+ * blocks merge their parts among themselves through distributed shared
+ * memory instead of writing them for fg_attention_decode_merge: after every
+ * block has its rows (the warps' parts in `red`, the LSEs in sm_lse) the
+ * cluster meets at a barrier, each block merges a share of the rows from
+ * every block's shared memory and writes them, and a second barrier keeps
+ * each block's shared memory alive until the others have read it. A merge
+ * launch costs a step 4-7 us (bench/attention_notes.md, decode d18); the
+ * two barriers and the remote reads, about a microsecond. fgd_cluster_size
+ * is 1 in an ordinary launch and in code for older GPUs, which the host
+ * never launches as clusters. */
+static __device__ __forceinline__ int fgd_cluster_size() {
+#if __CUDA_ARCH__ >= 900
+    unsigned n;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    return (int)n;
+#else
+    return 1;
+#endif
+}
+static __device__ __forceinline__ int fgd_cluster_rank() {
+#if __CUDA_ARCH__ >= 900
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return (int)r;
+#else
+    return 0;
+#endif
+}
+/* Every thread of every block of the cluster: the shared memory writes
+ * before it are visible to the reads after it in any block. */
+static __device__ __forceinline__ void fgd_cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+/* The float at shared address `addr` (this block's layout) in block `rank`
+ * of the cluster. */
+static __device__ __forceinline__ float fgd_cluster_ld(fg_u32 addr, int rank) {
+#if __CUDA_ARCH__ >= 900
+    fg_u32 remote;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+#else
+    (void)addr, (void)rank;
+    return 0.f;
+#endif
+}
+
 /* ---- the kernel ------------------------------------------------------------------ */
 
 template <int WK, bool PAGED>
@@ -593,6 +649,49 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
         if (wk == 0 && t4 == 0) sm_lse[rl] = L > 0.f ? Mu + fga_log2(L) : FGA_NEG_INF;
     }
     __syncthreads();
+
+    /* A cluster of the walk's splits: merge the parts here and write out
+     * and lse (see fgd_cluster_sync). Block `rank` takes every csize-th
+     * pair of columns; each part's weight is 2^(lse_s - M) over the parts'
+     * largest LSE M (log2 units), as in fg_attention_decode_merge. */
+    const int csize = fgd_cluster_size();
+    if (csize > 1) {
+        fgd_cluster_sync();
+        const int rank = fgd_cluster_rank();
+        const fg_u32 red_a = fga_smem_addr(red), lse_a = fga_smem_addr(sm_lse);
+        for (int c = tid + rank * FGD_THREADS; c < RB * (FGD_OUT_D / 2); c += FGD_THREADS * csize) {
+            const int rl = c / (FGD_OUT_D / 2), d = (c % (FGD_OUT_D / 2)) * 2;
+            const int r = row0 + rl;
+            if (r >= a.rows) continue;
+            const fgd_row_info rw = fgd_row_of(a, hk, qpos, r);
+            const int dw = d + rw.half * FGD_OUT_D;
+            float M = FGA_NEG_INF;
+            for (int s = 0; s < csize; s++) M = fmaxf(M, fgd_cluster_ld(lse_a + rl * 4, s));
+            const float Mu = M == FGA_NEG_INF ? 0.f : M;
+            float L = 0.f, x0 = 0.f, x1 = 0.f;
+            for (int s = 0; s < csize; s++) {
+                const float w = fga_exp2(fgd_cluster_ld(lse_a + rl * 4, s) - Mu); /* 0 for an empty part */
+                L += w;
+#pragma unroll
+                for (int wq = 0; wq < WK; wq++) {
+                    const fg_u32 at = red_a + (fg_u32)(((wq * RB + rl) * FGD_D + dw) * 4);
+                    x0 += w * fgd_cluster_ld(at, s);
+                    x1 += w * fgd_cluster_ld(at + 4, s);
+                }
+            }
+            const float f = L > 0.f ? 1.f / L : 0.f;
+            const int qi = rw.q_idx - qpos;
+            fg_u16 *op = (fg_u16 *)a.out + (fg_i64)b * a.o_stride[0] + (fg_i64)rw.h * a.o_stride[1] +
+                         (fg_i64)qi * a.o_stride[2];
+            *(fg_u32 *)(op + d) = fg_pack2(x0 * f, x1 * f);
+            if (d == 0 && a.lse) {
+                const fg_i64 prow = ((fg_i64)b * a.heads_q + rw.h) * a.q_len + qi;
+                ((float *)a.lse)[prow] = L > 0.f ? (Mu + fga_log2(L)) * FGA_LN2 : FGA_NEG_INF;
+            }
+        }
+        fgd_cluster_sync(); /* the other blocks have read this one's shared memory */
+        return;
+    }
 
     /* Write the rows: out and lse when the walk is not split, else this
      * split's part. Two columns per thread and step; with kv heads in
