@@ -761,13 +761,13 @@ FG_API fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_a
  * batch, offsets or page table. */
 FG_API fg_status fg_attention_kernel_for(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
                                          fg_kernel **out);
-/* The workspace (bytes) fg_attention_forward uses for `args` (shapes,
+/* The workspace (bytes) fg_attention_forward may use for `args` (shapes,
  * dtype, head dim and paging; pointers may be NULL): the decode kernel's
  * split parts, B * Hq * q_len * splits * (head_dim + 1) floats rounded up,
- * 0 when it does not split its walk or when its 2 to 8 splits merge among
- * themselves as thread block clusters (a Hopper GPU); 256 bytes when the
- * call runs on a forward kernel (the Hopper forward's tile counter). It
- * fetches the decode kernel (compiling it on a cache miss) to know.
+ * 0 when it does not split its walk (on a Hopper GPU a walk of 2 to 8
+ * splits merges them among its thread block cluster and leaves the
+ * workspace unused); 256 bytes when the call runs on a forward kernel (the
+ * Hopper forward's tile counter).
  * The split count follows the batch, the heads, kv_len and the GPU, so a
  * serving loop sizes its workspace for the largest of its calls (more
  * sequences need fewer splits). */

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
 #include "cudrv.h"
 #include "internal.h"
 
@@ -255,13 +256,23 @@ static void decode_case(fg_ctx *ctx, const dstep *c) {
     assert_int_equal(st, FG_OK);
     assert_int_equal(fgi_cu()->cuStreamSynchronize(s), CUDA_SUCCESS);
 
+    /* A split walk is the walk and the merge, or on a Hopper GPU with 2 to
+     * 8 splits one launch of clusters that merge their own (the
+     * workspace then unused, nothing taken from the pool). */
+    fg_kernel *k = NULL;
+    assert_int_equal(fg_attention_kernel_for(ctx, mod, &a, &k), FG_OK);
+    bool clustered = false;
+    assert_int_equal(fgi_attn_decode_clustered(ctx, &a, k, &clustered), FG_OK);
+    fg_kernel_release(k);
+    const bool merge = ws && !clustered;
     graph_nodes n;
     begin(s);
     st = fg_attention_forward(ctx, mod, &a);
     CUgraphExec exec = end(s, st, ctx, name, &n);
-    const bool pooled = ws && !c->own_workspace;
-    const bool graph_ok = n.kernel == (ws ? 2 : 1) && n.memcpy == 0 && n.memset == 0 && n.other == 0 &&
+    const bool pooled = merge && !c->own_workspace;
+    const bool graph_ok = n.kernel == (merge ? 2 : 1) && n.memcpy == 0 && n.memset == 0 && n.other == 0 &&
                           n.alloc == (pooled ? 1 : 0) && n.free == (pooled ? 1 : 0);
+    if (clustered) printf("     %s: the walk's splits merge in their clusters\n", name);
     if (c->own_workspace && !ws) printf("     %s: no split at this shape: no workspace to give\n", name);
 
     worst w = {0};

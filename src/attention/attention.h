@@ -248,10 +248,16 @@ bool fgi_attn_decode_walks(const fg_attention_args *a);
  * (FG_OPT_DECODE_HEAD_PAIRS), the heads are even in number with their k
  * and v rows side by side, and the pairs' tiles can walk the block mask. */
 bool fgi_attn_decode_pairs(const fg_ctx *ctx, const fg_attention_args *a);
-/* The workspace a decode launch of `a` (checked) on decode kernel k uses,
- * in bytes: 0 when its walk is not split or its splits merge in thread
- * block clusters. */
-fg_status fgi_attn_decode_workspace(fg_ctx *ctx, const fg_attention_args *a, fg_kernel *k, size_t *bytes);
+/* The workspace a decode launch of `a` (checked) by the kernel of `cfg`
+ * may use, in bytes: its parts, 0 when its walk is not split. (Whether the
+ * GPU merges a walk's splits in clusters, which then leave it unused, does
+ * not change the size: a caller sizes it from the shapes alone.) */
+fg_status fgi_attn_decode_workspace(fg_ctx *ctx, const fg_attention_args *a, const fg_kernel_config *cfg,
+                                    size_t *bytes);
+/* Whether a decode launch of `a` (checked) on decode kernel k runs its
+ * walk's splits as thread block clusters that merge them: one launch, the
+ * workspace unused. */
+fg_status fgi_attn_decode_clustered(fg_ctx *ctx, const fg_attention_args *a, fg_kernel *k, bool *clustered);
 
 /* ---- the kernel object (kernel.c) ----------------------------------------- */
 

@@ -184,13 +184,22 @@ static bool merges_in_clusters(fg_ctx *ctx, fg_kernel *k, const decode_plan *p, 
            (int64_t)fgi_kernel_clusters(ctx, k, entry, p->n_split) * p->n_split >= blocks;
 }
 
-fg_status fgi_attn_decode_workspace(fg_ctx *ctx, const fg_attention_args *a, fg_kernel *k, size_t *bytes) {
+fg_status fgi_attn_decode_workspace(fg_ctx *ctx, const fg_attention_args *a, const fg_kernel_config *cfg,
+                                    size_t *bytes) {
+    decode_plan p = {0};
+    const fg_attention_args walk = cfg->head_pairs ? pair_view(a) : *a;
+    FGI_TRY(plan_decode(ctx, &walk, fgi_dec_block_n(cfg), &p));
+    *bytes = p.ws_bytes;
+    return FG_OK;
+}
+
+fg_status fgi_attn_decode_clustered(fg_ctx *ctx, const fg_attention_args *a, fg_kernel *k, bool *clustered) {
     decode_plan p = {0};
     const fg_attention_args walk = k->config.head_pairs ? pair_view(a) : *a;
     FGI_TRY(plan_decode(ctx, &walk, k->geom[FGI_DEC_R16].block_n, &p));
     unsigned grid[3];
     const int entry = walk_entry(&walk, &p, grid);
-    *bytes = merges_in_clusters(ctx, k, &p, entry, grid) ? 0 : p.ws_bytes;
+    *clustered = merges_in_clusters(ctx, k, &p, entry, grid);
     return FG_OK;
 }
 

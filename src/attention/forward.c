@@ -284,11 +284,7 @@ fg_status fg_attention_workspace_size(fg_ctx *ctx, const fg_mod *mod, const fg_a
         *bytes = FGI_FWD_WORKSPACE_BYTES; /* the Hopper forward's tile counter */
         return FG_OK;
     }
-    fg_kernel *k;
-    FGI_TRY(fg_kernel_get(ctx, mod, &cfg, &k));
-    const fg_status s = fgi_attn_decode_workspace(ctx, &a, k, bytes);
-    fg_kernel_release(k);
-    return s;
+    return fgi_attn_decode_workspace(ctx, &a, &cfg, bytes);
 }
 
 fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args) {
