@@ -1157,10 +1157,9 @@ static long entry_spill(const char *log, const char *entry) {
 /* head_pairs on the decode kernel: at head dim 64 its own key line, name
  * suffix, macro and header, and the walk of head dim 128 (64-row tiles of
  * 256-byte rows, three stages: the geometry printed for the template);
- * other head dims refuse it. Gallery mods with and without a score_mod
- * compile for sm_90a without a warning, each walk spilling no more than
- * the same walk at head dim 128 (the GPU tests compile for the GPU's
- * arch). */
+ * other head dims refuse it. ALiBi's kernel compiles for sm_90a without a
+ * warning, each walk spilling no more than the same walk at head dim 128
+ * (the GPU tests compile the gallery for the GPU's arch). */
 static void test_decode_pairs(void **state) {
     (void)state;
     fg_ctx *ctx = new_ctx();
@@ -1206,7 +1205,9 @@ static void test_decode_pairs(void **state) {
     }
     fg_mod_destroy(m);
 
-    static const char *const mods[] = {"mods/causal.c", "mods/alibi.c", "mods/softcap.c"};
+    /* ALiBi: the gallery's most registers in these walks (its casts and
+     * slopes beside the scores) */
+    static const char *const mods[] = {"mods/alibi.c"};
     static const char *const archs[] = {"sm_90a"};
     int failures = 0;
     for (size_t i = 0; i < sizeof mods / sizeof mods[0]; i++) {
