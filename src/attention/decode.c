@@ -184,19 +184,27 @@ static bool merges_in_clusters(fg_ctx *ctx, fg_kernel *k, const decode_plan *p, 
            (int64_t)fgi_kernel_clusters(ctx, k, entry, p->n_split) * p->n_split >= blocks;
 }
 
+/* The call as the walk of a kernel of `cfg` sees it (pair_view with KV
+ * heads in pairs), and that walk's plan. */
+static fg_status plan_walk(fg_ctx *ctx, const fg_attention_args *a, const fg_kernel_config *cfg,
+                           fg_attention_args *walk, decode_plan *p) {
+    *walk = cfg->head_pairs ? pair_view(a) : *a;
+    return plan_decode(ctx, walk, fgi_dec_block_n(cfg), p);
+}
+
 fg_status fgi_attn_decode_workspace(fg_ctx *ctx, const fg_attention_args *a, const fg_kernel_config *cfg,
                                     size_t *bytes) {
-    decode_plan p = {0};
-    const fg_attention_args walk = cfg->head_pairs ? pair_view(a) : *a;
-    FGI_TRY(plan_decode(ctx, &walk, fgi_dec_block_n(cfg), &p));
+    fg_attention_args walk;
+    decode_plan p;
+    FGI_TRY(plan_walk(ctx, a, cfg, &walk, &p));
     *bytes = p.ws_bytes;
     return FG_OK;
 }
 
 fg_status fgi_attn_decode_clustered(fg_ctx *ctx, const fg_attention_args *a, fg_kernel *k, bool *clustered) {
-    decode_plan p = {0};
-    const fg_attention_args walk = k->config.head_pairs ? pair_view(a) : *a;
-    FGI_TRY(plan_decode(ctx, &walk, k->geom[FGI_DEC_R16].block_n, &p));
+    fg_attention_args walk;
+    decode_plan p;
+    FGI_TRY(plan_walk(ctx, a, &k->config, &walk, &p));
     unsigned grid[3];
     const int entry = walk_entry(&walk, &p, grid);
     *clustered = merges_in_clusters(ctx, k, &p, entry, grid);
@@ -217,12 +225,11 @@ fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_a
                              a->head_dim, a->heads_kv, (long long)st.k[1], (long long)st.v[1]);
         st.k[1] *= 2, st.v[1] *= 2;
     }
-    const fg_attention_args walk = k->config.head_pairs ? pair_view(a) : *a;
+    fg_attention_args walk;
+    decode_plan plan;
+    FGI_TRY(plan_walk(ctx, a, &k->config, &walk, &plan));
     a = &walk;
-
-    decode_plan plan = {0};
     const int block_n = k->geom[FGI_DEC_R16].block_n;
-    FGI_TRY(plan_decode(ctx, a, block_n, &plan));
     fgi_attn_abi abi;
     memset(&abi, 0, sizeof abi);
     FGI_ATTN_ABI_FILL_COMMON(&abi, a, &st);
