@@ -234,7 +234,7 @@ typedef enum fg_option {
                                    "The backward's tile order"); 0 never; 1
                                    always. Results as for
                                    FG_OPT_BWD_LEAD_TILES                    */
-    FG_OPT_DECODE_HEAD_PAIRS = 16 /* int: whether the decode kernel at head
+    FG_OPT_DECODE_HEAD_PAIRS = 16, /* int: whether the decode kernel at head
                                    dim 64 walks two KV heads at once (the
                                    -pairs kernel, config.head_pairs), which
                                    reads the pair's rows as one 256-byte
@@ -245,6 +245,19 @@ typedef enum fg_option {
                                    layout) and a block mask, if any, has one
                                    row for every head; 0 never. The result
                                    is the same to rounding either way       */
+    FG_OPT_BWD_TAIL_SPLIT = 17 /* int: whether the Hopper backward's dK/dV
+                                   pass splits the blocks of its last wave
+                                   (a pass without a block mask whose block
+                                   count is not a multiple of the SMs: its
+                                   last blocks would run on alone) over the
+                                   idle SMs, each piece walking a share of
+                                   the block's q steps and adding its dK and
+                                   dV into an fp32 accumulator in the
+                                   workspace: 1 (default, or
+                                   FLEXGEN_BWD_TAIL_SPLIT) where it applies,
+                                   never in deterministic mode; 0 never.
+                                   dK and dV to the rounding of the pieces'
+                                   sums                                     */
 } fg_option;
 
 /* The longest q_len the decode kernel serves by default (FG_OPT_DECODE_KERNEL
@@ -897,7 +910,12 @@ FG_API fg_status fg_block_table_check(fg_ctx *ctx, const fg_attention_args *args
  * kv tile's row has the same counts as its left neighbour's (no block
  * mask, or kv blocks that many queries share alike, as flamingo's images):
  * such a block starts at item (tile % items), so that neighbours with the same
- * q tiles add into each one's dQ at different times. dK and dV do not
+ * q tiles add into each one's dQ at different times. Without a block mask,
+ * where the blocks' count leaves a last wave that fills under half the SMs
+ * (4096 blocks on 132 SMs: 31 waves and 4 blocks), the -lead kernel splits
+ * each block of that wave into SMs / tail pieces, each walking a share of
+ * the block's q steps and adding its dK and dV into an fp32 accumulator in
+ * the workspace (FG_OPT_BWD_TAIL_SPLIT; never in deterministic mode). dK and dV do not
  * depend on the order beyond the rounding of their fp32 sums; the
  * deterministic mode stays bit-reproducible.
  *

@@ -110,6 +110,7 @@ struct fg_ctx {
     int decode_head_pairs;    /* 0 or 1: FG_OPT_DECODE_HEAD_PAIRS                     */
     int bwd_lead_tiles;       /* -1 (chosen per call) or 0..65535: FG_OPT_BWD_LEAD_TILES */
     int bwd_head_pairs;       /* -1 (chosen per call), 0 or 1: FG_OPT_BWD_HEAD_PAIRS      */
+    int bwd_tail_split;       /* 0 or 1: FG_OPT_BWD_TAIL_SPLIT                         */
     int64_t cache_max_bytes;
     int max_source, max_depth, max_locals;
     /* lazily initialised CUDA state (driver/cuda.c) */

@@ -561,6 +561,27 @@ static void test_head_pairs(void **state) {
     run_order_cases(FG_OPT_BWD_HEAD_PAIRS, "head pairs", pairs_cases, sizeof pairs_cases / sizeof pairs_cases[0]);
 }
 
+/* The Hopper pass's tail split (FG_OPT_BWD_TAIL_SPLIT, on the -lead
+ * kernel): calls without a block mask whose blocks fill under half the SMs
+ * split each block over several (pieces walking shares of the q steps,
+ * across the GQA group's heads; dK and dV summed in fp32), kv lengths off
+ * the tile, a buffer gradient summed over pieces (alibi), and the option
+ * off. Most of test_gallery's and test_features' cases without a block
+ * mask split too (every small grid has a tail). */
+static const order_case tail_cases[] = {
+    /* mod  src  D  dtype  B Hq Hkv Q KV  qoff kvoff  layout pad  bm bmB bmH qb kvb scale masked */
+    {{"noop", NULL, 128, FG_BF16, 1, 4, 2, 1000, 1300, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0}, 1},
+    {{"alibi", NULL, 64, FG_FP16, 2, 2, 2, 513, 700, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0}, 1},
+    {{"softcap", NULL, 128, FG_BF16, 1, 1, 1, 3000, 300, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0}, 1},
+    {{"noop", NULL, 64, FG_BF16, 1, 2, 2, 700, 700, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0}, 0},
+    {{"sliding_window", NULL, 128, FG_FP16, 3, 2, 1, 129, 520, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0}, 1},
+};
+
+static void test_tail_split(void **state) {
+    (void)state;
+    run_order_cases(FG_OPT_BWD_TAIL_SPLIT, "tail split", tail_cases, sizeof tail_cases / sizeof tail_cases[0]);
+}
+
 /* The backward's own choice of kernel: -lead on the global-key mask
  * (GLOBAL_SRC), -pairs on a causal one at head dim 128 with an even
  * number of kv heads (test_bwd_order has this shape's estimate), neither
@@ -623,6 +644,34 @@ static void test_order_choice(void **state) {
         fg_block_mask_destroy(bm);
         fg_mod_destroy(mod);
     }
+    /* Without a block mask, 32 blocks fill a quarter of the SMs: the tail
+     * split takes the -lead kernel on Hopper, unless it is off or the pass
+     * is deterministic. */
+    const struct {
+        int split, deterministic;
+        bool lead;
+    } dense[] = {{1, 0, true}, {0, 0, false}, {1, 1, false}};
+    fg_mod *noop = NULL;
+    assert_int_equal(fg_mod_from_source(ctx, "noop", CAUSAL_SRC, (size_t)-1, &noop), FG_OK);
+    for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++) {
+        assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_BWD_TAIL_SPLIT, dense[i].split), FG_OK);
+        const int H = 2, D = 128;
+        const size_t elems = (size_t)B * H * S * D;
+        fg_attention_args a = FG_ATTENTION_ARGS_INIT;
+        a.batch = B, a.heads_q = a.heads_kv = H, a.q_len = a.kv_len = S, a.head_dim = D, a.dtype = FG_BF16;
+        a.q = (const void *)(uintptr_t)buf, a.k = (const void *)(uintptr_t)(buf + elems * 2);
+        a.v = (const void *)(uintptr_t)(buf + elems * 4), a.out = (void *)(uintptr_t)(buf + elems * 6);
+        a.lse = (float *)(uintptr_t)lse;
+        fg_attention_bwd_args b = bwd_args_in(&a, buf, elems);
+        b.deterministic = dense[i].deterministic;
+        fg_kernel *k = NULL;
+        assert_int_equal(fg_attention_backward_kernel_for(ctx, noop, &b, &k), FG_OK);
+        printf("[order choice] no block mask, tail split %d, deterministic %d: %s\n", dense[i].split,
+               dense[i].deterministic, k->config.lead_first ? "-lead" : "grid order");
+        assert_int_equal(k->config.lead_first, hopper && dense[i].lead);
+        fg_kernel_release(k);
+    }
+    fg_mod_destroy(noop);
     fgi_cu()->cuMemFree(buf);
     fgi_cu()->cuMemFree(lse);
     fg_ctx_destroy(ctx);
@@ -818,6 +867,8 @@ int main(void) {
         MODE_TEST(test_lead_tiles, deterministic_mode),
         MODE_TEST(test_head_pairs, atomic_mode),
         MODE_TEST(test_head_pairs, deterministic_mode),
+        MODE_TEST(test_tail_split, atomic_mode),
+        MODE_TEST(test_tail_split, deterministic_mode),
         cmocka_unit_test(test_order_choice),
         MODE_TEST(test_features, deterministic_mode),
         MODE_TEST(test_gallery, deterministic_mode),

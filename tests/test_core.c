@@ -156,14 +156,19 @@ static void test_options(void **state) {
     static const int64_t bad_pairs[] = {-2, 2};
     check_int_option(ctx, FG_OPT_BWD_HEAD_PAIRS, 1, bad_pairs, 2);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_BWD_HEAD_PAIRS, -1), FG_OK);
-    /* The decode kernel's KV heads in pairs: on (1) unless the environment
-     * says 0. */
-    static const env_row dec_pair_envs[] = {{NULL, 1}, {"0", 0}, {"1", 1}, {"2", 1}, {"-1", 1}, {"x", 1}, {"", 1}};
-    check_env_defaults("FLEXGEN_DECODE_HEAD_PAIRS", FG_OPT_DECODE_HEAD_PAIRS, dec_pair_envs,
-                       sizeof dec_pair_envs / sizeof dec_pair_envs[0]);
-    static const int64_t bad_dec_pairs[] = {-1, 2};
-    check_int_option(ctx, FG_OPT_DECODE_HEAD_PAIRS, 0, bad_dec_pairs, 2);
-    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_HEAD_PAIRS, 1), FG_OK);
+    /* The decode kernel's KV heads in pairs and the backward's tail split:
+     * on (1) unless the environment says 0. */
+    static const env_row on_envs[] = {{NULL, 1}, {"0", 0}, {"1", 1}, {"2", 1}, {"-1", 1}, {"x", 1}, {"", 1}};
+    static const struct {
+        const char *env;
+        fg_option opt;
+    } switches[] = {{"FLEXGEN_DECODE_HEAD_PAIRS", FG_OPT_DECODE_HEAD_PAIRS}, {"FLEXGEN_BWD_TAIL_SPLIT", FG_OPT_BWD_TAIL_SPLIT}};
+    for (size_t i = 0; i < sizeof switches / sizeof switches[0]; i++) {
+        check_env_defaults(switches[i].env, switches[i].opt, on_envs, sizeof on_envs / sizeof on_envs[0]);
+        static const int64_t bad_switch[] = {-1, 2};
+        check_int_option(ctx, switches[i].opt, 0, bad_switch, 2);
+        assert_int_equal(fg_ctx_set_int(ctx, switches[i].opt, 1), FG_OK);
+    }
     assert_int_equal(fg_kernel_kind_of(NULL), 0);
     assert_int_equal(fg_ctx_set_int(NULL, FG_OPT_MAX_DEPTH, 50), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_ctx_create(NULL), FG_ERR_INVALID_ARGUMENT);

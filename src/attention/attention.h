@@ -63,7 +63,7 @@ typedef struct fgi_attn_bwd_abi {
 #define FGI_ABI_ROW(T, ...) fgi_abi_##T __VA_ARGS__;
 #include "attention/abi_bwd.def"
 } fgi_attn_bwd_abi;
-_Static_assert(sizeof(fgi_attn_bwd_abi) == 464, "fgi_attn_bwd_abi must match fgb_args");
+_Static_assert(sizeof(fgi_attn_bwd_abi) == 480, "fgi_attn_bwd_abi must match fgb_args");
 
 /* The fields the forward's and the backward's argument blocks share (the
  * same names in abi.def and abi_bwd.def): `abi` points at either block, `a`

@@ -21,7 +21,8 @@
  *      accumulators of the buffer gradients;
  *   7. on the caller's stream, in order: the fixed-point accumulators
  *      zeroed, fg_attention_bwd_pre (delta; the dQ accumulator zeroed, or
- *      at the Hopper kernel's head dim 128 its tiles' flags),
+ *      at the Hopper kernel's head dim 128 its tiles' flags), the tail
+ *      split's accumulators zeroed (below),
  *      fg_attention_bwd_dkdv (dK, dV, buffer gradients; dQ through atomics),
  *      then either fg_attention_bwd_dq (dQ from the accumulator) or,
  *      deterministic, fg_attention_bwd_dq_tiles; fg_attention_bwd_fixed_to_float
@@ -44,6 +45,11 @@
  * -lead kernel (config.lead_first) and sets abi.lead_tiles; else, where
  * the heads' tiles grow lighter along the kv axis (causal, prefixes), the
  * -pairs kernel (config.head_pairs), launched on a grid of kv-head pairs.
+ * Without a block mask, where the last wave of blocks fills under half the
+ * SMs (tail_pieces_of), the -lead kernel splits those blocks into pieces
+ * (abi.tail_from, tail_pieces) that add dK and dV into fp32 accumulators
+ * in the workspace (abi.tail_acc, zeroed before the pass); the -lead
+ * kernel's grid is one-dimensional.
  */
 #include "attention/attention.h"
 
@@ -182,6 +188,36 @@ static bool head_pairs_of(fg_ctx *ctx, const fg_mod *mod, const fg_attention_arg
     return w && fgi_bwd_head_pairs(w);
 }
 
+/* The Hopper dK/dV pass's tail split for call `b` in blocks of
+ * `tile_rows` kv rows and steps of `step_rows` q rows (templates'
+ * "The last wave"): how many pieces each block of the last wave becomes
+ * (0: no split), and in *from the first of those blocks. Only without a
+ * block mask (every block walks the same q steps), not in deterministic
+ * mode (the pieces' fp32 sums are added in any order), with
+ * FG_OPT_BWD_TAIL_SPLIT on, and where the last wave's blocks are fewer
+ * than half the SMs: each becomes SMs / tail pieces, at most one per q
+ * step of the block. */
+static int tail_pieces_of(fg_ctx *ctx, const fg_attention_bwd_args *b, int tile_rows, int step_rows, int *from) {
+    const fg_attention_args *a = b->fwd;
+    *from = 0;
+    int sms = 0;
+    if (!ctx->bwd_tail_split || b->deterministic || a->block_mask || tile_rows <= 0 || step_rows <= 0) return 0;
+    if (fgi_cuda_sm_count(ctx, &sms) != FG_OK || sms <= 0) {
+        fgi_clear_error(ctx);
+        return 0;
+    }
+    const int64_t kv_tiles = (a->kv_len + tile_rows - 1) / tile_rows;
+    const int64_t blocks = kv_tiles * a->heads_kv * a->batch, tail = blocks % sms;
+    const int64_t steps = (int64_t)(a->q_len + step_rows - 1) / step_rows * (a->heads_q / a->heads_kv);
+    if (tail == 0 || 2 * tail > sms) return 0;
+    int64_t pieces = sms / tail;
+    if (pieces > steps) pieces = steps;
+    /* the grid is one-dimensional, its index 32-bit */
+    if (pieces < 2 || blocks - tail + tail * pieces >= ((int64_t)1 << 31)) return 0;
+    *from = (int)(blocks - tail);
+    return (int)pieces;
+}
+
 static void fill_abi(const fg_kernel *k, const fg_attention_bwd_args *b, const fgi_attn_strides *st,
                      const fgi_attn_bwd_strides *bs, fgi_attn_bwd_abi *abi) {
     const fg_attention_args *a = b->fwd;
@@ -248,7 +284,7 @@ static fg_status encode_maps(fg_ctx *ctx, const fg_kernel *k, const fg_attention
 static fg_status run_passes(fg_ctx *ctx, const fg_kernel *k, const fg_attention_bwd_args *b,
                             fgi_attn_bwd_abi *abi, fgi_param_blob *blob, unsigned char *gblob, hopper_maps *maps,
                             const void *const grads[], const int64_t glen[],
-                            const CUdeviceptr fixed[], bool caller_sums) {
+                            const CUdeviceptr fixed[], bool caller_sums, size_t tail_bytes) {
     const fg_attention_args *a = b->fwd;
     void *stream = a->stream;
     const fgi_grad_layout *L = &k->grads;
@@ -264,10 +300,20 @@ static fg_status run_passes(fg_ctx *ctx, const fg_kernel *k, const fg_attention_
                                   (unsigned)a->batch};
     void *pre_args[1] = {abi};
     FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_PRE, pre_grid, pre_args, stream));
-    /* the -pairs kernel: pair y's block x is tile x / 2 of head 2 y + x % 2 */
+    /* the -pairs kernel: pair y's block x is tile x / 2 of head 2 y + x % 2;
+     * the Hopper -lead kernel: one dimension, the tail's pieces last */
     const int pairs = k->config.head_pairs;
-    const unsigned kv_grid[3] = {(unsigned)(abi->kv_tiles * bands) << pairs, (unsigned)a->heads_kv >> pairs,
-                                 (unsigned)a->batch};
+    unsigned kv_grid[3] = {(unsigned)(abi->kv_tiles * bands) << pairs, (unsigned)a->heads_kv >> pairs,
+                           (unsigned)a->batch};
+    if (k->config.lead_first && k->kernel->variant == FGI_VARIANT_SM90) {
+        const unsigned blocks = (unsigned)abi->kv_tiles * (unsigned)a->heads_kv * (unsigned)a->batch;
+        kv_grid[0] = abi->tail_pieces ? (unsigned)abi->tail_from + (blocks - (unsigned)abi->tail_from) * (unsigned)abi->tail_pieces
+                                      : blocks;
+        kv_grid[1] = kv_grid[2] = 1;
+    }
+    if (abi->tail_acc)
+        FGI_CU_TRY(ctx, fgi_cu()->cuMemsetD32Async(abi->tail_acc, 0, tail_bytes / 4, (CUstream)stream),
+                   "cuMemsetD32Async");
     void *dkdv_args[4] = {abi, blob->bytes, gblob, maps};
     FGI_TRY(fgi_kernel_run(ctx, k, FGI_BWD_DKDV, kv_grid, dkdv_args, stream));
     if (abi->dq_atomic) {
@@ -301,7 +347,8 @@ typedef struct bwd_plan {
     hopper_maps maps; /* 64-byte aligned, as CUtensorMap is */
     const void *grads[FGI_MAX_GRAD_BUFFERS];
     int64_t glen[FGI_MAX_GRAD_BUFFERS];
-    size_t off_lse2, off_accum, off_flags, off_fixed[FGI_MAX_GRAD_BUFFERS], dq_accum_bytes, flag_bytes, core, total;
+    size_t off_lse2, off_accum, off_flags, off_tail, off_fixed[FGI_MAX_GRAD_BUFFERS], dq_accum_bytes, flag_bytes,
+        tail_bytes, core, total;
 } bwd_plan;
 
 /* `lead`: the leading tiles a -lead kernel starts first, as
@@ -336,10 +383,18 @@ static fg_status plan_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_a
     memset(abi, 0, sizeof *abi);
     fill_abi(k, b, &st, &bs, abi);
     if (a->block_mask) FGI_TRY(block_mask_args(ctx, k, a, abi));
-    if (k->config.lead_first) {
+    const bool hopper = k->kernel->variant == FGI_VARIANT_SM90;
+    if (k->config.lead_first && hopper) {
         const int rows = k->geom[FGI_BWD_DKDV].block_n;
         fgi_bwd_tiles t;
         abi->lead_tiles = lead >= 0 ? lead : lead_tiles_of(ctx, a, rows, pass_tiles(ctx, a, rows, &t) ? &t : NULL);
+        if (abi->lead_tiles == 0)
+            abi->tail_pieces = tail_pieces_of(ctx, b, rows, k->geom[FGI_BWD_DKDV].block_m, &abi->tail_from);
+        if ((int64_t)abi->kv_tiles * a->heads_kv * a->batch >= ((int64_t)1 << 31))
+            return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                             "the -lead kernel's grid is one-dimensional: %d kv tiles x %d kv heads x batch %d "
+                             "blocks are too many",
+                             abi->kv_tiles, a->heads_kv, a->batch);
     }
 
     fgi_value bound[FGI_MAX_PARAMS];
@@ -347,7 +402,6 @@ static fg_status plan_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_a
     const fgi_grad_layout *L = &k->grads;
     FGI_TRY(fgi_attn_grad_binds(ctx, &k->params, L, b->grad_binds, b->ngrad_binds, bound, p->grads, p->glen));
 
-    const bool hopper = k->kernel->variant == FGI_VARIANT_SM90;
     if (hopper) FGI_TRY(encode_maps(ctx, k, b, &st, &bs, &p->maps, abi));
 
     /* Workspace: delta, lse2 (Hopper), the dQ accumulator, its tiles'
@@ -361,7 +415,12 @@ static fg_status plan_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_a
     /* one int32 per 64 x 64 tile of the accumulator (the Hopper kernel's
      * templates use them at head dim 128) */
     p->flag_bytes = hopper ? p->dq_accum_bytes / (64 * 64) : 0;
-    p->core = p->total = p->off_flags + fgi_attn_ws_round(p->flag_bytes);
+    /* the tail split's accumulators (dK and dV of a block, fp32) and a
+     * counter per tail block */
+    p->off_tail = p->off_flags + fgi_attn_ws_round(p->flag_bytes);
+    const int64_t n_tail = abi->tail_pieces ? ((int64_t)abi->kv_tiles * a->heads_kv * a->batch - abi->tail_from) : 0;
+    p->tail_bytes = (size_t)n_tail * (2 * (size_t)k->geom[FGI_BWD_DKDV].block_n * a->head_dim + 1) * 4;
+    p->core = p->total = p->off_tail + fgi_attn_ws_round(p->tail_bytes);
     for (int i = 0; i < L->n; i++) {
         p->off_fixed[i] = 0;
         if (p->grads[i]) {
@@ -398,6 +457,7 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *
     abi->lse2 = hopper ? base + p.off_lse2 : 0;
     abi->dq_accum = abi->dq_atomic ? base + p.off_accum : 0;
     abi->dq_flags = p.flag_bytes ? base + p.off_flags : 0;
+    abi->tail_acc = p.tail_bytes ? base + p.off_tail : 0;
     const fgi_grad_layout *L = &k->grads;
     CUdeviceptr fixed[FGI_MAX_GRAD_BUFFERS] = {0};
     _Alignas(16) unsigned char gblob[FGI_MAX_GRAD_BUFFERS * 16 + 16];
@@ -412,7 +472,7 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_bwd_args *
     }
 
     fg_status s =
-        run_passes(ctx, k, b, abi, &p.blob, gblob, &p.maps, p.grads, p.glen, fixed, sums != NULL);
+        run_passes(ctx, k, b, abi, &p.blob, gblob, &p.maps, p.grads, p.glen, fixed, sums != NULL, p.tail_bytes);
     fg_status f = fgi_attn_ws_free(ctx, &w, a->stream);
     return s != FG_OK ? s : f;
 }
@@ -446,15 +506,18 @@ fg_kernel_config fgi_attn_bwd_config(fg_dtype dtype, int head_dim) {
  * order pays, with the leading tiles it starts first in *lead, else the
  * -pairs kernel where that order pays (the portable row has neither form
  * and ignores the flags). */
-static fg_kernel_config chosen_config(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *fwd, int *lead) {
+static fg_kernel_config chosen_config(fg_ctx *ctx, const fg_mod *mod, const fg_attention_bwd_args *b, int *lead) {
+    const fg_attention_args *fwd = b->fwd;
     fg_kernel_config cfg = fgi_attn_bwd_config(fwd->dtype, fwd->head_dim);
     const fgi_kernel_entry *h = fgi_kernel_find(FG_KERNEL_ATTENTION_BWD_SM90);
-    const int tile_rows = h->geometry(&cfg, mod, FGI_BWD_DKDV).block_n;
+    const fgi_kernel_geom g = h->geometry(&cfg, mod, FGI_BWD_DKDV);
     /* the pass weighed once, for both orders */
     fgi_bwd_tiles t;
-    const fgi_bwd_tiles *w = pass_tiles(ctx, fwd, tile_rows, &t) ? &t : NULL;
-    *lead = lead_tiles_of(ctx, fwd, tile_rows, w);
-    cfg.lead_first = *lead > 0;
+    const fgi_bwd_tiles *w = pass_tiles(ctx, fwd, g.block_n, &t) ? &t : NULL;
+    *lead = lead_tiles_of(ctx, fwd, g.block_n, w);
+    int from;
+    /* the tail split runs on the -lead kernel (its one-dimensional grid) */
+    cfg.lead_first = *lead > 0 || tail_pieces_of(ctx, b, g.block_n, g.block_m, &from) > 0;
     cfg.head_pairs = !cfg.lead_first && head_pairs_of(ctx, mod, fwd, w);
     return cfg;
 }
@@ -476,7 +539,7 @@ static fg_status on_chosen_kernel(fg_ctx *ctx, const fg_mod *mod, const fg_atten
     /* before a compile that could not be used */
     FGI_CHECK_ARG(ctx, fwd.lse, "the backward needs the forward's lse (fg_attention_args.lse is NULL)");
     int lead = 0;
-    const fg_kernel_config cfg = chosen_config(ctx, mod, &fwd, &lead);
+    const fg_kernel_config cfg = chosen_config(ctx, mod, &b, &lead);
     size_t unused = 0;
     if (out) bytes = &unused;
     fg_kernel *k;

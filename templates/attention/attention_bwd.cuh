@@ -108,7 +108,7 @@
 struct fgb_args {
 /* @abi src/attention/abi_bwd.def */
 };
-static_assert(sizeof(fgb_args) == 464, "fgb_args must match fgi_attn_bwd_abi");
+static_assert(sizeof(fgb_args) == 480, "fgb_args must match fgi_attn_bwd_abi");
 
 #define FGB_NEG_INF __int_as_float(0xff800000)
 #define FGB_POS_INF __int_as_float(0x7f800000)

@@ -413,6 +413,15 @@ static __device__ __forceinline__ fgs_walk fgs_walk_start(const fgb_plan &pl, in
     }
     return w;
 }
+/* The walk's first item when it skips the first j0 of its order from
+ * `rot` (a tail piece; j0 0 elsewhere). */
+static __device__ __forceinline__ int fgs_walk_first(const fgb_plan &pl, int rot, int j0) {
+#if FG_LEAD_FIRST
+    if (j0 > 0) return (rot + j0) % pl.n_items;
+#endif
+    (void)pl, (void)j0;
+    return rot;
+}
 /* The first row of the walk's next item and whether it is partial (what
  * fgb_item_start says of it); the walk moves on. */
 static __device__ __forceinline__ int fgs_walk_next(const fgb_plan &pl, fgs_walk &w, bool &partial) {
@@ -496,26 +505,34 @@ static __device__ __forceinline__ void fgs_store_dq(const fgb_args &a, int cw, f
  * heaviest tiles of the last heads earlier (bwd_order.c); its grid is
  * (2 kv_tiles, Hkv / 2, B), so its mapping is a shift and a mask of
  * blockIdx. */
-static __device__ __forceinline__ void fgs_block_of(const fgb_args &a, int &tile, int &hk, int &b) {
+static __device__ __forceinline__ void fgs_block_of(const fgb_args &a, int &tile, int &hk, int &b, int &piece,
+                                                    int &tail_block) {
+    piece = -1, tail_block = 0;
 #if FG_LEAD_FIRST
-    const unsigned lead = (unsigned)a.lead_tiles;
-    if (lead != 0) {
-        const unsigned tiles = gridDim.x, heads = gridDim.y * gridDim.z;
-        const unsigned lin = blockIdx.x + tiles * (blockIdx.y + gridDim.y * blockIdx.z);
-        unsigned hb;
-        if (lin < lead * heads) {
-            hb = lin / lead;
-            tile = (int)(lin - hb * lead);
-        } else {
-            const unsigned r = lin - lead * heads, rest = tiles - lead;
-            hb = r / rest;
-            tile = (int)(lead + r - hb * rest);
-        }
-        hk = (int)(hb % gridDim.y), b = (int)(hb / gridDim.y);
-        return;
+    /* A one-dimensional grid: block index lin is the lin-th block of the
+     * order below, and past a.tail_from, piece (lin - tail_from) %
+     * tail_pieces of block tail_from + (lin - tail_from) / tail_pieces
+     * (the tail split, "The last wave" below). */
+    const unsigned lead = (unsigned)a.lead_tiles, tiles = (unsigned)a.kv_tiles;
+    const unsigned heads = (unsigned)a.heads_kv * (unsigned)a.batch;
+    unsigned lin = blockIdx.x;
+    if (a.tail_pieces > 0 && lin >= (unsigned)a.tail_from) {
+        const unsigned t = lin - (unsigned)a.tail_from, tb = t / (unsigned)a.tail_pieces;
+        piece = (int)(t - tb * (unsigned)a.tail_pieces);
+        tail_block = (int)tb;
+        lin = (unsigned)a.tail_from + tb;
     }
-#endif
-#if FG_HEAD_PAIRS
+    unsigned hb;
+    if (lin < lead * heads) {
+        hb = lin / lead;
+        tile = (int)(lin - hb * lead);
+    } else {
+        const unsigned r = lin - lead * heads, rest = tiles - lead;
+        hb = r / rest;
+        tile = (int)(lead + r - hb * rest);
+    }
+    hk = (int)(hb % (unsigned)a.heads_kv), b = (int)(hb / (unsigned)a.heads_kv);
+#elif FG_HEAD_PAIRS
     /* block x of pair y: tile x / 2 of kv head 2 y + x % 2 */
     tile = (int)(blockIdx.x >> 1), hk = (int)(2 * blockIdx.y + (blockIdx.x & 1)), b = (int)blockIdx.z;
 #else
@@ -523,8 +540,83 @@ static __device__ __forceinline__ void fgs_block_of(const fgb_args &a, int &tile
 #endif
 }
 
-/* Grid (kv_tiles, Hkv, B), (2 kv_tiles, Hkv / 2, B) in the -pairs kernel;
- * blocks mapped by fgs_block_of. */
+/* The last wave. A pass whose blocks all weigh the same (no block mask)
+ * runs in waves of one block per SM; where the block count is not a
+ * multiple of the SMs, the last wave's few blocks run on alone while the
+ * other SMs idle: B=4 H=16 S=8192 is 4096 blocks on 132 SMs, 31 waves and
+ * 4 blocks, 3% of the pass (attention_notes v43). The -lead kernel can
+ * split those last blocks (abi tail_from, tail_pieces; the host chooses,
+ * tail_pieces_of in backward.c): piece p of a block walks items
+ * [p T / P, (p + 1) T / P) of the block's T (its query heads' q steps in
+ * walk order), so the last wave fills the SMs. Each piece adds its dK
+ * and dV (fp32, dK scaled) into the block's accumulator in tail_acc,
+ * zeroed before the pass; the piece that counts last (an int32 per block
+ * after the accumulators, an atomic add after every piece thread's adds
+ * and a fence) converts the accumulator into dk and dv. dQ and the buffer
+ * gradients are sums already and need nothing more. The items' ranges
+ * assume every query head of the group has the same plan: the host splits
+ * only passes without a block mask. */
+static __device__ __forceinline__ void fgs_piece_span(const fgb_args &a, int piece, int group, int gi, int n_items,
+                                                      int &j0, int &j1) {
+    j0 = 0, j1 = n_items;
+#if FG_LEAD_FIRST
+    if (piece >= 0) {
+        const fg_i64 T = (fg_i64)group * n_items, base = (fg_i64)gi * n_items;
+        const fg_i64 lo = (fg_i64)piece * T / a.tail_pieces, hi = (fg_i64)(piece + 1) * T / a.tail_pieces;
+        j0 = (int)min(max(lo - base, (fg_i64)0), (fg_i64)n_items);
+        j1 = (int)min(max(hi - base, (fg_i64)0), (fg_i64)n_items);
+    }
+#endif
+}
+
+#define FGS_TAIL_BAR 11 /* the consumers' named barrier of the tail's count */
+
+/* A tail piece's dK (scaled) and dV into its block's accumulator; the
+ * last piece to count converts the accumulator into dk and dv (rows
+ * before kv_end). `flag` is a shared int the consumers may use. */
+static __device__ __forceinline__ void fgs_tail_add(const fgb_args &a, const float (&dk)[FGS_DT][4],
+                                                    const float (&dv)[FGS_DT][4], int tail_block, int cw, int ctid,
+                                                    int hk, int b, int kv0, int kv_end, volatile int *flag) {
+    const int warp = ctid >> 5, g = (ctid & 31) >> 2, t4 = ctid & 3;
+    const fg_i64 blk_floats = 2 * FGS_BLOCK_N * FGB_D;
+    float *const acc = (float *)a.tail_acc + tail_block * blk_floats;
+#pragma unroll
+    for (int i = 0; i < FGS_DT; i++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int r = cw * 64 + warp * 16 + g + 8 * half, c = 8 * i + 2 * t4;
+            float *const pk = acc + r * FGB_D + c, *const pv = pk + FGS_BLOCK_N * FGB_D;
+            asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(pk), "f"(dk[i][2 * half] * a.scale),
+                         "f"(dk[i][2 * half + 1] * a.scale)
+                         : "memory");
+            asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(pv), "f"(dv[i][2 * half]),
+                         "f"(dv[i][2 * half + 1])
+                         : "memory");
+        }
+    __threadfence(); /* this thread's adds before the count */
+    fgh_named_sync(FGS_TAIL_BAR, 256);
+    if (cw == 0 && ctid == 0) {
+        const int n_tail = (int)((gridDim.x - (unsigned)a.tail_from) / (unsigned)a.tail_pieces);
+        int *const count = (int *)((float *)a.tail_acc + (fg_i64)n_tail * blk_floats) + tail_block;
+        *flag = atomicAdd(count, 1) == a.tail_pieces - 1;
+    }
+    fgh_named_sync(FGS_TAIL_BAR, 256);
+    if (!*flag) return;
+    __threadfence(); /* the other pieces' adds, counted before this one */
+    fg_elem *dkp = (fg_elem *)a.dk + (fg_i64)b * a.dk_stride[0] + (fg_i64)hk * a.dk_stride[1];
+    fg_elem *dvp = (fg_elem *)a.dv + (fg_i64)b * a.dv_stride[0] + (fg_i64)hk * a.dv_stride[1];
+    for (int e = cw * 128 + ctid; e < FGS_BLOCK_N * (FGB_D / 2); e += 256) {
+        const int r = e / (FGB_D / 2), c = (e % (FGB_D / 2)) * 2, kv = kv0 + r;
+        if (kv >= kv_end) break; /* rows go up with e */
+        const float2 k2 = __ldcg((const float2 *)(acc + r * FGB_D + c));
+        const float2 v2 = __ldcg((const float2 *)(acc + (FGS_BLOCK_N + r) * FGB_D + c));
+        *(fg_u32 *)(dkp + (fg_i64)kv * a.dk_stride[2] + c) = fg_pack2(k2.x, k2.y);
+        *(fg_u32 *)(dvp + (fg_i64)kv * a.dv_stride[2] + c) = fg_pack2(v2.x, v2.y);
+    }
+}
+
+/* Grid (kv_tiles, Hkv, B), (2 kv_tiles, Hkv / 2, B) in the -pairs kernel,
+ * one-dimensional in the -lead kernel; blocks mapped by fgs_block_of. */
 extern "C" __global__ void __launch_bounds__(FGS_THREADS, 1)
 fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant__ fg_mod_params p,
                       const __grid_constant__ fg_mod_grads gr, const __grid_constant__ fgs_maps maps) {
@@ -549,8 +641,8 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
     const float *const rows0 = (const float *)(fgs_smem + (sRows - base));
 
     const int tid = threadIdx.x, wg = tid >> 7;
-    int tile, hk, b;
-    fgs_block_of(a, tile, hk, b);
+    int tile, hk, b, piece, tail_block;
+    fgs_block_of(a, tile, hk, b, piece, tail_block);
     const int group = a.heads_q / a.heads_kv;
     const int kv0 = tile * FGS_BLOCK_N;
     const int kv_end = min(a.kv_len, kv0 + FGS_BLOCK_N);
@@ -588,8 +680,10 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
                 const int h = hk * group + gi;
                 const fgb_plan pl = fgs_plan(a, b, h, kv0);
                 const fg_i64 row_base = ((fg_i64)b * a.heads_q + h) * a.q_pitch;
-                fgs_walk walk = fgs_walk_start(pl, fgs_rotation(a, pl, b, h, tile));
-                for (int j = 0; j < pl.n_items; j++) {
+                int j0, j1;
+                fgs_piece_span(a, piece, group, gi, pl.n_items, j0, j1);
+                fgs_walk walk = fgs_walk_start(pl, fgs_walk_first(pl, fgs_rotation(a, pl, b, h, tile), j0));
+                for (int j = j0; j < j1; j++) {
                     bool partial;
                     const int q0 = fgs_walk_next(pl, walk, partial);
                     if (q0 >= a.q_len) continue; /* a block's step past Q_LEN: nothing there */
@@ -662,8 +756,10 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
             for (int half = 0; half < 2; half++)
                 mcol[half] = fg_mask_col_init(p, mhd, b, h, min(kvr0 + 8 * half, a.kv_len - 1) + a.kv_offset);
         }
-        fgs_walk walk = fgs_walk_start(pl, fgs_rotation(a, pl, b, h, tile));
-        for (int j = 0; j < pl.n_items; j++) {
+        int j0, j1;
+        fgs_piece_span(a, piece, group, gi, pl.n_items, j0, j1);
+        fgs_walk walk = fgs_walk_start(pl, fgs_walk_first(pl, fgs_rotation(a, pl, b, h, tile), j0));
+        for (int j = j0; j < j1; j++) {
             bool partial;
             const int q0 = fgs_walk_next(pl, walk, partial);
             /* the producer skips these too; past q_pitch the dQ tile would
@@ -851,52 +947,62 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
      * takes the dQ staging tile, which nothing else uses. Both in the
      * 128-byte-swizzled regions of 64 columns that the tensor maps' boxes
      * describe (fgh_swz128). */
-    const fg_u32 sVc = sV + cw * 64 * 128;
-    const fg_u32 sKc = dq_atomic ? sStage + (n & 1) * FGS_STAGE_BYTES + cw * FGS_Q_TILE : sDQ + cw * FGS_DQ_BYTES;
-    static_assert(FGS_Q_TILE >= 64 * FGB_D * 2 && FGS_DQ_BYTES >= 64 * FGB_D * 2,
-                  "dK fits in a stage's Q or dO tile and in a consumer's dQ staging tile");
-#pragma unroll
-    for (int i = 0; i < FGS_DT; i++)
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            const int r = warp * 16 + g + 8 * half;
-            const fg_u32 off = fgh_swz128(r, (i & 7) * 16 + 4 * t4);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sVc + (i >> 3) * FGS_KV_REGION + off),
-                         "r"(fg_pack2(dv[i][2 * half], dv[i][2 * half + 1]))
-                         : "memory");
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sKc + (i >> 3) * 64 * 128 + off),
-                         "r"(fg_pack2(dk[i][2 * half] * a.scale, dk[i][2 * half + 1] * a.scale))
-                         : "memory");
-        }
-    if (a.dkdv_tma) {
-        /* one TMA store per region and tensor (rows past kv_len are not
-         * written) */
-        fgh_fence_async_smem();
-        fgh_named_sync(5 + cw, 128);
-        if (ctid == 0) {
-#pragma unroll
-            for (int r = 0; r < FGS_REGIONS; r++) {
-                fgh_tma_store(&maps.dv, sVc + r * FGS_KV_REGION, r * 64, kv0 + cw * 64, hk, b);
-                fgh_tma_store(&maps.dk, sKc + r * 64 * 128, r * 64, kv0 + cw * 64, hk, b);
+#if FG_LEAD_FIRST
+    if (piece >= 0) {
+        /* a tail piece: into the block's accumulator (the mask row parts'
+         * shared words are free: both consumers are past their steps at
+         * the count's first barrier) */
+        fgs_tail_add(a, dk, dv, tail_block, cw, ctid, hk, b, kv0, kv_end, (volatile int *)(fgs_smem + (sRowP - base)));
+    } else
+#endif
+    {
+        const fg_u32 sVc = sV + cw * 64 * 128;
+        const fg_u32 sKc = dq_atomic ? sStage + (n & 1) * FGS_STAGE_BYTES + cw * FGS_Q_TILE : sDQ + cw * FGS_DQ_BYTES;
+        static_assert(FGS_Q_TILE >= 64 * FGB_D * 2 && FGS_DQ_BYTES >= 64 * FGB_D * 2,
+                      "dK fits in a stage's Q or dO tile and in a consumer's dQ staging tile");
+    #pragma unroll
+        for (int i = 0; i < FGS_DT; i++)
+    #pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int r = warp * 16 + g + 8 * half;
+                const fg_u32 off = fgh_swz128(r, (i & 7) * 16 + 4 * t4);
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sVc + (i >> 3) * FGS_KV_REGION + off),
+                             "r"(fg_pack2(dv[i][2 * half], dv[i][2 * half + 1]))
+                             : "memory");
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sKc + (i >> 3) * 64 * 128 + off),
+                             "r"(fg_pack2(dk[i][2 * half] * a.scale, dk[i][2 * half + 1] * a.scale))
+                             : "memory");
             }
-            fgh_bulk_commit();
-        }
-    } else {
-        /* dK or dV not 16-byte aligned: row by row, 4 bytes a thread, so a
-         * warp writes 128 contiguous bytes of a row */
-        fgh_named_sync(5 + cw, 128);
-        fg_elem *dkp = (fg_elem *)a.dk + (fg_i64)b * a.dk_stride[0] + (fg_i64)hk * a.dk_stride[1];
-        fg_elem *dvp = (fg_elem *)a.dv + (fg_i64)b * a.dv_stride[0] + (fg_i64)hk * a.dv_stride[1];
-        for (int e = ctid; e < 64 * (FGB_D / 2); e += 128) {
-            const int r = e / (FGB_D / 2), c = (e % (FGB_D / 2)) * 2, kv = kv0 + cw * 64 + r;
-            if (kv >= kv_end) break; /* rows go up with e */
-            const int region = c >> 6;
-            const fg_u32 off = fgh_swz128(r, (c & 63) * 2);
-            fg_u32 vx, kx;
-            asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(vx) : "r"(sVc + region * FGS_KV_REGION + off));
-            asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(kx) : "r"(sKc + region * 64 * 128 + off));
-            *(fg_u32 *)(dvp + (fg_i64)kv * a.dv_stride[2] + c) = vx;
-            *(fg_u32 *)(dkp + (fg_i64)kv * a.dk_stride[2] + c) = kx;
+        if (a.dkdv_tma) {
+            /* one TMA store per region and tensor (rows past kv_len are not
+             * written) */
+            fgh_fence_async_smem();
+            fgh_named_sync(5 + cw, 128);
+            if (ctid == 0) {
+    #pragma unroll
+                for (int r = 0; r < FGS_REGIONS; r++) {
+                    fgh_tma_store(&maps.dv, sVc + r * FGS_KV_REGION, r * 64, kv0 + cw * 64, hk, b);
+                    fgh_tma_store(&maps.dk, sKc + r * 64 * 128, r * 64, kv0 + cw * 64, hk, b);
+                }
+                fgh_bulk_commit();
+            }
+        } else {
+            /* dK or dV not 16-byte aligned: row by row, 4 bytes a thread, so a
+             * warp writes 128 contiguous bytes of a row */
+            fgh_named_sync(5 + cw, 128);
+            fg_elem *dkp = (fg_elem *)a.dk + (fg_i64)b * a.dk_stride[0] + (fg_i64)hk * a.dk_stride[1];
+            fg_elem *dvp = (fg_elem *)a.dv + (fg_i64)b * a.dv_stride[0] + (fg_i64)hk * a.dv_stride[1];
+            for (int e = ctid; e < 64 * (FGB_D / 2); e += 128) {
+                const int r = e / (FGB_D / 2), c = (e % (FGB_D / 2)) * 2, kv = kv0 + cw * 64 + r;
+                if (kv >= kv_end) break; /* rows go up with e */
+                const int region = c >> 6;
+                const fg_u32 off = fgh_swz128(r, (c & 63) * 2);
+                fg_u32 vx, kx;
+                asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(vx) : "r"(sVc + region * FGS_KV_REGION + off));
+                asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(kx) : "r"(sKc + region * 64 * 128 + off));
+                *(fg_u32 *)(dvp + (fg_i64)kv * a.dv_stride[2] + c) = vx;
+                *(fg_u32 *)(dkp + (fg_i64)kv * a.dk_stride[2] + c) = kx;
+            }
         }
     }
     if (FGS_DQ_STORER && dq_atomic) {
