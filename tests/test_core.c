@@ -162,7 +162,8 @@ static void test_options(void **state) {
     static const struct {
         const char *env;
         fg_option opt;
-    } switches[] = {{"FLEXGEN_DECODE_HEAD_PAIRS", FG_OPT_DECODE_HEAD_PAIRS}, {"FLEXGEN_BWD_TAIL_SPLIT", FG_OPT_BWD_TAIL_SPLIT}};
+    } switches[] = {{"FLEXGEN_DECODE_HEAD_PAIRS", FG_OPT_DECODE_HEAD_PAIRS},
+                    {"FLEXGEN_BWD_TAIL_SPLIT", FG_OPT_BWD_TAIL_SPLIT}};
     for (size_t i = 0; i < sizeof switches / sizeof switches[0]; i++) {
         check_env_defaults(switches[i].env, switches[i].opt, on_envs, sizeof on_envs / sizeof on_envs[0]);
         static const int64_t bad_switch[] = {-1, 2};

@@ -307,8 +307,8 @@ static fg_status run_passes(fg_ctx *ctx, const fg_kernel *k, const fg_attention_
                            (unsigned)a->batch};
     if (k->config.lead_first && k->kernel->variant == FGI_VARIANT_SM90) {
         const unsigned blocks = (unsigned)abi->kv_tiles * (unsigned)a->heads_kv * (unsigned)a->batch;
-        kv_grid[0] = abi->tail_pieces ? (unsigned)abi->tail_from + (blocks - (unsigned)abi->tail_from) * (unsigned)abi->tail_pieces
-                                      : blocks;
+        const unsigned from = (unsigned)abi->tail_from;
+        kv_grid[0] = abi->tail_pieces ? from + (blocks - from) * (unsigned)abi->tail_pieces : blocks;
         kv_grid[1] = kv_grid[2] = 1;
     }
     if (abi->tail_acc)
