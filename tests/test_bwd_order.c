@@ -12,7 +12,8 @@
  * pairs of heads where a head's tiles grow lighter along the kv axis
  * (causal, a prefix, global keys in front), not where they weigh alike (a band, no mask), nor
  * with an odd number of kv heads. Then the same on masks the CPU builder makes from the gallery's
- * local_global and causal, and arguments the choice must refuse. */
+ * local_global and causal, and arguments the choice must refuse; last, how
+ * many pieces the tail split makes of the last wave's blocks. */
 #include "testutil.h"
 
 #include <stdlib.h>
@@ -230,11 +231,47 @@ static void test_bad_input(void **state) {
     free(m.full_q_num);
 }
 
+/* The tail split's pieces: B=4 H=16 S=8192's 4096 blocks on 132 SMs leave
+ * 4 in the last wave, 33 pieces each (fewer where a block has fewer
+ * steps); a grid of whole waves, a last wave of half the SMs or more, a
+ * block of one step, and a grid reaching 2^31 blocks take none. */
+static void test_tail_pieces(void **state) {
+    (void)state;
+    static const struct {
+        int64_t blocks;
+        int sms;
+        int64_t steps, from;
+        int pieces;
+    } cases[] = {
+        {4096, 132, 128, 4092, 33},
+        {4096, 132, 10, 4092, 10},
+        {16, 132, 16, 0, 8},
+        {1, 132, 266, 0, 132},
+        {198, 132, 64, 132, 2},
+        {264, 132, 128, 0, 0},
+        {200, 132, 128, 0, 0},
+        {1, 132, 1, 0, 0},
+        {0, 132, 8, 0, 0},
+        {4096, 0, 8, 0, 0},
+        {4096, 132, 0, 0, 0},
+        {((int64_t)1 << 31) - 60, 132, 64, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int64_t from = -1;
+        const int got = fgi_bwd_tail_pieces(cases[i].blocks, cases[i].sms, cases[i].steps, &from);
+        if (got != cases[i].pieces || from != cases[i].from)
+            print_error("case %zu: %d pieces from %lld\n", i, got, (long long)from);
+        assert_int_equal(got, cases[i].pieces);
+        assert_int_equal(from, cases[i].from);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_built_masks),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_tail_pieces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

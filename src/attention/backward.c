@@ -191,12 +191,10 @@ static bool head_pairs_of(fg_ctx *ctx, const fg_mod *mod, const fg_attention_arg
 /* The Hopper dK/dV pass's tail split for call `b` in blocks of
  * `tile_rows` kv rows and steps of `step_rows` q rows (templates'
  * "The last wave"): how many pieces each block of the last wave becomes
- * (0: no split), and in *from the first of those blocks. Only without a
- * block mask (every block walks the same q steps), not in deterministic
- * mode (the pieces' fp32 sums are added in any order), with
- * FG_OPT_BWD_TAIL_SPLIT on, and where the last wave's blocks are fewer
- * than half the SMs: each becomes SMs / tail pieces, at most one per q
- * step of the block. */
+ * (0: no split), and in *from the first of those blocks
+ * (fgi_bwd_tail_pieces). Only without a block mask (every block walks the
+ * same q steps), not in deterministic mode (the pieces' fp32 sums are
+ * added in any order), and with FG_OPT_BWD_TAIL_SPLIT on. */
 static int tail_pieces_of(fg_ctx *ctx, const fg_attention_bwd_args *b, int tile_rows, int step_rows, int *from) {
     const fg_attention_args *a = b->fwd;
     *from = 0;
@@ -207,15 +205,11 @@ static int tail_pieces_of(fg_ctx *ctx, const fg_attention_bwd_args *b, int tile_
         return 0;
     }
     const int64_t kv_tiles = (a->kv_len + tile_rows - 1) / tile_rows;
-    const int64_t blocks = kv_tiles * a->heads_kv * a->batch, tail = blocks % sms;
     const int64_t steps = (int64_t)(a->q_len + step_rows - 1) / step_rows * (a->heads_q / a->heads_kv);
-    if (tail == 0 || 2 * tail > sms) return 0;
-    int64_t pieces = sms / tail;
-    if (pieces > steps) pieces = steps;
-    /* the grid is one-dimensional, its index 32-bit */
-    if (pieces < 2 || blocks - tail + tail * pieces >= ((int64_t)1 << 31)) return 0;
-    *from = (int)(blocks - tail);
-    return (int)pieces;
+    int64_t first;
+    const int pieces = fgi_bwd_tail_pieces(kv_tiles * a->heads_kv * a->batch, sms, steps, &first);
+    *from = (int)first; /* under 2^31 where pieces > 0 */
+    return pieces;
 }
 
 static void fill_abi(const fg_kernel *k, const fg_attention_bwd_args *b, const fgi_attn_strides *st,

@@ -132,3 +132,16 @@ int fgi_bwd_head_pairs(const fgi_bwd_tiles *t) {
     if (!weighable(t, &total) || t->heads_kv % 2 != 0) return 0;
     return FGI_BWD_PAIRS_GAIN * estimate_pairs(t, total) <= (FGI_BWD_PAIRS_GAIN - 1) * estimate(t, 0, total);
 }
+
+int fgi_bwd_tail_pieces(int64_t blocks, int sms, int64_t steps, int64_t *from) {
+    *from = 0;
+    if (blocks <= 0 || sms <= 0 || steps <= 0) return 0;
+    const int64_t tail = blocks % sms;
+    if (tail == 0 || 2 * tail > sms) return 0;
+    int64_t pieces = sms / tail;
+    if (pieces > steps) pieces = steps;
+    /* the grid is one-dimensional, its index 32-bit */
+    if (pieces < 2 || blocks - tail + tail * pieces >= ((int64_t)1 << 31)) return 0;
+    *from = blocks - tail;
+    return (int)pieces;
+}

@@ -36,4 +36,12 @@ int fgi_bwd_lead_tiles(const fgi_bwd_tiles *t);
 #define FGI_BWD_PAIRS_GAIN 200
 int fgi_bwd_head_pairs(const fgi_bwd_tiles *t);
 
+/* The tail split (the -lead kernel's "last wave"): for a pass of `blocks`
+ * equal blocks of `steps` q steps each, one block per SM on `sms` SMs,
+ * how many pieces each block of the last wave becomes, and in *from the
+ * first of those blocks; 0 where the last wave is empty or fills half the
+ * SMs or more, where a block would not make two pieces (SMs / tail of
+ * them, at most one per step), or where the grid would reach 2^31 blocks. */
+int fgi_bwd_tail_pieces(int64_t blocks, int sms, int64_t steps, int64_t *from);
+
 #endif
