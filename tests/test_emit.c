@@ -948,6 +948,17 @@ static fg_kernel_config approx_config(size_t k, int approx) {
     return c;
 }
 
+/* `key` is `base` with one line more, the one starting at `line`'s first
+ * occurrence in `key`, and otherwise the same. */
+static void assert_one_line_more(const char *key, const char *base, const char *line) {
+    const char *at = strstr(key, line);
+    assert_non_null(at);
+    const char *end = strchr(at, '\n') + 1;
+    assert_int_equal(strlen(key) - (size_t)(end - at), strlen(base));
+    assert_memory_equal(key, base, (size_t)(at - key));
+    assert_string_equal(end, base + (at - key));
+}
+
 /* Keys, names and sources: the accurate kernel of every kind is what it
  * was (no key line, no macro, no template: the goldens and test_keys hold
  * its bytes), the approximate one differs in exactly those; the context's
@@ -968,11 +979,7 @@ static void test_approx_keys(void **state) {
         assert_non_null(strstr(apx.key, "\napprox_math 1 approx_math.cuh "));
         assert_string_not_equal(acc.key, apx.key);
         /* one line more, and the rest the same */
-        const char *line = strstr(apx.key, "approx_math 1");
-        const char *end = strchr(line, '\n') + 1;
-        assert_int_equal(strlen(apx.key) - (size_t)(end - line), strlen(acc.key));
-        assert_memory_equal(apx.key, acc.key, (size_t)(line - apx.key));
-        assert_string_equal(end, acc.key + (line - apx.key));
+        assert_one_line_more(apx.key, acc.key, "approx_math 1");
         char want[200];
         snprintf(want, sizeof want, "%s-approx", acc.name);
         assert_string_equal(apx.name, want);
@@ -1094,11 +1101,8 @@ static void test_order_forms(void **state) {
         assert_int_equal(cg.config.lead_first, forms[i].lead);
         assert_int_equal(cg.config.head_pairs, forms[i].pairs);
         /* one key line more, the rest the same */
-        const char *line = strstr(cg.key, forms[i].key_line);
-        assert_non_null(line);
-        line++;
-        assert_memory_equal(cg.key, p0.key, (size_t)(line - cg.key));
-        assert_string_equal(strchr(line, '\n') + 1, p0.key + (line - cg.key));
+        assert_non_null(strstr(cg.key, forms[i].key_line));
+        assert_one_line_more(cg.key, p0.key, forms[i].key_line + 1);
         char want[200];
         snprintf(want, sizeof want, "%s%s", p0.name, forms[i].suffix);
         assert_string_equal(cg.name, want);
@@ -1175,11 +1179,8 @@ static void test_decode_pairs(void **state) {
     assert_string_equal(p0.name, "attention_decode-causal-bf16-d64");
     assert_string_equal(p1.name, "attention_decode-causal-bf16-d64-pairs");
     assert_null(strstr(p0.key, "head_pairs"));
-    const char *line = strstr(p1.key, "\nhead_pairs 1\n");
-    assert_non_null(line);
-    line++;
-    assert_memory_equal(p1.key, p0.key, (size_t)(line - p1.key));
-    assert_string_equal(strchr(line, '\n') + 1, p0.key + (line - p1.key));
+    assert_non_null(strstr(p1.key, "\nhead_pairs 1\n"));
+    assert_one_line_more(p1.key, p0.key, "head_pairs 1\n");
     fgi_codegen_free(&p0);
     fgi_codegen_free(&p1);
     char *src0 = NULL, *src1 = NULL;

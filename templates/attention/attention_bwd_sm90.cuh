@@ -586,12 +586,8 @@ static __device__ __forceinline__ void fgs_tail_add(const fgb_args &a, const flo
         for (int half = 0; half < 2; half++) {
             const int r = cw * 64 + warp * 16 + g + 8 * half, c = 8 * i + 2 * t4;
             float *const pk = acc + r * FGB_D + c, *const pv = pk + FGS_BLOCK_N * FGB_D;
-            asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(pk), "f"(dk[i][2 * half] * a.scale),
-                         "f"(dk[i][2 * half + 1] * a.scale)
-                         : "memory");
-            asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(pv), "f"(dv[i][2 * half]),
-                         "f"(dv[i][2 * half + 1])
-                         : "memory");
+            fgb_red2(pk, dk[i][2 * half] * a.scale, dk[i][2 * half + 1] * a.scale);
+            fgb_red2(pv, dv[i][2 * half], dv[i][2 * half + 1]);
         }
     __threadfence(); /* this thread's adds before the count */
     fgh_named_sync(FGS_TAIL_BAR, 256);
