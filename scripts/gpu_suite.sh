@@ -53,7 +53,13 @@ shards() { # program: its test names, one per line (none: run it whole)
             "$FLEXGEN_SOURCE_ROOT/tests/$1.c" | awk '!seen[$0]++' ;;
     esac
 }
+# FLEXGEN_SUITE_PROGRAMS, when set, names the programs to run (e.g.
+# "gpu_attention_bwd train_step": test programs and examples by name);
+# unset, every one runs.
+programs=${FLEXGEN_SUITE_PROGRAMS:-}
+wanted() { [ -z "$programs" ] || [[ " $programs " == *" $1 "* ]]; }
 for t in gpu_attention_bwd gpu_attention gpu_attention_decode gpu_jit gpu_blockmask gpu_split gpu_capture gpu_cp; do
+    wanted "$t" || continue
     [ -x "$build/tests/$t" ] || continue
     filters=$(shards "$t")
     if [ -z "$filters" ]; then
@@ -67,13 +73,13 @@ done
 # gpu_cp again with both ranks on GPU 0 through the loopback communicator
 # (tests/loopback_nccl.c): one GPU and no NCCL needed.
 loopback=$build/tests/libloopback_nccl.so
-[ -x "$build/tests/gpu_cp" ] && [ -f "$loopback" ] &&
+[ -x "$build/tests/gpu_cp" ] && [ -f "$loopback" ] && wanted gpu_cp &&
     run gpu_cp_loopback env FLEXGEN_NCCL_LIB="$loopback" "$build/tests/gpu_cp"
 for e in causal sliding_window document_packing alibi serving_loop train_step context_parallel; do
-    [ -x "$build/examples/$e" ] && run "example_$e" "$build/examples/$e"
+    [ -x "$build/examples/$e" ] && wanted "$e" && run "example_$e" "$build/examples/$e"
 done
-[ -x "$build/examples/serving_loop" ] && run example_serving_loop_graph "$build/examples/serving_loop" --graph
-[ -x "$build/examples/custom_mod" ] && run example_custom_mod "$build/examples/custom_mod" mods/softcap.c
+[ -x "$build/examples/serving_loop" ] && wanted serving_loop && run example_serving_loop_graph "$build/examples/serving_loop" --graph
+[ -x "$build/examples/custom_mod" ] && wanted custom_mod && run example_custom_mod "$build/examples/custom_mod" mods/softcap.c
 wait
 fail=0
 for name in "${names[@]}"; do
