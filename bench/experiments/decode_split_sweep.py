@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""decode_split_sweep.py -- the decode walk's time at B=1 by split count.
+
+Causal, GQA 32/8, Q=1, bf16, head dims 128 and 64, KV 131072, 120000 and
+100000; FG_OPT_DECODE_SPLITS n (0: the call's own choice) set on the
+Python module's context. Prints, per count, the do_bench median of the
+call and the walk kernel's median duration (CUPTI, after an L2 flush), us.
+
+    FLEXGEN_LIB=BUILD/src/libflexgen.so python3 bench/experiments/decode_split_sweep.py
+
+Written for attention_notes decode d22 (bench/results/2026-11-28_h100_decode_b1_splits_pdl.txt).
+"""
+import json, math, os, sys, tempfile, ctypes
+sys.path.insert(0, "python")
+import torch
+import flexgen
+from triton.testing import do_bench
+dev = torch.device("cuda")
+cache = torch.empty(256 << 20, dtype=torch.int8, device=dev)
+def walk_us(fn, n=10):
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            cache.zero_(); fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as t:
+        p = os.path.join(t, "x.json"); prof.export_chrome_trace(p); ev = json.load(open(p))["traceEvents"]
+    d = sorted(e["dur"] for e in ev if e.get("cat") == "kernel" and "decode_r" in e["name"])
+    return d[len(d) // 2]
+c = flexgen._ctx(0)
+for D in (128, 64):
+    for KV in (131072, 120000, 100000):
+        HQ, HKV, Q, B = 32, 8, 1, 1
+        g = torch.Generator(device=dev).manual_seed(1)
+        q = torch.randn((B, HQ, Q, D), dtype=torch.bfloat16, device=dev, generator=g)
+        k = torch.randn((B, HKV, KV, D), dtype=torch.bfloat16, device=dev, generator=g)
+        v = torch.randn((B, HKV, KV, D), dtype=torch.bfloat16, device=dev, generator=g)
+        gb = 2 * B * HKV * KV * D * 2
+        res = []
+        for n in (0, 34, 33, 32, 31, 30, 29, 28, 26, 24):
+            c.check(c._lib.fg_ctx_set_int(c.handle, 13, n))
+            call = flexgen.prepare(q, k, v, "mods/causal.c", None, {}, {}, scale=1 / math.sqrt(D), enable_gqa=True, q_offset=KV - Q)
+            call()
+            ms = do_bench(call, warmup=20, rep=120, return_mode="median")
+            w = walk_us(call)
+            res.append(f"n={n}: {ms*1e3:.1f}/{w:.1f}")
+        print(f"D={D} KV={KV} ({gb/1e6:.0f} MB): total/walk us  " + "  ".join(res), flush=True)
+c.check(c._lib.fg_ctx_set_int(c.handle, 13, 0))
