@@ -59,14 +59,17 @@ per mod and system (--png).
 """
 
 import argparse
+import atexit
 import datetime
 import json
 import math
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -132,11 +135,74 @@ def issue_ms(fn, n=20):
     return (t1 - t0) * 1e3 / n
 
 
+class ClockLog:
+    """The GPU's SM clock and throttle reasons, read every 25 ms by one
+    `nvidia-smi -lms` process for the whole run (reading only: nothing
+    is set). Under the software power cap a backward that does more work
+    per second runs at a lower clock than a slower one beside it, which
+    moved the sparse rows' ratios by 5% between runs (bench/RESULTS.md,
+    2026-11-28 ~02:31), so each timing records the clock it ran at.
+    Without nvidia-smi it records nothing."""
+
+    def __init__(self, index):
+        self.samples = []  # (host time, MHz, throttle reasons)
+        self.proc = None
+        exe = shutil.which("nvidia-smi")
+        if exe is None:
+            return
+        # nvidia-smi numbers GPUs its own way: name this one by its PCI address
+        try:
+            p = torch.cuda.get_device_properties(index)
+            gpu = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+        except (AttributeError, RuntimeError):
+            gpu = str(index)
+        try:
+            self.proc = subprocess.Popen(
+                [exe, "-i", gpu, "--query-gpu=clocks.sm,clocks_throttle_reasons.active",
+                 "--format=csv,noheader,nounits", "-lms", "25"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            return
+        atexit.register(self.stop)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                mhz, reasons = (f.strip() for f in line.split(","))
+                self.samples.append((time.time(), float(mhz), int(reasons, 16)))
+            except ValueError:
+                pass
+
+    def between(self, t0, t1):
+        """The samples of [t0, t1]: median and lowest MHz, their count and
+        the share with the software power cap on (reason bit 0x4); None
+        without any."""
+        sel = [x for x in self.samples if t0 <= x[0] <= t1]
+        if not sel:
+            return None
+        mhz = sorted(x[1] for x in sel)
+        return {"median_mhz": mhz[len(mhz) // 2], "min_mhz": mhz[0], "samples": len(sel),
+                "power_cap_share": round(sum(1 for x in sel if x[2] & 0x4) / len(sel), 2)}
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+
+
+CLOCKS = None  # the run's ClockLog (main)
+
+
 def time_into(row, ms_key, issue_key, system, call, opts):
     """row[ms_key][system] = bench_ms of call, row[issue_key][system] its
-    issue_ms; says on stderr when the timing is within 20% of its issue
+    issue_ms, row["clock"][ms_key][system] the SM clock during the timing
+    (ClockLog); says on stderr when the timing is within 20% of its issue
     time (host-bound, not a GPU figure)."""
+    t0 = time.time()
     ms = row[ms_key][system] = bench_ms(call, opts.warmup, opts.rep)
+    clock = CLOCKS.between(t0, time.time()) if CLOCKS is not None else None
+    if clock is not None:
+        row.setdefault("clock", {}).setdefault(ms_key, {})[system] = clock
     issue = row[issue_key][system] = issue_ms(call)
     if issue > 0.8 * ms:
         print(f"# {row['name']}: {system} ({ms_key}): issuing a call takes {issue:.3f} ms of its "
@@ -629,6 +695,19 @@ def parse_args(argv):
     return a
 
 
+def clock_lines(rows):
+    """One line per row: the SM clock (median MHz) each system's timings
+    ran at, '*' where the power cap was on for some of its samples."""
+    out = ["SM clock during each timing (median MHz; * power cap on in some samples):"]
+    for r in rows:
+        parts = []
+        for key, label in (("ms", "fwd"), ("bwd_ms", "bwd")):
+            for system, c in r.get("clock", {}).get(key, {}).items():
+                parts.append(f"{system} {label} {c['median_mhz']:.0f}{'*' if c['power_cap_share'] > 0 else ''}")
+        out.append(f"  {r['name']:15s} " + ("  ".join(parts) if parts else "(no samples)"))
+    return "\n".join(out)
+
+
 def main(argv=None):
     opts = parse_args(sys.argv[1:] if argv is None else argv)
     if not torch.cuda.is_available():
@@ -679,6 +758,10 @@ def main(argv=None):
         }
     print(f"# {meta['device']}  torch {meta['torch']}  flexgen {meta['flexgen']}  "
           f"B={opts.batch} H={opts.heads} S={opts.seq} D={opts.head_dim} {opts.dtype}", flush=True)
+    global CLOCKS
+    CLOCKS = ClockLog(dev.index if dev.index is not None else torch.cuda.current_device())
+    meta["clock"] = ("SM clock per timing (row 'clock'): nvidia-smi -lms 25 samples inside the timing's "
+                     "wall interval; power_cap_share: the share with the software power cap on")
     rows, firsts = [], {}
     if "flexgen" in opts.systems:
         meta["flexgen_process_first_compile_ms"] = nvrtc_process_warmup(dev)
@@ -692,7 +775,9 @@ def main(argv=None):
         t0 = time.perf_counter()
         rows.append(run_case(spec, inputs, opts, firsts.get(spec.name), dout))
         print(f"# {spec.name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    CLOCKS.stop()
     print(table(rows))
+    print(clock_lines(rows))
     failures = {r["name"]: r["failures"] for r in rows if r["failures"]}
     if failures:
         print("failures:", json.dumps(failures, indent=1))
