@@ -10,23 +10,21 @@ call and the walk kernel's median duration (CUPTI, after an L2 flush), us.
 
 Written for attention_notes decode d22 (bench/results/2026-11-28_h100_decode_b1_splits_pdl.txt).
 """
-import json, math, os, sys, tempfile, ctypes
-sys.path.insert(0, "python")
+import math, os, sys
+sys.path.insert(0, "python"); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch
 import flexgen
 from triton.testing import do_bench
+from kernel_timeline import kernel_events  # the flush and the kernel records
 dev = torch.device("cuda")
-cache = torch.empty(256 << 20, dtype=torch.int8, device=dev)
+
+
 def walk_us(fn, n=10):
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            cache.zero_(); fn()
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as t:
-        p = os.path.join(t, "x.json"); prof.export_chrome_trace(p); ev = json.load(open(p))["traceEvents"]
-    d = sorted(e["dur"] for e in ev if e.get("cat") == "kernel" and "decode_r" in e["name"])
+    """The decode walk kernel's median duration over n calls, us."""
+    d = sorted(e["dur"] for e in kernel_events(fn, n) if e.get("cat") == "kernel" and "decode_r" in e["name"])
     return d[len(d) // 2]
+
+
 c = flexgen._ctx(0)
 for D in (128, 64):
     for KV in (131072, 120000, 100000):

@@ -20,7 +20,11 @@ import flexgen
 from triton.testing import do_bench
 dev = torch.device("cuda")
 cache = torch.empty(256 << 20, dtype=torch.int8, device=dev)
-def timeline(fn, n=12):
+
+
+def kernel_events(fn, n):
+    """The CUDA kernel and memset records (CUPTI, through torch.profiler)
+    of n calls of fn, each after a 256 MB L2 flush, in start order."""
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
@@ -28,7 +32,13 @@ def timeline(fn, n=12):
         torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as t:
         p = os.path.join(t, "x.json"); prof.export_chrome_trace(p); ev = json.load(open(p))["traceEvents"]
-    ks = sorted([e for e in ev if e.get("cat") in ("kernel", "gpu_memset")], key=lambda e: e["ts"])
+    return sorted([e for e in ev if e.get("cat") in ("kernel", "gpu_memset")], key=lambda e: e["ts"])
+
+
+def timeline(fn, n=12):
+    """Per call after the third: its span from the flush's end, and each
+    of its kernels' gap and duration."""
+    ks = kernel_events(fn, n)
     calls, cur = [], None
     for e in ks:
         if "elementwise" in e["name"] or "memset" in e.get("cat", "") and e["dur"] > 30:
@@ -41,37 +51,42 @@ def timeline(fn, n=12):
             parts.append(f"{name} gap {ts - t:.1f} dur {dur:.1f}"); t = ts + dur
         out.append((t - c["flush_end"], parts))
     return out
-for D in (128, 64):
-    for B, KV in ((1, 131072), (8, 32768)):
-        HQ, HKV, Q = 32, 8, 1
-        g = torch.Generator(device=dev).manual_seed(1)
-        q = torch.randn((B, HQ, Q, D), dtype=torch.bfloat16, device=dev, generator=g)
-        k = torch.randn((B, HKV, KV, D), dtype=torch.bfloat16, device=dev, generator=g)
-        v = torch.randn((B, HKV, KV, D), dtype=torch.bfloat16, device=dev, generator=g)
-        scale = 1 / math.sqrt(D)
-        call = flexgen.prepare(q, k, v, "mods/causal.c", None, {}, {}, scale=scale, enable_gqa=True, q_offset=KV - Q)
-        sd = lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
-        for name, fn in (("flexgen", call), ("sdpa", sd)):
-            fn()
-            ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
-            tl = timeline(fn)
-            spans = sorted(s for s, _ in tl)
-            print(f"D={D} B={B} {name}: do_bench {ms*1e3:.1f} us; span after flush (us) median {spans[len(spans)//2]:.1f} min {spans[0]:.1f}")
-            for p in tl[len(tl)//2][1]: print("   ", p)
-# backward timeline, sliding_window and flamingo-free sparse mask (document-free: sliding_window), D=128 B=4 H=16 S=8192
-B, H, S, D = 4, 16, 8192, 128
-g = torch.Generator(device=dev).manual_seed(2)
-q, k, v = (torch.randn((B, H, S, D), dtype=torch.bfloat16, device=dev, generator=g) for _ in range(3))
-dout = torch.randn((B, H, S, D), dtype=torch.bfloat16, device=dev, generator=g)
-for mname in ("sliding_window", "causal"):
-    mod = flexgen.load_mod(f"mods/{mname}.c", None)
-    bm = flexgen.block_mask(mod, None, None, S, S, {}, {}, device=dev)
-    leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
-    out = flexgen.attention(*leaves, mod, None, {}, {}, block_mask=bm)
-    fn = lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
-    fn()
-    ms = do_bench(fn, warmup=25, rep=300, return_mode="median")
-    tl = timeline(fn, n=8)
-    spans = sorted(s for s, _ in tl)
-    print(f"bwd {mname}: do_bench {ms*1e3:.1f} us; span after flush median {spans[len(spans)//2]:.1f} min {spans[0]:.1f}")
-    for p in tl[len(tl)//2][1]: print("   ", p)
+def main():
+    for D in (128, 64):
+        for B, KV in ((1, 131072), (8, 32768)):
+            HQ, HKV, Q = 32, 8, 1
+            g = torch.Generator(device=dev).manual_seed(1)
+            q = torch.randn((B, HQ, Q, D), dtype=torch.bfloat16, device=dev, generator=g)
+            k = torch.randn((B, HKV, KV, D), dtype=torch.bfloat16, device=dev, generator=g)
+            v = torch.randn((B, HKV, KV, D), dtype=torch.bfloat16, device=dev, generator=g)
+            scale = 1 / math.sqrt(D)
+            call = flexgen.prepare(q, k, v, "mods/causal.c", None, {}, {}, scale=scale, enable_gqa=True, q_offset=KV - Q)
+            sd = lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+            for name, fn in (("flexgen", call), ("sdpa", sd)):
+                fn()
+                ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+                tl = timeline(fn)
+                spans = sorted(s for s, _ in tl)
+                print(f"D={D} B={B} {name}: do_bench {ms*1e3:.1f} us; span after flush (us) median {spans[len(spans)//2]:.1f} min {spans[0]:.1f}")
+                for p in tl[len(tl)//2][1]: print("   ", p)
+    # the backward as compare_torch calls it, D=128 B=4 H=16 S=8192
+    B, H, S, D = 4, 16, 8192, 128
+    g = torch.Generator(device=dev).manual_seed(2)
+    q, k, v = (torch.randn((B, H, S, D), dtype=torch.bfloat16, device=dev, generator=g) for _ in range(3))
+    dout = torch.randn((B, H, S, D), dtype=torch.bfloat16, device=dev, generator=g)
+    for mname in ("sliding_window", "causal"):
+        mod = flexgen.load_mod(f"mods/{mname}.c", None)
+        bm = flexgen.block_mask(mod, None, None, S, S, {}, {}, device=dev)
+        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+        out = flexgen.attention(*leaves, mod, None, {}, {}, block_mask=bm)
+        fn = lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
+        fn()
+        ms = do_bench(fn, warmup=25, rep=300, return_mode="median")
+        tl = timeline(fn, n=8)
+        spans = sorted(s for s, _ in tl)
+        print(f"bwd {mname}: do_bench {ms*1e3:.1f} us; span after flush median {spans[len(spans)//2]:.1f} min {spans[0]:.1f}")
+        for p in tl[len(tl)//2][1]: print("   ", p)
+
+
+if __name__ == "__main__":
+    main()
