@@ -154,7 +154,7 @@ class ClockLog:
         try:
             p = torch.cuda.get_device_properties(index)
             gpu = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
-        except (AttributeError, RuntimeError):
+        except Exception:  # an older torch, or no device to ask
             gpu = str(index)
         try:
             self.proc = subprocess.Popen(

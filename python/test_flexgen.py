@@ -385,6 +385,48 @@ class TorchTwins(unittest.TestCase):
 
 @needs_lib
 @needs_torch
+class BenchClockLog(unittest.TestCase):
+    """compare_torch's ClockLog over a stand-in nvidia-smi on PATH: the
+    samples inside an interval, a line it cannot read left out, and
+    nothing at all without nvidia-smi."""
+
+    def with_path(self, folder, fn):
+        old = os.environ["PATH"]
+        os.environ["PATH"] = folder
+        try:
+            return fn()
+        finally:
+            os.environ["PATH"] = old
+
+    def test_samples_inside_an_interval(self):
+        import compare_torch as ct
+        with tempfile.TemporaryDirectory() as d:
+            fake = os.path.join(d, "nvidia-smi")
+            with open(fake, "w") as f:
+                f.write("#!/bin/sh\necho '1980, 0x0000000000000000'\necho '1755, 0x0000000000000004'\n"
+                        "echo 'not a sample'\nexec sleep 30\n")
+            os.chmod(fake, 0o755)
+            t0 = time.time()
+            log = self.with_path(d + os.pathsep + os.environ["PATH"], lambda: ct.ClockLog(0))
+            deadline = time.time() + 10
+            while len(log.samples) < 2 and time.time() < deadline:
+                time.sleep(0.01)
+            got = log.between(t0, time.time())
+            log.stop()
+        self.assertEqual(got, {"median_mhz": 1980.0, "min_mhz": 1755.0, "samples": 2, "power_cap_share": 0.5})
+        self.assertIsNone(log.between(0, 1))
+
+    def test_without_nvidia_smi_nothing(self):
+        import compare_torch as ct
+        with tempfile.TemporaryDirectory() as d:
+            log = self.with_path(d, lambda: ct.ClockLog(0))
+        self.assertIsNone(log.proc)
+        self.assertIsNone(log.between(0, time.time()))
+        log.stop()
+
+
+@needs_lib
+@needs_torch
 class CpuReference(unittest.TestCase):
     def test_reference_matches_torch_float64(self):
         import compare_torch as ct
