@@ -138,11 +138,10 @@ def issue_ms(fn, n=20):
 class ClockLog:
     """The GPU's SM clock and throttle reasons, read every 25 ms by one
     `nvidia-smi -lms` process for the whole run (reading only: nothing
-    is set). Under the software power cap a backward that does more work
-    per second runs at a lower clock than a slower one beside it, which
-    moved the sparse rows' ratios by 5% between runs (bench/RESULTS.md,
-    2026-11-28 ~02:31), so each timing records the clock it ran at.
-    Without nvidia-smi it records nothing."""
+    is set), so that each timing records the clock it ran at and a ratio
+    that moves between runs says whether the clock moved with it (the
+    sparse backward rows moved 5% at a steady 1980 MHz: bench/RESULTS.md,
+    2026-11-28). Without nvidia-smi it records nothing."""
 
     def __init__(self, index):
         self.samples = []  # (host time, MHz, throttle reasons)
