@@ -41,7 +41,8 @@ def timeline(fn, n=12):
     ks = kernel_events(fn, n)
     calls, cur = [], None
     for e in ks:
-        if "elementwise" in e["name"] or "memset" in e.get("cat", "") and e["dur"] > 30:
+        # the flush (cache.zero_: a fill kernel, or a memset over 30 us) starts a call
+        if "elementwise" in e["name"] or (e.get("cat") == "gpu_memset" and e["dur"] > 30):
             cur = {"flush_end": e["ts"] + e["dur"], "k": []}; calls.append(cur); continue
         if cur is not None: cur["k"].append((e["name"][:40], e["ts"], e["dur"]))
     out = []
@@ -51,6 +52,8 @@ def timeline(fn, n=12):
             parts.append(f"{name} gap {ts - t:.1f} dur {dur:.1f}"); t = ts + dur
         out.append((t - c["flush_end"], parts))
     return out
+
+
 def main():
     for D in (128, 64):
         for B, KV in ((1, 131072), (8, 32768)):
