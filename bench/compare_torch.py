@@ -136,15 +136,28 @@ def issue_ms(fn, n=20):
 
 
 class ClockLog:
-    """The GPU's SM clock and throttle reasons, read every 25 ms by one
-    `nvidia-smi -lms` process for the whole run (reading only: nothing
-    is set), so that each timing records the clock it ran at and a ratio
-    that moves between runs says whether the clock moved with it (the
-    sparse backward rows moved 5% at a steady 1980 MHz: bench/RESULTS.md,
-    2026-11-28). Without nvidia-smi it records nothing."""
+    """The GPU's SM clock, throttle reasons and board power, read every 25
+    ms by one `nvidia-smi -lms` process for the whole run (reading only:
+    nothing is set), so that each timing records the state it ran in.
+
+    Each sample carries nvidia-smi's own timestamp, and nvidia-smi writes
+    to a pseudo-terminal, which it line-buffers: into a pipe it buffered
+    about 4 KB (seconds of samples), and stamping lines on arrival put
+    them in the wrong timings (bench/attention_notes.md v51).
+
+    The H100 holds its board power to its limit (700 W) by lowering the SM
+    clock, on a power average of about a second (the software power cap,
+    reason bit 0x4): a kernel fast enough to draw more runs at 1400-1800
+    MHz once the average has caught up, and a timing taken right after a
+    heavy one inherits the lowered clock. settle() waits until the power
+    has fallen back, so that every system's timing starts from the same
+    state instead of from whatever ran before it. Without nvidia-smi it
+    records nothing and settles at once."""
+
+    QUERY = "timestamp,clocks.sm,clocks_throttle_reasons.active,power.draw"
 
     def __init__(self, index):
-        self.samples = []  # (host time, MHz, throttle reasons)
+        self.samples = []  # (nvidia-smi's time, MHz, throttle reasons, watts)
         self.proc = None
         exe = shutil.which("nvidia-smi")
         if exe is None:
@@ -155,34 +168,70 @@ class ClockLog:
             gpu = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
         except Exception:  # an older torch, or no device to ask
             gpu = str(index)
+        import pty
+        master, slave = pty.openpty()
         try:
             self.proc = subprocess.Popen(
-                [exe, "-i", gpu, "--query-gpu=clocks.sm,clocks_throttle_reasons.active",
-                 "--format=csv,noheader,nounits", "-lms", "25"],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                [exe, "-i", gpu, "--query-gpu=" + self.QUERY, "--format=csv,noheader,nounits", "-lms", "25"],
+                stdout=slave, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
         except OSError:
+            os.close(master)
             return
+        finally:
+            os.close(slave)
         atexit.register(self.stop)
-        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read, args=(master,), daemon=True).start()
 
-    def _read(self):
-        for line in self.proc.stdout:
+    @staticmethod
+    def parse(line):
+        """(time.time() of the sample, MHz, reasons, watts) of one line, or
+        None. nvidia-smi prints its local time, as time.mktime reads it."""
+        try:
+            stamp, mhz, reasons, watts = (f.strip() for f in line.split(","))
+            day, frac = stamp.split(".") if "." in stamp else (stamp, "0")
+            t = time.mktime(time.strptime(day, "%Y/%m/%d %H:%M:%S")) + float("0." + frac)
+            return t, float(mhz), int(reasons, 16), float(watts)
+        except ValueError:
+            return None
+
+    def _read(self, master):
+        with os.fdopen(master, "r", errors="replace") as f:
             try:
-                mhz, reasons = (f.strip() for f in line.split(","))
-                self.samples.append((time.time(), float(mhz), int(reasons, 16)))
-            except ValueError:
+                for line in f:
+                    x = self.parse(line)
+                    if x is not None:
+                        self.samples.append(x)
+            except OSError:  # the terminal closes when nvidia-smi ends
                 pass
 
     def between(self, t0, t1):
-        """The samples of [t0, t1]: median and lowest MHz, their count and
-        the share with the software power cap on (reason bit 0x4); None
-        without any."""
+        """The samples of [t0, t1]: median and lowest MHz, their count, the
+        share with the software power cap on (reason bit 0x4) and the
+        median watts; None without any."""
         sel = [x for x in self.samples if t0 <= x[0] <= t1]
         if not sel:
             return None
         mhz = sorted(x[1] for x in sel)
+        watts = sorted(x[3] for x in sel)
         return {"median_mhz": mhz[len(mhz) // 2], "min_mhz": mhz[0], "samples": len(sel),
-                "power_cap_share": round(sum(1 for x in sel if x[2] & 0x4) / len(sel), 2)}
+                "power_cap_share": round(sum(1 for x in sel if x[2] & 0x4) / len(sel), 2),
+                "median_watts": watts[len(watts) // 2]}
+
+    def settle(self, watts, timeout=10.0):
+        """Wait until a sample taken after this call shows the board under
+        `watts` with the power cap off, at most `timeout` seconds; the
+        seconds waited (None without nvidia-smi or samples)."""
+        if self.proc is None:
+            return None
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            last = self.samples[-1] if self.samples else None
+            if last is not None and last[0] >= t0 - 0.05 and last[3] < watts and not last[2] & 0x4:
+                return round(time.time() - t0, 3)
+            if self.proc.poll() is not None and not self.samples:
+                return None
+            time.sleep(0.02)
+        return round(time.time() - t0, 3)
 
     def stop(self):
         if self.proc is not None and self.proc.poll() is None:
@@ -194,13 +243,24 @@ CLOCKS = None  # the run's ClockLog (main)
 
 def time_into(row, ms_key, issue_key, system, call, opts):
     """row[ms_key][system] = bench_ms of call, row[issue_key][system] its
-    issue_ms, row["clock"][ms_key][system] the SM clock during the timing
-    (ClockLog); says on stderr when the timing is within 20% of its issue
-    time (host-bound, not a GPU figure)."""
+    issue_ms, row["clock"][ms_key][system] the SM clock and power during the
+    timing (ClockLog); says on stderr when the timing is within 20% of its
+    issue time (host-bound, not a GPU figure). Before the timing the GPU is
+    let cool under --settle-watts (ClockLog.settle), or with --sustain the
+    call runs that many seconds first (the clock it holds under load)."""
+    waited = None
+    if CLOCKS is not None and opts.sustain > 0:
+        t_end = time.time() + opts.sustain
+        while time.time() < t_end:
+            call()
+            torch.cuda.synchronize()
+    elif CLOCKS is not None and opts.settle_watts > 0:
+        waited = CLOCKS.settle(opts.settle_watts)
     t0 = time.time()
     ms = row[ms_key][system] = bench_ms(call, opts.warmup, opts.rep)
     clock = CLOCKS.between(t0, time.time()) if CLOCKS is not None else None
     if clock is not None:
+        clock["settled_s"] = waited
         row.setdefault("clock", {}).setdefault(ms_key, {})[system] = clock
     issue = row[issue_key][system] = issue_ms(call)
     if issue > 0.8 * ms:
@@ -677,6 +737,12 @@ def parse_args(argv):
                    help="with --backward: flexgen's deterministic backward")
     p.add_argument("--warmup", type=float, default=25, help="warm-up per timing, ms")
     p.add_argument("--rep", type=float, default=100, help="timed repetitions per timing, ms")
+    p.add_argument("--settle-watts", type=float, default=250,
+                   help="before each timing wait until the board draws under this many watts "
+                        "with the power cap off (0: do not wait; see ClockLog)")
+    p.add_argument("--sustain", type=float, default=0,
+                   help="instead of settling, run each call this many seconds before its "
+                        "timing: the figure under sustained load, at the clock the power cap allows")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--label", help="recorded in the JSON (e.g. the commit the build came from)")
     p.add_argument("--json", help="write the results here")
@@ -695,14 +761,16 @@ def parse_args(argv):
 
 
 def clock_lines(rows):
-    """One line per row: the SM clock (median MHz) each system's timings
-    ran at, '*' where the power cap was on for some of its samples."""
-    out = ["SM clock during each timing (median MHz; * power cap on in some samples):"]
+    """One line per row: the SM clock (median MHz) and board power (median
+    W) each system's timings ran at, '*' where the power cap was on for
+    some of its samples."""
+    out = ["SM clock and power during each timing (median MHz / W; * power cap on in some samples):"]
     for r in rows:
         parts = []
         for key, label in (("ms", "fwd"), ("bwd_ms", "bwd")):
             for system, c in r.get("clock", {}).get(key, {}).items():
-                parts.append(f"{system} {label} {c['median_mhz']:.0f}{'*' if c['power_cap_share'] > 0 else ''}")
+                parts.append(f"{system} {label} {c['median_mhz']:.0f}/{c.get('median_watts', 0):.0f}"
+                             f"{'*' if c['power_cap_share'] > 0 else ''}")
         out.append(f"  {r['name']:15s} " + ("  ".join(parts) if parts else "(no samples)"))
     return "\n".join(out)
 
@@ -759,8 +827,11 @@ def main(argv=None):
           f"B={opts.batch} H={opts.heads} S={opts.seq} D={opts.head_dim} {opts.dtype}", flush=True)
     global CLOCKS
     CLOCKS = ClockLog(dev.index if dev.index is not None else torch.cuda.current_device())
-    meta["clock"] = ("SM clock per timing (row 'clock'): nvidia-smi -lms 25 samples inside the timing's "
-                     "wall interval; power_cap_share: the share with the software power cap on")
+    meta["clock"] = ("SM clock and board power per timing (row 'clock'): nvidia-smi -lms 25 samples, by "
+                     "their own timestamps, inside the timing's wall interval; power_cap_share: the share "
+                     "with the software power cap on; settled_s: the wait before the timing for the board "
+                     "to fall under settle_watts")
+    meta["settle_watts"], meta["sustain_s"] = opts.settle_watts, opts.sustain
     rows, firsts = [], {}
     if "flexgen" in opts.systems:
         meta["flexgen_process_first_compile_ms"] = nvrtc_process_warmup(dev)

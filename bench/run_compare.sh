@@ -15,7 +15,8 @@
 #     bwd64       the same at D=64
 #     cbench      flexgen bench (the C benchmark) at the default shape
 #     cquick      flexgen bench on the small shape
-# $LABEL, when set, is recorded in the comparison's JSON (the commit built).
+# $LABEL, when set, is recorded in the comparison's JSON (the commit built);
+# $COMPARE_ARGS is added to every compare_torch.py command (--sustain 2, say).
 # Logs, JSON and charts go to $OUT (default ./bench-out); the last lines of
 # the log are the tables. BUILD_DIR/devlib, if present, is put on
 # LD_LIBRARY_PATH (for libraries the build machine has and this one lacks).
@@ -63,15 +64,15 @@ for s in $STEPS; do
             --warmup 10 --rep 30 --json "$OUT/quick.json"
         ;;
     compare128)
-        step compare128 python3 bench/compare_torch.py --head-dim 128 ${LABEL:+--label "$LABEL"} \
+        step compare128 python3 bench/compare_torch.py --head-dim 128 ${LABEL:+--label "$LABEL"} ${COMPARE_ARGS:-} \
             --json "$OUT/compare_d128.json" --png "$OUT/compare_d128.png"
         ;;
     compare64)
-        step compare64 python3 bench/compare_torch.py --head-dim 64 ${LABEL:+--label "$LABEL"} \
+        step compare64 python3 bench/compare_torch.py --head-dim 64 ${LABEL:+--label "$LABEL"} ${COMPARE_ARGS:-} \
             --json "$OUT/compare_d64.json" --png "$OUT/compare_d64.png"
         ;;
     bwd128 | bwd64)
-        step "$s" python3 bench/compare_torch.py --backward --head-dim "${s#bwd}" ${LABEL:+--label "$LABEL"} \
+        step "$s" python3 bench/compare_torch.py --backward --head-dim "${s#bwd}" ${LABEL:+--label "$LABEL"} ${COMPARE_ARGS:-} \
             --json "$OUT/backward_d${s#bwd}.json" --png "$OUT/backward_d${s#bwd}.png"
         ;;
     cbench)

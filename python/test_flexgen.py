@@ -386,9 +386,11 @@ class TorchTwins(unittest.TestCase):
 @needs_lib
 @needs_torch
 class BenchClockLog(unittest.TestCase):
-    """compare_torch's ClockLog over a stand-in nvidia-smi on PATH: the
-    samples inside an interval, a line it cannot read left out, and
-    nothing at all without nvidia-smi."""
+    """compare_torch's ClockLog over a stand-in nvidia-smi on PATH: samples
+    placed by their own timestamps, a line it cannot read left out, the
+    settle gate, and nothing at all without nvidia-smi."""
+
+    STAMP = "$(date '+%Y/%m/%d %H:%M:%S.%3N')"
 
     def with_path(self, folder, fn):
         old = os.environ["PATH"]
@@ -398,23 +400,65 @@ class BenchClockLog(unittest.TestCase):
         finally:
             os.environ["PATH"] = old
 
-    def test_samples_inside_an_interval(self):
+    def fake(self, d, body):
+        path = os.path.join(d, "nvidia-smi")
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\n" + body + "exec sleep 30\n")
+        os.chmod(path, 0o755)
+
+    def start(self, d):
         import compare_torch as ct
+        return self.with_path(d + os.pathsep + os.environ["PATH"], lambda: ct.ClockLog(0))
+
+    def test_parse(self):
+        import compare_torch as ct
+        t, mhz, reasons, watts = ct.ClockLog.parse("2026/11/28 04:43:30.328, 1755, 0x0000000000000004, 699.5\r\n")
+        self.assertAlmostEqual(t, time.mktime(time.strptime("2026/11/28 04:43:30", "%Y/%m/%d %H:%M:%S")) + 0.328)
+        self.assertEqual((mhz, reasons, watts), (1755.0, 4, 699.5))
+        self.assertIsNone(ct.ClockLog.parse("not a sample"))
+        self.assertIsNone(ct.ClockLog.parse("1980, 0x0"))
+
+    def test_samples_inside_an_interval(self):
         with tempfile.TemporaryDirectory() as d:
-            fake = os.path.join(d, "nvidia-smi")
-            with open(fake, "w") as f:
-                f.write("#!/bin/sh\necho '1980, 0x0000000000000000'\necho '1755, 0x0000000000000004'\n"
-                        "echo 'not a sample'\nexec sleep 30\n")
-            os.chmod(fake, 0o755)
-            t0 = time.time()
-            log = self.with_path(d + os.pathsep + os.environ["PATH"], lambda: ct.ClockLog(0))
+            self.fake(d, f'echo "{self.STAMP}, 1980, 0x0000000000000000, 117.5"\n'
+                         f'echo "{self.STAMP}, 1755, 0x0000000000000004, 699.0"\n'
+                         "echo 'not a sample'\n"
+                         'echo "2001/01/01 00:00:00.000, 1395, 0x0000000000000004, 700.0"\n')
+            t0 = time.time() - 0.01  # the stamps are cut to milliseconds
+            log = self.start(d)
             deadline = time.time() + 10
-            while len(log.samples) < 2 and time.time() < deadline:
+            while len(log.samples) < 3 and time.time() < deadline:
                 time.sleep(0.01)
             got = log.between(t0, time.time())
             log.stop()
-        self.assertEqual(got, {"median_mhz": 1980.0, "min_mhz": 1755.0, "samples": 2, "power_cap_share": 0.5})
+        self.assertEqual(got, {"median_mhz": 1980.0, "min_mhz": 1755.0, "samples": 2, "power_cap_share": 0.5,
+                               "median_watts": 699.0})
         self.assertIsNone(log.between(0, 1))
+
+    def test_settle_waits_for_the_power_to_fall(self):
+        with tempfile.TemporaryDirectory() as d:
+            self.fake(d, "i=0\nwhile [ $i -lt 8 ]; do\n"
+                         f'  echo "{self.STAMP}, 1590, 0x0000000000000004, 695.0"; sleep 0.05; i=$((i+1))\n'
+                         "done\nwhile true; do\n"
+                         f'  echo "{self.STAMP}, 1980, 0x0000000000000000, 130.0"; sleep 0.05\n'
+                         "done\n")
+            log = self.start(d)
+            waited = log.settle(250)
+            last = log.samples[-1]
+            log.stop()
+        self.assertIsNotNone(waited)
+        self.assertLess(waited, 5)
+        self.assertEqual(last[1:], (1980.0, 0, 130.0))
+
+    def test_settle_gives_up_at_its_timeout(self):
+        with tempfile.TemporaryDirectory() as d:
+            self.fake(d, "while true; do\n"
+                         f'  echo "{self.STAMP}, 1590, 0x0000000000000004, 695.0"; sleep 0.05\n'
+                         "done\n")
+            log = self.start(d)
+            waited = log.settle(250, timeout=0.3)
+            log.stop()
+        self.assertGreaterEqual(waited, 0.3)
 
     def test_without_nvidia_smi_nothing(self):
         import compare_torch as ct
@@ -422,6 +466,7 @@ class BenchClockLog(unittest.TestCase):
             log = self.with_path(d, lambda: ct.ClockLog(0))
         self.assertIsNone(log.proc)
         self.assertIsNone(log.between(0, time.time()))
+        self.assertIsNone(log.settle(250))
         log.stop()
 
 

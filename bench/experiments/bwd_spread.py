@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""bwd_spread.py -- where the D=128 sliding_window backward's spread between
+runs comes from.
+
+One process, B=4 H=16 S=8192 D=128 bf16, sliding_window with its block
+mask, the backward as compare_torch calls it (autograd.grad). Part 1
+(workspace): each round times, with do_bench's median (L2 flushed before
+every call), the library's pool ("pool", what python/flexgen.py does), one
+torch tensor passed as the workspace ("fixed") and a tensor allocated anew
+at a shifted address ("fresh"); from the middle round on q, k, v and dout
+are drawn anew. Part 2 (which calls are slow): rounds of per-call CUDA
+event timings, with and without a 256 MB flush before each call, of
+flexgen, flexgen deterministic (no atomics, no flags) and FlexAttention's
+compiled backward, each timing's wall interval printed so that an SM
+clock log taken beside the run can be matched to it.
+
+    FLEXGEN_LIB=BUILD/src/libflexgen.so python3 bench/experiments/bwd_spread.py [ROUNDS1 [ROUNDS2]]
+"""
+import ctypes, random, statistics, sys, time
+sys.path.insert(0, "python"); sys.path.insert(0, "bench")
+import torch
+import flexgen, torch_mods
+from triton.testing import do_bench
+
+dev = torch.device("cuda")
+B, H, S, D = 4, 16, 8192, 128
+ROUNDS1 = int(sys.argv[1]) if len(sys.argv) > 1 else 6
+ROUNDS2 = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+MODES = ("pool", "fixed", "fresh")
+state = {"mode": "pool", "fixed": None, "fresh": None, "ptr": 0}
+size_fn = flexgen._function("fg_attention_backward_workspace_size")
+library_run = flexgen._run_backward
+flush_buf = torch.empty(256 << 20, dtype=torch.int8, device=dev)
+T0 = time.time()
+
+
+def run_backward(c, mod, bwd, grads, call=None, probe=None):
+    """flexgen's _run_backward with the workspace of the current mode."""
+    state["ptr"] = 0
+    if state["mode"] != "pool":
+        size = ctypes.c_size_t()
+        c.check(size_fn(c.handle, mod.handle, ctypes.byref(bwd), ctypes.byref(size)))
+        t = state[state["mode"]]
+        if t is None or t.numel() < size.value:
+            t = state[state["mode"]] = torch.empty(size.value, dtype=torch.uint8, device=dev)
+        bwd.workspace, bwd.workspace_size = t.data_ptr(), t.numel()
+        state["ptr"] = t.data_ptr()
+    return library_run(c, mod, bwd, grads, call, probe)
+
+
+flexgen._run_backward = run_backward
+
+
+def draw(seed):
+    g = torch.Generator(device=dev).manual_seed(seed)
+    return [torch.randn((B, H, S, D), generator=g, device=dev, dtype=torch.bfloat16) for _ in range(4)]
+
+
+def grad_call(forward, q, k, v, dout):
+    leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+    out = forward(*leaves)
+    return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
+
+
+def event_times(fn, n, flush):
+    """Per-call milliseconds of n calls, each after a 256 MB flush or not."""
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for s, e in ev:
+        if flush:
+            flush_buf.zero_()
+        s.record(); fn(); e.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in ev]
+
+
+def pct(t, p):
+    t = sorted(t)
+    return t[min(len(t) - 1, int(p * len(t)))]
+
+
+def main():
+    spec = torch_mods.GALLERY["sliding_window"]
+    st = spec.setup(B, H, S, dev)
+    params, buffers = st.get("params", {}), st.get("buffers", {})
+    mod = flexgen.load_mod(spec.mask_file, spec.score_file)
+    q, k, v, dout = draw(1)
+    keep, rng = [], random.Random(7)
+    print(f"T0 {T0:.3f} (epoch s; the bracketed times below are seconds after it)")
+    print("part 1: the workspace (do_bench median ms)")
+    times = {m: [] for m in MODES}
+    for r in range(ROUNDS1):
+        if r >= ROUNDS1 // 2:
+            del q, k, v, dout
+            torch.cuda.empty_cache()
+            keep.append(torch.empty(rng.randrange(1, 64) << 21, dtype=torch.uint8, device=dev))
+            q, k, v, dout = draw(100 + r)
+        bm = flexgen.block_mask(mod, st.get("mask_b"), st.get("mask_h"), S, S, params, buffers, device=dev)
+        call = grad_call(lambda q, k, v: flexgen.attention(q, k, v, mod, None, params, buffers, block_mask=bm),
+                         q, k, v, dout)
+        for m in MODES:
+            state["mode"] = m
+            if m == "fresh":
+                state["fresh"] = None
+                torch.cuda.empty_cache()
+                keep.append(torch.empty(rng.randrange(1, 64) << 21, dtype=torch.uint8, device=dev))
+            call()
+            t0 = time.time() - T0
+            ms = do_bench(call, warmup=25, rep=200, return_mode="median")
+            times[m].append(ms)
+            print(f"  round {r} {m:5s} {ms:.4f}  [{t0:.2f}-{time.time() - T0:.2f} s]  ws {state['ptr']:#x}"
+                  f"  q {q.data_ptr():#x}", flush=True)
+    for m in MODES:
+        t = times[m]
+        print(f"  {m:5s} median {statistics.median(t):.4f} min {min(t):.4f} max {max(t):.4f}"
+              f" spread {100 * (max(t) / min(t) - 1):.1f}%")
+    state["mode"] = "pool"
+
+    print("part 2: per-call event times (ms): p10 p50 p90 max, mean of the first and last 10")
+    from torch.nn.attention.flex_attention import flex_attention, create_block_mask
+    compiled = torch.compile(flex_attention, dynamic=False)
+    fbm = create_block_mask(st["mask_mod"], st.get("mask_b"), st.get("mask_h"), S, S, device=dev)
+    bm = flexgen.block_mask(mod, st.get("mask_b"), st.get("mask_h"), S, S, params, buffers, device=dev)
+    systems = {
+        "flexgen": grad_call(lambda q, k, v: flexgen.attention(q, k, v, mod, None, params, buffers,
+                                                               block_mask=bm), q, k, v, dout),
+        "flexgen_det": grad_call(lambda q, k, v: flexgen.attention(q, k, v, mod, None, params, buffers,
+                                                                   block_mask=bm, deterministic=True),
+                                 q, k, v, dout),
+        "flex": grad_call(lambda q, k, v: compiled(q, k, v, score_mod=st.get("score_mod"), block_mask=fbm,
+                                                   scale=1 / D ** 0.5), q, k, v, dout),
+    }
+    for fn in systems.values():
+        fn(); fn()
+    for r in range(ROUNDS2):
+        for name, fn in systems.items():
+            for flush in (True, False):
+                t0 = time.time() - T0
+                t = event_times(fn, 80, flush)
+                print(f"  round {r} {name:11s} flush {int(flush)}  {pct(t, .1):.4f} {pct(t, .5):.4f} "
+                      f"{pct(t, .9):.4f} {max(t):.4f}  first10 {statistics.mean(t[:10]):.4f} last10 "
+                      f"{statistics.mean(t[-10:]):.4f}  [{t0:.2f}-{time.time() - T0:.2f} s]", flush=True)
+
+
+if __name__ == "__main__":
+    main()
