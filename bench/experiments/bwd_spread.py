@@ -12,9 +12,15 @@ are drawn anew. Part 2 (which calls are slow): rounds of per-call CUDA
 event timings, with and without a 256 MB flush before each call, of
 flexgen, flexgen deterministic (no atomics, no flags) and FlexAttention's
 compiled backward, each timing's wall interval printed so that an SM
-clock log taken beside the run can be matched to it.
+clock log taken beside the run can be matched to it. Part 3 (when the
+calls slow down): after 3 s idle, 240 calls in a row with no flush, each
+timed by CUDA events and printed in order, flexgen and flex (nvidia-smi's
+clocks.sm changes only every 100 ms, too coarse for a 1.6 ms call; the
+steps in the call times show the power cap's clock steps instead).
 
-    FLEXGEN_LIB=BUILD/src/libflexgen.so python3 bench/experiments/bwd_spread.py [ROUNDS1 [ROUNDS2]]
+    FLEXGEN_LIB=BUILD/src/libflexgen.so python3 bench/experiments/bwd_spread.py [PARTS [ROUNDS1 [ROUNDS2]]]
+
+PARTS: the parts to run, "123" by default.
 """
 import ctypes, random, statistics, sys, time
 sys.path.insert(0, "python"); sys.path.insert(0, "bench")
@@ -24,8 +30,9 @@ from triton.testing import do_bench
 
 dev = torch.device("cuda")
 B, H, S, D = 4, 16, 8192, 128
-ROUNDS1 = int(sys.argv[1]) if len(sys.argv) > 1 else 6
-ROUNDS2 = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+PARTS = sys.argv[1] if len(sys.argv) > 1 else "123"
+ROUNDS1 = int(sys.argv[2]) if len(sys.argv) > 2 else 6
+ROUNDS2 = int(sys.argv[3]) if len(sys.argv) > 3 else 4
 MODES = ("pool", "fixed", "fresh")
 state = {"mode": "pool", "fixed": None, "fresh": None, "ptr": 0}
 size_fn = flexgen._function("fg_attention_backward_workspace_size")
@@ -88,7 +95,7 @@ def main():
     print(f"T0 {T0:.3f} (epoch s; the bracketed times below are seconds after it)")
     print("part 1: the workspace (do_bench median ms)")
     times = {m: [] for m in MODES}
-    for r in range(ROUNDS1):
+    for r in range(ROUNDS1 if "1" in PARTS else 0):
         if r >= ROUNDS1 // 2:
             del q, k, v, dout
             torch.cuda.empty_cache()
@@ -109,7 +116,7 @@ def main():
             times[m].append(ms)
             print(f"  round {r} {m:5s} {ms:.4f}  [{t0:.2f}-{time.time() - T0:.2f} s]  ws {state['ptr']:#x}"
                   f"  q {q.data_ptr():#x}", flush=True)
-    for m in MODES:
+    for m in MODES if "1" in PARTS else ():
         t = times[m]
         print(f"  {m:5s} median {statistics.median(t):.4f} min {min(t):.4f} max {max(t):.4f}"
               f" spread {100 * (max(t) / min(t) - 1):.1f}%")
@@ -131,7 +138,7 @@ def main():
     }
     for fn in systems.values():
         fn(); fn()
-    for r in range(ROUNDS2):
+    for r in range(ROUNDS2 if "2" in PARTS else 0):
         for name, fn in systems.items():
             for flush in (True, False):
                 t0 = time.time() - T0
@@ -139,6 +146,18 @@ def main():
                 print(f"  round {r} {name:11s} flush {int(flush)}  {pct(t, .1):.4f} {pct(t, .5):.4f} "
                       f"{pct(t, .9):.4f} {max(t):.4f}  first10 {statistics.mean(t[:10]):.4f} last10 "
                       f"{statistics.mean(t[-10:]):.4f}  [{t0:.2f}-{time.time() - T0:.2f} s]", flush=True)
+
+    if "3" not in PARTS:
+        return
+    print("part 3: per call after 3 s idle, in order (ms)")
+    for name in ("flexgen", "flex"):
+        fn = systems[name]
+        time.sleep(3)
+        t = event_times(fn, 240, False)
+        for lo in range(0, 240, 20):
+            seg = t[lo:lo + 20]
+            print(f"  {name:8s} calls {lo:3d}-{lo + 19:3d}: " + " ".join(f"{x:.3f}" for x in seg[:10])
+                  + f" | median {statistics.median(seg):.4f}")
 
 
 if __name__ == "__main__":
