@@ -10,12 +10,13 @@ call and the walk kernel's median duration (CUPTI, after an L2 flush), us.
 
 Written for attention_notes decode d22 (bench/results/2026-11-28_h100_decode_b1_splits_pdl.txt).
 """
-import math, os, sys
+import os, sys
 sys.path.insert(0, "python"); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch
 import flexgen
 from triton.testing import do_bench
 from kernel_timeline import kernel_events  # the flush and the kernel records
+from decode_one import decode_calls  # the decode shapes' inputs and calls
 dev = torch.device("cuda")
 
 
@@ -28,15 +29,10 @@ def walk_us(fn, n=10):
 c = flexgen._ctx(0)
 for D in (128, 64):
     for KV in (131072, 120000, 100000):
-        HQ, HKV, Q, B = 32, 8, 1, 1
-        g = torch.Generator(device=dev).manual_seed(1)
-        q = torch.randn((B, HQ, Q, D), dtype=torch.bfloat16, device=dev, generator=g)
-        k = torch.randn((B, HKV, KV, D), dtype=torch.bfloat16, device=dev, generator=g)
-        v = torch.randn((B, HKV, KV, D), dtype=torch.bfloat16, device=dev, generator=g)
-        gb = 2 * B * HKV * KV * D * 2
+        calls, gb = decode_calls(D, 1, KV)
         res = []
         # the split count is chosen at each launch: one prepared call serves every count
-        call = flexgen.prepare(q, k, v, "mods/causal.c", None, {}, {}, scale=1 / math.sqrt(D), enable_gqa=True, q_offset=KV - Q)
+        call = calls["flexgen"]
         for n in (0, 34, 33, 32, 31, 30, 29, 28, 26, 24):
             c.check(c._lib.fg_ctx_set_int(c.handle, flexgen.FG_OPT_DECODE_SPLITS, n))
             call()

@@ -13,11 +13,13 @@ Run from the repository root on a GPU machine:
 
 Written for attention_notes decode d22 (bench/results/2026-11-28_h100_decode_bwd_timeline.txt).
 """
-import json, math, os, sys, tempfile
+import json, os, sys, tempfile
 sys.path.insert(0, "python"); sys.path.insert(0, "bench")
-import torch, torch.nn.functional as F
+import torch
 import flexgen
 from triton.testing import do_bench
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_one import decode_calls  # noqa: E402  the decode shapes' inputs and calls
 dev = torch.device("cuda")
 cache = torch.empty(256 << 20, dtype=torch.int8, device=dev)
 
@@ -57,15 +59,8 @@ def timeline(fn, n=12):
 def main():
     for D in (128, 64):
         for B, KV in ((1, 131072), (8, 32768)):
-            HQ, HKV, Q = 32, 8, 1
-            g = torch.Generator(device=dev).manual_seed(1)
-            q = torch.randn((B, HQ, Q, D), dtype=torch.bfloat16, device=dev, generator=g)
-            k = torch.randn((B, HKV, KV, D), dtype=torch.bfloat16, device=dev, generator=g)
-            v = torch.randn((B, HKV, KV, D), dtype=torch.bfloat16, device=dev, generator=g)
-            scale = 1 / math.sqrt(D)
-            call = flexgen.prepare(q, k, v, "mods/causal.c", None, {}, {}, scale=scale, enable_gqa=True, q_offset=KV - Q)
-            sd = lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
-            for name, fn in (("flexgen", call), ("sdpa", sd)):
+            calls, _ = decode_calls(D, B, KV)
+            for name, fn in calls.items():
                 fn()
                 ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
                 tl = timeline(fn)
