@@ -18,14 +18,16 @@
 # the mod files of A_ROOT
 # for both builds, and prints one line: label, mod, head dim, the median
 # time and TFLOP/s. EXTRA, when set, is added to every command (e.g.
-# "--backward"). MORE, when set, names further builds as "ROOT:BUILD ...",
-# labelled C, D, ... and alternated with A and B (several changes, each
-# alone and together, in one run). Each build gets a kernel cache of its
+# "--backward"). SUSTAIN_MS, when set, runs each timed call that many
+# milliseconds before its timing (flexgen check --sustain-ms: the clock
+# under sustained load, attention_notes v51). MORE, when set, names
+# further builds as "ROOT:BUILD ...", labelled C, D, ... and alternated
+# with A and B (several changes, each alone and together, in one run). Each build gets a kernel cache of its
 # own, filled first by small runs side by side (NVRTC's compiles, one core
 # each, would otherwise take most of the time), so that the timed runs
 # only load.
 set -uo pipefail
-[ $# -ge 4 ] || { sed -n 2,24p "$0"; exit 2; }
+[ $# -ge 4 ] || { sed -n 2,28p "$0"; exit 2; }
 a_root=$(cd "$1" && pwd); a_build=$2; b_root=$(cd "$3" && pwd); b_build=$4
 mods=${5:-noop causal sliding_window local_global dilated}
 dims=${6:-64 128}
@@ -56,7 +58,8 @@ one() { # label root cli mod d
     local label=$1 root=$2 cli=$3 mod=$4 d=$5 line
     # shellcheck disable=SC2046
     line=$(FLEXGEN_SOURCE_ROOT=$root FLEXGEN_CACHE_DIR=$caches/$label/$mod.$d "$cli" check $(mod_args "$mod") --batch 4 \
-        --heads 16 --q-len 8192 --head-dim "$d" --time 20 --no-reference ${EXTRA:-} 2>&1 |
+        --heads 16 --q-len 8192 --head-dim "$d" --time 20 ${SUSTAIN_MS:+--sustain-ms "$SUSTAIN_MS"} \
+        --no-reference ${EXTRA:-} 2>&1 |
         grep -i "median" | sed 's/^ *//' | tr '\n' ' ')
     printf '%s %-15s D=%-4s %s\n' "$label" "$mod" "$d" "${line:-(no timing: the check failed)}"
 }

@@ -56,7 +56,11 @@
  * partial blocks are evaluated). A decode-shaped call (q_len up to
  * FG_DECODE_MAX_Q, or paged) is bound by reading K/V, so it also gets the
  * bytes of K/V it reads per second: 2 (K and V) * 2 bytes * Hkv * D times
- * the keys of every sequence, in TB/s.
+ * the keys of every sequence, in TB/s. --sustain-ms MS first launches the
+ * timed call for MS milliseconds of wall time: a GPU at its power limit
+ * (the H100's 700 W) lowers its clock tens of milliseconds into a heavy
+ * load, so the N timed launches then see the clock a training loop runs
+ * at rather than the cold one (bench/attention_notes.md v51).
  *
  * --backward then runs the backward pass on the GPU forward's own out and
  * lse (the backward reuses the forward's log-sum-exp, so the forward always
@@ -100,6 +104,7 @@ typedef struct options {
     int batch, heads, kv_heads, q_len, kv_len, head_dim;
     fg_dtype dtype;
     int seed, block, time_n, q_offset, kv_offset;
+    int sustain_ms;               /* --sustain-ms: launches before the timing  */
     int page_size;                /* --paged: rows per page; 0: contiguous K/V */
     int decode_kernel;            /* FG_OPT_DECODE_KERNEL; -1: the default     */
     bool block_mask, normal, no_reference, backward, deterministic, no_buffer_grads, approx_math;
@@ -115,7 +120,7 @@ static void usage(FILE *f) {
             "                     --q-len N [--kv-len N] --head-dim D --dtype bf16|fp16\n"
             "                     [--set NAME=VALUE] [--buffer NAME=FILE] [--seed N]\n"
             "                     [--dist uniform|normal] [--block-mask] [--block N]\n"
-            "                     [--q-offset N] [--kv-offset N] [--scale X] [--time N]\n"
+            "                     [--q-offset N] [--kv-offset N] [--scale X] [--time N [--sustain-ms MS]]\n"
             "                     [--paged [--page-size N]] [--kv-lens L,...] [--q-offsets O,...]\n"
             "                     [--decode-kernel 0|1|2] [--approx-math]\n"
             "                     [--no-reference] [--backward [--deterministic] [--no-buffer-grads]]\n"
@@ -123,7 +128,8 @@ static void usage(FILE *f) {
             "inputs and print the relative Frobenius error of out, the largest LSE error and\n"
             "the count of non-finite values. Tolerance: 1e-2 (bf16) / 2e-3 (fp16) on out,\n"
             "1e-3 (1 + |lse|) on LSE. --block-mask builds a block mask on the GPU (blocks of\n"
-            "--block, default 128); --time N also times N launches (median, TFLOP/s);\n"
+            "--block, default 128); --time N also times N launches (median, TFLOP/s),\n"
+            "after MS ms of launches with --sustain-ms (the clock under sustained load);\n"
             "--no-reference skips the CPU reference (timing only; outputs are still\n"
             "checked for unwritten or non-finite values).\n"
             "--backward also runs the backward pass after the forward, with a random dout,\n"
@@ -151,7 +157,7 @@ static void usage(FILE *f) {
 enum { OPT_BATCH = 0x2000, OPT_HEADS, OPT_KV_HEADS, OPT_Q_LEN, OPT_KV_LEN, OPT_HEAD_DIM, OPT_DTYPE,
        OPT_SEED, OPT_DIST, OPT_BLOCK_MASK, OPT_BLOCK, OPT_Q_OFFSET, OPT_KV_OFFSET, OPT_SCALE,
        OPT_TIME, OPT_NO_REFERENCE, OPT_BACKWARD, OPT_DETERMINISTIC, OPT_NO_BUFFER_GRADS, OPT_PAGED, OPT_PAGE_SIZE, OPT_KV_LENS,
-       OPT_Q_OFFSETS, OPT_DECODE_KERNEL, OPT_APPROX_MATH };
+       OPT_Q_OFFSETS, OPT_DECODE_KERNEL, OPT_APPROX_MATH, OPT_SUSTAIN_MS };
 
 static int *int_option(options *o, int opt, long long *lo, long long *hi) {
     *lo = 1, *hi = 1 << 30;
@@ -169,6 +175,7 @@ static int *int_option(options *o, int opt, long long *lo, long long *hi) {
     case OPT_KV_OFFSET: *lo = -(1ll << 30); return &o->kv_offset;
     case OPT_PAGE_SIZE: *lo = 16; *hi = 256; return &o->page_size;
     case OPT_DECODE_KERNEL: *lo = 0; *hi = 2; return &o->decode_kernel;
+    case OPT_SUSTAIN_MS: *lo = 0; *hi = 600000; return &o->sustain_ms;
     }
     return NULL;
 }
@@ -259,6 +266,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"kv-offset", required_argument, 0, OPT_KV_OFFSET},
         {"scale", required_argument, 0, OPT_SCALE},
         {"time", required_argument, 0, OPT_TIME},
+        {"sustain-ms", required_argument, 0, OPT_SUSTAIN_MS},
         {"no-reference", no_argument, 0, OPT_NO_REFERENCE},
         {"backward", no_argument, 0, OPT_BACKWARD},
         {"deterministic", no_argument, 0, OPT_DETERMINISTIC},
@@ -338,6 +346,8 @@ static int parse_args(int argc, char **argv, options *o) {
         return fg_cli_error(FG_EXIT_USAGE, "check: --deterministic is a mode of the backward (add --backward)");
     if (o->no_buffer_grads && !o->backward)
         return fg_cli_error(FG_EXIT_USAGE, "check: --no-buffer-grads is a mode of the backward (add --backward)");
+    if (o->sustain_ms && !o->time_n)
+        return fg_cli_error(FG_EXIT_USAGE, "check: --sustain-ms comes before a timing (add --time N)");
     if (o->backward && (o->paged || o->kv_lens_arg || o->q_offsets_arg))
         return fg_cli_error(FG_EXIT_USAGE, "check: the backward takes uniform lengths and contiguous K/V: "
                                            "--backward goes without --paged, --kv-lens and --q-offsets");
@@ -567,9 +577,11 @@ static int cmp_float(const void *a, const void *b) {
 }
 
 /* The forward (bwd NULL) or the backward of `a` on kernel k, launched n
- * times. */
+ * times after three warm-up launches and `sustain_ms` milliseconds of
+ * launches (synchronising every eight, so the host never runs far ahead
+ * of the wall time it measures). */
 static fg_status time_runs(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a, const fg_attention_bwd_args *bwd,
-                           int n, double *median_ms) {
+                           int n, int sustain_ms, double *median_ms) {
     CUevent e0 = NULL, e1 = NULL;
     float *ms = malloc(sizeof(float) * (size_t)n);
     fg_status st = ms ? FG_OK : FG_ERR_OUT_OF_MEMORY;
@@ -577,6 +589,12 @@ static fg_status time_runs(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a
     if (st == FG_OK) st = fgi_cu_status(ctx, fgi_cu()->cuEventCreate(&e1, CU_EVENT_DEFAULT), "cuEventCreate");
     for (int i = 0; st == FG_OK && i < 3; i++)
         st = bwd ? fg_kernel_launch_backward(ctx, k, bwd) : fg_kernel_launch(ctx, k, a);
+    for (const double t0 = fgi_now_ms(); st == FG_OK && fgi_now_ms() - t0 < sustain_ms;) {
+        for (int i = 0; st == FG_OK && i < 8; i++)
+            st = bwd ? fg_kernel_launch_backward(ctx, k, bwd) : fg_kernel_launch(ctx, k, a);
+        if (st == FG_OK)
+            st = fgi_cu_status(ctx, fgi_cu()->cuStreamSynchronize((CUstream)a->stream), "cuStreamSynchronize");
+    }
     for (int i = 0; st == FG_OK && i < n; i++) {
         st = fgi_cu_status(ctx, fgi_cu()->cuEventRecord(e0, (CUstream)a->stream), "cuEventRecord");
         if (st == FG_OK) st = bwd ? fg_kernel_launch_backward(ctx, k, bwd) : fg_kernel_launch(ctx, k, a);
@@ -991,7 +1009,7 @@ static int time_check(state *s, const fg_attention_args *a) {
     fg_ctx *ctx = s->ctx;
     double density, ms;
     fg_status st = density_of(ctx, s->mod, &s->hb, s->bm, o, q_offset_of(o, 0), &density);
-    if (st == FG_OK) st = time_runs(ctx, s->kernel, a, NULL, o->time_n, &ms);
+    if (st == FG_OK) st = time_runs(ctx, s->kernel, a, NULL, o->time_n, o->sustain_ms, &ms);
     if (st != FG_OK) return fg_cli_fail(ctx, st, "check: timing");
     const double keys = total_keys(o);
     const double flops = 4.0 * o->heads * (double)o->q_len * keys * o->head_dim * density;
@@ -1017,7 +1035,7 @@ static int time_check(state *s, const fg_attention_args *a) {
     /* the kernel fg_attention_backward would run (its -lead form where
      * the block mask asks for it) */
     if (st == FG_OK) st = fg_attention_backward_kernel_for(ctx, s->mod, &bw, &k);
-    if (st == FG_OK) st = time_runs(ctx, k, a, &bw, o->time_n, &ms);
+    if (st == FG_OK) st = time_runs(ctx, k, a, &bw, o->time_n, o->sustain_ms, &ms);
     fg_kernel_release(k);
     if (ws) fgi_cu()->cuMemFree(ws);
     if (st != FG_OK) return fg_cli_fail(ctx, st, "check: timing the backward");
