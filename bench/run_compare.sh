@@ -16,7 +16,8 @@
 #     cbench      flexgen bench (the C benchmark) at the default shape
 #     cquick      flexgen bench on the small shape
 # $LABEL, when set, is recorded in the comparison's JSON (the commit built);
-# $COMPARE_ARGS is added to every compare_torch.py command (--sustain 2, say).
+# $COMPARE_ARGS is added to every compare_torch.py command (--sustain 0, say:
+# timings from a cold card instead of under sustained load).
 # Logs, JSON and charts go to $OUT (default ./bench-out); the last lines of
 # the log are the tables. BUILD_DIR/devlib, if present, is put on
 # LD_LIBRARY_PATH (for libraries the build machine has and this one lacks).
