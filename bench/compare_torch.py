@@ -154,10 +154,11 @@ class ClockLog:
     clock, on a power average of about a second (the software power cap,
     reason bit 0x4): a kernel fast enough to draw more runs at 1400-1800
     MHz once the average has caught up, and a timing taken right after a
-    heavy one inherits the lowered clock. settle() waits until the power
-    has fallen back, so that every system's timing starts from the same
-    state instead of from whatever ran before it. Without nvidia-smi it
-    records nothing and settles at once."""
+    heavy one inherits the lowered clock. With --sustain 0, settle()
+    waits before each timing until the power has fallen back, so that
+    every system's timing starts from the same cold state instead of from
+    whatever ran before it. Without nvidia-smi it records nothing and
+    settles at once."""
 
     QUERY = "timestamp,clocks.sm,clocks_throttle_reasons.active,power.draw"
 
