@@ -70,6 +70,7 @@ import json
 import math
 import os
 import platform
+import pty
 import shutil
 import subprocess
 import sys
@@ -161,6 +162,7 @@ class ClockLog:
     settles at once."""
 
     QUERY = "timestamp,clocks.sm,clocks_throttle_reasons.active,power.draw"
+    SW_POWER_CAP = 0x4  # the throttle reason of the software power cap
 
     def __init__(self, index):
         self.samples = []  # (nvidia-smi's time, MHz, throttle reasons, watts)
@@ -174,7 +176,6 @@ class ClockLog:
             gpu = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
         except Exception:  # an older torch, or no device to ask
             gpu = str(index)
-        import pty
         master, slave = pty.openpty()
         try:
             self.proc = subprocess.Popen(
@@ -217,11 +218,11 @@ class ClockLog:
         sel = [x for x in self.samples if t0 <= x[0] <= t1]
         if not sel:
             return None
-        mhz = sorted(x[1] for x in sel)
-        watts = sorted(x[3] for x in sel)
-        return {"median_mhz": mhz[len(mhz) // 2], "min_mhz": mhz[0], "samples": len(sel),
-                "power_cap_share": round(sum(1 for x in sel if x[2] & 0x4) / len(sel), 2),
-                "median_watts": watts[len(watts) // 2]}
+        def median(i):
+            return sorted(x[i] for x in sel)[len(sel) // 2]
+        return {"median_mhz": median(1), "min_mhz": min(x[1] for x in sel), "samples": len(sel),
+                "power_cap_share": round(sum(1 for x in sel if x[2] & self.SW_POWER_CAP) / len(sel), 2),
+                "median_watts": median(3)}
 
     def settle(self, watts, timeout=10.0):
         """Wait until a sample taken after this call shows the board under
@@ -232,7 +233,7 @@ class ClockLog:
         t0 = time.time()
         while time.time() - t0 < timeout:
             last = self.samples[-1] if self.samples else None
-            if last is not None and last[0] >= t0 - 0.05 and last[3] < watts and not last[2] & 0x4:
+            if last is not None and last[0] >= t0 - 0.05 and last[3] < watts and not last[2] & self.SW_POWER_CAP:
                 return round(time.time() - t0, 3)
             if self.proc.poll() is not None and not self.samples:
                 return None
@@ -779,7 +780,7 @@ def clock_lines(rows):
         parts = []
         for key, label in (("ms", "fwd"), ("bwd_ms", "bwd")):
             for system, c in r.get("clock", {}).get(key, {}).items():
-                parts.append(f"{system} {label} {c['median_mhz']:.0f}/{c.get('median_watts', 0):.0f}"
+                parts.append(f"{system} {label} {c['median_mhz']:.0f}/{c['median_watts']:.0f}"
                              f"{'*' if c['power_cap_share'] > 0 else ''}")
         out.append(f"  {r['name']:15s} " + ("  ".join(parts) if parts else "(no samples)"))
     return "\n".join(out)

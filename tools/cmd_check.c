@@ -576,6 +576,11 @@ static int cmp_float(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* One launch of the forward (bwd NULL) or the backward of `a` on kernel k. */
+static fg_status launch_once(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a, const fg_attention_bwd_args *bwd) {
+    return bwd ? fg_kernel_launch_backward(ctx, k, bwd) : fg_kernel_launch(ctx, k, a);
+}
+
 /* The forward (bwd NULL) or the backward of `a` on kernel k, launched n
  * times after three warm-up launches and `sustain_ms` milliseconds of
  * launches (synchronising every eight, so the host never runs far ahead
@@ -587,17 +592,15 @@ static fg_status time_runs(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a
     fg_status st = ms ? FG_OK : FG_ERR_OUT_OF_MEMORY;
     if (st == FG_OK) st = fgi_cu_status(ctx, fgi_cu()->cuEventCreate(&e0, CU_EVENT_DEFAULT), "cuEventCreate");
     if (st == FG_OK) st = fgi_cu_status(ctx, fgi_cu()->cuEventCreate(&e1, CU_EVENT_DEFAULT), "cuEventCreate");
-    for (int i = 0; st == FG_OK && i < 3; i++)
-        st = bwd ? fg_kernel_launch_backward(ctx, k, bwd) : fg_kernel_launch(ctx, k, a);
+    for (int i = 0; st == FG_OK && i < 3; i++) st = launch_once(ctx, k, a, bwd);
     for (const double t0 = fgi_now_ms(); st == FG_OK && fgi_now_ms() - t0 < sustain_ms;) {
-        for (int i = 0; st == FG_OK && i < 8; i++)
-            st = bwd ? fg_kernel_launch_backward(ctx, k, bwd) : fg_kernel_launch(ctx, k, a);
+        for (int i = 0; st == FG_OK && i < 8; i++) st = launch_once(ctx, k, a, bwd);
         if (st == FG_OK)
             st = fgi_cu_status(ctx, fgi_cu()->cuStreamSynchronize((CUstream)a->stream), "cuStreamSynchronize");
     }
     for (int i = 0; st == FG_OK && i < n; i++) {
         st = fgi_cu_status(ctx, fgi_cu()->cuEventRecord(e0, (CUstream)a->stream), "cuEventRecord");
-        if (st == FG_OK) st = bwd ? fg_kernel_launch_backward(ctx, k, bwd) : fg_kernel_launch(ctx, k, a);
+        if (st == FG_OK) st = launch_once(ctx, k, a, bwd);
         if (st == FG_OK) st = fgi_cu_status(ctx, fgi_cu()->cuEventRecord(e1, (CUstream)a->stream), "cuEventRecord");
         if (st == FG_OK) st = fgi_cu_status(ctx, fgi_cu()->cuEventSynchronize(e1), "cuEventSynchronize");
         if (st == FG_OK) st = fgi_cu_status(ctx, fgi_cu()->cuEventElapsedTime(&ms[i], e0, e1), "cuEventElapsedTime");
@@ -1007,7 +1010,7 @@ static void print_summary(const state *s, double first_ms) {
 static int time_check(state *s, const fg_attention_args *a) {
     const options *o = &s->o;
     fg_ctx *ctx = s->ctx;
-    double density, ms;
+    double density, ms = 0;
     fg_status st = density_of(ctx, s->mod, &s->hb, s->bm, o, q_offset_of(o, 0), &density);
     if (st == FG_OK) st = time_runs(ctx, s->kernel, a, NULL, o->time_n, o->sustain_ms, &ms);
     if (st != FG_OK) return fg_cli_fail(ctx, st, "check: timing");
