@@ -1388,7 +1388,7 @@ def _grad_bindings(grads):
     return (_Binding * max(1, len(rows)))(*rows), names
 
 
-def _run_backward(c, mod, bwd, grads, call=None, probe=None):
+def _run_backward(c, mod, bwd, grads, call=None, probe=None, workspace_device=None):
     """fg_attention_backward, asking for the gradient of each float buffer
     in `grads` ({name: fp32 tensor}) that the library has not refused for
     this mod before; returns the names left out, whose gradient is zero.
@@ -1406,19 +1406,39 @@ def _run_backward(c, mod, bwd, grads, call=None, probe=None):
     holds the bindings. `probe`, when given, answers the same question
     without making the call: the sharded backward's call is collective, so
     the refused names are found by probing (locally, the same answer on
-    every rank) and the call is made once, with the rest."""
+    every rank) and the call is made once, with the rest.
+
+    `workspace_device` (a CUDA device index), when given, has the call's
+    workspace (fg_attention_backward_workspace_size: the dQ accumulator,
+    268 MB at B=4 H=16 S=8192 D=128) taken from torch's caching allocator
+    on that device's current stream, where torch's memory statistics and
+    limits see it and a CUDA graph capture gets it from the graph's pool.
+    The library's own pool keeps only 64 MiB mapped across a
+    synchronisation, so a training step that synchronises would map the
+    accumulator afresh each time (~0.2 ms). The tensor is freed after the
+    launch: torch's allocator reuses it only for later work on the same
+    stream."""
     if call is None:
         fn = _function("fg_attention_backward")
 
         def call():
             return fn(c.handle, mod.handle, ctypes.byref(bwd))
+    size_fn = _function("fg_attention_backward_workspace_size") if workspace_device is not None else None
 
     def launch(names, how=call):
         arr, keep = _grad_bindings({n: grads[n] for n in names})
         bwd.grad_binds = ctypes.cast(arr, ctypes.POINTER(_Binding))
         bwd.ngrad_binds = len(names)
+        ws = None
+        if size_fn is not None and how is call:
+            size = ctypes.c_size_t()
+            # a refused binding fails here as in the call; the call reports it
+            if size_fn(c.handle, mod.handle, ctypes.byref(bwd), ctypes.byref(size)) == FG_OK and size.value:
+                ws = torch.empty(size.value, dtype=torch.uint8, device=torch.device("cuda", workspace_device))
+                bwd.workspace, bwd.workspace_size = ws.data_ptr(), ws.numel()
         st = how()
-        del arr, keep
+        bwd.workspace, bwd.workspace_size = None, 0
+        del arr, keep, ws
         return st
 
     ask = [n for n in grads if n not in mod._no_gradient]
@@ -1477,7 +1497,7 @@ def _backward(ctx, q, k, v, out, lse, dout, grads, dlse=None):
     fwd = _AttentionArgs()
     _fill_args(fwd, q, k, v, out, lse, ctx.scale, ctx.block_mask, ctx.binds, stream)
     bwd, keep = _bwd_args(fwd, out, dout, dq, dk, dv, ctx.deterministic, dlse)
-    for name in _run_backward(_ctx(ctx.index), ctx.mod, bwd, grads):
+    for name in _run_backward(_ctx(ctx.index), ctx.mod, bwd, grads, workspace_device=ctx.index):
         grads[name].zero_()
     return dq, dk, dv
 

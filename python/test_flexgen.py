@@ -1009,6 +1009,31 @@ class GpuBackward(unittest.TestCase):
         with torch.no_grad():
             self.assertIsNone(flexgen.attention(q, k, v, causal).grad_fn)
 
+    def test_workspace_from_torch(self):
+        """The backward's workspace (its fp32 dQ accumulator, B*H*S*D floats
+        outside deterministic mode) comes from torch's caching allocator:
+        torch's peak during the backward covers it beside dq, dk and dv
+        (bf16), where the library's own pool would leave it out."""
+        B, H, S, D = 2, 4, 1024, 128
+        q, k, v, dout = self.leaves(19, B=B, H=H, S=S, D=D)
+        out = flexgen.attention(q, k, v, gallery_file("causal"))
+        want = torch.autograd.grad(out, [q, k, v], dout, retain_graph=True)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        got = torch.autograd.grad(out, [q, k, v], dout, retain_graph=True)
+        torch.cuda.synchronize()
+        n = B * H * S * D
+        self.assertGreaterEqual(torch.cuda.max_memory_allocated() - base, 3 * 2 * n + 4 * n)
+        for x, y in zip(got, want):
+            torch.testing.assert_close(x, y, rtol=0, atol=0.05)
+        # deterministic: no accumulator, and bit-identical runs
+        out = flexgen.attention(q, k, v, gallery_file("causal"), deterministic=True)
+        a = torch.autograd.grad(out, [q, k, v], dout, retain_graph=True)
+        b = torch.autograd.grad(out, [q, k, v], dout)
+        for x, y in zip(a, b):
+            self.assertTrue(torch.equal(x, y))
+
 
 
 def _documents(S, seed):
