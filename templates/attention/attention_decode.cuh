@@ -225,24 +225,29 @@ static __device__ __forceinline__ bool fgd_load_kv_paged(const fga_args &a, fg_u
 /* Copy K and V rows [kv0, kv0 + 64) into a stage; rows at or past `len`
  * are zero-filled (and with PAGED, rows of bad pages: the return says
  * whether this thread met one). Each thread keeps one 16-byte chunk
- * column and steps down the rows. */
+ * column and steps down the rows: its first row's addresses are made once
+ * a tile (one 64-bit multiply each for K and V), the next rows' by adding
+ * STEP rows' stride, so a chunk costs a compare, two selects and an add
+ * where it cost a 64-bit multiply of its own (its row's address; a row
+ * past `len` reads nothing and is given the base address). */
 template <bool PAGED>
 static __device__ __forceinline__ bool fgd_load_kv(const fga_args &a, fg_u32 stage, const fg_u16 *kbase,
                                                    const fg_u16 *vbase, int page, int kv0, int len) {
     if (PAGED) return fgd_load_kv_paged(a, stage, kbase, vbase, page, kv0, len);
     constexpr int STEP = FGD_THREADS / FGD_CHUNKS;
     const int r = threadIdx.x / FGD_CHUNKS, ch = threadIdx.x % FGD_CHUNKS;
+    const fg_i64 ks = a.k_stride[2], vs = a.v_stride[2];
+    const int j0 = kv0 + r;
+    const fg_u16 *kr = kbase + (fg_i64)j0 * ks + ch * 8;
+    const fg_u16 *vr = vbase + (fg_i64)j0 * vs + ch * 8;
 #pragma unroll
     for (int i = 0; i < FGD_BLOCK_N / STEP; i++) {
-        const int j = kv0 + r + i * STEP;
-        const fg_u16 *kr = 0, *vr = 0;
-        if (j < len) {
-            kr = kbase + (fg_i64)j * a.k_stride[2];
-            vr = vbase + (fg_i64)j * a.v_stride[2];
-        }
+        const bool in = j0 + i * STEP < len;
         const fg_u32 d = stage + fgd_at(r + i * STEP, ch);
-        fgd_cp16(d, kr ? kr + ch * 8 : kbase, kr != 0);
-        fgd_cp16(d + FGD_KV_BYTES, vr ? vr + ch * 8 : vbase, vr != 0);
+        fgd_cp16(d, in ? kr : kbase, in);
+        fgd_cp16(d + FGD_KV_BYTES, in ? vr : vbase, in);
+        kr += STEP * ks;
+        vr += STEP * vs;
     }
     return false;
 }
