@@ -22,10 +22,10 @@
 # milliseconds before its timing (flexgen check --sustain-ms: the clock
 # under sustained load, attention_notes v51). MORE, when set, names
 # further builds as "ROOT:BUILD ...", labelled C, D, ... and alternated
-# with A and B (several changes, each alone and together, in one run). Each build gets a kernel cache of its
-# own, filled first by small runs side by side (NVRTC's compiles, one core
-# each, would otherwise take most of the time), so that the timed runs
-# only load.
+# with A and B (several changes, each alone and together, in one run).
+# Each build gets a kernel cache of its own, filled first by small runs
+# side by side (NVRTC's compiles, one core each, would otherwise take most
+# of the time), so that the timed runs only load.
 set -uo pipefail
 [ $# -ge 4 ] || { sed -n 2,28p "$0"; exit 2; }
 a_root=$(cd "$1" && pwd); a_build=$2; b_root=$(cd "$3" && pwd); b_build=$4

@@ -5,7 +5,7 @@ runs comes from.
 One process, B=4 H=16 S=8192 D=128 bf16, sliding_window with its block
 mask, the backward as compare_torch calls it (autograd.grad). Part 1
 (workspace): each round times, with do_bench's median (L2 flushed before
-every call), the library's pool ("pool", what python/flexgen.py does), one
+every call), the library's pool ("pool", what python/flexgen.py did then), one
 torch tensor passed as the workspace ("fixed") and a tensor allocated anew
 at a shifted address ("fresh"); from the middle round on q, k, v and dout
 are drawn anew. Part 2 (which calls are slow): rounds of per-call CUDA
@@ -42,8 +42,10 @@ library_run = flexgen._run_backward
 T0 = time.time()
 
 
-def run_backward(c, mod, bwd, grads, call=None, probe=None):
-    """flexgen's _run_backward with the workspace of the current mode."""
+def run_backward(c, mod, bwd, grads, call=None, probe=None, workspace_device=None):
+    """flexgen's _run_backward with the workspace of the current mode
+    ("pool": none given, so the library's pool, as python/flexgen.py did
+    before it took the workspace from torch's allocator)."""
     state["ptr"] = 0
     if state["mode"] != "pool":
         size = ctypes.c_size_t()
