@@ -245,7 +245,7 @@ typedef enum fg_option {
                                    layout) and a block mask, if any, has one
                                    row for every head; 0 never. The result
                                    is the same to rounding either way       */
-    FG_OPT_BWD_TAIL_SPLIT = 17 /* int: whether the Hopper backward's dK/dV
+    FG_OPT_BWD_TAIL_SPLIT = 17, /* int: whether the Hopper backward's dK/dV
                                    pass splits the blocks of its last wave
                                    (a pass without a block mask whose block
                                    count is not a multiple of the SMs: its
@@ -258,6 +258,18 @@ typedef enum fg_option {
                                    never in deterministic mode; 0 never.
                                    dK and dV to the rounding of the pieces'
                                    sums                                     */
+    FG_OPT_DECODE_L2_PREFETCH = 18 /* int: whether the decode kernel's K/V
+                                   copies ask the L2 to fetch the 256 bytes
+                                   around each (cp.async .L2::256B): -1
+                                   (default, or FLEXGEN_DECODE_L2_PREFETCH)
+                                   chooses per device, yes where its DRAM
+                                   delivers under 16 bytes per SM clock
+                                   (an H100 SXM about 12.8) or cannot be
+                                   asked, no above (an H200 about 18.8,
+                                   where the prefetch made the L2 the
+                                   limit); 0 never; 1
+                                   always. Each choice is a compile of its
+                                   own; results are the same either way     */
 } fg_option;
 
 /* The longest q_len the decode kernel serves by default (FG_OPT_DECODE_KERNEL

@@ -111,6 +111,7 @@ struct fg_ctx {
     int bwd_lead_tiles;       /* -1 (chosen per call) or 0..65535: FG_OPT_BWD_LEAD_TILES */
     int bwd_head_pairs;       /* -1 (chosen per call), 0 or 1: FG_OPT_BWD_HEAD_PAIRS      */
     int bwd_tail_split;       /* 0 or 1: FG_OPT_BWD_TAIL_SPLIT                         */
+    int decode_l2_prefetch;   /* -1 (chosen per device), 0 or 1: FG_OPT_DECODE_L2_PREFETCH */
     int64_t cache_max_bytes;
     int max_source, max_depth, max_locals;
     /* lazily initialised CUDA state (driver/cuda.c) */
@@ -512,6 +513,11 @@ fg_status fgi_cuda_ready(fg_ctx *ctx);
 fg_status fgi_cuda_arch(fg_ctx *ctx, int *major, int *minor);
 /* The number of SMs of ctx's device (needs fgi_cuda_ready). */
 fg_status fgi_cuda_sm_count(fg_ctx *ctx, int *count);
+/* The peak DRAM bytes ctx's device delivers per SM clock cycle (memory
+ * clock x 2 x bus width, over the SMs x their clock), or 0 where there is
+ * no device or it does not say. Never fails and never records an error,
+ * as fgi_effective_arch. */
+double fgi_cuda_dram_per_sm_clock(fg_ctx *ctx);
 
 /* ------------------------------------------------------------------------- */
 /* JIT and cache (jit/nvrtc.c, jit/cache.c)                                 */

@@ -170,6 +170,14 @@ static void test_options(void **state) {
         check_int_option(ctx, switches[i].opt, 0, bad_switch, 2);
         assert_int_equal(fg_ctx_set_int(ctx, switches[i].opt, 1), FG_OK);
     }
+    /* The decode kernel's L2 prefetch: chosen per device (-1) unless the
+     * environment says 0 or 1. */
+    static const env_row l2_envs[] = {{NULL, -1}, {"0", 0}, {"1", 1}, {"-1", -1}, {"2", -1}, {"x", -1}, {"", -1}};
+    check_env_defaults("FLEXGEN_DECODE_L2_PREFETCH", FG_OPT_DECODE_L2_PREFETCH, l2_envs,
+                       sizeof l2_envs / sizeof l2_envs[0]);
+    static const int64_t bad_l2[] = {-2, 2};
+    check_int_option(ctx, FG_OPT_DECODE_L2_PREFETCH, 0, bad_l2, 2);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_L2_PREFETCH, -1), FG_OK);
     assert_int_equal(fg_kernel_kind_of(NULL), 0);
     assert_int_equal(fg_ctx_set_int(NULL, FG_OPT_MAX_DEPTH, 50), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_ctx_create(NULL), FG_ERR_INVALID_ARGUMENT);

@@ -1158,6 +1158,58 @@ static long entry_spill(const char *log, const char *entry) {
     return atol(at);
 }
 
+/* The decode kernel's L2 prefetch (FG_OPT_DECODE_L2_PREFETCH): the rule
+ * per device, then the option's three values on the decode kernel (1: the
+ * key line and the macro; 0: neither; -1 without a GPU, as here or in CI:
+ * the rule's unknown device, so the prefetch) and on a kernel that has no
+ * such copies (never). */
+static void test_decode_l2_prefetch(void **state) {
+    (void)state;
+    static const struct {
+        int option;
+        double dram; /* bytes per SM clock */
+        bool want;
+    } rule[] = {
+        {-1, 0, true},    /* unknown device: the H100's choice */
+        {-1, 12.8, true}, /* an H100 SXM */
+        {-1, 15.9, true},  {-1, 16.0, false}, {-1, 18.8, false}, /* an H200 */
+        {0, 12.8, false},  {0, 0, false},     {1, 18.8, true},   {1, 0, true},
+    };
+    for (size_t i = 0; i < sizeof rule / sizeof rule[0]; i++)
+        assert_int_equal(fgi_dec_l2_prefetch_at(rule[i].option, rule[i].dram), rule[i].want);
+    fg_ctx *ctx = new_ctx();
+    fg_mod *m = load(ctx, "mods/causal.c");
+    fg_kernel_config dec = fg_kernel_config_init(), fwd = fg_kernel_config_init();
+    dec.kind = FG_KERNEL_ATTENTION_DECODE;
+    fwd.kind = FG_KERNEL_ATTENTION_FWD;
+    const bool no_gpu = fgi_cuda_dram_per_sm_clock(ctx) == 0;
+    static const int options[] = {1, 0, -1};
+    char *keys[3] = {0};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_L2_PREFETCH, options[i]), FG_OK);
+        const bool want = options[i] == 1 || (options[i] == -1 && no_gpu);
+        if (options[i] == -1 && !no_gpu) continue; /* on a GPU: the device's choice */
+        fgi_codegen cg;
+        assert_int_equal(fgi_codegen_init(ctx, m, &dec, &cg), FG_OK);
+        assert_int_equal(strstr(cg.key, "\nl2_prefetch 1\n") != NULL, want);
+        assert_string_equal(cg.name, "attention_decode-causal-bf16-d128");
+        keys[i] = strdup(cg.key);
+        fgi_codegen_free(&cg);
+        char *src = NULL;
+        assert_int_equal(fg_generate_source(ctx, m, &dec, &src), FG_OK);
+        assert_int_equal(strstr(src, "#define FG_L2_PREFETCH 1\n") != NULL, want);
+        fg_free(src);
+        assert_int_equal(fg_generate_source(ctx, m, &fwd, &src), FG_OK);
+        assert_null(strstr(src, "#define FG_L2_PREFETCH"));
+        fg_free(src);
+    }
+    assert_one_line_more(keys[0], keys[1], "l2_prefetch 1\n");
+    if (keys[2]) assert_string_equal(keys[2], keys[0]);
+    for (int i = 0; i < 3; i++) free(keys[i]);
+    fg_mod_destroy(m);
+    fg_ctx_destroy(ctx);
+}
+
 /* head_pairs on the decode kernel: at head dim 64 its own key line, name
  * suffix, macro and header, and the walk of head dim 128 (64-row tiles of
  * 256-byte rows, three stages: the geometry printed for the template);
@@ -1455,6 +1507,7 @@ int main(void) {
         cmocka_unit_test(test_approx_keys),     cmocka_unit_test(test_approx_compiles),
         cmocka_unit_test(test_order_forms),
         cmocka_unit_test(test_decode_pairs),
+        cmocka_unit_test(test_decode_l2_prefetch),
     };
     /* a run can take some of the tests only (the gallery's compiles take
      * minutes) */

@@ -46,6 +46,7 @@ fg_status fg_ctx_create(fg_ctx **out) {
     ctx->bwd_head_pairs = (int)env_int("FLEXGEN_BWD_HEAD_PAIRS", -1, 1, -1);
     ctx->decode_head_pairs = (int)env_int("FLEXGEN_DECODE_HEAD_PAIRS", 0, 1, 1);
     ctx->bwd_tail_split = (int)env_int("FLEXGEN_BWD_TAIL_SPLIT", 0, 1, 1);
+    ctx->decode_l2_prefetch = (int)env_int("FLEXGEN_DECODE_L2_PREFETCH", -1, 1, -1);
     ctx->cache_max_bytes = env_int("FLEXGEN_CACHE_MAX_BYTES", 1, INT64_MAX, (int64_t)1 << 30);
     ctx->max_source = 64 * 1024;
     ctx->max_depth = 200;
@@ -114,6 +115,10 @@ fg_status fg_ctx_set_int(fg_ctx *ctx, fg_option opt, int64_t v) {
         FGI_CHECK_ARG(ctx, v == 0 || v == 1, "backward tail split %lld must be 0 or 1", (long long)v);
         ctx->bwd_tail_split = (int)v;
         return FG_OK;
+    case FG_OPT_DECODE_L2_PREFETCH:
+        FGI_CHECK_ARG(ctx, v >= -1 && v <= 1, "decode L2 prefetch %lld must be -1, 0 or 1", (long long)v);
+        ctx->decode_l2_prefetch = (int)v;
+        return FG_OK;
     case FG_OPT_CACHE_MAX_BYTES:
         FGI_CHECK_ARG(ctx, v > 0, "cache size cap must be positive");
         ctx->cache_max_bytes = v;
@@ -149,6 +154,7 @@ fg_status fg_ctx_get_int(const fg_ctx *ctx, fg_option opt, int64_t *v) {
     case FG_OPT_BWD_HEAD_PAIRS: *v = ctx->bwd_head_pairs; return FG_OK;
     case FG_OPT_DECODE_HEAD_PAIRS: *v = ctx->decode_head_pairs; return FG_OK;
     case FG_OPT_BWD_TAIL_SPLIT: *v = ctx->bwd_tail_split; return FG_OK;
+    case FG_OPT_DECODE_L2_PREFETCH: *v = ctx->decode_l2_prefetch; return FG_OK;
     case FG_OPT_CACHE_MAX_BYTES: *v = ctx->cache_max_bytes; return FG_OK;
     case FG_OPT_MAX_SOURCE: *v = ctx->max_source; return FG_OK;
     case FG_OPT_MAX_DEPTH: *v = ctx->max_depth; return FG_OK;

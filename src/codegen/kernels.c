@@ -321,7 +321,8 @@ static const fgi_kernel_entry registry[] = {
         .pieces = FGI_PIECE_MOD | FGI_PIECE_SPLIT,
         /* the block mask's sizes are read at run time; kv_block picks
          * the tile (fgi_dec_block_n) */
-        .source_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_BLOCKS | FGI_CFG_APPROX | FGI_CFG_PAIRS,
+        .source_config =
+            FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_BLOCKS | FGI_CFG_APPROX | FGI_CFG_PAIRS | FGI_CFG_L2_PREFETCH,
         .name_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_APPROX | FGI_CFG_PAIRS,
         .entries = {"fg_attention_decode_r16", "fg_attention_decode_r32", "fg_attention_decode_r64",
                     "fg_attention_decode_merge", "fg_attention_decode_r16_paged", "fg_attention_decode_r32_paged",

@@ -74,7 +74,10 @@ enum {
  * backward's other order, with FGI_CFG_ORDER one of the two at most; the
  * decode kernel's walk over two heads' rows at once): head_pairs adds
  * FG_HEAD_PAIRS 1, "head_pairs 1" and "-pairs". The plain kernel has none
- * of them either. */
+ * of them either. FGI_CFG_L2_PREFETCH, the decode kernel's L2 prefetch on
+ * its K/V copies, is not a config field but the context's choice for its
+ * device (fgi_dec_l2_prefetch_at): FG_L2_PREFETCH 1 and an "l2_prefetch 1"
+ * key line where chosen, in neither the name nor the header. */
 enum {
     FGI_CFG_DTYPE = 1u << 0,
     FGI_CFG_HEAD_DIM = 1u << 1,
@@ -82,7 +85,8 @@ enum {
     FGI_CFG_RAGGED = 1u << 3,
     FGI_CFG_APPROX = 1u << 4,
     FGI_CFG_ORDER = 1u << 5,
-    FGI_CFG_PAIRS = 1u << 6
+    FGI_CFG_PAIRS = 1u << 6,
+    FGI_CFG_L2_PREFETCH = 1u << 7
 };
 
 #define FGI_KERNEL_MAX_TEMPLATES 4
@@ -178,6 +182,19 @@ static inline int fgi_dec_walk_dim(const fg_kernel_config *c) { return c->head_d
  * barrier and softmax cost as much as reading it), else 64. */
 static inline int fgi_dec_block_n(const fg_kernel_config *c) {
     return fgi_dec_walk_dim(c) <= 64 && c->kv_block % 128 == 0 ? 2 * FGI_DEC_BLOCK_N : FGI_DEC_BLOCK_N;
+}
+/* Whether the decode kernel's K/V copies ask the L2 for 256 bytes around
+ * each (FG_L2_PREFETCH), for a device whose DRAM delivers `dram` bytes per
+ * SM clock (fgi_cuda_dram_per_sm_clock; 0: unknown) under
+ * FG_OPT_DECODE_L2_PREFETCH `option` (-1: chosen here). The prefetch
+ * measured 1-2% faster on the H100 (12.8 bytes a clock) and 2.7-5.2%
+ * slower on the H200 (18.8), whose DRAM outruns the L2's extra work
+ * (bench/attention_notes.md, decode d25); the cut lies between them, and
+ * an unknown device keeps the H100's choice. */
+#define FGI_DEC_L2_PREFETCH_BELOW 16.0
+static inline bool fgi_dec_l2_prefetch_at(int option, double dram) {
+    if (option >= 0) return option == 1;
+    return dram <= 0 || dram < FGI_DEC_L2_PREFETCH_BELOW;
 }
 /* Packed rows per tile of decode walk entry `entry` (R16..R64 or their
  * paged twins): 16, 32 or 64. */

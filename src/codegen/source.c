@@ -20,6 +20,9 @@
  *     templates/approx_math.cuh, the one text such a source adds. Nothing
  *     of it is in an accurate kernel's key or source, which are the same
  *     as before approximate math existed.
+ *   - for the decode kernel, "l2_prefetch 1" where the context chose its
+ *     K/V copies' L2 prefetch for its device (FG_L2_PREFETCH 1 in the
+ *     source; fgi_dec_l2_prefetch_at).
  * The cache adds what it knows (arch, NVRTC version, options, its format).
  * The source is generated only on a miss (spec.gen_source), in the order
  * codegen.h documents: header comment, config macros, common.cuh (then
@@ -49,6 +52,7 @@ typedef struct gen_state {
     const fg_mod *mod;
     fg_kernel_config config;
     const fgi_kernel_entry *kernel;
+    bool l2_prefetch; /* FGI_CFG_L2_PREFETCH: the context's choice for its device */
     char *name;
     char *arch;
 } gen_state;
@@ -234,6 +238,7 @@ static char *build_key(const gen_state *g, uint64_t thash, uint64_t ahash) {
         fgi_buf_printf(&b, "approx_math 1 %s %016llx\n", APPROX_TEMPLATE, (unsigned long long)ahash);
     if ((use & FGI_CFG_ORDER) && c->lead_first) fgi_buf_puts(&b, "lead_first 1\n");
     if ((use & FGI_CFG_PAIRS) && c->head_pairs) fgi_buf_puts(&b, "head_pairs 1\n");
+    if (g->l2_prefetch) fgi_buf_puts(&b, "l2_prefetch 1\n");
     fgi_buf_printf(&b, "mod %zu\n", strlen(canon));
     fgi_buf_puts(&b, canon);
     return fgi_buf_take(&b);
@@ -282,6 +287,7 @@ static void put_macros(fgi_buf *b, const gen_state *g) {
     if ((use & FGI_CFG_APPROX) && c->approx_math) fgi_buf_puts(b, "#define FG_APPROX_MATH 1\n");
     if ((use & FGI_CFG_ORDER) && c->lead_first) fgi_buf_puts(b, "#define FG_LEAD_FIRST 1\n");
     if ((use & FGI_CFG_PAIRS) && c->head_pairs) fgi_buf_puts(b, "#define FG_HEAD_PAIRS 1\n");
+    if (g->l2_prefetch) fgi_buf_puts(b, "#define FG_L2_PREFETCH 1\n");
     /* The launch geometry the host will use for each entry point
      * (kernels.c's geometry), so that a template can check its own sizes
      * against it at compile time: the two are written twice, once per
@@ -397,6 +403,10 @@ static fg_status codegen_init(fg_ctx *ctx, const fg_mod *mod, const fgi_kernel_e
     g->mod = mod;
     g->kernel = k;
     g->config = cfg;
+    g->l2_prefetch = (k->source_config & FGI_CFG_L2_PREFETCH) &&
+                     fgi_dec_l2_prefetch_at(ctx->decode_l2_prefetch, ctx->decode_l2_prefetch < 0
+                                                                         ? fgi_cuda_dram_per_sm_clock(ctx)
+                                                                         : 0);
     char modname[64], suffix[48], name[160];
     safe_mod_name(mod, modname, sizeof modname);
     config_suffix(k, &cfg, suffix, sizeof suffix);

@@ -271,6 +271,7 @@ struct fgi_cuda_state {
     CUdevice dev;
     int cc_major, cc_minor;
     int sm_count;      /* streaming multiprocessors                         */
+    double dram_per_clock; /* peak DRAM bytes per SM clock, 0 unknown        */
     char arch[16];     /* "sm_90a"                                          */
     CUcontext retained;/* primary context retained by this ctx, or NULL     */
     CUdevice retained_dev;
@@ -293,6 +294,20 @@ static void arch_for(int major, int minor, char *out, size_t n) {
 
 #define ADOPTED (-2)
 
+/* Peak DRAM bytes per SM clock cycle: memory clock (kHz) x 2 (double data
+ * rate) x bus width (bits) / 8, over the SMs x their clock (kHz); 0 where
+ * the driver does not say (the decode kernel's L2 prefetch choice,
+ * fgi_dec_l2_prefetch_at, then keeps its default). */
+static double dram_per_sm_clock(CUdevice dev, int sms) {
+    int mem_khz = 0, bus_bits = 0, sm_khz = 0;
+    if (g.api.cuDeviceGetAttribute(&mem_khz, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, dev) != CUDA_SUCCESS ||
+        g.api.cuDeviceGetAttribute(&bus_bits, CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, dev) != CUDA_SUCCESS ||
+        g.api.cuDeviceGetAttribute(&sm_khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, dev) != CUDA_SUCCESS)
+        return 0;
+    if (mem_khz <= 0 || bus_bits <= 0 || sm_khz <= 0 || sms <= 0) return 0;
+    return 2.0 * mem_khz * (bus_bits / 8.0) / ((double)sms * sm_khz);
+}
+
 static fg_status describe_device(fg_ctx *ctx, struct fgi_cuda_state *s, CUdevice dev, int described) {
     int major = 0, minor = 0;
     FGI_CU_TRY(ctx, g.api.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
@@ -306,6 +321,7 @@ static fg_status describe_device(fg_ctx *ctx, struct fgi_cuda_state *s, CUdevice
     s->cc_major = major;
     s->cc_minor = minor;
     s->sm_count = sms;
+    s->dram_per_clock = dram_per_sm_clock(dev, sms);
     arch_for(major, minor, s->arch, sizeof s->arch);
     s->have_device = true;
     s->described = described;
@@ -385,23 +401,35 @@ fg_status fgi_cuda_sm_count(fg_ctx *ctx, int *count) {
     return FG_OK;
 }
 
+/* ctx's device described (cached in its state), or NULL where there is no
+ * usable one. Never records an error: a failed query must not overwrite
+ * the caller's last error, so the description is made with a NULL
+ * context. */
+static const struct fgi_cuda_state *described(fg_ctx *ctx) {
+    struct fgi_cuda_state *s = ctx->cuda;
+    if (s && s->have_device && (s->described == ADOPTED || s->described == ctx->device)) return s;
+    pthread_once(&g.once, load_once);
+    if (g.status != FG_OK || ctx->device >= g.device_count) return NULL;
+    s = state_of(ctx);
+    CUdevice dev;
+    if (!s || g.api.cuDeviceGet(&dev, ctx->device) != CUDA_SUCCESS) return NULL;
+    if (describe_device(NULL, s, dev, ctx->device) != FG_OK) return NULL;
+    return s;
+}
+
 /* Never fails and never records an error: with no usable device the answer
  * is the default target, so compiling works on a machine without a GPU. */
 const char *fgi_effective_arch(fg_ctx *ctx) {
     static const char fallback[] = "sm_90a";
     if (!ctx) return fallback;
     if (ctx->arch[0]) return ctx->arch;
-    struct fgi_cuda_state *s = ctx->cuda;
-    if (s && s->have_device && (s->described == ADOPTED || s->described == ctx->device)) return s->arch;
-    pthread_once(&g.once, load_once);
-    if (g.status != FG_OK || ctx->device >= g.device_count) return fallback;
-    s = state_of(ctx);
-    CUdevice dev;
-    if (!s || g.api.cuDeviceGet(&dev, ctx->device) != CUDA_SUCCESS) return fallback;
-    /* A failed query must not overwrite the caller's last error: describe
-     * with a NULL context records nothing. */
-    if (describe_device(NULL, s, dev, ctx->device) != FG_OK) return fallback;
-    return s->arch;
+    const struct fgi_cuda_state *s = described(ctx);
+    return s ? s->arch : fallback;
+}
+
+double fgi_cuda_dram_per_sm_clock(fg_ctx *ctx) {
+    const struct fgi_cuda_state *s = ctx ? described(ctx) : NULL;
+    return s ? s->dram_per_clock : 0;
 }
 
 void fgi_cuda_state_free(struct fgi_cuda_state *s) {

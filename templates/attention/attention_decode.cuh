@@ -144,13 +144,31 @@ static __device__ __forceinline__ fg_u32 fgd_at(int row, int chunk) {
     return (fg_u32)((row * FGD_ROW + ((chunk ^ (row & 7)) << 3)) * 2);
 }
 
-/* K/V rows are copied with fga_cp16, without an L2 prefetch size: with
- * `.L2::256B` on every copy the L2 worked about 8% harder per byte read
- * from DRAM (on the H200 its throughput sat at 93% while DRAM's sat at
- * 85.5%, against 93% and 92% for cuDNN's decode kernel, which asks for no
- * prefetch), and removing it made the walk 2.7-5.2% faster there
- * (`.L2::128B` measured the same as none; bench/attention_notes.md,
+/* 16 bytes global -> shared. With FG_L2_PREFETCH (the host's choice per
+ * device, FG_OPT_DECODE_L2_PREFETCH) each copy also asks the L2 for the
+ * surrounding 256 bytes (PREFETCH 256) or its 128-byte line (PREFETCH 128:
+ * a paged cache's rows under 256 bytes, whose neighbours in the cache are
+ * another KV head's rows, FGD_PAGED_PREFETCH); without it, fga_cp16.
+ * K/V rows are read once, front to back: fetching the rest of a row
+ * pair's sectors early measured 1-2% faster on the H100 (decode d1, d9),
+ * but on the H200, whose DRAM is 1.45 times faster against the same L2,
+ * it made the L2 work about 8% harder per byte read (its throughput at
+ * 93% with DRAM's at 85.5%, where cuDNN's kernel, asking for no prefetch,
+ * reads at 92%) and the walk 2.7-5.2% slower (bench/attention_notes.md,
  * decode d25). */
+template <int PREFETCH = 256>
+static __device__ __forceinline__ void fgd_cp16(fg_u32 dst, const void *src, bool valid) {
+    static_assert(PREFETCH == 128 || PREFETCH == 256, "L2 prefetch of 128 or 256 bytes");
+#ifdef FG_L2_PREFETCH
+    int n = valid ? 16 : 0;
+    if (PREFETCH == 256)
+        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+    else
+        asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+#else
+    fga_cp16(dst, src, valid);
+#endif
+}
 
 /* ---- K/V rows ---------------------------------------------------------------- */
 
@@ -175,6 +193,13 @@ static __device__ __forceinline__ fg_u32 fgd_at(int row, int chunk) {
  * 64-row tiles at head dim 64 reading it ahead measured 1-2% slower
  * (decode d14, d15). */
 #define FGD_PAGE_AHEAD FGD_TILE_16K
+/* The L2 prefetch of a paged copy: a row's 256 bytes, or its 128-byte
+ * line where a row is shorter. In the cache's [page, row, KV head, d]
+ * layout the other half of 256 bytes around a 128-byte row is the next KV
+ * head's row, which another block reads at another time: asking for the
+ * line alone made paged 16 at head dim 64 +1-1.5% (paged 64 flat;
+ * bench/attention_notes.md, decode d17). */
+#define FGD_PAGED_PREFETCH (FGD_D * 2 >= 256 ? 256 : 128)
 constexpr int FGD_PAGE_RUN = FGD_BLOCK_N / (FGD_THREADS / FGD_CHUNKS);
 static_assert(16 % FGD_PAGE_RUN == 0, "a thread's rows must lie in one page of 16 or more rows");
 
@@ -200,8 +225,8 @@ static __device__ __forceinline__ bool fgd_load_kv_paged(const fga_args &a, fg_u
     for (int i = 0; i < RUN; i++) {
         const bool ok = page_ok && j0 + i < len;
         const fg_u32 d = stage + fgd_at(r0 + i, ch);
-        fga_cp16(d, ok ? kr + i * a.k_stride[2] : kbase, ok);
-        fga_cp16(d + FGD_KV_BYTES, ok ? vr + i * a.v_stride[2] : vbase, ok);
+        fgd_cp16<FGD_PAGED_PREFETCH>(d, ok ? kr + i * a.k_stride[2] : kbase, ok);
+        fgd_cp16<FGD_PAGED_PREFETCH>(d + FGD_KV_BYTES, ok ? vr + i * a.v_stride[2] : vbase, ok);
     }
     return j0 < len && !page_ok;
 }
@@ -228,8 +253,8 @@ static __device__ __forceinline__ bool fgd_load_kv(const fga_args &a, fg_u32 sta
     for (int i = 0; i < FGD_BLOCK_N / STEP; i++) {
         const bool in = j0 + i * STEP < len;
         const fg_u32 d = stage + fgd_at(r + i * STEP, ch);
-        fga_cp16(d, in ? kr : kbase, in);
-        fga_cp16(d + FGD_KV_BYTES, in ? vr : vbase, in);
+        fgd_cp16(d, in ? kr : kbase, in);
+        fgd_cp16(d + FGD_KV_BYTES, in ? vr : vbase, in);
         kr += STEP * ks;
         vr += STEP * vs;
     }
