@@ -59,6 +59,8 @@ typedef struct dcase {
     int splits;            /* FG_OPT_DECODE_SPLITS (0: chosen per call)     */
     int pairs_opt;         /* FG_OPT_DECODE_HEAD_PAIRS (0 is taken as 1, -1 as 0) */
     int expect_pairs;      /* 1: the -pairs kernel, -1: not it, 0: either   */
+    int l2_opt;            /* FG_OPT_DECODE_L2_PREFETCH (0 is taken as -1, the
+                              device's choice; -1 as 0, never; 1 always)   */
 } dcase;
 
 static bool quick(void) {
@@ -67,10 +69,11 @@ static bool quick(void) {
 }
 
 static void name_of(const dcase *c, char *buf, size_t n) {
-    snprintf(buf, n, "%s D=%d %s B=%d Hq=%d Hkv=%d Q=%d KV=%d %s page=%d%s%s", c->mod, c->d,
+    snprintf(buf, n, "%s D=%d %s B=%d Hq=%d Hkv=%d Q=%d KV=%d %s page=%d%s%s%s", c->mod, c->d,
              c->dtype == FG_BF16 ? "bf16" : "fp16", c->b, c->hq, c->hkv, c->q, c->kv,
              c->ragged ? (c->ragged == 2 ? "ragged+empty" : "ragged") : "uniform", c->page,
-             c->bad_page ? " bad-page" : "", c->bm ? " block-mask" : "");
+             c->bad_page ? " bad-page" : "", c->bm ? " block-mask" : "",
+             c->l2_opt ? (c->l2_opt > 0 ? " l2-prefetch" : " no-l2-prefetch") : "");
 }
 
 static void run_case(const dcase *c) {
@@ -83,6 +86,7 @@ static void run_case(const dcase *c) {
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_KERNEL, opt), FG_OK);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_SPLITS, c->splits), FG_OK);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_HEAD_PAIRS, c->pairs_opt >= 0), FG_OK);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_L2_PREFETCH, c->l2_opt == 0 ? -1 : c->l2_opt > 0), FG_OK);
     fg_mod *mod = tu_gallery_mod(ctx, c->mod);
     /* the gallery's parameters for positions up to kv + q */
     acase ac = {.mod = c->mod, .d = c->d, .dtype = c->dtype, .b = c->b, .hq = c->hq, .hkv = c->hkv,
@@ -323,6 +327,28 @@ static void test_head_pairs(void **state) {
         if (quick() && cases[i].kv > 10000) continue;
         run_case(&cases[i]);
     }
+    assert_int_equal(failures, 0);
+}
+
+/* Both forms of the K/V copies (FG_OPT_DECODE_L2_PREFETCH: with the L2
+ * prefetch, the H100's choice, and without, the H200's), whatever this
+ * GPU would choose: contiguous and paged walks, 64- and 128-row tiles,
+ * KV heads in pairs, ragged lengths ending inside a tile. */
+static void test_l2_prefetch(void **state) {
+    (void)state;
+    const fg_kernel_kind DEC = FG_KERNEL_ATTENTION_DECODE;
+    const dcase base[] = {
+        {"causal", 128, FG_BF16, 3, 32, 8, 1, 4097, 1, 0, 0, 0, 0, 0, DEC, 0, 0, 0},
+        {"alibi", 128, FG_FP16, 2, 16, 4, 4, 1000, 1, 16, 0, 0, 0, 0, DEC, 0, 0, 0},
+        {"causal", 64, FG_BF16, 2, 16, 4, 1, 4097, 2, 0, 0, 0, 0, 0, DEC, 0, 0, -1},
+        {"softcap", 64, FG_BF16, 3, 32, 4, 1, 1000, 1, 64, 0, 0, 0, 0, DEC, 0, 0, 1},
+    };
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
+        for (int form = -1; form <= 1; form += 2) {
+            dcase c = base[i];
+            c.l2_opt = form;
+            run_case(&c);
+        }
     assert_int_equal(failures, 0);
 }
 
@@ -613,6 +639,7 @@ int main(void) {
         cmocka_unit_test(test_merge),
         cmocka_unit_test(test_features),
         cmocka_unit_test(test_head_pairs),
+        cmocka_unit_test(test_l2_prefetch),
         cmocka_unit_test(test_prefill),
         cmocka_unit_test(test_gallery),
     };
