@@ -382,6 +382,13 @@ static void state_free(gen_state *g) {
     free(g);
 }
 
+/* The context's choice for the decode kernel's L2 prefetch: its option, or
+ * the rule for its device (the device asked only then). */
+static bool l2_prefetch_of(fg_ctx *ctx) {
+    const int opt = ctx->decode_l2_prefetch;
+    return fgi_dec_l2_prefetch_at(opt, opt < 0 ? fgi_cuda_dram_per_sm_clock(ctx) : 0);
+}
+
 static fg_status codegen_init(fg_ctx *ctx, const fg_mod *mod, const fgi_kernel_entry *kernel,
                               const fg_kernel_config *config, fgi_codegen *out) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
@@ -403,10 +410,7 @@ static fg_status codegen_init(fg_ctx *ctx, const fg_mod *mod, const fgi_kernel_e
     g->mod = mod;
     g->kernel = k;
     g->config = cfg;
-    g->l2_prefetch = (k->source_config & FGI_CFG_L2_PREFETCH) &&
-                     fgi_dec_l2_prefetch_at(ctx->decode_l2_prefetch, ctx->decode_l2_prefetch < 0
-                                                                         ? fgi_cuda_dram_per_sm_clock(ctx)
-                                                                         : 0);
+    g->l2_prefetch = (k->source_config & FGI_CFG_L2_PREFETCH) && l2_prefetch_of(ctx);
     char modname[64], suffix[48], name[160];
     safe_mod_name(mod, modname, sizeof modname);
     config_suffix(k, &cfg, suffix, sizeof suffix);
