@@ -519,6 +519,17 @@ typedef struct fg_kernel_config {
      * k and v head strides are 64 (FG_OPT_DECODE_HEAD_PAIRS). Other kinds
      * ignore it. */
     int head_pairs;
+    /* Since 0.2. FG_KERNEL_ATTENTION_FWD's Hopper kernel only: 1 makes the
+     * kernel for calls without a block mask, which at head dim 128, for a
+     * mod without a mask_mod, walks K and V in tiles of 176 rows instead of
+     * 128 (fewer, longer steps for the same work; its own compile, named
+     * -dense). It refuses block masks (FG_ERR_NOT_SUPPORTED: their blocks
+     * are 128 keys). Where it would change nothing (other head dims, a mod
+     * with a mask_mod, the portable kernel) the plain kernel is made.
+     * fg_attention_forward sets it for calls without a block mask; other
+     * kinds ignore it. Values other than 0 and 1 are
+     * FG_ERR_INVALID_ARGUMENT. */
+    int dense;
 } fg_kernel_config;
 
 #ifdef __cplusplus

@@ -99,13 +99,14 @@ static void test_layouts(void **state) {
     assert_int_equal(offsetof(fg_kernel_config, ragged) + sizeof(int), offsetof(fg_kernel_config, approx_math));
     assert_int_equal(offsetof(fg_kernel_config, approx_math) + sizeof(int), offsetof(fg_kernel_config, lead_first));
     assert_int_equal(offsetof(fg_kernel_config, lead_first) + sizeof(int), offsetof(fg_kernel_config, head_pairs));
+    assert_int_equal(offsetof(fg_kernel_config, head_pairs) + sizeof(int), offsetof(fg_kernel_config, dense));
     assert_int_equal(offsetof(fg_block_mask_desc, struct_size) + sizeof(size_t), offsetof(fg_block_mask_desc, q_offset));
     assert_int_equal(offsetof(fg_attention_args, struct_size) + sizeof(size_t), offsetof(fg_attention_args, kv_lens));
     assert_int_equal(offsetof(fg_attention_bwd_args, struct_size) + sizeof(size_t),
                      offsetof(fg_attention_bwd_args, workspace));
     if (sizeof(void *) == 8) { /* the 0.1 sizes on LP64: they never change */
         assert_int_equal(offsetof(fg_kernel_config, struct_size), 32);
-        assert_int_equal(sizeof(fg_kernel_config), 56); /* approx_math took ragged's padding, lead_first 8 more, head_pairs their padding */
+        assert_int_equal(sizeof(fg_kernel_config), 64); /* approx_math took ragged's padding, lead_first 8 more, head_pairs their padding, dense 8 more */
         assert_int_equal(offsetof(fg_block_mask_desc, struct_size), 24);
         assert_int_equal(offsetof(fg_attention_args, struct_size), 248);
         assert_int_equal(offsetof(fg_attention_bwd_args, struct_size), 192);

@@ -1143,6 +1143,77 @@ static void test_order_forms(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* ---- the Hopper forward for calls without a block mask ---------------------- */
+
+/* dense: at head dim 128 for a mod without a mask_mod, its own key line,
+ * name suffix, macro and header words, 176-row tiles in the launch
+ * geometry, and it compiles; where it would change nothing (a mask_mod,
+ * head dim 64, the portable forward) the plain kernel's key; 0 or 1. */
+static void test_dense_form(void **state) {
+    (void)state;
+    fg_ctx *ctx = new_ctx();
+    static const struct {
+        const char *mod;
+        int head_dim;
+        fg_kernel_kind kind;
+        bool applies;
+    } rows[] = {
+        {"mods/noop.c", 128, FG_KERNEL_ATTENTION_FWD_SM90, true},
+        {"mods/causal.c", 128, FG_KERNEL_ATTENTION_FWD_SM90, false},
+        {"mods/alibi.c", 128, FG_KERNEL_ATTENTION_FWD_SM90, false},
+        {"mods/noop.c", 64, FG_KERNEL_ATTENTION_FWD_SM90, false},
+        {"mods/noop.c", 256, FG_KERNEL_ATTENTION_FWD_SM90, false},
+        {"mods/noop.c", 128, FG_KERNEL_ATTENTION_FWD, false},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        fg_mod *m = load(ctx, rows[i].mod);
+        fg_kernel_config plain = fg_kernel_config_init();
+        plain.kind = rows[i].kind;
+        plain.head_dim = rows[i].head_dim;
+        fg_kernel_config c = plain;
+        c.dense = 1;
+        fgi_codegen p0, cg;
+        assert_int_equal(fgi_codegen_init(ctx, m, &plain, &p0), FG_OK);
+        assert_int_equal(fgi_codegen_init(ctx, m, &c, &cg), FG_OK);
+        assert_int_equal(cg.config.dense, rows[i].applies);
+        assert_int_equal(fgi_fwd_dense_applies(&c, m), rows[i].head_dim == 128 && !strstr(rows[i].mod, "alibi") &&
+                                                           !strstr(rows[i].mod, "causal"));
+        if (!rows[i].applies) {
+            assert_string_equal(cg.key, p0.key);
+            assert_string_equal(cg.name, p0.name);
+        } else {
+            assert_one_line_more(cg.key, p0.key, "dense 1\n");
+            char want[200];
+            snprintf(want, sizeof want, "%s-dense", p0.name);
+            assert_string_equal(cg.name, want);
+            char *src = NULL, *src0 = NULL;
+            assert_int_equal(fg_generate_source(ctx, m, &c, &src), FG_OK);
+            assert_int_equal(fg_generate_source(ctx, m, &plain, &src0), FG_OK);
+            assert_non_null(strstr(src, "#define FG_DENSE 1\n"));
+            assert_null(strstr(src0, "#define FG_DENSE"));
+            assert_non_null(strstr(src, ", no block mask (176-row kv tiles).\n"));
+            assert_non_null(strstr(src, "#define FG_LAUNCH_BLOCK_N_fg_attention_fwd 176\n"));
+            assert_non_null(strstr(src0, "#define FG_LAUNCH_BLOCK_N_fg_attention_fwd 128\n"));
+            fg_free(src), fg_free(src0);
+            /* it compiles (PTX, no GPU needed) */
+            void *img = NULL;
+            size_t size = 0;
+            fg_status st = fg_compile(ctx, m, &c, FG_EMIT_PTX, &img, &size);
+            if (st != FG_OK) print_error("%s\n%s\n", fg_errmsg(ctx), fg_compile_log(ctx));
+            assert_int_equal(st, FG_OK);
+            fg_free(img);
+        }
+        fgi_codegen_free(&cg);
+        fgi_codegen_free(&p0);
+        fg_kernel_config bad = plain;
+        bad.dense = 2;
+        assert_int_equal(fgi_codegen_init(ctx, m, &bad, &cg), FG_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(fg_errmsg(ctx), "dense 2"));
+        fg_mod_destroy(m);
+    }
+    fg_ctx_destroy(ctx);
+}
+
 /* ---- the decode kernel's KV heads in pairs ------------------------------------ */
 
 /* The spill stores ptxas reports for entry point `entry` in `log` (its
@@ -1506,6 +1577,7 @@ int main(void) {
         cmocka_unit_test(test_divisors), cmocka_unit_test(test_float_divisors),
         cmocka_unit_test(test_approx_keys),     cmocka_unit_test(test_approx_compiles),
         cmocka_unit_test(test_order_forms),
+        cmocka_unit_test(test_dense_form),
         cmocka_unit_test(test_decode_pairs),
         cmocka_unit_test(test_decode_l2_prefetch),
     };

@@ -63,7 +63,10 @@ static void usage(FILE *f) {
             "                          runs the kv heads in pairs (what the backward takes\n"
             "                          for causal and prefix masks); decode at head dim 64:\n"
             "                          the -pairs kernel, which walks two KV heads' rows as\n"
-            "                          one (what a paged [page, row, head, d] cache takes)\n\n"
+            "                          one (what a paged [page, row, head, d] cache takes)\n"
+            "  --dense                 attention-sm90 at head dim 128, a mod without a\n"
+            "                          mask_mod: the -dense kernel, 176-row K/V tiles (what\n"
+            "                          the forward takes for calls without a block mask)\n\n"
             "Output:\n"
             "  --emit cuda|ptx|cubin   the CUDA source (default), or compile it with NVRTC\n"
             "  --emit mod              only the emitted mod (params struct, fg_mask_mod,\n"
@@ -151,7 +154,7 @@ typedef struct gen_opts {
 
 enum {
     OPT_KERNEL = 0x2000, OPT_DTYPE, OPT_HEAD_DIM, OPT_BLOCK, OPT_Q_BLOCK, OPT_KV_BLOCK, OPT_ARCH,
-    OPT_EMIT, OPT_CANONICAL, OPT_APPROX_MATH, OPT_LEAD_FIRST, OPT_HEAD_PAIRS
+    OPT_EMIT, OPT_CANONICAL, OPT_APPROX_MATH, OPT_LEAD_FIRST, OPT_HEAD_PAIRS, OPT_DENSE
 };
 
 static int parse_choice(const char *arg, const char *opt, const char *const *names, int n) {
@@ -188,6 +191,7 @@ static int gen_option(gen_opts *o, int c, const char *arg) {
     case OPT_APPROX_MATH: o->cfg.approx_math = 1; return 0;
     case OPT_LEAD_FIRST: o->cfg.lead_first = 1; return 0;
     case OPT_HEAD_PAIRS: o->cfg.head_pairs = 1; return 0;
+    case OPT_DENSE: o->cfg.dense = 1; return 0;
     case OPT_EMIT:
         if ((i = parse_choice(arg, "--emit", emits, 4)) < 0) return FG_EXIT_USAGE;
         o->what = i == 0 ? EMIT_CUDA : i == 1 ? EMIT_PTX : i == 2 ? EMIT_CUBIN : EMIT_MOD;
@@ -283,6 +287,7 @@ static int cmd_generate(int argc, char **argv) {
         {"approx-math", no_argument, 0, OPT_APPROX_MATH},
         {"lead-first", no_argument, 0, OPT_LEAD_FIRST},
         {"head-pairs", no_argument, 0, OPT_HEAD_PAIRS},
+        {"dense", no_argument, 0, OPT_DENSE},
         {"emit", required_argument, 0, OPT_EMIT},
         {"canonical", no_argument, 0, OPT_CANONICAL},
         {"output", required_argument, 0, 'o'},
@@ -293,7 +298,7 @@ static int cmd_generate(int argc, char **argv) {
     gen_opts o;
     memset(&o, 0, sizeof o);
     fg_cli_mod_args_init(&o.mod);
-    o.cfg = fg_kernel_config_init(); /* this header's layout: approx_math, lead_first and head_pairs are read */
+    o.cfg = fg_kernel_config_init(); /* this header's layout: approx_math, lead_first, head_pairs and dense are read */
     o.cfg.kind = FG_KERNEL_ATTENTION_FWD;
     int c;
     opterr = 0;

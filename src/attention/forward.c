@@ -35,6 +35,10 @@ static fg_status block_mask_args(fg_ctx *ctx, const fg_kernel *k, const fg_atten
                                  fgi_attn_abi *abi) {
     fg_block_mask *m = (fg_block_mask *)a->block_mask; /* uploading is a cache fill */
     const fg_block_mask_desc *d = &m->desc;
+    if (k->config.dense)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "a block mask: this kernel (-dense, config.dense 1) serves calls without one; "
+                         "the plain kernel (dense 0) takes block masks");
     const int bm = k->geom[0].q_align ? k->geom[0].q_align : k->geom[0].block_m, bn = k->geom[0].block_n;
     if (d->q_block % bm != 0 || d->kv_block % bn != 0)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
@@ -233,6 +237,7 @@ static fg_kernel_config forward_config(const fg_ctx *ctx, const fg_attention_arg
     if (cfg.kind == FG_KERNEL_ATTENTION_FWD) {
         cfg.q_block = bm && bm->q_block < 128 ? 64 : 128;
         cfg.ragged = fgi_attn_is_seq(a);
+        cfg.dense = !bm; /* the Hopper kernel's 176-row tiles where they apply */
     } else {
         cfg.head_pairs = fgi_attn_decode_pairs(ctx, a);
     }

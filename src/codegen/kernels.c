@@ -113,15 +113,23 @@ static fgi_kernel_geom fwd_geometry(const fg_kernel_config *c, const fg_mod *mod
  * buffers of mask column parts per consumer, the merged walk's block
  * states and two lists, and 1 KB so the kernel can align the base to the
  * swizzle pattern. Persistent: a block per SM walks the tiles. */
+bool fgi_fwd_dense_applies(const fg_kernel_config *c, const fg_mod *mod) {
+    return c->dense && c->head_dim == 128 && mod && !mod->mask;
+}
+
 static fgi_kernel_geom fwd_sm90_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
     (void)entry;
     const int consumers = c->head_dim == 64 && !fgi_split_score_elem_costly(mod) ? 3 : 2;
-    fgi_kernel_geom g = {.block_m = 64 * consumers, .block_n = c->head_dim > 128 ? 64 : 128,
+    /* 176-row K/V tiles for calls without a block mask (FGH_WIDE): two K
+     * and two V stages of 44 KB, as three V stages would not fit */
+    const bool wide = fgi_fwd_dense_applies(c, mod);
+    fgi_kernel_geom g = {.block_m = 64 * consumers,
+                         .block_n = c->head_dim > 128 ? 64 : wide ? FGI_FWD_DENSE_BLOCK_N : 128,
                          .threads = 128 * (1 + consumers), .bands = 1, .persistent = 1};
     if (g.block_m % 128) g.q_align = g.q_box = 64; /* FGH_MERGE, FGH_Q_BOX */
     const size_t stored = (size_t)(c->head_dim + 63) / 64 * 64;
     const size_t tile = (size_t)g.block_n * stored * 2, q = (size_t)g.block_m * stored * 2;
-    const size_t stages = c->head_dim == 64 ? 3 + 4 : c->head_dim == 256 ? 2 + 2 : 2 + 3;
+    const size_t stages = c->head_dim == 64 ? 3 + 4 : c->head_dim == 256 || wide ? 2 + 2 : 2 + 3;
     const size_t merge = g.q_align ? 10 * (size_t)FGI_FWD_SM90_MERGE_MAX_KB : 0;
     g.smem = q + tile * stages + 256 + 2 * (size_t)consumers * 128 * 16 + merge + 1024;
     return g;
@@ -264,8 +272,8 @@ static const fgi_kernel_entry registry[] = {
         .what = "forward attention (Hopper, wgmma)",
         .templates = {"attention/attention_common.cuh", "attention/wgmma_sm90.cuh", "attention/attention_fwd_sm90.cuh"},
         .pieces = FGI_PIECE_MOD | FGI_PIECE_SPLIT,
-        .source_config = ATTENTION_CONFIG | FGI_CFG_APPROX,
-        .name_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_APPROX,
+        .source_config = ATTENTION_CONFIG | FGI_CFG_APPROX | FGI_CFG_DENSE,
+        .name_config = FGI_CFG_DTYPE | FGI_CFG_HEAD_DIM | FGI_CFG_APPROX | FGI_CFG_DENSE,
         .entries = {"fg_attention_fwd"},
         .arch = "sm_90a",
         .min_cc = 90,

@@ -77,7 +77,9 @@ enum {
  * of them either. FGI_CFG_L2_PREFETCH, the decode kernel's L2 prefetch on
  * its K/V copies, is not a config field but the context's choice for its
  * device (fgi_dec_l2_prefetch_at): FG_L2_PREFETCH 1 and an "l2_prefetch 1"
- * key line where chosen, in neither the name nor the header. */
+ * key line where chosen, in neither the name nor the header. FGI_CFG_DENSE,
+ * the Hopper forward for calls without a block mask (fgi_fwd_dense_applies):
+ * FG_DENSE 1, "dense 1" and "-dense" where it applies, nothing elsewhere. */
 enum {
     FGI_CFG_DTYPE = 1u << 0,
     FGI_CFG_HEAD_DIM = 1u << 1,
@@ -86,8 +88,17 @@ enum {
     FGI_CFG_APPROX = 1u << 4,
     FGI_CFG_ORDER = 1u << 5,
     FGI_CFG_PAIRS = 1u << 6,
-    FGI_CFG_L2_PREFETCH = 1u << 7
+    FGI_CFG_L2_PREFETCH = 1u << 7,
+    FGI_CFG_DENSE = 1u << 8
 };
+
+/* The Hopper forward for calls without a block mask (config.dense): 176-row
+ * K/V tiles where they apply, at head dim 128 for a mod without a mask_mod
+ * (attention_notes f5: dense D=128 +2.8%); elsewhere the config makes the
+ * plain kernel. The config's fill-in (source.c) and the launch geometry
+ * (kernels.c) both ask this. */
+#define FGI_FWD_DENSE_BLOCK_N 176
+bool fgi_fwd_dense_applies(const fg_kernel_config *c, const fg_mod *mod);
 
 #define FGI_KERNEL_MAX_TEMPLATES 4
 #define FGI_KERNEL_MAX_ENTRIES 8

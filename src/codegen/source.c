@@ -119,6 +119,9 @@ static fg_status fill_config(fg_ctx *ctx, const fgi_kernel_entry *kernel, const 
                          "lead_first and head_pairs are two orders of the same pass: set one of them");
     c->lead_first = order && c->lead_first;
     c->head_pairs = (kernel->source_config & FGI_CFG_PAIRS) && c->head_pairs;
+    if (c->dense != 0 && c->dense != 1)
+        return fgi_error(ctx, FG_ERR_INVALID_ARGUMENT, "dense %d is not 0 or 1", c->dense);
+    c->dense = (kernel->source_config & FGI_CFG_DENSE) && c->dense;
     return FG_OK;
 }
 
@@ -149,6 +152,7 @@ static void config_suffix(const fgi_kernel_entry *k, const fg_kernel_config *c, 
     if ((k->name_config & FGI_CFG_APPROX) && c->approx_math) fgi_buf_puts(&b, "-approx");
     if ((k->name_config & FGI_CFG_ORDER) && c->lead_first) fgi_buf_puts(&b, "-lead");
     if ((k->name_config & FGI_CFG_PAIRS) && c->head_pairs) fgi_buf_puts(&b, "-pairs");
+    if ((k->name_config & FGI_CFG_DENSE) && c->dense) fgi_buf_puts(&b, "-dense");
     snprintf(out, cap, "%s", b.data && !b.oom ? b.data : "");
     fgi_buf_free(&b);
 }
@@ -238,6 +242,7 @@ static char *build_key(const gen_state *g, uint64_t thash, uint64_t ahash) {
         fgi_buf_printf(&b, "approx_math 1 %s %016llx\n", APPROX_TEMPLATE, (unsigned long long)ahash);
     if ((use & FGI_CFG_ORDER) && c->lead_first) fgi_buf_puts(&b, "lead_first 1\n");
     if ((use & FGI_CFG_PAIRS) && c->head_pairs) fgi_buf_puts(&b, "head_pairs 1\n");
+    if ((use & FGI_CFG_DENSE) && c->dense) fgi_buf_puts(&b, "dense 1\n");
     if (g->l2_prefetch) fgi_buf_puts(&b, "l2_prefetch 1\n");
     fgi_buf_printf(&b, "mod %zu\n", strlen(canon));
     fgi_buf_puts(&b, canon);
@@ -268,6 +273,7 @@ static void put_header(fgi_buf *b, const gen_state *g) {
         if ((use & FGI_CFG_APPROX) && c->approx_math) fgi_buf_puts(b, ", approximate math");
         if ((use & FGI_CFG_ORDER) && c->lead_first) fgi_buf_puts(b, ", leading kv tiles first");
         if ((use & FGI_CFG_PAIRS) && c->head_pairs) fgi_buf_puts(b, ", kv heads in pairs");
+        if ((use & FGI_CFG_DENSE) && c->dense) fgi_buf_puts(b, ", no block mask (176-row kv tiles)");
         fgi_buf_puts(b, ".\n");
     }
     fgi_buf_puts(b, " * Regenerate with the flexgen command-line tool (flexgen --help).\n */\n\n");
@@ -287,6 +293,7 @@ static void put_macros(fgi_buf *b, const gen_state *g) {
     if ((use & FGI_CFG_APPROX) && c->approx_math) fgi_buf_puts(b, "#define FG_APPROX_MATH 1\n");
     if ((use & FGI_CFG_ORDER) && c->lead_first) fgi_buf_puts(b, "#define FG_LEAD_FIRST 1\n");
     if ((use & FGI_CFG_PAIRS) && c->head_pairs) fgi_buf_puts(b, "#define FG_HEAD_PAIRS 1\n");
+    if ((use & FGI_CFG_DENSE) && c->dense) fgi_buf_puts(b, "#define FG_DENSE 1\n");
     if (g->l2_prefetch) fgi_buf_puts(b, "#define FG_L2_PREFETCH 1\n");
     /* The launch geometry the host will use for each entry point
      * (kernels.c's geometry), so that a template can check its own sizes
@@ -398,6 +405,9 @@ static fg_status codegen_init(fg_ctx *ctx, const fg_mod *mod, const fgi_kernel_e
     fg_kernel_config cfg;
     const fgi_kernel_entry *k = NULL;
     FGI_TRY(fill_config(ctx, kernel, config, &cfg, &k));
+    /* the dense form only where it changes the kernel: elsewhere the plain
+     * kernel's key, name and source */
+    cfg.dense = cfg.dense && fgi_fwd_dense_applies(&cfg, mod);
     uint64_t thash = 0, ahash = 0;
     FGI_TRY(template_hash(ctx, k, &thash));
     if (cfg.approx_math) {

@@ -12,7 +12,8 @@
  * the Tensor Memory Accelerator (TMA, cp.async.bulk.tensor) and the group
  * gives most of its registers to the others (setmaxnreg). The consumers
  * take 64 q rows each (16 per warp); K and V stream past in tiles of
- * FGH_BLOCK_N rows (128; 64 past D = 128). Per consumer and tile:
+ * FGH_BLOCK_N rows (128; 64 past D = 128; 176 in the kernel for calls
+ * without a block mask at D = 128, FGH_WIDE). Per consumer and tile:
  *     S (64 x N) = Q (64 x D) K^T           wgmma, A and B in shared memory
  *     P = online softmax of mods(S)         registers (attention_common.cuh)
  *     O (64 x D) += P (64 x N) V            wgmma, A (P) in registers,
@@ -24,7 +25,7 @@
  * Pipeline. Q takes one tile of shared memory, K two stages and V three
  * (three and four at D = 64, where a tile is half the size and a step
  * half as long: +2-4% measured with ping-pong; two and two at D = 256,
- * whose 64-row tiles are 32 KB).
+ * whose 64-row tiles are 32 KB, and in the 176-row kernel).
  * Each stage has a "full" mbarrier (the producer arms it with the bytes it
  * expects; the TMA unit completes it when they have landed) and an "empty"
  * one (each consumer warp arrives when its matrix products no longer read
@@ -113,7 +114,21 @@
 /* kv rows per tile: 128, or 64 past head dim 128, where O takes 96 or 128
  * registers a thread and a 128-row S with P's fragments would not fit
  * beside it, nor two stages of 128-row K and V tiles in shared memory */
-#define FGH_BLOCK_N (FGH_D > 128 ? 64 : 128)
+/* The kernel for calls without a block mask (FG_DENSE, config.dense; the
+ * host makes it only at head dim 128 for mods without a mask_mod) walks
+ * 176-row tiles, FlashAttention-3's for dense head dim 128: a step's
+ * fixed work (the waits, the row maxima's shuffles, the O rescale, the
+ * hand-offs) is spread over 176 keys instead of 128. S takes 88 registers
+ * and P's fragments 44; K and V take two stages each (44 KB a tile).
+ * Measured +2.8% on the dense forward (attention_notes f5). The dense walk
+ * steps by any tile size; the last tile's keys past KV_LEN are masked as
+ * every edge tile's are. */
+#ifdef FG_DENSE
+#define FGH_WIDE (FGH_D == 128 && !FGA_MASK_MOD)
+#else
+#define FGH_WIDE 0
+#endif
+#define FGH_BLOCK_N (FGH_D > 128 ? 64 : FGH_WIDE ? 176 : 128)
 #define FGH_TILE_BYTES (FGH_BLOCK_N * FGH_DS * 2) /* one tile of K or V              */
 #define FGH_REGION_BYTES (FGH_BLOCK_N * 128)   /* a tile's rows of one 64-column region */
 #define FGH_Q_BYTES (FGH_BLOCK_M * FGH_DS * 2)
@@ -131,7 +146,7 @@
 #define FGH_QK_STEPS (FGH_D / 16)          /* k steps of Q K^T                      */
 #define FGH_PV_STEPS (FGH_BLOCK_N / 16)    /* k steps of P V                        */
 #define FGH_K_STAGES (FGH_D == 64 ? 3 : 2)
-#define FGH_V_STAGES (FGH_D == 64 ? 4 : FGH_D == 256 ? 2 : 3)
+#define FGH_V_STAGES (FGH_D == 64 ? 4 : FGH_D == 256 || FGH_WIDE ? 2 : 3)
 #define FGH_PRODUCER_REGS (FGH_CONSUMERS == 3 ? 32 : 24) /* 24 + 2 x 240, 32 + 3 x 160 */
 #define FGH_CONSUMER_REGS (FGH_CONSUMERS == 3 ? 160 : 240) /* per thread fit 64K  */
 /* Ping-pong (the consumers take turns issuing their products, see the
@@ -547,7 +562,9 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
                 const int koff = (kk & 3) * 32;
                 const fg_u64 da = dq + (((kk >> 2) * FGH_Q_REGION + koff) >> 4);
                 const fg_u64 db = dk_j + (((kk >> 2) * FGH_REGION_BYTES + koff) >> 4);
-                if (FGH_BLOCK_N == 128)
+                if (FGH_BLOCK_N == 176)
+                    fgh_mma_ss_n176(&s[0][0][0], da, db, kk > 0);
+                else if (FGH_BLOCK_N == 128)
                     fgh_mma_ss_n128(&s[0][0][0], da, db, kk > 0);
                 else
                     fgh_mma_ss_n64<0, 0>(&s[0][0][0], da, db, kk > 0);

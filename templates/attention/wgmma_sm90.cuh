@@ -57,9 +57,10 @@ template <int N> static __device__ __forceinline__ void fgh_fence_regs(float *d)
 }
 
 /* A warp group's accumulator fragment as asm operands and their numbers:
- * d[0..31] (n64) or d[0..63] (n128), each C(d[i]) with C FGH_RW where the
- * product adds to it, FGH_WO where it only writes it; operands 0-31 or 0-63,
- * so the product's other operands follow from %32 or %64. */
+ * d[0..31] (n64), d[0..63] (n128) or d[0..87] (n176), each C(d[i]) with C
+ * FGH_RW where the product adds to it, FGH_WO where it only writes it;
+ * operands 0-31, 0-63 or 0-87, so the product's other operands follow from
+ * %32, %64 or %88. */
 #define FGH_RW(x) "+f"(x)
 #define FGH_WO(x) "=f"(x)
 #define FGH_ACC32(C) \
@@ -80,6 +81,26 @@ template <int N> static __device__ __forceinline__ void fgh_fence_regs(float *d)
     FGH_REGS32 ", " \
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+
+#define FGH_ACC88(C) \
+    FGH_ACC64(C), \
+    C(d[64]), C(d[65]), C(d[66]), C(d[67]), C(d[68]), C(d[69]), C(d[70]), C(d[71]), \
+    C(d[72]), C(d[73]), C(d[74]), C(d[75]), C(d[76]), C(d[77]), C(d[78]), C(d[79]), \
+    C(d[80]), C(d[81]), C(d[82]), C(d[83]), C(d[84]), C(d[85]), C(d[86]), C(d[87])
+#define FGH_REGS88 \
+    FGH_REGS64 ", " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87"
+
+/* D (64 x 176, fp32, per warp group) = or += A (64 x 16, shared) * B (16 x 176,
+ * shared), both K-major: one k step of Q K^T over 176-row K tiles. */
+static __device__ __forceinline__ void fgh_mma_ss_n176(float *d, fg_u64 da, fg_u64 db, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n176k16.f32." FGH_AB "." FGH_AB " {"
+                 FGH_REGS88
+                 "}, %88, %89, p, 1, 1, 0, 0;\n}\n"
+                 : FGH_ACC88(FGH_RW)
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
 
 /* D (64 x 128, fp32, per warp group) = or += A (64 x 16, shared) * B (16 x 128,
  * shared), both K-major: one k step of Q K^T. */
