@@ -294,6 +294,16 @@ static void test_identity_score(void **state) {
 
 /* ---- #line and composition ------------------------------------------------- */
 
+/* `m` compiles to PTX under `cfg` (no GPU needed); the log on failure. */
+static void assert_compiles(fg_ctx *ctx, const fg_mod *m, const fg_kernel_config *cfg) {
+    void *img = NULL;
+    size_t size = 0;
+    fg_status st = fg_compile(ctx, m, cfg, FG_EMIT_PTX, &img, &size);
+    if (st != FG_OK) print_error("%s\n%s\n", fg_errmsg(ctx), fg_compile_log(ctx));
+    assert_int_equal(st, FG_OK);
+    fg_free(img);
+}
+
 static void test_line_directives(void **state) {
     (void)state;
     fg_ctx *ctx = new_ctx();
@@ -338,13 +348,8 @@ static void test_composition(void **state) {
     assert_non_null(strstr(out, "\"mods/prefix_lm.c\""));
     assert_non_null(strstr(out, "\"mods/sliding_window.c\""));
     free(out);
-    void *img = NULL;
-    size_t size = 0;
     fg_kernel_config cfg = {FG_KERNEL_BLOCK_MASK, 0, 0, 64, 64, "sm_80"};
-    fg_status st = fg_compile(ctx, and_, &cfg, FG_EMIT_PTX, &img, &size);
-    if (st != FG_OK) print_error("%s\n%s\n", fg_errmsg(ctx), fg_compile_log(ctx));
-    assert_int_equal(st, FG_OK);
-    fg_free(img);
+    assert_compiles(ctx, and_, &cfg);
     fg_mod_destroy(and_);
     fg_mod_destroy(or_);
     fg_mod_destroy(sw);
@@ -1112,13 +1117,7 @@ static void test_order_forms(void **state) {
         assert_non_null(strstr(src, forms[i].macro));
         assert_non_null(strstr(src, forms[i].header));
         fg_free(src);
-        /* it compiles (PTX, no GPU needed) */
-        void *img = NULL;
-        size_t size = 0;
-        fg_status st = fg_compile(ctx, m, &c, FG_EMIT_PTX, &img, &size);
-        if (st != FG_OK) print_error("%s\n%s\n", fg_errmsg(ctx), fg_compile_log(ctx));
-        assert_int_equal(st, FG_OK);
-        fg_free(img);
+        assert_compiles(ctx, m, &c);
         /* the portable backward has one kernel for every order */
         fg_kernel_config pc = c, pp = plain;
         pc.kind = pp.kind = FG_KERNEL_ATTENTION_BWD;
@@ -1195,13 +1194,7 @@ static void test_dense_form(void **state) {
             assert_non_null(strstr(src, "#define FG_LAUNCH_BLOCK_N_fg_attention_fwd 176\n"));
             assert_non_null(strstr(src0, "#define FG_LAUNCH_BLOCK_N_fg_attention_fwd 128\n"));
             fg_free(src), fg_free(src0);
-            /* it compiles (PTX, no GPU needed) */
-            void *img = NULL;
-            size_t size = 0;
-            fg_status st = fg_compile(ctx, m, &c, FG_EMIT_PTX, &img, &size);
-            if (st != FG_OK) print_error("%s\n%s\n", fg_errmsg(ctx), fg_compile_log(ctx));
-            assert_int_equal(st, FG_OK);
-            fg_free(img);
+            assert_compiles(ctx, m, &c);
         }
         fgi_codegen_free(&cg);
         fgi_codegen_free(&p0);
