@@ -148,14 +148,23 @@ static void test_options(void **state) {
     static const int64_t bad_leads[] = {-2, 65536};
     check_int_option(ctx, FG_OPT_BWD_LEAD_TILES, 3, bad_leads, 2);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_BWD_LEAD_TILES, -1), FG_OK);
-    /* The backward's pairs of kv heads: chosen per call (-1) unless the
-     * environment says 0 or 1. */
-    static const env_row pair_envs[] = {{NULL, -1}, {"0", 0}, {"1", 1}, {"2", -1}, {"-2", -1}, {"x", -1}, {"", -1}};
-    check_env_defaults("FLEXGEN_BWD_HEAD_PAIRS", FG_OPT_BWD_HEAD_PAIRS, pair_envs,
-                       sizeof pair_envs / sizeof pair_envs[0]);
-    static const int64_t bad_pairs[] = {-2, 2};
-    check_int_option(ctx, FG_OPT_BWD_HEAD_PAIRS, 1, bad_pairs, 2);
-    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_BWD_HEAD_PAIRS, -1), FG_OK);
+    /* The backward's pairs of kv heads (chosen per call) and the decode
+     * kernel's L2 prefetch (chosen per device): -1 unless the environment
+     * says 0 or 1. */
+    static const env_row auto_envs[] = {{NULL, -1}, {"0", 0},   {"1", 1},  {"-1", -1},
+                                        {"2", -1},  {"-2", -1}, {"x", -1}, {"", -1}};
+    static const struct {
+        const char *env;
+        fg_option opt;
+        int64_t set; /* a valid value set before the bad ones */
+    } autos[] = {{"FLEXGEN_BWD_HEAD_PAIRS", FG_OPT_BWD_HEAD_PAIRS, 1},
+                 {"FLEXGEN_DECODE_L2_PREFETCH", FG_OPT_DECODE_L2_PREFETCH, 0}};
+    for (size_t i = 0; i < sizeof autos / sizeof autos[0]; i++) {
+        check_env_defaults(autos[i].env, autos[i].opt, auto_envs, sizeof auto_envs / sizeof auto_envs[0]);
+        static const int64_t bad_auto[] = {-2, 2};
+        check_int_option(ctx, autos[i].opt, autos[i].set, bad_auto, 2);
+        assert_int_equal(fg_ctx_set_int(ctx, autos[i].opt, -1), FG_OK);
+    }
     /* The decode kernel's KV heads in pairs and the backward's tail split:
      * on (1) unless the environment says 0. */
     static const env_row on_envs[] = {{NULL, 1}, {"0", 0}, {"1", 1}, {"2", 1}, {"-1", 1}, {"x", 1}, {"", 1}};
@@ -170,14 +179,6 @@ static void test_options(void **state) {
         check_int_option(ctx, switches[i].opt, 0, bad_switch, 2);
         assert_int_equal(fg_ctx_set_int(ctx, switches[i].opt, 1), FG_OK);
     }
-    /* The decode kernel's L2 prefetch: chosen per device (-1) unless the
-     * environment says 0 or 1. */
-    static const env_row l2_envs[] = {{NULL, -1}, {"0", 0}, {"1", 1}, {"-1", -1}, {"2", -1}, {"x", -1}, {"", -1}};
-    check_env_defaults("FLEXGEN_DECODE_L2_PREFETCH", FG_OPT_DECODE_L2_PREFETCH, l2_envs,
-                       sizeof l2_envs / sizeof l2_envs[0]);
-    static const int64_t bad_l2[] = {-2, 2};
-    check_int_option(ctx, FG_OPT_DECODE_L2_PREFETCH, 0, bad_l2, 2);
-    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_L2_PREFETCH, -1), FG_OK);
     assert_int_equal(fg_kernel_kind_of(NULL), 0);
     assert_int_equal(fg_ctx_set_int(NULL, FG_OPT_MAX_DEPTH, 50), FG_ERR_INVALID_ARGUMENT);
     assert_int_equal(fg_ctx_create(NULL), FG_ERR_INVALID_ARGUMENT);

@@ -102,26 +102,27 @@ static fgi_kernel_geom fwd_geometry(const fg_kernel_config *c, const fg_mod *mod
     return g;
 }
 
-/* The Hopper forward (templates/attention/attention_fwd_sm90.cuh): a
- * producer warp group and consumer warp groups of 64 rows, three at head
- * dim 64 (a 192-row q tile, whose walk merges two block-mask rows) unless
- * score_mod does costly work per score (FGH_CONSUMERS), else two; K/V
- * tiles of 128 rows, 64 past head dim 128 (FGH_BLOCK_N); shared memory
- * holds Q, two stages of K and three of V (three and four at head dim 64,
- * two and two at 256) in 128-byte-swizzled rows of whole 64-column
- * regions (FGH_DS: 96 is stored as 128), 256 bytes of mbarriers, two
- * buffers of mask column parts per consumer, the merged walk's block
- * states and two lists, and 1 KB so the kernel can align the base to the
- * swizzle pattern. Persistent: a block per SM walks the tiles. */
 bool fgi_fwd_dense_applies(const fg_kernel_config *c, const fg_mod *mod) {
     return c->dense && c->head_dim == 128 && mod && !mod->mask;
 }
 
+/* The Hopper forward (templates/attention/attention_fwd_sm90.cuh): a
+ * producer warp group and consumer warp groups of 64 rows, three at head
+ * dim 64 (a 192-row q tile, whose walk merges two block-mask rows) unless
+ * score_mod does costly work per score (FGH_CONSUMERS), else two; K/V
+ * tiles of 128 rows, 64 past head dim 128, 176 in the -dense form where
+ * fgi_fwd_dense_applies (FGH_BLOCK_N); shared memory
+ * holds Q, two stages of K and three of V (three and four at head dim 64,
+ * two and two at 256 and in the -dense form) in 128-byte-swizzled rows of whole 64-column
+ * regions (FGH_DS: 96 is stored as 128), 256 bytes of mbarriers, two
+ * buffers of mask column parts per consumer, the merged walk's block
+ * states and two lists, and 1 KB so the kernel can align the base to the
+ * swizzle pattern. Persistent: a block per SM walks the tiles. */
+
 static fgi_kernel_geom fwd_sm90_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
     (void)entry;
     const int consumers = c->head_dim == 64 && !fgi_split_score_elem_costly(mod) ? 3 : 2;
-    /* 176-row K/V tiles for calls without a block mask (FGH_WIDE): two K
-     * and two V stages of 44 KB, as three V stages would not fit */
+    /* (three V stages of 44 KB would not fit beside Q and two K stages) */
     const bool wide = fgi_fwd_dense_applies(c, mod);
     fgi_kernel_geom g = {.block_m = 64 * consumers,
                          .block_n = c->head_dim > 128 ? 64 : wide ? FGI_FWD_DENSE_BLOCK_N : 128,

@@ -407,7 +407,7 @@ static fg_status codegen_init(fg_ctx *ctx, const fg_mod *mod, const fgi_kernel_e
     FGI_TRY(fill_config(ctx, kernel, config, &cfg, &k));
     /* the dense form only where it changes the kernel: elsewhere the plain
      * kernel's key, name and source */
-    cfg.dense = cfg.dense && fgi_fwd_dense_applies(&cfg, mod);
+    cfg.dense = fgi_fwd_dense_applies(&cfg, mod);
     uint64_t thash = 0, ahash = 0;
     FGI_TRY(template_hash(ctx, k, &thash));
     if (cfg.approx_math) {

@@ -113,8 +113,8 @@
 #define FGH_BLOCK_M (64 * FGH_CONSUMERS)   /* q rows per block, 64 per consumer     */
 /* kv rows per tile: 128, or 64 past head dim 128, where O takes 96 or 128
  * registers a thread and a 128-row S with P's fragments would not fit
- * beside it, nor two stages of 128-row K and V tiles in shared memory */
-/* The kernel for calls without a block mask (FG_DENSE, config.dense; the
+ * beside it, nor two stages of 128-row K and V tiles in shared memory.
+ * The kernel for calls without a block mask (FG_DENSE, config.dense; the
  * host makes it only at head dim 128 for mods without a mask_mod) walks
  * 176-row tiles, FlashAttention-3's for dense head dim 128: a step's
  * fixed work (the waits, the row maxima's shuffles, the O rescale, the
