@@ -1222,6 +1222,48 @@ static long entry_spill(const char *log, const char *entry) {
     return atol(at);
 }
 
+/* The decode walk's K/V tiles as the source tells the template
+ * (FG_LAUNCH_BLOCK_N / _SMEM of the r16 walk) per head dim, pairs and kv
+ * block: 128-row tiles where the block mask's kv blocks allow them and a
+ * walk row is 128 columns or fewer (three stages of K and V at 64; at 128
+ * the ring of three K-or-V slots, FGD_KV_RING), else 64 rows; shared
+ * memory for two blocks an SM up to 128 columns, plus Q's region past
+ * them. */
+static void test_decode_tiles(void **state) {
+    (void)state;
+    static const struct {
+        int head_dim, pairs, kv_block, block_n;
+        long smem;
+    } rows[] = {
+        {64, 0, 128, 128, 3 * 2 * 128 * 128 + 1024},        /* three stages */
+        {64, 0, 64, 64, 5 * 2 * 64 * 128 + 1024},           /* five stages */
+        {64, 1, 128, 128, 3 * 128 * 256 + 1024},            /* the ring */
+        {64, 1, 64, 64, 3 * 2 * 64 * 256 + 1024},           /* three stages */
+        {128, 0, 128, 128, 3 * 128 * 256 + 1024},           /* the ring */
+        {128, 0, 256, 128, 3 * 128 * 256 + 1024},           /* the ring */
+        {128, 0, 64, 64, 3 * 2 * 64 * 256 + 1024},          /* three stages */
+        {256, 0, 128, 64, 2 * 2 * 64 * 512 + 64 * 512 + 1024}, /* two stages, Q apart */
+    };
+    fg_ctx *ctx = new_ctx();
+    fg_mod *m = load(ctx, "mods/causal.c");
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        fg_kernel_config c = fg_kernel_config_init();
+        c.kind = FG_KERNEL_ATTENTION_DECODE;
+        c.head_dim = rows[i].head_dim;
+        c.head_pairs = rows[i].pairs;
+        c.kv_block = rows[i].kv_block;
+        char *src = NULL, want[128];
+        assert_int_equal(fg_generate_source(ctx, m, &c, &src), FG_OK);
+        snprintf(want, sizeof want, "#define FG_LAUNCH_BLOCK_N_fg_attention_decode_r16 %d\n", rows[i].block_n);
+        if (!strstr(src, want)) fail_msg("row %zu: no \"%s\"", i, want);
+        snprintf(want, sizeof want, "#define FG_LAUNCH_SMEM_fg_attention_decode_r16 %ld\n", rows[i].smem);
+        if (!strstr(src, want)) fail_msg("row %zu: no \"%s\"", i, want);
+        fg_free(src);
+    }
+    fg_mod_destroy(m);
+    fg_ctx_destroy(ctx);
+}
+
 /* The decode kernel's L2 prefetch (FG_OPT_DECODE_L2_PREFETCH): the rule
  * per device, then the option's three values on the decode kernel (1: the
  * key line and the macro; 0: neither; -1 without a GPU, as here or in CI:
@@ -1305,10 +1347,11 @@ static void test_decode_pairs(void **state) {
     assert_null(strstr(src0, "#define FG_HEAD_PAIRS"));
     assert_non_null(strstr(src1, "#define FG_HEAD_PAIRS 1\n"));
     assert_non_null(strstr(src1, ", kv heads in pairs.\n"));
-    /* plain: 128-row tiles of 128-byte rows, three stages; pairs: 64-row
-     * tiles of 256-byte rows, three stages */
+    /* plain: 128-row tiles of 128-byte rows, three stages; pairs: 128-row
+     * tiles of 256-byte rows, K and V in a ring of three slots (the tile
+     * sizes per walk: test_decode_tiles) */
     assert_non_null(strstr(src0, "#define FG_LAUNCH_BLOCK_N_fg_attention_decode_r16 128\n"));
-    assert_non_null(strstr(src1, "#define FG_LAUNCH_BLOCK_N_fg_attention_decode_r16 64\n"));
+    assert_non_null(strstr(src1, "#define FG_LAUNCH_BLOCK_N_fg_attention_decode_r16 128\n"));
     assert_non_null(strstr(src1, "#define FG_LAUNCH_SMEM_fg_attention_decode_r16 99328\n"));
     fg_free(src0);
     fg_free(src1);
@@ -1572,6 +1615,7 @@ int main(void) {
         cmocka_unit_test(test_order_forms),
         cmocka_unit_test(test_dense_form),
         cmocka_unit_test(test_decode_pairs),
+        cmocka_unit_test(test_decode_tiles),
         cmocka_unit_test(test_decode_l2_prefetch),
     };
     /* a run can take some of the tests only (the gallery's compiles take

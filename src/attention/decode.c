@@ -38,11 +38,12 @@ bool fgi_attn_takes_decode(const fg_ctx *ctx, const fg_attention_args *a) {
 
 /* ---- the launch ----------------------------------------------------------------- */
 
-/* A block mask the decode tiles can walk: its kv blocks whole 64-row K/V
- * tiles, and one mask row per tile of packed rows -- a group of one (the
- * tile's rows are queries of one head, never more than a q block of them:
- * plan_decode picks the tile), or every row in one tile with the mask's
- * heads broadcast and q_len inside one q block. */
+/* A block mask the decode tiles can walk: its kv blocks whole K/V tiles
+ * (64 rows, or 128 in a kernel made for kv blocks of 128), and one mask
+ * row per tile of packed rows -- a group of one (the tile's rows are
+ * queries of one head, never more than a q block of them: plan_decode
+ * picks the tile), or every row in one tile with the mask's heads
+ * broadcast and q_len inside one q block. */
 bool fgi_attn_decode_walks(const fg_attention_args *a) {
     if (!a->block_mask) return true;
     const fg_block_mask_desc *d = &a->block_mask->desc;

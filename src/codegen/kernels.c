@@ -199,8 +199,9 @@ static fgi_kernel_geom bwd_sm90_geometry(const fg_kernel_config *c, const fg_mod
 /* The decode kernel (templates/attention/attention_decode.cuh): four
  * warps; tiles of 16, 32 or 64 packed rows (entry points r16, r32, r64)
  * against K/V tiles of fgi_dec_block_n rows in FGD_STAGES stages (walk
- * rows of up to 64 columns: five of 64 rows or three of 128; up to 128: 3;
- * else 2) of K and V rows (unpadded, swizzled; fgi_dec_walk_dim wide);
+ * rows of up to 64 columns: five of 64 rows or three of 128; up to 128:
+ * three of 64 rows, or with 128-row tiles three slots of K or V, the
+ * ring; else 2) of K and V rows (unpadded, swizzled; fgi_dec_walk_dim wide);
  * walk rows over 128 keep Q in a shared region of 64 rows; 1 KB for the
  * warps' merge. The merge entry has static shared memory only. */
 static fgi_kernel_geom decode_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
@@ -211,7 +212,8 @@ static fgi_kernel_geom decode_geometry(const fg_kernel_config *c, const fg_mod *
     const int w = fgi_dec_walk_dim(c);
     const size_t row = (size_t)w * 2;
     const int stages = w <= 64 ? (g.block_n == 64 ? 5 : 3) : w <= 128 ? 3 : 2;
-    g.smem = (size_t)stages * 2 * (size_t)g.block_n * row + (w > 128 ? 64 * row : 0) + 1024;
+    const bool ring = w > 64 && w <= 128 && g.block_n == 128; /* FGD_KV_RING */
+    g.smem = (size_t)(ring ? 3 : stages * 2) * (size_t)g.block_n * row + (w > 128 ? 64 * row : 0) + 1024;
     return g;
 }
 

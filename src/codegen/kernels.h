@@ -188,11 +188,12 @@ enum { FGI_DEC_R16 = 0, FGI_DEC_R32 = 1, FGI_DEC_R64 = 2, FGI_DEC_MERGE = 3, FGI
  * pair's two rows side by side. */
 static inline int fgi_dec_walk_dim(const fg_kernel_config *c) { return c->head_dim * (c->head_pairs ? 2 : 1); }
 /* K/V rows per decode tile (the template's FGD_BLOCK_N, from the walks'
- * FG_LAUNCH_BLOCK_N): 128 for walk rows of 64 and under and kv blocks of a
- * multiple of 128 (a 64-row tile is then 8 KB of K, and the per-tile
- * barrier and softmax cost as much as reading it), else 64. */
+ * FG_LAUNCH_BLOCK_N): 128 for walk rows of 128 and under and kv blocks of a
+ * multiple of 128 (at 64 a 64-row tile is 8 KB of K, and the per-tile
+ * barrier and softmax cost as much as reading it; at 128 the tiles' K and V
+ * take turns in a ring of three slots: decode d15, d26), else 64. */
 static inline int fgi_dec_block_n(const fg_kernel_config *c) {
-    return fgi_dec_walk_dim(c) <= 64 && c->kv_block % 128 == 0 ? 2 * FGI_DEC_BLOCK_N : FGI_DEC_BLOCK_N;
+    return fgi_dec_walk_dim(c) <= 128 && c->kv_block % 128 == 0 ? 2 * FGI_DEC_BLOCK_N : FGI_DEC_BLOCK_N;
 }
 /* Whether the decode kernel's K/V copies ask the L2 for 256 bytes around
  * each (FG_L2_PREFETCH), for a device whose DRAM delivers `dram` bytes per

@@ -30,8 +30,8 @@
  *     rows x its columns; at the end the warps' (m, l, O) are merged in
  *     shared memory the same way the splits are. Three entry points, one
  *     per WK: fg_attention_decode_r16 (16 rows), _r32, _r64.
- *   - Memory. K/V tiles of FGD_BLOCK_N rows (64; 128 at head dim 64 and
- *     under with kv blocks of a multiple of 128: fgi_dec_block_n) stream
+ *   - Memory. K/V tiles of FGD_BLOCK_N rows (64; 128 at walk rows of 128
+ *     and under with kv blocks of a multiple of 128: fgi_dec_block_n) stream
  *     through FGD_STAGES stages of cp.async (wait for tile t, refill the
  *     stage of tile t - 1 with tile t + FGD_STAGES - 1), so several tiles
  *     per block are always in flight;
@@ -39,8 +39,10 @@
  *     128; rows are unpadded with their 16-byte chunks swizzled (fgd_at).
  *     Q is loaded once into the last stage before the walk starts and
  *     kept in registers (head dim 256: in a shared region of its own).
- *   - Pipelined (FGD_PIPE_S, tiles of 16 KB of K: head dim 128, or 64 with
- *     128-row tiles): step t waits for tile t + 1
+ *     At walk rows of 128, K and V take turns in a ring of slots instead
+ *     (FGD_KV_RING).
+ *   - Pipelined (FGD_PIPE_S, head dim 64 with 128-row tiles, and 64-row
+ *     tiles of 256-byte rows): step t waits for tile t + 1
  *     instead and issues its Q K^T before tile t's softmax and P V, so
  *     each warp has two independent chains in flight.
  *   - KV heads in pairs (FG_HEAD_PAIRS, head dim 64, a cache whose two
@@ -115,18 +117,31 @@
  * paged 64 +4-10% over 64-row tiles without it (bench/attention_notes.md,
  * decode d8, d15); it needs a stage beyond the two in use, which head dim
  * 256 does not have. */
-#define FGD_PIPE_S (FGD_TILE_16K && FGD_STAGES >= 3)
+/* The K/V ring (FGD_KV_RING): 128-row tiles at walk rows of 128 (head dim
+ * 128, or 64 in pairs) with K and V as units of their own in three 32 KB
+ * slots (unit 2t is K of tile t, 2t + 1 its V, in slot u % 3), so a block
+ * holds what three stages of 64-row tiles held and two blocks still fit an
+ * SM. Step t waits for K_t, refills V_{t-1}'s slot with K_{t+1}, makes S_t
+ * and its softmax, waits for V_t, refills K_t's slot with V_{t+1} and adds
+ * P V: two barriers per 128 keys, as there were per 64, and half the
+ * softmax steps and row reductions. Against 64-row tiles in three stages
+ * with FGD_PIPE_S: paged 16 +1.3-2.5%, the -pairs walk at head dim 64
+ * +2-2.2% (paged 16) and +0.8-1.3% (64), contiguous level to +0.6%
+ * (bench/attention_notes.md, decode d26). */
+#define FGD_KV_RING (FGD_D > 64 && FGD_D <= 128 && FGD_BLOCK_N == 128)
+#define FGD_PIPE_S (FGD_TILE_16K && FGD_STAGES >= 3 && !FGD_KV_RING)
 /* Blocks resident per SM, as the stages' shared memory allows (the host's
  * split count assumes the same): the register budget ptxas may use. */
 #define FGD_BLOCKS_PER_SM (FGD_D <= 128 ? 2 : 1)
 #define FGD_KV_BYTES (FGD_BLOCK_N * FGD_ROW * 2)  /* one K or V tile       */
 #define FGD_STAGE_BYTES (2 * FGD_KV_BYTES)
+#define FGD_BUF_BYTES (FGD_KV_RING ? 3 * FGD_KV_BYTES : FGD_STAGES * FGD_STAGE_BYTES) /* the stages or the ring */
 
 static_assert(FGD_THREADS % FGD_CHUNKS == 0, "a tile's chunk columns per thread");
 static_assert(FGD_BLOCK_N == 64 || FGD_BLOCK_N == 128, "decode tiles of 64 or 128 K/V rows");
 /* decode_geometry's shared memory against the walks' layout: the stages,
  * Q's region over head dim 128, the warps' row maxima, sums and LSEs. */
-static_assert(FG_LAUNCH_SMEM_fg_attention_decode_r16 >= FGD_STAGES * FGD_STAGE_BYTES +
+static_assert(FG_LAUNCH_SMEM_fg_attention_decode_r16 >= FGD_BUF_BYTES +
                                                             (FGD_Q_IN_REGS ? 0 : 64 * FGD_ROW * 2) + 3 * 64 * 4,
               "decode_geometry: shared memory");
 
@@ -210,6 +225,7 @@ static __device__ __forceinline__ int fgd_page_of(const fga_args &a, const int *
     return j0 < len && pi < a.max_pages ? table[pi] : -1;
 }
 
+template <int WHICH>
 static __device__ __forceinline__ bool fgd_load_kv_paged(const fga_args &a, fg_u32 stage, const fg_u16 *kbase,
                                                          const fg_u16 *vbase, int page, int kv0, int len) {
     constexpr int RUN = FGD_PAGE_RUN;
@@ -225,8 +241,9 @@ static __device__ __forceinline__ bool fgd_load_kv_paged(const fga_args &a, fg_u
     for (int i = 0; i < RUN; i++) {
         const bool ok = page_ok && j0 + i < len;
         const fg_u32 d = stage + fgd_at(r0 + i, ch);
-        fgd_cp16<FGD_PAGED_PREFETCH>(d, ok ? kr + i * a.k_stride[2] : kbase, ok);
-        fgd_cp16<FGD_PAGED_PREFETCH>(d + FGD_KV_BYTES, ok ? vr + i * a.v_stride[2] : vbase, ok);
+        if (WHICH & 1) fgd_cp16<FGD_PAGED_PREFETCH>(d, ok ? kr + i * a.k_stride[2] : kbase, ok);
+        if (WHICH == 3) fgd_cp16<FGD_PAGED_PREFETCH>(d + FGD_KV_BYTES, ok ? vr + i * a.v_stride[2] : vbase, ok);
+        if (WHICH == 2) fgd_cp16<FGD_PAGED_PREFETCH>(d, ok ? vr + i * a.v_stride[2] : vbase, ok);
     }
     return j0 < len && !page_ok;
 }
@@ -239,10 +256,10 @@ static __device__ __forceinline__ bool fgd_load_kv_paged(const fga_args &a, fg_u
  * STEP rows' stride, so a chunk costs a compare, two selects and an add
  * where it cost a 64-bit multiply of its own (its row's address; a row
  * past `len` reads nothing and is given the base address). */
-template <bool PAGED>
+template <bool PAGED, int WHICH = 3>
 static __device__ __forceinline__ bool fgd_load_kv(const fga_args &a, fg_u32 stage, const fg_u16 *kbase,
                                                    const fg_u16 *vbase, int page, int kv0, int len) {
-    if (PAGED) return fgd_load_kv_paged(a, stage, kbase, vbase, page, kv0, len);
+    if (PAGED) return fgd_load_kv_paged<WHICH>(a, stage, kbase, vbase, page, kv0, len);
     constexpr int STEP = FGD_THREADS / FGD_CHUNKS;
     const int r = threadIdx.x / FGD_CHUNKS, ch = threadIdx.x % FGD_CHUNKS;
     const fg_i64 ks = a.k_stride[2], vs = a.v_stride[2];
@@ -253,10 +270,11 @@ static __device__ __forceinline__ bool fgd_load_kv(const fga_args &a, fg_u32 sta
     for (int i = 0; i < FGD_BLOCK_N / STEP; i++) {
         const bool in = j0 + i * STEP < len;
         const fg_u32 d = stage + fgd_at(r + i * STEP, ch);
-        fgd_cp16(d, in ? kr : kbase, in);
-        fgd_cp16(d + FGD_KV_BYTES, in ? vr : vbase, in);
-        kr += STEP * ks;
-        vr += STEP * vs;
+        if (WHICH & 1) fgd_cp16(d, in ? kr : kbase, in);
+        if (WHICH == 3) fgd_cp16(d + FGD_KV_BYTES, in ? vr : vbase, in);
+        if (WHICH == 2) fgd_cp16(d, in ? vr : vbase, in);
+        if (WHICH & 1) kr += STEP * ks;
+        if (WHICH & 2) vr += STEP * vs;
     }
     return false;
 }
@@ -424,7 +442,9 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
      * query fills its KV head's half of the 128 columns and the other half
      * is zero, so Q K^T over the pair's rows gives each row its own head's
      * scores. */
-#if FGD_Q_IN_REGS
+#if FGD_KV_RING
+    const fg_u32 sQ = s0 + 2 * FGD_KV_BYTES; /* the ring's last slot */
+#elif FGD_Q_IN_REGS
     const fg_u32 sQ = s0 + (FGD_STAGES - 1) * FGD_STAGE_BYTES;
 #else
     const fg_u32 sQ = s0 + FGD_STAGES * FGD_STAGE_BYTES;
@@ -472,8 +492,33 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
         }
         fga_cp_commit();
     };
+#if FGD_KV_RING
+    /* Unit u of the ring (K of tile u / 2 for even u, else its V) into
+     * slot u % 3, one commit group either way. A tile's page is read with
+     * its K; a bad page marks bit (tile & 1) of badbits. */
+    auto issue_unit = [&](int u) {
+        const int tn = u >> 1;
+        if (tn < n) {
+            bool part;
+            const int kvn = fga_cursor_kv0<FGD_BLOCK_N>(pl, issue, part);
+            const fg_u32 dst = s0 + (u % 3) * FGD_KV_BYTES;
+            if (u & 1) {
+                fga_cursor_next(pl, issue);
+                fgd_load_kv<PAGED, 2>(a, dst, kbase, vbase, page, kvn, len);
+                if (FGD_PAGE_AHEAD) read_page(tn + 1);
+            } else {
+                if (!FGD_PAGE_AHEAD && PAGED) page = fgd_page_of(a, table, kvn, len);
+                if (fgd_load_kv<PAGED, 1>(a, dst, kbase, vbase, page, kvn, len)) badbits |= 1 << (tn & 1);
+            }
+        }
+        fga_cp_commit();
+    };
+    issue_unit(0);
+    issue_unit(1);
+#else
 #pragma unroll
     for (int st = 0; st < FGD_STAGES - 1; st++) issue_tile(st);
+#endif
 
     /* ldmatrix lane addressing, as in the forward, in logical chunks: each
      * lane's row is a multiple of 8 plus lane & 7 in every read below, so
@@ -482,7 +527,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     const int k_row = (lane & 7) + (lane >> 4) * 8, k_ch = (lane >> 3) & 1;
     const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8, v_ch = lane >> 4;
 
-    fga_cp_wait<FGD_STAGES - 1>(); /* Q */
+    fga_cp_wait<FGD_KV_RING ? 2 : FGD_STAGES - 1>(); /* Q */
     __syncthreads();
 #if FGD_Q_IN_REGS
     fg_u32 qf[FGD_KSTEPS][4];
@@ -503,10 +548,9 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
 
     /* S = Q K^T over this warp's KW keys of the tile in `stage` (one
      * 16-row slab, as the shared softmax counts them). */
-    auto scores = [&](float (&s)[NT][4], int stage) {
+    auto scores_at = [&](float (&s)[NT][4], fg_u32 k_tile) {
 #pragma unroll
         for (int i = 0; i < NT; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-        const fg_u32 k_tile = s0 + stage * FGD_STAGE_BYTES;
 #pragma unroll
         for (int kk = 0; kk < FGD_KSTEPS; kk++) {
 #if FGD_Q_IN_REGS
@@ -524,9 +568,10 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
             }
         }
     };
-    /* The mods, the online softmax and O += P V for the tile in `stage`
-     * whose scores are in ss[0] (first key kv0). */
-    auto consume = [&](float (&ss)[1][NT][4], int stage, int kv0, bool partial, bool bad_tile) {
+    auto scores = [&](float (&s)[NT][4], int stage) { scores_at(s, s0 + stage * FGD_STAGE_BYTES); };
+    /* The mods and the online softmax of a tile whose scores are in ss[0]
+     * (first key kv0), then O += P V with its V at v_tile. */
+    auto soft = [&](float (&ss)[1][NT][4], int kv0, bool partial, bool bad_tile) {
         fgd_tile_mods<NT, PAGED>(ss[0], ri, a, p, b, kv0 + wk * KW, len, partial, bad_tile, table);
         float alpha[1][2];
         fga_tile_softmax<1, NT>(ss, m_run, l_run, alpha, mult);
@@ -541,9 +586,10 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
                 o[i][3] *= alpha[0][1];
             }
         }
+    };
+    auto pv_at = [&](float (&ss)[1][NT][4], fg_u32 v_tile) {
         /* O += P V: P from accumulator layout to A fragments, V^T by
          * transposing ldmatrix. */
-        const fg_u32 v_tile = s0 + stage * FGD_STAGE_BYTES + FGD_KV_BYTES;
 #pragma unroll
         for (int kc = 0; kc < KW / 16; kc++) {
             fg_u32 pa[4];
@@ -560,6 +606,10 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
             }
         }
     };
+    auto consume = [&](float (&ss)[1][NT][4], int stage, int kv0, bool partial, bool bad_tile) {
+        soft(ss, kv0, partial, bad_tile);
+        pv_at(ss, s0 + stage * FGD_STAGE_BYTES + FGD_KV_BYTES);
+    };
     /* After this barrier the tile of `stage` is in shared memory (waited
      * for before it) and every warp is done with what it read before it;
      * returns whether some thread met a bad page in that tile. */
@@ -569,7 +619,27 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
         return bad;
     };
 
-#if FGD_PIPE_S
+#if FGD_KV_RING
+    /* Commit groups: Q, units 0 and 1, then one unit after each wait, so
+     * the unit waited for is always the second newest. */
+    for (int t = 0; t < n; t++) {
+        fga_cp_wait<1>(); /* K_t */
+        /* every warp is done with V_{t-1}, whose slot takes K_{t+1} */
+        const bool bad_tile = PAGED ? __syncthreads_or((badbits >> (t & 1)) & 1) != 0 : (__syncthreads(), false);
+        badbits &= ~(1 << (t & 1));
+        bool partial;
+        const int kv0 = fga_cursor_kv0<FGD_BLOCK_N>(pl, use, partial);
+        fga_cursor_next(pl, use);
+        issue_unit(2 * t + 2);
+        float ss[1][NT][4];
+        scores_at(ss[0], s0 + ((2 * t) % 3) * FGD_KV_BYTES);
+        soft(ss, kv0, partial, bad_tile);
+        fga_cp_wait<1>(); /* V_t */
+        __syncthreads();  /* every warp is done with K_t, whose slot takes V_{t+1} */
+        issue_unit(2 * t + 3);
+        pv_at(ss, s0 + ((2 * t + 1) % 3) * FGD_KV_BYTES);
+    }
+#elif FGD_PIPE_S
     /* Software-pipelined by one tile: each step issues the next tile's
      * Q K^T before the mods, softmax and P V of its own, so two
      * independent chains are in flight per warp (the walk is bound by the
@@ -631,7 +701,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     fga_cp_wait<0>();
     __syncthreads();
     float *red = (float *)smem;                                   /* [WK][RB][D] */
-    float *sm_m = (float *)(smem + FGD_STAGES * FGD_STAGE_BYTES + (FGD_Q_IN_REGS ? 0 : 64 * FGD_ROW * 2));
+    float *sm_m = (float *)(smem + FGD_BUF_BYTES + (FGD_Q_IN_REGS ? 0 : 64 * FGD_ROW * 2));
     float *sm_l = sm_m + 64, *sm_lse = sm_l + 64;                 /* [WK][RB] each, [RB] */
 #pragma unroll
     for (int e2 = 0; e2 < 2; e2++) {
