@@ -332,8 +332,10 @@ static void test_head_pairs(void **state) {
 
 /* Both forms of the K/V copies (FG_OPT_DECODE_L2_PREFETCH: with the L2
  * prefetch, the H100's choice, and without, the H200's), whatever this
- * GPU would choose: contiguous and paged walks, 64- and 128-row tiles,
- * KV heads in pairs, ragged lengths ending inside a tile. */
+ * GPU would choose: contiguous and paged walks, 128-row tiles (the K/V
+ * ring at head dim 128 and in pairs, stages at 64) and 64-row ones (block
+ * masks of 64-row kv blocks), KV heads in pairs, ragged lengths ending
+ * inside a tile. */
 static void test_l2_prefetch(void **state) {
     (void)state;
     const fg_kernel_kind DEC = FG_KERNEL_ATTENTION_DECODE;
@@ -342,6 +344,8 @@ static void test_l2_prefetch(void **state) {
         {"alibi", 128, FG_FP16, 2, 16, 4, 4, 1000, 1, 16, 0, 0, 0, 0, DEC, 0, 0, 0},
         {"causal", 64, FG_BF16, 2, 16, 4, 1, 4097, 2, 0, 0, 0, 0, 0, DEC, 0, 0, -1},
         {"softcap", 64, FG_BF16, 3, 32, 4, 1, 1000, 1, 64, 0, 0, 0, 0, DEC, 0, 0, 1},
+        {"sliding_window", 128, FG_BF16, 2, 16, 4, 1, 4097, 0, 0, 0, 1, 64, 0, DEC, 0, 0, 0},
+        {"prefix_lm", 64, FG_FP16, 2, 8, 2, 1, 1000, 0, 0, 0, 1, 64, 0, DEC, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
         for (int form = -1; form <= 1; form += 2) {
