@@ -752,8 +752,11 @@ static void test_gallery_compiles(void **state) {
                 failures++;
             }
             /* a mod must not make NVRTC crawl (a branchy helper once
-             * took minutes inside the unrolled block-mask loop) */
-            if (ms > 30000) {
+             * took minutes inside the unrolled block-mask loop); the
+             * bound leaves room for a loaded 2-core machine, where the
+             * largest kernel here (the Hopper backward at head dim 64)
+             * has taken 35 s */
+            if (ms > 90000) {
                 print_error("%s %s %s: compiling took %.0f ms\n", path, builds[k].label, arch, ms);
                 failures++;
             }
