@@ -225,6 +225,10 @@ static __device__ __forceinline__ int fgd_page_of(const fga_args &a, const int *
     return j0 < len && pi < a.max_pages ? table[pi] : -1;
 }
 
+/* WHICH rows a copy takes: 1 K, 2 V, 3 both (a stage: V FGD_KV_BYTES after
+ * K); K, or V alone (a slot of the ring, FGD_KV_RING), at `stage` itself. */
+#define FGD_V_AT(WHICH) ((WHICH) & 1 ? FGD_KV_BYTES : 0)
+
 template <int WHICH>
 static __device__ __forceinline__ bool fgd_load_kv_paged(const fga_args &a, fg_u32 stage, const fg_u16 *kbase,
                                                          const fg_u16 *vbase, int page, int kv0, int len) {
@@ -242,8 +246,7 @@ static __device__ __forceinline__ bool fgd_load_kv_paged(const fga_args &a, fg_u
         const bool ok = page_ok && j0 + i < len;
         const fg_u32 d = stage + fgd_at(r0 + i, ch);
         if (WHICH & 1) fgd_cp16<FGD_PAGED_PREFETCH>(d, ok ? kr + i * a.k_stride[2] : kbase, ok);
-        if (WHICH == 3) fgd_cp16<FGD_PAGED_PREFETCH>(d + FGD_KV_BYTES, ok ? vr + i * a.v_stride[2] : vbase, ok);
-        if (WHICH == 2) fgd_cp16<FGD_PAGED_PREFETCH>(d, ok ? vr + i * a.v_stride[2] : vbase, ok);
+        if (WHICH & 2) fgd_cp16<FGD_PAGED_PREFETCH>(d + FGD_V_AT(WHICH), ok ? vr + i * a.v_stride[2] : vbase, ok);
     }
     return j0 < len && !page_ok;
 }
@@ -271,8 +274,7 @@ static __device__ __forceinline__ bool fgd_load_kv(const fga_args &a, fg_u32 sta
         const bool in = j0 + i * STEP < len;
         const fg_u32 d = stage + fgd_at(r + i * STEP, ch);
         if (WHICH & 1) fgd_cp16(d, in ? kr : kbase, in);
-        if (WHICH == 3) fgd_cp16(d + FGD_KV_BYTES, in ? vr : vbase, in);
-        if (WHICH == 2) fgd_cp16(d, in ? vr : vbase, in);
+        if (WHICH & 2) fgd_cp16(d + FGD_V_AT(WHICH), in ? vr : vbase, in);
         if (WHICH & 1) kr += STEP * ks;
         if (WHICH & 2) vr += STEP * vs;
     }
@@ -494,8 +496,10 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     };
 #if FGD_KV_RING
     /* Unit u of the ring (K of tile u / 2 for even u, else its V) into
-     * slot u % 3, one commit group either way. A tile's page is read with
-     * its K; a bad page marks bit (tile & 1) of badbits. */
+     * slot u % 3, one commit group either way. A tile's page, read a tile
+     * ahead (a ring's tile holds 32 KB of K: FGD_PAGE_AHEAD), serves its K
+     * and V; a bad page marks bit (tile & 1) of badbits. */
+    static_assert(FGD_PAGE_AHEAD, "the ring reads page ids a tile ahead");
     auto issue_unit = [&](int u) {
         const int tn = u >> 1;
         if (tn < n) {
@@ -507,7 +511,6 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
                 fgd_load_kv<PAGED, 2>(a, dst, kbase, vbase, page, kvn, len);
                 if (FGD_PAGE_AHEAD) read_page(tn + 1);
             } else {
-                if (!FGD_PAGE_AHEAD && PAGED) page = fgd_page_of(a, table, kvn, len);
                 if (fgd_load_kv<PAGED, 1>(a, dst, kbase, vbase, page, kvn, len)) badbits |= 1 << (tn & 1);
             }
         }
@@ -612,7 +615,8 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     };
     /* After this barrier the tile of `stage` is in shared memory (waited
      * for before it) and every warp is done with what it read before it;
-     * returns whether some thread met a bad page in that tile. */
+     * returns whether some thread met a bad page in that tile (bit `stage`
+     * of badbits: in the ring, the tile's parity). */
     auto arrive = [&](int stage) {
         const bool bad = PAGED ? __syncthreads_or((badbits >> stage) & 1) != 0 : (__syncthreads(), false);
         badbits &= ~(1 << stage);
@@ -624,9 +628,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
      * the unit waited for is always the second newest. */
     for (int t = 0; t < n; t++) {
         fga_cp_wait<1>(); /* K_t */
-        /* every warp is done with V_{t-1}, whose slot takes K_{t+1} */
-        const bool bad_tile = PAGED ? __syncthreads_or((badbits >> (t & 1)) & 1) != 0 : (__syncthreads(), false);
-        badbits &= ~(1 << (t & 1));
+        const bool bad_tile = arrive(t & 1); /* and every warp is done with V_{t-1}, whose slot takes K_{t+1} */
         bool partial;
         const int kv0 = fga_cursor_kv0<FGD_BLOCK_N>(pl, use, partial);
         fga_cursor_next(pl, use);
