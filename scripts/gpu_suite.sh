@@ -39,6 +39,47 @@ run() { # name, command...  (exit 77: skipped, as meson counts it)
     ) &
 }
 
+# One line per program: its exit code and time, or "not finished" where a
+# stop (a time limit's TERM) came first; sets `fail`.
+summary() {
+    fail=0
+    for name in "${names[@]}"; do
+        local rc ms note=""
+        if ! { read -r rc ms <"$out/$name.rc"; } 2>/dev/null; then
+            printf '%-44s rc=%-3s %6s ms  (not finished)\n' "$name" - -
+            fail=1
+            continue
+        fi
+        [ "$rc" -eq 77 ] && note="  (skipped)"
+        # a shard whose filter matched no test ran nothing: count it as failed
+        if [ "$rc" -eq 0 ] && [[ $name == *.* ]] && ! grep -Eq 'PASSED  \] [1-9][0-9]* test' "$out/$name.log"; then
+            rc=1 note="  (no test matched its filter)"
+        fi
+        # a Python class whose every test skipped (ContextParallel on one GPU)
+        if [ "$rc" -eq 0 ] && [[ $name == python_* ]] && grep -q '^0 passed' "$out/$name.log"; then
+            rc=77 note="  (skipped: every test of the class skipped)"
+        fi
+        printf '%-44s rc=%-3d %6d ms%s\n' "$name" "$rc" "$ms" "$note"
+        [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || fail=1
+    done
+}
+# A stop before the end (timeout's TERM, or ^C): the programs still
+# running are ended and the summary shows those that finished, so a device
+# call cut short by its time limit still says what passed. Exit 124.
+on_stop() {
+    trap - TERM INT
+    local p
+    for p in $(jobs -p); do
+        pkill -TERM -P "$p" 2>/dev/null
+        kill -TERM "$p" 2>/dev/null
+    done
+    wait
+    echo "gpu_suite.sh: stopped before every program finished"
+    summary
+    exit 124
+}
+trap on_stop TERM INT
+
 # The three long programs run in shards, one process per test
 # (FLEXGEN_TEST_FILTER, a cmocka name): whole, each takes longer than a
 # device call may (gpu_attention_bwd alone ran past 600 s). The names are
@@ -92,20 +133,5 @@ if [ -f "$build/src/libflexgen.so" ]; then
     done
 fi
 wait
-fail=0
-for name in "${names[@]}"; do
-    read -r rc ms <"$out/$name.rc" 2>/dev/null || { rc=255; ms=0; }
-    note=""
-    [ "$rc" -eq 77 ] && note="  (skipped)"
-    # a shard whose filter matched no test ran nothing: count it as failed
-    if [ "$rc" -eq 0 ] && [[ $name == *.* ]] && ! grep -Eq 'PASSED  \] [1-9][0-9]* test' "$out/$name.log"; then
-        rc=1 note="  (no test matched its filter)"
-    fi
-    # a Python class whose every test skipped (ContextParallel on one GPU)
-    if [ "$rc" -eq 0 ] && [[ $name == python_* ]] && grep -q '^0 passed' "$out/$name.log"; then
-        rc=77 note="  (skipped: every test of the class skipped)"
-    fi
-    printf '%-44s rc=%-3d %6d ms%s\n' "$name" "$rc" "$ms" "$note"
-    [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || fail=1
-done
+summary
 exit $fail
