@@ -66,6 +66,7 @@ summary() {
 # A stop before the end (timeout's TERM, or ^C): the programs still
 # running are ended and the summary shows those that finished, so a device
 # call cut short by its time limit still says what passed. Exit 124.
+# shellcheck disable=SC2317 # run by the trap below
 on_stop() {
     trap - TERM INT
     local p
