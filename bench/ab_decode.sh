@@ -16,7 +16,8 @@
 # "FLEXGEN_DECODE_HEAD_PAIRS=0") set a build's environment, so one build
 # can run against itself under two options. Prints compare_decode's lines, each
 # prefixed with its build's label and head dim (a run that printed none:
-# the end of its output instead).
+# the end of its output instead), then the means over the rounds of each
+# row and layout, B against A in percent.
 set -uo pipefail
 [ $# -ge 4 ] || { sed -n 2,16p "$0"; exit 2; }
 a_root=$(cd "$1" && pwd); a_build=$2; b_root=$(cd "$3" && pwd); b_build=$4
@@ -48,4 +49,23 @@ for d in $dims; do
         one A "$a_root" "$a_lib" "$d" "${A_ENV:-}"
         one B "$b_root" "$b_lib" "$d" "${B_ENV:-}"
     done
-done
+done | tee "$caches/lines"
+# The means over the rounds, a line per (head dim, mod, shape, layout): A's
+# TB/s, B's and B against A.
+echo "means over $rounds rounds (TB/s):"
+awk '{
+    for (i = 7; i + 2 <= NF; i++)
+        if ($(i + 2) == "TB/s" && $(i + 1) ~ /^[0-9.]+$/) {
+            k = sprintf("%s %-15s %-5s %-9s %-4s %-16s", $2, $3, $4, $5, $6, $i)
+            s[k, $1] += $(i + 1); n[k, $1]++
+            if (!(k in seen)) { seen[k] = 1; order[++m] = k }
+        }
+} END {
+    for (j = 1; j <= m; j++) {
+        k = order[j]
+        if (n[k, "A"] && n[k, "B"]) {
+            a = s[k, "A"] / n[k, "A"]; b = s[k, "B"] / n[k, "B"]
+            printf "  %s  A %.3f  B %.3f  %+.1f%%\n", k, a, b, 100 * (b / a - 1)
+        }
+    }
+}' "$caches/lines"
