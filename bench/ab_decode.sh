@@ -19,7 +19,7 @@
 # the end of its output instead), then the means over the rounds of each
 # row and layout, B against A in percent.
 set -uo pipefail
-[ $# -ge 4 ] || { sed -n 2,16p "$0"; exit 2; }
+[ $# -ge 4 ] || { sed -n 2,20p "$0"; exit 2; }
 a_root=$(cd "$1" && pwd); a_build=$2; b_root=$(cd "$3" && pwd); b_build=$4
 mods=${5:-causal softcap}
 dims=${6:-128}
