@@ -509,7 +509,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
             if (u & 1) {
                 fga_cursor_next(pl, issue);
                 fgd_load_kv<PAGED, 2>(a, dst, kbase, vbase, page, kvn, len);
-                if (FGD_PAGE_AHEAD) read_page(tn + 1);
+                read_page(tn + 1);
             } else {
                 if (fgd_load_kv<PAGED, 1>(a, dst, kbase, vbase, page, kvn, len)) badbits |= 1 << (tn & 1);
             }
