@@ -407,8 +407,8 @@ static int run_decode(fg_ctx *ctx, const bench_opts *o, int argc, char **argv, c
     const int n = o->ncases * o->nshapes * o->npages;
     bench_decode_result *res = calloc((size_t)n, sizeof *res);
     if (!res) return fg_cli_error(FG_EXIT_OTHER, "out of memory");
-    printf("# flexgen %s decode bench on %s: Hq=%d Hkv=%d D=%d %s%s, %d warm-up + %d timed launches; TB/s of "
-           "the K/V bytes a step must read\n",
+    printf("# flexgen %s decode bench on %s: Hq=%d Hkv=%d D=%d %s%s, %d warm-up + %d timed launches, "
+           "the L2 flushed before each; TB/s of the K/V bytes a step must read\n",
            fg_version_string(), device, o->heads, o->kv_heads, o->head_dim, o->dtype == FG_BF16 ? "bf16" : "fp16",
            o->approx_math ? ", approximate math" : "", o->warmup, o->iters);
     fflush(stdout);

@@ -5,7 +5,10 @@
  * the kernel fetched once (fg_attention_kernel_for, which names the decode
  * kernel), then one fg_kernel_launch per step.
  *
- *   GPU time    the median of event-timed launches (timing.c);
+ *   GPU time    the median of event-timed launches (timing.c), each after
+ *               a write of 256 MiB that leaves none of the step's K/V in
+ *               the L2, as compare_decode.py's timing does (a window's
+ *               few MB would otherwise be read from the L2 every launch);
  *   TB/s        the bytes of K and V the step must read over the GPU time:
  *               2 (K and V) x B x Hkv x D x 2 bytes x the keys some query
  *               of the step can see (all of them for a causal step, the
@@ -72,11 +75,13 @@ fg_status bench_decode_inputs_alloc(fg_ctx *ctx, const bench_opts *o, bench_deco
     FGI_TRY(bench_upload_random(ctx, nk, o->dtype, 3, &in->v));
     FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&in->out, nq * 2), "cuMemAlloc");
     FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&in->lse, nq / (size_t)o->head_dim * sizeof(float)), "cuMemAlloc");
+    FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&in->flush.buf, BENCH_L2_FLUSH_BYTES), "cuMemAlloc");
+    in->flush.bytes = BENCH_L2_FLUSH_BYTES;
     return FG_OK;
 }
 
 void bench_decode_inputs_free(const bench_decode_inputs *in) {
-    const CUdeviceptr p[] = {in->q, in->k, in->v, in->out, in->lse};
+    const CUdeviceptr p[] = {in->q, in->k, in->v, in->out, in->lse, in->flush.buf};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         if (p[i]) fgi_cu()->cuMemFree(p[i]);
 }
@@ -140,7 +145,7 @@ static fg_status page_step(fg_ctx *ctx, int page, bench_paged_step *p, CUdevicep
 /* The timed part: the kernel for the call fetched once, one untimed launch,
  * then the GPU's and the host's times. */
 static fg_status time_step(fg_ctx *ctx, const bench_opts *o, const fg_mod *mod, bench_kernel_arg *ka,
-                           bench_decode_result *r) {
+                           const bench_l2_flush *flush, bench_decode_result *r) {
     FGI_TRY(fg_attention_kernel_for(ctx, mod, &ka->args, &ka->kernel));
     r->kernel = fg_cli_kernel_name(fg_kernel_kind_of(ka->kernel));
     /* the workspace a serving loop allocates once (fg_attention_args) */
@@ -151,7 +156,7 @@ static fg_status time_step(fg_ctx *ctx, const bench_opts *o, const fg_mod *mod, 
     ka->args.workspace = (void *)(uintptr_t)ws, ka->args.workspace_size = ws_bytes;
     fg_status st = bench_launch_kernel(ctx, ka);
     if (st == FG_OK) st = bench_sync(ctx);
-    if (st == FG_OK) st = bench_time_median(ctx, bench_launch_kernel, ka, o->warmup, o->iters, &r->gpu_ms);
+    if (st == FG_OK) st = bench_time_median(ctx, bench_launch_kernel, ka, o->warmup, o->iters, flush, &r->gpu_ms);
     if (st == FG_OK)
         st = bench_host_us(ctx, bench_launch_kernel, ka, o->iters, HOST_BURST, &r->host_us, &r->host_first_us);
     if (st == FG_OK) st = bench_sync(ctx);
@@ -183,7 +188,7 @@ fg_status bench_run_decode(fg_ctx *ctx, const bench_opts *o, const bench_case *c
     r->bytes = 2.0 * sh.batch * o->kv_heads * o->head_dim * 2.0 * (double)r->keys;
     ka.args.block_mask = bm, ka.args.binds = d.binds, ka.args.nbinds = d.n;
     if (st == FG_OK && page > 0) st = page_step(ctx, page, &ps, arrays, &ka.args);
-    if (st == FG_OK) st = time_step(ctx, o, mod, &ka, r);
+    if (st == FG_OK) st = time_step(ctx, o, mod, &ka, &in->flush, r);
     if (st == FG_OK) st = bench_sync(ctx); /* before the arrays go */
     fg_kernel_release(ka.kernel);
     for (int i = 0; i < 3; i++)

@@ -3,7 +3,10 @@
  * then `iters` launches each between two CUDA events on the default
  * stream, one synchronisation at the end, and the median of the event
  * times (the mean of the middle two for an even count), which a stray slow
- * launch does not move. The launches it times are a forward pass, a
+ * launch does not move. Where asked (decode steps, whose K/V of a short
+ * walk would otherwise stay in the L2 from one launch to the next), a
+ * buffer larger than the L2 is written before each timed launch, outside
+ * its events, as triton.testing.do_bench does. The launches it times are a forward pass, a
  * backward pass, a block-mask rebuild and a launch of a cached kernel.
  *
  * The host's side of a launch is timed too: the wall-clock time of a
@@ -32,7 +35,8 @@ static double median(double *t, int n) {
     return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
-fg_status bench_time_median(fg_ctx *ctx, bench_launch_fn fn, void *arg, int warmup, int iters, double *ms) {
+fg_status bench_time_median(fg_ctx *ctx, bench_launch_fn fn, void *arg, int warmup, int iters,
+                            const bench_l2_flush *flush, double *ms) {
     const fgi_cu_api *cu = fgi_cu();
     for (int i = 0; i < warmup; i++) FGI_TRY(fn(ctx, arg));
     CUevent *ev = calloc((size_t)iters * 2, sizeof *ev);
@@ -42,7 +46,8 @@ fg_status bench_time_median(fg_ctx *ctx, bench_launch_fn fn, void *arg, int warm
     for (; st == FG_OK && made < iters * 2; made++)
         st = fgi_cu_status(ctx, cu->cuEventCreate(&ev[made], CU_EVENT_DEFAULT), "cuEventCreate");
     for (int i = 0; st == FG_OK && i < iters; i++) {
-        st = fgi_cu_status(ctx, cu->cuEventRecord(ev[2 * i], NULL), "cuEventRecord");
+        if (flush) st = fgi_cu_status(ctx, cu->cuMemsetD8Async(flush->buf, 0, flush->bytes, NULL), "cuMemsetD8Async");
+        if (st == FG_OK) st = fgi_cu_status(ctx, cu->cuEventRecord(ev[2 * i], NULL), "cuEventRecord");
         if (st == FG_OK) st = fn(ctx, arg);
         if (st == FG_OK) st = fgi_cu_status(ctx, cu->cuEventRecord(ev[2 * i + 1], NULL), "cuEventRecord");
     }
