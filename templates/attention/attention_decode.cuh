@@ -241,12 +241,25 @@ static __device__ __forceinline__ bool fgd_load_kv_paged(const fga_args &a, fg_u
     const fg_i64 row = j0 & ((1 << shift) - 1);
     const fg_u16 *kr = kbase + (page_ok ? (fg_i64)page * a.k_stride[0] + row * a.k_stride[2] + ch * 8 : 0);
     const fg_u16 *vr = vbase + (page_ok ? (fg_i64)page * a.v_stride[0] + row * a.v_stride[2] + ch * 8 : 0);
+    /* Row i of the run is read when i < nv: one compare a row against a
+     * constant. The addresses step down the rows by the row stride (an
+     * add each, the stride read from the argument block), as the
+     * contiguous copy's do; a row made as kr + i * stride cost a 64-bit
+     * multiply, the stride reloaded and two moves a row (decode d30).
+     * A row not read still passes its own address, with no select: it
+     * lies inside the cache, since the run's rows lie in one page, which
+     * is the thread's page or, for a bad page or a run past `len`, page 0
+     * (kr = kbase); and a copy of 0 source bytes reads nothing. */
+    const int nv = page_ok ? len - j0 : 0;
+    const fg_i64 ks = a.k_stride[2], vs = a.v_stride[2];
 #pragma unroll
     for (int i = 0; i < RUN; i++) {
-        const bool ok = page_ok && j0 + i < len;
+        const bool ok = i < nv;
         const fg_u32 d = stage + fgd_at(r0 + i, ch);
-        if (WHICH & 1) fgd_cp16<FGD_PAGED_PREFETCH>(d, ok ? kr + i * a.k_stride[2] : kbase, ok);
-        if (WHICH & 2) fgd_cp16<FGD_PAGED_PREFETCH>(d + FGD_V_AT(WHICH), ok ? vr + i * a.v_stride[2] : vbase, ok);
+        if (WHICH & 1) fgd_cp16<FGD_PAGED_PREFETCH>(d, kr, ok);
+        if (WHICH & 2) fgd_cp16<FGD_PAGED_PREFETCH>(d + FGD_V_AT(WHICH), vr, ok);
+        if (WHICH & 1) kr += ks;
+        if (WHICH & 2) vr += vs;
     }
     return j0 < len && !page_ok;
 }
