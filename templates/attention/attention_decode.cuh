@@ -57,9 +57,12 @@
  *     The tile's rows are the pair's query heads (the group passed is
  *     twice the heads' own); each row's Q fills its KV head's half of the
  *     columns and is zero in the other, so Q K^T gives it its own head's
- *     scores, and it keeps its half of P V. The products double (half of
- *     each is zeros), the element loop runs once per pair instead of once
- *     per head, and the bytes read are the same.
+ *     scores, and it keeps its half of P V. Where a warp's 16 rows are all
+ *     one head's (a multiple of 16 rows a head: fgd_decode_rows) it runs
+ *     that head's half of the columns only, so the products are the one-
+ *     head walk's; else they double (half of each is zeros). The element
+ *     loop runs once per pair instead of once per head, and the bytes read
+ *     are the same.
  *
  * Positions. Query i of sequence b sees q_idx = q_offsets[b] + i (or
  * q_offset + i), key j sees kv_idx = kv_offset + j for j < kv_lens[b] (or
@@ -416,13 +419,19 @@ static __device__ __forceinline__ float fgd_cluster_ld(fg_u32 addr, int rank) {
 
 /* ---- the kernel ------------------------------------------------------------------ */
 
-template <int WK, bool PAGED>
+template <int WK, bool PAGED, bool HALF>
 static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mod_params &p, unsigned char *smem) {
     constexpr int WR = FGD_NWARPS / WK; /* warps along rows            */
     constexpr int RB = 16 * WR;         /* packed rows of the tile     */
     constexpr int KW = FGD_BLOCK_N / WK; /* K/V rows a warp takes a tile */
     constexpr int NT = KW / 8;
     static_assert(KW % 16 == 0, "P V steps of 16 keys");
+    /* HALF (fgd_half_slabs): each warp's 16 rows are queries of one KV head
+     * of the pair, so it reads and writes only that head's half of the
+     * walk's columns: its k steps of Q K^T and its output tiles of P V. */
+    static_assert(!HALF || FGD_PAIRS, "half slabs are a walk of KV heads in pairs");
+    constexpr int WKSTEPS = HALF ? FGD_KSTEPS / 2 : FGD_KSTEPS; /* k steps of Q K^T a warp runs */
+    constexpr int WDTILES = HALF ? FGD_DTILES / 2 : FGD_DTILES; /* n8 output tiles a warp keeps  */
 
     const fg_u32 s0 = fga_smem_addr(smem);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -433,6 +442,8 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     const int row0 = rt * RB;
     const int len = fga_seq_kv_len(a, b);
     const int qpos = fga_seq_q_offset(a, b);
+    /* HALF: the warp's half of the columns, in 16-byte chunks */
+    const int half_ch = HALF ? fgd_row_of(a, hk, qpos, row0 + wr * 16).half * (FGD_OUT_D / 8) : 0;
 
     const fg_u16 *kbase = (const fg_u16 *)a.k + (fg_i64)hk * a.k_stride[1];
     const fg_u16 *vbase = (const fg_u16 *)a.v + (fg_i64)hk * a.v_stride[1];
@@ -546,16 +557,17 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     fga_cp_wait<FGD_KV_RING ? 2 : FGD_STAGES - 1>(); /* Q */
     __syncthreads();
 #if FGD_Q_IN_REGS
-    fg_u32 qf[FGD_KSTEPS][4];
+    fg_u32 qf[WKSTEPS][4];
 #pragma unroll
-    for (int kk = 0; kk < FGD_KSTEPS; kk++)
-        fga_ldsm4(sQ + fgd_at(wr * 16 + a_row, a_ch + 2 * kk), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
+    for (int kk = 0; kk < WKSTEPS; kk++)
+        fga_ldsm4(sQ + fgd_at(wr * 16 + a_row, half_ch + a_ch + 2 * kk), qf[kk][0], qf[kk][1], qf[kk][2],
+                  qf[kk][3]);
     __syncthreads(); /* the last stage is refilled in the first step */
 #endif
 
-    float o[FGD_DTILES][4];
+    float o[WDTILES][4];
 #pragma unroll
-    for (int i = 0; i < FGD_DTILES; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    for (int i = 0; i < WDTILES; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m_run[1][2] = {{FGA_NEG_INF, FGA_NEG_INF}}, l_run[1][2] = {{0.f, 0.f}};
     fgd_row_info ri[2];
     ri[0] = fgd_row_of(a, hk, qpos, row0 + wr * 16 + g);
@@ -568,17 +580,18 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
 #pragma unroll
         for (int i = 0; i < NT; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
 #pragma unroll
-        for (int kk = 0; kk < FGD_KSTEPS; kk++) {
+        for (int kk = 0; kk < WKSTEPS; kk++) {
 #if FGD_Q_IN_REGS
             const fg_u32 *qa = qf[kk];
 #else
             fg_u32 qa[4];
-            fga_ldsm4(sQ + fgd_at(wr * 16 + a_row, a_ch + 2 * kk), qa[0], qa[1], qa[2], qa[3]);
+            fga_ldsm4(sQ + fgd_at(wr * 16 + a_row, half_ch + a_ch + 2 * kk), qa[0], qa[1], qa[2], qa[3]);
 #endif
 #pragma unroll
             for (int np = 0; np < NT / 2; np++) {
                 fg_u32 kf[4];
-                fga_ldsm4(k_tile + fgd_at(wk * KW + np * 16 + k_row, k_ch + 2 * kk), kf[0], kf[1], kf[2], kf[3]);
+                fga_ldsm4(k_tile + fgd_at(wk * KW + np * 16 + k_row, half_ch + k_ch + 2 * kk), kf[0], kf[1], kf[2],
+                          kf[3]);
                 fga_mma(s[2 * np], qa, kf[0], kf[1]);
                 fga_mma(s[2 * np + 1], qa, kf[2], kf[3]);
             }
@@ -595,7 +608,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
          * the warp then skips the accumulator's multiplies. */
         if (__any_sync(0xffffffffu, alpha[0][0] != 1.f || alpha[0][1] != 1.f)) {
 #pragma unroll
-            for (int i = 0; i < FGD_DTILES; i++) {
+            for (int i = 0; i < WDTILES; i++) {
                 o[i][0] *= alpha[0][0];
                 o[i][1] *= alpha[0][0];
                 o[i][2] *= alpha[0][1];
@@ -614,9 +627,10 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
             pa[2] = fg_pack2(ss[0][2 * kc + 1][0], ss[0][2 * kc + 1][1]);
             pa[3] = fg_pack2(ss[0][2 * kc + 1][2], ss[0][2 * kc + 1][3]);
 #pragma unroll
-            for (int dp = 0; dp < FGD_DTILES / 2; dp++) {
+            for (int dp = 0; dp < WDTILES / 2; dp++) {
                 fg_u32 vf[4];
-                fga_ldsm4t(v_tile + fgd_at(wk * KW + kc * 16 + v_row, v_ch + 2 * dp), vf[0], vf[1], vf[2], vf[3]);
+                fga_ldsm4t(v_tile + fgd_at(wk * KW + kc * 16 + v_row, half_ch + v_ch + 2 * dp), vf[0], vf[1], vf[2],
+                           vf[3]);
                 fga_mma(o[2 * dp], pa, vf[0], vf[1]);
                 fga_mma(o[2 * dp + 1], pa, vf[2], vf[3]);
             }
@@ -738,9 +752,10 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
 #pragma unroll
         for (int w = 0; w < WK; w++) L += sm_l[w * RB + rl] * fga_exp2(sm_m[w * RB + rl] - Mu);
         const float f = L > 0.f ? fga_exp2(m_run[0][e2] - Mu) / L : 0.f;
-        float *dst = red + ((fg_i64)wk * RB + rl) * FGD_D + t4 * 2;
+        /* HALF: only the warp's half; the rows' reads below take that half */
+        float *dst = red + ((fg_i64)wk * RB + rl) * FGD_D + half_ch * 8 + t4 * 2;
 #pragma unroll
-        for (int i = 0; i < FGD_DTILES; i++) {
+        for (int i = 0; i < WDTILES; i++) {
             dst[i * 8] = o[i][2 * e2] * f;
             dst[i * 8 + 1] = o[i][2 * e2 + 1] * f;
         }
@@ -831,6 +846,25 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     }
 }
 
+/* Half slabs (the -pairs walk): where each KV head of a pair has a
+ * multiple of 16 packed rows (group x q_len: 4 x 4, 8 x 2, 1 x 16, ...),
+ * every warp's 16-row slab holds queries of one head, whose other half of
+ * the walk's 128 columns is zero in Q and unused in O; the walk then runs
+ * half the k steps of Q K^T and half the output tiles of P V a warp -- the
+ * products of the one-head walk -- with the pair's 256-byte rows still
+ * read whole. With fewer rows a head (one query: 4 rows of a group of 4)
+ * a slab mixes the two heads and takes every column. Only the walks of 32
+ * and 64 rows (WK 2, 1) can hold such slabs. */
+template <int WK, bool PAGED>
+static __device__ __forceinline__ void fgd_decode_rows(const fga_args &a, const fg_mod_params &p,
+                                                       unsigned char *smem) {
+    constexpr bool can_half = FGD_PAIRS && WK <= 2;
+    if (can_half && ((a.group >> 1) * a.q_len) % 16 == 0)
+        fgd_decode<WK, PAGED, can_half>(a, p, smem);
+    else
+        fgd_decode<WK, PAGED, false>(a, p, smem);
+}
+
 /* Contiguous and paged K/V are entry points of their own (NAME and
  * NAME_paged), so that neither shapes the other's register allocation:
  * in one function the paged loads cost the contiguous walk of softcap 4%
@@ -840,13 +874,13 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
         NAME(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {                 \
         extern __shared__ __align__(128) unsigned char fgd_smem[];                                           \
         fga_grid_launch_dependents(); /* the merge's blocks wait on the SMs, not in the launch queue */      \
-        fgd_decode<WK, false>(a, p, fgd_smem);                                                               \
+        fgd_decode_rows<WK, false>(a, p, fgd_smem);                                                          \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(FGD_THREADS, FGD_BLOCKS_PER_SM)                             \
         NAME##_paged(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {         \
         extern __shared__ __align__(128) unsigned char fgd_smem[];                                           \
         fga_grid_launch_dependents();                                                                        \
-        fgd_decode<WK, true>(a, p, fgd_smem);                                                                \
+        fgd_decode_rows<WK, true>(a, p, fgd_smem);                                                           \
     }
 FGD_ENTRY(fg_attention_decode_r16, 4)
 FGD_ENTRY(fg_attention_decode_r32, 2)
