@@ -853,12 +853,14 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
  * half the k steps of Q K^T and half the output tiles of P V a warp -- the
  * products of the one-head walk -- with the pair's 256-byte rows still
  * read whole. With fewer rows a head (one query: 4 rows of a group of 4)
- * a slab mixes the two heads and takes every column. Only the walks of 32
- * and 64 rows (WK 2, 1) can hold such slabs. */
+ * a slab mixes the two heads and takes every column. The walk of 32 rows
+ * (WK 2) takes them; the 16-row walk cannot hold them, and the 64-row walk
+ * (WK 1) keeps its one form: with both in one function its registers
+ * spilled past the head-dim-128 walk's (test_emit's test_decode_pairs). */
 template <int WK, bool PAGED>
 static __device__ __forceinline__ void fgd_decode_rows(const fga_args &a, const fg_mod_params &p,
                                                        unsigned char *smem) {
-    constexpr bool can_half = FGD_PAIRS && WK <= 2;
+    constexpr bool can_half = FGD_PAIRS && WK == 2;
     if (can_half && ((a.group >> 1) * a.q_len) % 16 == 0)
         fgd_decode<WK, PAGED, can_half>(a, p, smem);
     else
