@@ -316,11 +316,11 @@ static void test_features(void **state) {
  * d]: a pair's rows side by side) walks two KV heads at once: GQA 4, 1
  * (MHA, a pair's two heads in one tile) and 8 with 16 queries (several row
  * tiles), warps on one head's half of the columns (16 rows a head or a
- * multiple) and on both, ragged, every page size, a bad page, a long sequence with many
- * splits, a block mask broadcast over heads; and where it must not: the
- * option off, MQA (one KV head), head dim 128, a contiguous cache (a head's
- * rows back to back), a mask per query head over a group of one (the
- * pair's tile would read two mask rows). */
+ * multiple) and on both, ragged, every page size, a bad page, a long
+ * sequence with many splits, a block mask broadcast over heads; and where
+ * it must not: the option off, MQA (one KV head), head dim 128, a
+ * contiguous cache (a head's rows back to back), a mask per query head over
+ * a group of one (the pair's tile would read two mask rows). */
 static void test_head_pairs(void **state) {
     (void)state;
     const fg_kernel_kind DEC = FG_KERNEL_ATTENTION_DECODE;

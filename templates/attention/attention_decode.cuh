@@ -426,7 +426,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     constexpr int KW = FGD_BLOCK_N / WK; /* K/V rows a warp takes a tile */
     constexpr int NT = KW / 8;
     static_assert(KW % 16 == 0, "P V steps of 16 keys");
-    /* HALF (fgd_half_slabs): each warp's 16 rows are queries of one KV head
+    /* HALF (fgd_decode_rows): each warp's 16 rows are queries of one KV head
      * of the pair, so it reads and writes only that head's half of the
      * walk's columns: its k steps of Q K^T and its output tiles of P V. */
     static_assert(!HALF || FGD_PAIRS, "half slabs are a walk of KV heads in pairs");

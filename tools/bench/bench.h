@@ -154,21 +154,16 @@ void bench_inputs_free(const bench_inputs *in);
 
 typedef fg_status (*bench_launch_fn)(fg_ctx *ctx, void *arg);
 
-/* A buffer written before each timed launch, outside its events, so the
- * launch finds none of its inputs in the L2 (NULL where unwanted). */
-typedef struct bench_l2_flush {
-    CUdeviceptr buf;
-    size_t bytes;
-} bench_l2_flush;
-
 /* Bytes written to flush the L2: 256 MiB, as triton.testing.do_bench (and
  * so bench/compare_decode.py) writes, over twice the L2 of current GPUs. */
 #define BENCH_L2_FLUSH_BYTES ((size_t)256 << 20)
 
-/* Median of `iters` event-timed launches after `warmup` untimed ones, each
- * timed launch after a write of `flush` when it is not NULL. */
+/* Median of `iters` event-timed launches after `warmup` untimed ones; with
+ * `flush` (a buffer of BENCH_L2_FLUSH_BYTES, 0 for none) each timed launch
+ * comes after a write of it, outside its events, so the launch finds none
+ * of its inputs in the L2. */
 fg_status bench_time_median(fg_ctx *ctx, bench_launch_fn fn, void *arg, int warmup, int iters,
-                            const bench_l2_flush *flush, double *ms);
+                            CUdeviceptr flush, double *ms);
 /* The host's time per launch in microseconds: the median over `rounds` of
  * the wall-clock time of `burst` back-to-back launches (the device drained
  * before each, never inside the timed region) divided by `burst`, and the
@@ -284,7 +279,7 @@ void bench_paged_step_free(bench_paged_step *p);
  * row, large enough for every shape and layout. */
 typedef struct bench_decode_inputs {
     CUdeviceptr q, k, v, out, lse;
-    bench_l2_flush flush; /* written before each timed step */
+    CUdeviceptr flush; /* BENCH_L2_FLUSH_BYTES, written before each timed step */
 } bench_decode_inputs;
 
 fg_status bench_decode_inputs_alloc(fg_ctx *ctx, const bench_opts *o, bench_decode_inputs *in);

@@ -75,13 +75,12 @@ fg_status bench_decode_inputs_alloc(fg_ctx *ctx, const bench_opts *o, bench_deco
     FGI_TRY(bench_upload_random(ctx, nk, o->dtype, 3, &in->v));
     FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&in->out, nq * 2), "cuMemAlloc");
     FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&in->lse, nq / (size_t)o->head_dim * sizeof(float)), "cuMemAlloc");
-    FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&in->flush.buf, BENCH_L2_FLUSH_BYTES), "cuMemAlloc");
-    in->flush.bytes = BENCH_L2_FLUSH_BYTES;
+    FGI_CU_TRY(ctx, fgi_cu()->cuMemAlloc(&in->flush, BENCH_L2_FLUSH_BYTES), "cuMemAlloc");
     return FG_OK;
 }
 
 void bench_decode_inputs_free(const bench_decode_inputs *in) {
-    const CUdeviceptr p[] = {in->q, in->k, in->v, in->out, in->lse, in->flush.buf};
+    const CUdeviceptr p[] = {in->q, in->k, in->v, in->out, in->lse, in->flush};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         if (p[i]) fgi_cu()->cuMemFree(p[i]);
 }
@@ -145,7 +144,7 @@ static fg_status page_step(fg_ctx *ctx, int page, bench_paged_step *p, CUdevicep
 /* The timed part: the kernel for the call fetched once, one untimed launch,
  * then the GPU's and the host's times. */
 static fg_status time_step(fg_ctx *ctx, const bench_opts *o, const fg_mod *mod, bench_kernel_arg *ka,
-                           const bench_l2_flush *flush, bench_decode_result *r) {
+                           CUdeviceptr flush, bench_decode_result *r) {
     FGI_TRY(fg_attention_kernel_for(ctx, mod, &ka->args, &ka->kernel));
     r->kernel = fg_cli_kernel_name(fg_kernel_kind_of(ka->kernel));
     /* the workspace a serving loop allocates once (fg_attention_args) */
@@ -188,7 +187,7 @@ fg_status bench_run_decode(fg_ctx *ctx, const bench_opts *o, const bench_case *c
     r->bytes = 2.0 * sh.batch * o->kv_heads * o->head_dim * 2.0 * (double)r->keys;
     ka.args.block_mask = bm, ka.args.binds = d.binds, ka.args.nbinds = d.n;
     if (st == FG_OK && page > 0) st = page_step(ctx, page, &ps, arrays, &ka.args);
-    if (st == FG_OK) st = time_step(ctx, o, mod, &ka, &in->flush, r);
+    if (st == FG_OK) st = time_step(ctx, o, mod, &ka, in->flush, r);
     if (st == FG_OK) st = bench_sync(ctx); /* before the arrays go */
     fg_kernel_release(ka.kernel);
     for (int i = 0; i < 3; i++)

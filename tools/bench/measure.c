@@ -75,7 +75,7 @@ static fg_status time_backward(fg_ctx *ctx, const bench_opts *o, const bench_fwd
      * not happen between two events even with --warmup 0. */
     if (st == FG_OK) st = bench_launch_backward(ctx, &ba);
     if (st == FG_OK) st = bench_sync(ctx);
-    if (st == FG_OK) st = bench_time_median(ctx, bench_launch_backward, &ba, o->warmup, o->iters, NULL, &r->bwd_ms);
+    if (st == FG_OK) st = bench_time_median(ctx, bench_launch_backward, &ba, o->warmup, o->iters, 0, &r->bwd_ms);
     if (st == FG_OK)
         r->bwd_tflops = 2.5 * 4.0 * o->batch * o->heads * (double)o->seq * o->seq * o->head_dim * r->density /
                         (r->bwd_ms * 1e-3) / 1e12;
@@ -138,7 +138,7 @@ fg_status bench_run_case(fg_ctx *ctx, const bench_opts *o, const bench_case *c, 
         r->bm_first_ms = fgi_now_ms() - t0;
         bench_rebuild_arg ra = {bm, mod, d.binds, d.n};
         if (st == FG_OK)
-            st = bench_time_median(ctx, bench_launch_rebuild, &ra, o->warmup, o->iters, NULL, &r->bm_rebuild_ms);
+            st = bench_time_median(ctx, bench_launch_rebuild, &ra, o->warmup, o->iters, 0, &r->bm_rebuild_ms);
         double sparsity = 0;
         if (st == FG_OK) st = fg_block_mask_download(ctx, bm);
         if (st == FG_OK) st = fg_block_mask_sparsity(bm, &sparsity);
@@ -192,7 +192,7 @@ fg_status bench_run_case(fg_ctx *ctx, const bench_opts *o, const bench_case *c, 
     }
 
     /* Forward speed. */
-    if (st == FG_OK) st = bench_time_median(ctx, bench_launch_forward, &fa, o->warmup, o->iters, NULL, &r->fwd_ms);
+    if (st == FG_OK) st = bench_time_median(ctx, bench_launch_forward, &fa, o->warmup, o->iters, 0, &r->fwd_ms);
     if (st == FG_OK)
         r->tflops = 4.0 * B * H * (double)S * S * D * r->density / (r->fwd_ms * 1e-3) / 1e12;
     if (st == FG_OK && o->backward) st = time_backward(ctx, o, &fa, &d, in, r);

@@ -6,8 +6,9 @@
  * launch does not move. Where asked (decode steps, whose K/V of a short
  * walk would otherwise stay in the L2 from one launch to the next), a
  * buffer larger than the L2 is written before each timed launch, outside
- * its events, as triton.testing.do_bench does. The launches it times are a forward pass, a
- * backward pass, a block-mask rebuild and a launch of a cached kernel.
+ * its events, as triton.testing.do_bench does. The launches it times are
+ * a forward pass, a backward pass, a block-mask rebuild and a launch of a
+ * cached kernel.
  *
  * The host's side of a launch is timed too: the wall-clock time of a
  * burst of back-to-back launches with nothing else in the timed region (no
@@ -36,7 +37,7 @@ static double median(double *t, int n) {
 }
 
 fg_status bench_time_median(fg_ctx *ctx, bench_launch_fn fn, void *arg, int warmup, int iters,
-                            const bench_l2_flush *flush, double *ms) {
+                            CUdeviceptr flush, double *ms) {
     const fgi_cu_api *cu = fgi_cu();
     for (int i = 0; i < warmup; i++) FGI_TRY(fn(ctx, arg));
     CUevent *ev = calloc((size_t)iters * 2, sizeof *ev);
@@ -46,7 +47,7 @@ fg_status bench_time_median(fg_ctx *ctx, bench_launch_fn fn, void *arg, int warm
     for (; st == FG_OK && made < iters * 2; made++)
         st = fgi_cu_status(ctx, cu->cuEventCreate(&ev[made], CU_EVENT_DEFAULT), "cuEventCreate");
     for (int i = 0; st == FG_OK && i < iters; i++) {
-        if (flush) st = fgi_cu_status(ctx, cu->cuMemsetD8Async(flush->buf, 0, flush->bytes, NULL), "cuMemsetD8Async");
+        if (flush) st = fgi_cu_status(ctx, cu->cuMemsetD8Async(flush, 0, BENCH_L2_FLUSH_BYTES, NULL), "cuMemsetD8Async");
         if (st == FG_OK) st = fgi_cu_status(ctx, cu->cuEventRecord(ev[2 * i], NULL), "cuEventRecord");
         if (st == FG_OK) st = fn(ctx, arg);
         if (st == FG_OK) st = fgi_cu_status(ctx, cu->cuEventRecord(ev[2 * i + 1], NULL), "cuEventRecord");
