@@ -315,12 +315,13 @@ static void test_features(void **state) {
 /* The decode kernel at head dim 64 over a paged cache ([page, row, head,
  * d]: a pair's rows side by side) walks two KV heads at once: GQA 4, 1
  * (MHA, a pair's two heads in one tile) and 8 with 16 queries (several row
- * tiles), warps on one head's half of the columns (16 rows a head or a
- * multiple) and on both, ragged, every page size, a bad page, a long
- * sequence with many splits, a block mask broadcast over heads; and where
- * it must not: the option off, MQA (one KV head), head dim 128, a
- * contiguous cache (a head's rows back to back), a mask per query head over
- * a group of one (the pair's tile would read two mask rows). */
+ * tiles), warps on one head's half of the columns (more than 8 rows a
+ * head, padded to 16-row slabs) and on both, ragged, every page size, a
+ * bad page, a long sequence with many splits, a block mask broadcast over
+ * heads; and where it must not: the option off, MQA (one KV head), head
+ * dim 128, a contiguous cache (a head's rows back to back), a mask per
+ * query head over a group of one (the pair's tile would read two mask
+ * rows). */
 static void test_head_pairs(void **state) {
     (void)state;
     const fg_kernel_kind DEC = FG_KERNEL_ATTENTION_DECODE;
@@ -338,6 +339,10 @@ static void test_head_pairs(void **state) {
         {"causal", 64, FG_BF16, 2, 16, 4, 4, 4097, 1, 16, 0, 0, 0, 0, DEC, 0, 0, 1},
         {"alibi", 64, FG_FP16, 2, 16, 8, 8, 1000, 2, 64, 0, 0, 0, 0, DEC, 0, 0, 1},
         {"sliding_window", 64, FG_BF16, 2, 8, 2, 4, 4097, 0, 32, 1, 0, 0, 0, DEC, 0, 0, 1},
+        /* rows padded to 16-row slabs: 12 a head (the eight-warp walk of
+         * 32 rows), 20 a head (64 rows), ragged */
+        {"softcap", 64, FG_BF16, 2, 16, 4, 3, 1000, 1, 16, 0, 0, 0, 0, DEC, 0, 0, 1},
+        {"alibi", 64, FG_FP16, 2, 16, 4, 5, 4097, 1, 64, 0, 0, 0, 0, DEC, 0, 0, 1},
         {"noop", 64, FG_BF16, 2, 8, 1, 1, 1000, 0, 16, 0, 0, 0, 0, DEC, 0, 0, -1},
         {"causal", 128, FG_BF16, 2, 8, 2, 1, 1000, 0, 16, 0, 0, 0, 0, DEC, 0, 0, -1},
         {"causal", 64, FG_BF16, 2, 8, 2, 1, 1000, 0, 0, 0, 0, 0, 0, DEC, 0, 0, -1},

@@ -1231,21 +1231,23 @@ static long entry_spill(const char *log, const char *entry) {
  * walk row is 128 columns or fewer (three stages of K and V at 64; at 128
  * the ring of three K-or-V slots, FGD_KV_RING), else 64 rows; shared
  * memory for two blocks an SM up to 128 columns, plus Q's region past
- * them. */
+ * them; and the threads of the 32-row walk: eight warps in the -pairs
+ * walk over 128-row tiles, four elsewhere. */
 static void test_decode_tiles(void **state) {
     (void)state;
     static const struct {
         int head_dim, pairs, kv_block, block_n;
         long smem;
+        int r32_threads;
     } rows[] = {
-        {64, 0, 128, 128, 3 * 2 * 128 * 128 + 1024},        /* three stages */
-        {64, 0, 64, 64, 5 * 2 * 64 * 128 + 1024},           /* five stages */
-        {64, 1, 128, 128, 3 * 128 * 256 + 1024},            /* the ring */
-        {64, 1, 64, 64, 3 * 2 * 64 * 256 + 1024},           /* three stages */
-        {128, 0, 128, 128, 3 * 128 * 256 + 1024},           /* the ring */
-        {128, 0, 256, 128, 3 * 128 * 256 + 1024},           /* the ring */
-        {128, 0, 64, 64, 3 * 2 * 64 * 256 + 1024},          /* three stages */
-        {256, 0, 128, 64, 2 * 2 * 64 * 512 + 64 * 512 + 1024}, /* two stages, Q apart */
+        {64, 0, 128, 128, 3 * 2 * 128 * 128 + 1024, 128},        /* three stages */
+        {64, 0, 64, 64, 5 * 2 * 64 * 128 + 1024, 128},           /* five stages */
+        {64, 1, 128, 128, 3 * 128 * 256 + 1024, 256},            /* the ring */
+        {64, 1, 64, 64, 3 * 2 * 64 * 256 + 1024, 128},           /* three stages */
+        {128, 0, 128, 128, 3 * 128 * 256 + 1024, 128},           /* the ring */
+        {128, 0, 256, 128, 3 * 128 * 256 + 1024, 128},           /* the ring */
+        {128, 0, 64, 64, 3 * 2 * 64 * 256 + 1024, 128},          /* three stages */
+        {256, 0, 128, 64, 2 * 2 * 64 * 512 + 64 * 512 + 1024, 128}, /* two stages, Q apart */
     };
     fg_ctx *ctx = new_ctx();
     fg_mod *m = load(ctx, "mods/causal.c");
@@ -1260,6 +1262,9 @@ static void test_decode_tiles(void **state) {
         snprintf(want, sizeof want, "#define FG_LAUNCH_BLOCK_N_fg_attention_decode_r16 %d\n", rows[i].block_n);
         if (!strstr(src, want)) fail_msg("row %zu: no \"%s\"", i, want);
         snprintf(want, sizeof want, "#define FG_LAUNCH_SMEM_fg_attention_decode_r16 %ld\n", rows[i].smem);
+        if (!strstr(src, want)) fail_msg("row %zu: no \"%s\"", i, want);
+        snprintf(want, sizeof want, "#define FG_LAUNCH_THREADS_fg_attention_decode_r32_paged %d\n",
+                 rows[i].r32_threads);
         if (!strstr(src, want)) fail_msg("row %zu: no \"%s\"", i, want);
         fg_free(src);
     }

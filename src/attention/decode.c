@@ -134,10 +134,16 @@ typedef struct decode_plan {
     size_t lse_bytes, ws_bytes;
 } decode_plan;
 
-static fg_status plan_decode(fg_ctx *ctx, const fg_attention_args *a, int block_n, decode_plan *p) {
+static fg_status plan_decode(fg_ctx *ctx, const fg_attention_args *a, int block_n, bool pairs, decode_plan *p) {
     memset(p, 0, sizeof *p);
     p->group = a->heads_q / a->heads_kv;
-    const int64_t rows = (int64_t)p->group * a->q_len;
+    int64_t rows = (int64_t)p->group * a->q_len;
+    /* A pair's rows (the -pairs walk): its two heads' group x q_len rows
+     * one after the other; 9 to 16 a head are padded to 16, so that each
+     * of the 32-row walk's two slabs is one head's (fgd_row_of, HALF); 8 or
+     * fewer share the 16-row walk's slab, more take the 64-row walk. */
+    const int64_t per_head = rows / 2;
+    if (pairs && per_head > 8 && per_head < 16) rows = 32;
     if (rows > (1 << 30))
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED, "group %d x q_len %d packed rows are too many", p->group,
                          a->q_len);
@@ -190,7 +196,7 @@ static bool merges_in_clusters(fg_ctx *ctx, fg_kernel *k, const decode_plan *p, 
 static fg_status plan_walk(fg_ctx *ctx, const fg_attention_args *a, const fg_kernel_config *cfg,
                            fg_attention_args *walk, decode_plan *p) {
     *walk = cfg->head_pairs ? pair_view(a) : *a;
-    return plan_decode(ctx, walk, fgi_dec_block_n(cfg), p);
+    return plan_decode(ctx, walk, fgi_dec_block_n(cfg), cfg->head_pairs, p);
 }
 
 fg_status fgi_attn_decode_workspace(fg_ctx *ctx, const fg_attention_args *a, const fg_kernel_config *cfg,

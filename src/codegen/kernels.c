@@ -202,8 +202,9 @@ static fgi_kernel_geom bwd_sm90_geometry(const fg_kernel_config *c, const fg_mod
  * rows of up to 64 columns: five of 64 rows or three of 128; up to 128:
  * three of 64 rows, or with 128-row tiles three slots of K or V, the
  * ring; else 2) of K and V rows (unpadded, swizzled; fgi_dec_walk_dim wide);
- * walk rows over 128 keep Q in a shared region of 64 rows; 1 KB for the
- * warps' merge. The merge entry has static shared memory only. */
+ * walk rows over 128 keep Q in a shared region of 64 rows; then the warps'
+ * row maxima and sums and the rows' LSEs for their merge. The merge entry
+ * has static shared memory only. */
 static fgi_kernel_geom decode_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
     (void)mod;
     fgi_kernel_geom g = {.block_m = 16, .block_n = fgi_dec_block_n(c), .threads = 128, .bands = 1};
@@ -213,7 +214,15 @@ static fgi_kernel_geom decode_geometry(const fg_kernel_config *c, const fg_mod *
     const size_t row = (size_t)w * 2;
     const int stages = w <= 64 ? (g.block_n == 64 ? 5 : 3) : w <= 128 ? 3 : 2;
     const bool ring = w > 64 && w <= 128 && g.block_n == 128; /* FGD_KV_RING */
-    g.smem = (size_t)(ring ? 3 : stages * 2) * (size_t)g.block_n * row + (w > 128 ? 64 * row : 0) + 1024;
+    /* The -pairs walk of 32 rows over 128-row tiles: eight warps, so that a
+     * warp takes the one-head walk's share of a tile (16 rows x 32 keys of
+     * one head's 64 columns); four elsewhere (the template reads it). */
+    if (c->head_pairs && g.block_n == 128 && g.block_m == 32) g.threads = 256;
+    const size_t merge = (size_t)(g.threads / 32) * 256; /* the warps' m and l, the rows' LSEs: FGD_SMEM_BYTES */
+    /* Q's region past the stages: 64 rows over 128 columns; the tile's
+     * rows for eight warps (FGD_Q_REGS) */
+    const size_t q = w > 128 ? 64 * row : g.threads > 128 ? (size_t)g.block_m * row : 0;
+    g.smem = (size_t)(ring ? 3 : stages * 2) * (size_t)g.block_n * row + q + merge;
     return g;
 }
 

@@ -23,13 +23,14 @@
  *     With n_split 1 the block writes out and lse itself; with 2 to 8 on a
  *     Hopper GPU the splits of a walk are one thread block cluster and
  *     merge the same way among themselves (fgd_cluster_sync).
- *   - Warps along KV. Four warps; a tile of 16 packed rows is shared by
- *     WK warps that each take a quarter (WK 4), half (WK 2) or all (WK 1) of
- *     each 64-row K/V tile, so small row counts do not leave warps idle.
+ *   - Warps along KV. Four warps (eight in the -pairs walk of 32 rows over
+ *     128-row tiles); each 16-row slab of the tile's packed rows is shared
+ *     by WK warps that each take a quarter (WK 4), half (WK 2) or all (WK 1)
+ *     of each K/V tile, so small row counts do not leave warps idle.
  *     Each warp keeps its own online softmax (attention_common.cuh) over the
  *     rows x its columns; at the end the warps' (m, l, O) are merged in
  *     shared memory the same way the splits are. Three entry points, one
- *     per WK: fg_attention_decode_r16 (16 rows), _r32, _r64.
+ *     per tile height: fg_attention_decode_r16 (16 rows), _r32, _r64.
  *   - Memory. K/V tiles of FGD_BLOCK_N rows (64; 128 at walk rows of 128
  *     and under with kv blocks of a multiple of 128: fgi_dec_block_n) stream
  *     through FGD_STAGES stages of cp.async (wait for tile t, refill the
@@ -57,12 +58,16 @@
  *     The tile's rows are the pair's query heads (the group passed is
  *     twice the heads' own); each row's Q fills its KV head's half of the
  *     columns and is zero in the other, so Q K^T gives it its own head's
- *     scores, and it keeps its half of P V. Where a warp's 16 rows are all
- *     one head's (a multiple of 16 rows a head: fgd_decode_rows) it runs
- *     that head's half of the columns only, so the products are the one-
- *     head walk's; else they double (half of each is zeros). The element
- *     loop runs once per pair instead of once per head, and the bytes read
- *     are the same.
+ *     scores, and it keeps its half of P V. With more than 8 rows a head
+ *     9 to 16 rows a head take the walk of 32 rows, each head's rows padded
+ *     to 16 (plan_decode), so every warp's 16 rows are one head's; a warp
+ *     then runs that head's half of the columns only (HALF), the products
+ *     of the one-head walk, at eight warps, a warp the one-head walk's
+ *     share of a tile (decode d31-d34). With 8 or fewer (one query, a
+ *     group of 4) the two heads share the 16-row slab, and with more than
+ *     16 the 64-row walk's slabs may mix them: their products double (half
+ *     of each is zeros). The element loop runs once per pair
+ *     instead of once per head, and the bytes read are the same.
  *
  * Positions. Query i of sequence b sees q_idx = q_offsets[b] + i (or
  * q_offset + i), key j sees kv_idx = kv_offset + j for j < kv_lens[b] (or
@@ -88,8 +93,9 @@
  * -inf, and the merge gives a part with LSE -inf weight 0.
  */
 
-#define FGD_NWARPS 4
-#define FGD_THREADS (FGD_NWARPS * 32)
+/* A walk's warps are its entry's launch geometry (FG_LAUNCH_THREADS_<entry>,
+ * decode_geometry): four, or eight for the -pairs walk of 32 rows over
+ * 128-row tiles; the functions of the walk take the thread count NT. */
 #define FGD_BLOCK_N FG_LAUNCH_BLOCK_N_fg_attention_decode_r16 /* K/V rows per tile: 64 or 128 */
 #ifdef FG_HEAD_PAIRS
 #define FGD_PAIRS 1
@@ -140,13 +146,17 @@
 #define FGD_STAGE_BYTES (2 * FGD_KV_BYTES)
 #define FGD_BUF_BYTES (FGD_KV_RING ? 3 * FGD_KV_BYTES : FGD_STAGES * FGD_STAGE_BYTES) /* the stages or the ring */
 
-static_assert(FGD_THREADS % FGD_CHUNKS == 0, "a tile's chunk columns per thread");
 static_assert(FGD_BLOCK_N == 64 || FGD_BLOCK_N == 128, "decode tiles of 64 or 128 K/V rows");
-/* decode_geometry's shared memory against the walks' layout: the stages,
- * Q's region over head dim 128, the warps' row maxima, sums and LSEs. */
-static_assert(FG_LAUNCH_SMEM_fg_attention_decode_r16 >= FGD_BUF_BYTES +
-                                                            (FGD_Q_IN_REGS ? 0 : 64 * FGD_ROW * 2) + 3 * 64 * 4,
-              "decode_geometry: shared memory");
+/* A walk's shared memory with NW warps (decode_geometry's, checked at each
+ * entry): the stages, Q's region over head dim 128, the warps' row maxima
+ * and sums, the rows' LSEs. */
+/* Q in registers where the walk rows are 128 columns or fewer and four
+ * warps share a block; else Q stays in a shared region past the stages, of
+ * 64 rows (head dim 256) or the tile's (eight warps: their 128 registers a
+ * thread do not hold Q's fragments beside the walk's). */
+#define FGD_Q_REGS(NW) (FGD_Q_IN_REGS && (NW) <= 4)
+#define FGD_Q_BYTES(NW, RB) (FGD_Q_REGS(NW) ? 0 : (FGD_Q_IN_REGS ? (RB) : 64) * FGD_ROW * 2)
+#define FGD_SMEM_BYTES(NW, RB) (FGD_BUF_BYTES + FGD_Q_BYTES(NW, RB) + (2 * (NW) * 16 + 64) * 4)
 
 /* Shared K, V and Q rows are unpadded, their 16-byte chunks swizzled:
  * logical chunk c of row r lies at chunk c ^ (r & 7). The eight rows an
@@ -218,13 +228,14 @@ static __device__ __forceinline__ void fgd_cp16(fg_u32 dst, const void *src, boo
  * line alone made paged 16 at head dim 64 +1-1.5% (paged 64 flat;
  * bench/attention_notes.md, decode d17). */
 #define FGD_PAGED_PREFETCH (FGD_D * 2 >= 256 ? 256 : 128)
-constexpr int FGD_PAGE_RUN = FGD_BLOCK_N / (FGD_THREADS / FGD_CHUNKS);
-static_assert(16 % FGD_PAGE_RUN == 0, "a thread's rows must lie in one page of 16 or more rows");
+/* Rows of a tile each thread of NT copies (a run of rows of one page). */
+#define FGD_PAGE_RUN(NTH) (FGD_BLOCK_N / ((NTH) / FGD_CHUNKS))
 
 /* The page of this thread's rows of the tile at kv0 (the table entry), or
  * -1 past `len` or past max_pages pages. */
+template <int NTH>
 static __device__ __forceinline__ int fgd_page_of(const fga_args &a, const int *table, int kv0, int len) {
-    const int j0 = kv0 + threadIdx.x / FGD_CHUNKS * FGD_PAGE_RUN, pi = j0 >> a.page_shift;
+    const int j0 = kv0 + threadIdx.x / FGD_CHUNKS * FGD_PAGE_RUN(NTH), pi = j0 >> a.page_shift;
     return j0 < len && pi < a.max_pages ? table[pi] : -1;
 }
 
@@ -232,10 +243,11 @@ static __device__ __forceinline__ int fgd_page_of(const fga_args &a, const int *
  * K); K, or V alone (a slot of the ring, FGD_KV_RING), at `stage` itself. */
 #define FGD_V_AT(WHICH) ((WHICH) & 1 ? FGD_KV_BYTES : 0)
 
-template <int WHICH>
+template <int WHICH, int NTH>
 static __device__ __forceinline__ bool fgd_load_kv_paged(const fga_args &a, fg_u32 stage, const fg_u16 *kbase,
                                                          const fg_u16 *vbase, int page, int kv0, int len) {
-    constexpr int RUN = FGD_PAGE_RUN;
+    constexpr int RUN = FGD_PAGE_RUN(NTH);
+    static_assert(16 % RUN == 0, "a thread's rows must lie in one page of 16 or more rows");
     const int r0 = threadIdx.x / FGD_CHUNKS * RUN, ch = threadIdx.x % FGD_CHUNKS;
     const int j0 = kv0 + r0, shift = a.page_shift;
     /* fga_page_ok's test, written out (as a call, with a second table
@@ -275,11 +287,11 @@ static __device__ __forceinline__ bool fgd_load_kv_paged(const fga_args &a, fg_u
  * STEP rows' stride, so a chunk costs a compare, two selects and an add
  * where it cost a 64-bit multiply of its own (its row's address; a row
  * past `len` reads nothing and is given the base address). */
-template <bool PAGED, int WHICH = 3>
+template <bool PAGED, int WHICH, int NTH>
 static __device__ __forceinline__ bool fgd_load_kv(const fga_args &a, fg_u32 stage, const fg_u16 *kbase,
                                                    const fg_u16 *vbase, int page, int kv0, int len) {
-    if (PAGED) return fgd_load_kv_paged<WHICH>(a, stage, kbase, vbase, page, kv0, len);
-    constexpr int STEP = FGD_THREADS / FGD_CHUNKS;
+    if (PAGED) return fgd_load_kv_paged<WHICH, NTH>(a, stage, kbase, vbase, page, kv0, len);
+    constexpr int STEP = NTH / FGD_CHUNKS;
     const int r = threadIdx.x / FGD_CHUNKS, ch = threadIdx.x % FGD_CHUNKS;
     const fg_i64 ks = a.k_stride[2], vs = a.v_stride[2];
     const int j0 = kv0 + r;
@@ -303,20 +315,37 @@ static __device__ __forceinline__ bool fgd_load_kv(const fga_args &a, fg_u32 sta
  * (clamped to the last row when it does not exist, so a mod never sees an
  * index out of range), and with kv heads in pairs which half of the walk's
  * 128-wide rows is its KV head's (the host passes the pair's group, twice
- * the heads' own: its first half reads the pair's first head). */
+ * the heads' own: its first half reads the pair's first head). PADDED
+ * (the -pairs walk of 32 rows, HALF): a.rows is two halves of 16, the
+ * first head's group x q_len rows, then the second's, each padded to 16
+ * (plan_decode), so that each 16-row slab is one head's. */
 struct fgd_row_info {
     bool valid;
     int h, q_idx, half;
 };
 
+template <bool PADDED>
 static __device__ __forceinline__ fgd_row_info fgd_row_of(const fga_args &a, int hk, int qpos, int r) {
     fgd_row_info ri;
-    ri.valid = r < a.rows;
-    const int rr = ri.valid ? r : a.rows - 1;
-    const int g = rr / a.q_len, i = rr - g * a.q_len;
-    ri.h = hk * a.group + g;
-    ri.q_idx = qpos + i;
-    ri.half = FGD_PAIRS && g >= (a.group >> 1);
+    if (PADDED) {
+        /* the pair's rows: two halves of a.rows / 2, each its head's group
+         * x q_len rows, padded (plan_decode) */
+        const int ph = a.rows >> 1, per_head = (a.group >> 1) * a.q_len;
+        ri.half = r >= ph;
+        const int w = r - ri.half * ph;
+        ri.valid = r < a.rows && w < per_head;
+        const int ww = min(w, per_head - 1);
+        const int g = ww / a.q_len, i = ww - g * a.q_len;
+        ri.h = hk * a.group + ri.half * (a.group >> 1) + g;
+        ri.q_idx = qpos + i;
+    } else {
+        ri.valid = r < a.rows;
+        const int rr = ri.valid ? r : a.rows - 1;
+        const int g = rr / a.q_len, i = rr - g * a.q_len;
+        ri.h = hk * a.group + g;
+        ri.q_idx = qpos + i;
+        ri.half = FGD_PAIRS && g >= (a.group >> 1);
+    }
     return ri;
 }
 
@@ -419,14 +448,17 @@ static __device__ __forceinline__ float fgd_cluster_ld(fg_u32 addr, int rank) {
 
 /* ---- the kernel ------------------------------------------------------------------ */
 
-template <int WK, bool PAGED, bool HALF>
+template <int NW, int WK, bool PAGED, bool HALF>
 static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mod_params &p, unsigned char *smem) {
-    constexpr int WR = FGD_NWARPS / WK; /* warps along rows            */
+    constexpr int NTH = NW * 32;        /* threads                     */
+    constexpr int WR = NW / WK;         /* warps along rows            */
+    static_assert(NTH % FGD_CHUNKS == 0, "a tile's chunk columns per thread");
+    static_assert(NW * 16 * FGD_D * 4 <= FGD_BUF_BYTES, "the warps' merge region inside the stages");
     constexpr int RB = 16 * WR;         /* packed rows of the tile     */
     constexpr int KW = FGD_BLOCK_N / WK; /* K/V rows a warp takes a tile */
     constexpr int NT = KW / 8;
     static_assert(KW % 16 == 0, "P V steps of 16 keys");
-    /* HALF (fgd_decode_rows): each warp's 16 rows are queries of one KV head
+    /* HALF (fgd_row_of): each warp's 16 rows are queries of one KV head
      * of the pair, so it reads and writes only that head's half of the
      * walk's columns: its k steps of Q K^T and its output tiles of P V. */
     static_assert(!HALF || FGD_PAIRS, "half slabs are a walk of KV heads in pairs");
@@ -443,7 +475,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     const int len = fga_seq_kv_len(a, b);
     const int qpos = fga_seq_q_offset(a, b);
     /* HALF: the warp's half of the columns, in 16-byte chunks */
-    const int half_ch = HALF ? fgd_row_of(a, hk, qpos, row0 + wr * 16).half * (FGD_OUT_D / 8) : 0;
+    const int half_ch = HALF ? fgd_row_of<HALF>(a, hk, qpos, row0 + wr * 16).half * (FGD_OUT_D / 8) : 0;
 
     const fg_u16 *kbase = (const fg_u16 *)a.k + (fg_i64)hk * a.k_stride[1];
     const fg_u16 *vbase = (const fg_u16 *)a.v + (fg_i64)hk * a.v_stride[1];
@@ -468,16 +500,13 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
      * query fills its KV head's half of the 128 columns and the other half
      * is zero, so Q K^T over the pair's rows gives each row its own head's
      * scores. */
-#if FGD_KV_RING
-    const fg_u32 sQ = s0 + 2 * FGD_KV_BYTES; /* the ring's last slot */
-#elif FGD_Q_IN_REGS
-    const fg_u32 sQ = s0 + (FGD_STAGES - 1) * FGD_STAGE_BYTES;
-#else
-    const fg_u32 sQ = s0 + FGD_STAGES * FGD_STAGE_BYTES;
-#endif
-    for (int c = tid; c < RB * FGD_CHUNKS; c += FGD_THREADS) {
+    constexpr bool QREGS = FGD_Q_REGS(NW);
+    const fg_u32 sQ = !QREGS ? s0 + FGD_BUF_BYTES /* a region of its own */
+                      : FGD_KV_RING ? s0 + 2 * FGD_KV_BYTES /* the ring's last slot */
+                                    : s0 + (FGD_STAGES - 1) * FGD_STAGE_BYTES;
+    for (int c = tid; c < RB * FGD_CHUNKS; c += NTH) {
         const int r = c / FGD_CHUNKS, ch = c % FGD_CHUNKS;
-        const fgd_row_info ri = fgd_row_of(a, hk, qpos, row0 + r);
+        const fgd_row_info ri = fgd_row_of<HALF>(a, hk, qpos, row0 + r);
         const int qi = ri.q_idx - qpos;
         const int qch = ch - ri.half * (FGD_OUT_D / 8); /* the chunk of the query's own row */
         const bool mine = (unsigned)qch < (unsigned)(FGD_OUT_D / 8);
@@ -500,7 +529,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     auto read_page = [&](int tn) {
         if (PAGED && tn < n) {
             bool part;
-            page = fgd_page_of(a, table, fga_cursor_kv0<FGD_BLOCK_N>(pl, issue, part), len);
+            page = fgd_page_of<NTH>(a, table, fga_cursor_kv0<FGD_BLOCK_N>(pl, issue, part), len);
         }
     };
     if (FGD_PAGE_AHEAD) read_page(0);
@@ -512,8 +541,8 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
             bool part;
             const int kvn = fga_cursor_kv0<FGD_BLOCK_N>(pl, issue, part);
             fga_cursor_next(pl, issue);
-            const int pg = FGD_PAGE_AHEAD || !PAGED ? page : fgd_page_of(a, table, kvn, len);
-            if (fgd_load_kv<PAGED>(a, s0 + sn * FGD_STAGE_BYTES, kbase, vbase, pg, kvn, len)) badbits |= 1 << sn;
+            const int pg = FGD_PAGE_AHEAD || !PAGED ? page : fgd_page_of<NTH>(a, table, kvn, len);
+            if (fgd_load_kv<PAGED, 3, NTH>(a, s0 + sn * FGD_STAGE_BYTES, kbase, vbase, pg, kvn, len)) badbits |= 1 << sn;
             if (FGD_PAGE_AHEAD) read_page(tn + 1);
         }
         fga_cp_commit();
@@ -532,10 +561,10 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
             const fg_u32 dst = s0 + (u % 3) * FGD_KV_BYTES;
             if (u & 1) {
                 fga_cursor_next(pl, issue);
-                fgd_load_kv<PAGED, 2>(a, dst, kbase, vbase, page, kvn, len);
+                fgd_load_kv<PAGED, 2, NTH>(a, dst, kbase, vbase, page, kvn, len);
                 read_page(tn + 1);
             } else {
-                if (fgd_load_kv<PAGED, 1>(a, dst, kbase, vbase, page, kvn, len)) badbits |= 1 << (tn & 1);
+                if (fgd_load_kv<PAGED, 1, NTH>(a, dst, kbase, vbase, page, kvn, len)) badbits |= 1 << (tn & 1);
             }
         }
         fga_cp_commit();
@@ -556,22 +585,22 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
 
     fga_cp_wait<FGD_KV_RING ? 2 : FGD_STAGES - 1>(); /* Q */
     __syncthreads();
-#if FGD_Q_IN_REGS
-    fg_u32 qf[WKSTEPS][4];
+    fg_u32 qf[QREGS ? WKSTEPS : 1][4];
+    if (QREGS) {
 #pragma unroll
-    for (int kk = 0; kk < WKSTEPS; kk++)
-        fga_ldsm4(sQ + fgd_at(wr * 16 + a_row, half_ch + a_ch + 2 * kk), qf[kk][0], qf[kk][1], qf[kk][2],
-                  qf[kk][3]);
-    __syncthreads(); /* the last stage is refilled in the first step */
-#endif
+        for (int kk = 0; kk < (QREGS ? WKSTEPS : 1); kk++)
+            fga_ldsm4(sQ + fgd_at(wr * 16 + a_row, half_ch + a_ch + 2 * kk), qf[kk][0], qf[kk][1], qf[kk][2],
+                      qf[kk][3]);
+        __syncthreads(); /* the last stage is refilled in the first step */
+    }
 
     float o[WDTILES][4];
 #pragma unroll
     for (int i = 0; i < WDTILES; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m_run[1][2] = {{FGA_NEG_INF, FGA_NEG_INF}}, l_run[1][2] = {{0.f, 0.f}};
     fgd_row_info ri[2];
-    ri[0] = fgd_row_of(a, hk, qpos, row0 + wr * 16 + g);
-    ri[1] = fgd_row_of(a, hk, qpos, row0 + wr * 16 + g + 8);
+    ri[0] = fgd_row_of<HALF>(a, hk, qpos, row0 + wr * 16 + g);
+    ri[1] = fgd_row_of<HALF>(a, hk, qpos, row0 + wr * 16 + g + 8);
     const float mult = fga_log2_mult(a);
 
     /* S = Q K^T over this warp's KW keys of the tile in `stage` (one
@@ -581,12 +610,13 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
         for (int i = 0; i < NT; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < WKSTEPS; kk++) {
-#if FGD_Q_IN_REGS
-            const fg_u32 *qa = qf[kk];
-#else
             fg_u32 qa[4];
-            fga_ldsm4(sQ + fgd_at(wr * 16 + a_row, half_ch + a_ch + 2 * kk), qa[0], qa[1], qa[2], qa[3]);
-#endif
+            if (QREGS) {
+                qa[0] = qf[QREGS ? kk : 0][0], qa[1] = qf[QREGS ? kk : 0][1];
+                qa[2] = qf[QREGS ? kk : 0][2], qa[3] = qf[QREGS ? kk : 0][3];
+            } else {
+                fga_ldsm4(sQ + fgd_at(wr * 16 + a_row, half_ch + a_ch + 2 * kk), qa[0], qa[1], qa[2], qa[3]);
+            }
 #pragma unroll
             for (int np = 0; np < NT / 2; np++) {
                 fg_u32 kf[4];
@@ -730,8 +760,8 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     fga_cp_wait<0>();
     __syncthreads();
     float *red = (float *)smem;                                   /* [WK][RB][D] */
-    float *sm_m = (float *)(smem + FGD_BUF_BYTES + (FGD_Q_IN_REGS ? 0 : 64 * FGD_ROW * 2));
-    float *sm_l = sm_m + 64, *sm_lse = sm_l + 64;                 /* [WK][RB] each, [RB] */
+    float *sm_m = (float *)(smem + FGD_BUF_BYTES + FGD_Q_BYTES(NW, RB));
+    float *sm_l = sm_m + NW * 16, *sm_lse = sm_l + NW * 16;       /* [WK][RB] each, [RB] */
 #pragma unroll
     for (int e2 = 0; e2 < 2; e2++) {
         const float l = fga_quad_sum(l_run[0][e2]);
@@ -773,11 +803,10 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
         fgd_cluster_sync();
         const int rank = fgd_cluster_rank();
         const fg_u32 red_a = fga_smem_addr(red), lse_a = fga_smem_addr(sm_lse);
-        for (int c = tid + rank * FGD_THREADS; c < RB * (FGD_OUT_D / 2); c += FGD_THREADS * csize) {
+        for (int c = tid + rank * NTH; c < RB * (FGD_OUT_D / 2); c += NTH * csize) {
             const int rl = c / (FGD_OUT_D / 2), d = (c % (FGD_OUT_D / 2)) * 2;
-            const int r = row0 + rl;
-            if (r >= a.rows) continue;
-            const fgd_row_info rw = fgd_row_of(a, hk, qpos, r);
+            const fgd_row_info rw = fgd_row_of<HALF>(a, hk, qpos, row0 + rl);
+            if (!rw.valid) continue;
             const int dw = d + rw.half * FGD_OUT_D;
             float M = FGA_NEG_INF;
             for (int s = 0; s < csize; s++) M = fmaxf(M, fgd_cluster_ld(lse_a + rl * 4, s));
@@ -810,11 +839,10 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     /* Write the rows: out and lse when the walk is not split, else this
      * split's part. Two columns per thread and step; with kv heads in
      * pairs a row's columns are its KV head's half of the walk's. */
-    for (int c = tid; c < RB * (FGD_OUT_D / 2); c += FGD_THREADS) {
+    for (int c = tid; c < RB * (FGD_OUT_D / 2); c += NTH) {
         const int rl = c / (FGD_OUT_D / 2), d = (c % (FGD_OUT_D / 2)) * 2;
-        const int r = row0 + rl;
-        if (r >= a.rows) continue;
-        const fgd_row_info rw = fgd_row_of(a, hk, qpos, r);
+        const fgd_row_info rw = fgd_row_of<HALF>(a, hk, qpos, row0 + rl);
+        if (!rw.valid) continue;
         const int dw = d + rw.half * FGD_OUT_D;
         float x0 = 0.f, x1 = 0.f;
 #pragma unroll
@@ -833,8 +861,8 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
             *(float2 *)(op + d) = make_float2(x0, x1);
         }
     }
-    if (tid < RB && row0 + tid < a.rows) {
-        const fgd_row_info rw = fgd_row_of(a, hk, qpos, row0 + tid);
+    const fgd_row_info rw = fgd_row_of<HALF>(a, hk, qpos, row0 + tid);
+    if (tid < RB && rw.valid) {
         const int qi = rw.q_idx - qpos;
         const fg_i64 prow = ((fg_i64)b * a.heads_q + rw.h) * a.q_len + qi;
         const float lse2 = sm_lse[tid];
@@ -846,47 +874,29 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     }
 }
 
-/* Half slabs (the -pairs walk): where each KV head of a pair has a
- * multiple of 16 packed rows (group x q_len: 4 x 4, 8 x 2, 1 x 16, ...),
- * every warp's 16-row slab holds queries of one head, whose other half of
- * the walk's 128 columns is zero in Q and unused in O; the walk then runs
- * half the k steps of Q K^T and half the output tiles of P V a warp -- the
- * products of the one-head walk -- with the pair's 256-byte rows still
- * read whole. With fewer rows a head (one query: 4 rows of a group of 4)
- * a slab mixes the two heads and takes every column. The walk of 32 rows
- * (WK 2) takes them; the 16-row walk cannot hold them, and the 64-row walk
- * (WK 1) keeps its one form: with both in one function its registers
- * spilled past the head-dim-128 walk's (test_emit's test_decode_pairs). */
-template <int WK, bool PAGED>
-static __device__ __forceinline__ void fgd_decode_rows(const fga_args &a, const fg_mod_params &p,
-                                                       unsigned char *smem) {
-    constexpr bool can_half = FGD_PAIRS && WK == 2;
-    if (can_half && ((a.group >> 1) * a.q_len) % 16 == 0)
-        fgd_decode<WK, PAGED, can_half>(a, p, smem);
-    else
-        fgd_decode<WK, PAGED, false>(a, p, smem);
-}
-
-/* Contiguous and paged K/V are entry points of their own (NAME and
- * NAME_paged), so that neither shapes the other's register allocation:
- * in one function the paged loads cost the contiguous walk of softcap 4%
- * (bench/attention_notes.md, decode d5). */
-#define FGD_ENTRY(NAME, WK)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(FGD_THREADS, FGD_BLOCKS_PER_SM)                             \
-        NAME(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {                 \
-        extern __shared__ __align__(128) unsigned char fgd_smem[];                                           \
-        fga_grid_launch_dependents(); /* the merge's blocks wait on the SMs, not in the launch queue */      \
-        fgd_decode_rows<WK, false>(a, p, fgd_smem);                                                          \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(FGD_THREADS, FGD_BLOCKS_PER_SM)                             \
-        NAME##_paged(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {         \
-        extern __shared__ __align__(128) unsigned char fgd_smem[];                                           \
-        fga_grid_launch_dependents();                                                                        \
-        fgd_decode_rows<WK, true>(a, p, fgd_smem);                                                           \
+/* The walk entries: contiguous and paged K/V are entry points of their
+ * own (NAME and NAME_paged), so that neither shapes the other's register
+ * allocation: in one function the paged loads cost the contiguous walk of
+ * softcap 4% (bench/attention_notes.md, decode d5). ROWS packed rows a
+ * tile in ROWS / 16 slabs, the warps along the keys the rest. In the
+ * -pairs walk the 32-row walk takes half slabs (every slab one head's:
+ * fgd_row_of); the 16-row walk (8 rows a head or fewer) mixes the two
+ * heads in its slab and takes every column, and so does the 64-row walk
+ * (with half slabs its registers spilled past the head-dim-128 walk's:
+ * test_emit's test_decode_pairs). */
+#define FGD_ENTRY_ONE(FN, ROWS, PAGED)                                                                       \
+    extern "C" __global__ void __launch_bounds__(FG_LAUNCH_THREADS_##FN, FGD_BLOCKS_PER_SM)                \
+        FN(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {                   \
+        constexpr int NW = FG_LAUNCH_THREADS_##FN / 32, WK = NW / ((ROWS) / 16);                          \
+        static_assert(FG_LAUNCH_SMEM_##FN >= FGD_SMEM_BYTES(NW, ROWS), "decode_geometry: shared memory");        \
+        extern __shared__ __align__(128) unsigned char fgd_smem[];                                          \
+        fga_grid_launch_dependents(); /* the merge's blocks wait on the SMs, not in the launch queue */     \
+        fgd_decode<NW, WK, PAGED, FGD_PAIRS && (ROWS) == 32>(a, p, fgd_smem);                              \
     }
-FGD_ENTRY(fg_attention_decode_r16, 4)
-FGD_ENTRY(fg_attention_decode_r32, 2)
-FGD_ENTRY(fg_attention_decode_r64, 1)
+#define FGD_ENTRY(NAME, ROWS) FGD_ENTRY_ONE(NAME, ROWS, false) FGD_ENTRY_ONE(NAME##_paged, ROWS, true)
+FGD_ENTRY(fg_attention_decode_r16, 16)
+FGD_ENTRY(fg_attention_decode_r32, 32)
+FGD_ENTRY(fg_attention_decode_r64, 64)
 
 /* ---- the merge of the splits ------------------------------------------------------- */
 
@@ -901,10 +911,12 @@ FGD_ENTRY(fg_attention_decode_r64, 1)
  * 0 and -inf. (A thread per output element looping over the parts took
  * 8.7 us after the 128k-key walk at B=1, 33 parts; a warp per row with
  * dependent loads 17 us; bench/attention_notes.md, decode d2, d12.) */
+#define FGD_MERGE_THREADS FG_LAUNCH_THREADS_fg_attention_decode_merge
+#define FGD_MERGE_NWARPS (FGD_MERGE_THREADS / 32)
 #define FGD_MERGE_CG (FGD_OUT_D / 4)            /* 4-column groups of a row */
-#define FGD_MERGE_PG (FGD_THREADS / FGD_MERGE_CG) /* part groups: 8, 4 or 2  */
+#define FGD_MERGE_PG (FGD_MERGE_THREADS / FGD_MERGE_CG) /* part groups: 8, 4 or 2  */
 #define FGD_MERGE_LOADS 8                        /* part loads per thread in flight */
-static_assert(FGD_THREADS % FGD_MERGE_CG == 0 && FGD_MERGE_PG >= 1, "the merge's thread groups");
+static_assert(FGD_MERGE_THREADS % FGD_MERGE_CG == 0 && FGD_MERGE_PG >= 1, "the merge's thread groups");
 
 /* The block's largest (max) or summed (!max) x; `red` holds a value per warp. */
 static __device__ __forceinline__ float fgd_block_reduce(float x, bool max, float *red) {
@@ -918,17 +930,17 @@ static __device__ __forceinline__ float fgd_block_reduce(float x, bool max, floa
     __syncthreads();
     x = red[0];
 #pragma unroll
-    for (int w = 1; w < FGD_NWARPS; w++) x = max ? fmaxf(x, red[w]) : x + red[w];
+    for (int w = 1; w < FGD_MERGE_NWARPS; w++) x = max ? fmaxf(x, red[w]) : x + red[w];
     return x;
 }
 
 /* __launch_bounds__'s 1: without it ptxas holds the merge to 32 registers
  * and sinks each load of a part to its use, two in flight. */
-extern "C" __global__ void __launch_bounds__(FGD_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(FGD_MERGE_THREADS, 1)
 fg_attention_decode_merge(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {
     (void)p;
-    __shared__ float w_sm[FGD_THREADS];
-    __shared__ float red[FGD_NWARPS];
+    __shared__ float w_sm[FGD_MERGE_THREADS];
+    __shared__ float red[FGD_MERGE_NWARPS];
     __shared__ float4 acc_sm[FGD_MERGE_PG][FGD_MERGE_CG];
     const fg_i64 prow = blockIdx.x;
     const int tid = threadIdx.x, n = a.n_split;
@@ -938,16 +950,16 @@ fg_attention_decode_merge(const __grid_constant__ fga_args a, const __grid_const
     fga_grid_wait(); /* launched as the walk's dependent: its parts are written from here on */
 
     float m = FGA_NEG_INF;
-    for (int s = tid; s < n; s += FGD_THREADS) m = fmaxf(m, lp[s]);
+    for (int s = tid; s < n; s += FGD_MERGE_THREADS) m = fmaxf(m, lp[s]);
     const float M = fgd_block_reduce(m, true, red);
     const float Mu = M == FGA_NEG_INF ? 0.f : M;
 
-    /* The parts in chunks of FGD_THREADS (the host splits a walk at most
+    /* The parts in chunks of FGD_MERGE_THREADS (the host splits a walk at most
      * FGI_DEC_MAX_SPLIT ways: one chunk). */
     float l = 0.f;
     float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = 0; s0 < n; s0 += FGD_THREADS) {
-        const int cnt = min(n - s0, FGD_THREADS);
+    for (int s0 = 0; s0 < n; s0 += FGD_MERGE_THREADS) {
+        const int cnt = min(n - s0, FGD_MERGE_THREADS);
         __syncthreads(); /* w_sm's previous chunk is read */
         if (tid < cnt) {
             const float w = fga_exp2(lp[s0 + tid] - Mu);
