@@ -4,7 +4,8 @@
  * composition, with buffers full of values that index in and out of range
  * (out-of-range loads give 0 on the GPU, and the split reads them
  * speculatively), mask results equal and score results equal bit for bit;
- * and the index-cast rewrite (FGI_SPLIT_INDEX_FLOATS) inside its range.
+ * the index-cast rewrite (FGI_SPLIT_INDEX_FLOATS) inside its range; and
+ * the distance form of masks that read q_idx - kv_idx alone.
  */
 #include "testutil.h"
 
@@ -205,6 +206,31 @@ static void index_floats_equal_whole(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* fg_mask_dist at q_idx - kv_idx gives fg_mask_mod's results (the check
+ * kernel compares them where FG_MASK_DIST), over squares at 0 and far from
+ * it, at three heads. */
+static void distance_equals_whole(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    fg_ctx_set_int(ctx, FG_OPT_DISK_CACHE, 0);
+    const int bases[] = {0, 1000003};
+    for (size_t i = 0; i < sizeof split_check_distance / sizeof split_check_distance[0]; i++) {
+        const char *text = split_check_distance[i].text;
+        fg_mod *m = NULL;
+        assert_int_equal(fg_mod_from_source(ctx, "dist", text, strlen(text), &m), FG_OK);
+        for (size_t k = 0; k < sizeof bases / sizeof bases[0]; k++)
+            for (int h = 0; h < 3; h++) {
+                int bad[2] = {-1, -1};
+                check_ok(ctx, run_check_at(ctx, m, 0, bases[k], 0, h, bad));
+                if (bad[0]) print_error("case %zu at %d h=%d: %d mask mismatches\n", i, bases[k], h, bad[0]);
+                assert_int_equal(bad[0], 0);
+            }
+        fg_mod_destroy(m);
+    }
+    fg_ctx_destroy(ctx);
+}
+
 int main(void) {
     tu_require_gpu();
     const struct CMUnitTest tests[] = {
@@ -212,6 +238,7 @@ int main(void) {
         cmocka_unit_test(composition_equals_whole),
         cmocka_unit_test(table_limit_equals_whole),
         cmocka_unit_test(index_floats_equal_whole),
+        cmocka_unit_test(distance_equals_whole),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,9 @@
  * (runs it) use to hold the split mods to the whole ones: for every (q_idx,
  * kv_idx) of a square, fg_mask_split must give what fg_mask_mod gives and
  * fg_score_split the same bits as fg_score_mod, with the row, column and
- * head parts computed once, as the attention kernel does.
+ * head parts computed once, as the attention kernel does; and a mask of
+ * the distance alone (FG_MASK_DIST) the same from fg_mask_dist at q_idx -
+ * kv_idx.
  */
 #ifndef FLEXGEN_SPLIT_CHECK_H
 #define FLEXGEN_SPLIT_CHECK_H
@@ -29,6 +31,10 @@ static const char split_check_kernel[] =
     "        if (fg_mask_mod(p, b, h, q_idx, kv_idx) !=\n"
     "            fg_mask_split(p, mhd, b, h, q_idx, kv_idx, mr, mc))\n"
     "            atomicAdd(&bad[0], 1);\n"
+    "#if FG_MASK_DIST\n"
+    "        if (fg_mask_mod(p, b, h, q_idx, kv_idx) != fg_mask_dist(p, mhd, b, h, q_idx - kv_idx))\n"
+    "            atomicAdd(&bad[0], 1);\n"
+    "#endif\n"
     "        const float s = (float)(q_idx * 31 + kv_idx * 17 - 4000) * 0.0137f;\n"
     "        const float x = fg_score_mod(p, s, b, h, q_idx, kv_idx);\n"
     "        const float y = fg_score_split(p, shd, s, b, h, q_idx, kv_idx, sr, sc);\n"
@@ -101,6 +107,41 @@ static const struct {
      1},
     {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
      "    return score + (float)(kv_idx - q_idx + 1) + (float)(kv_idx - kv_idx);\n}\n",
+     0},
+};
+
+/* Masks and whether they read the indices through q_idx - kv_idx alone
+ * (FG_MASK_DIST; test_split checks the flag and that fg_mask_dist reads
+ * neither index, gpu_split that it gives fg_mask_mod's results): both
+ * orders of the difference and of comparisons, a buffer read at the
+ * distance, a cast of it, a head part; and masks that read an index
+ * apart from the other (a bare index, a sum of the two, an index inside
+ * a difference of other operands). */
+static const struct {
+    const char *text;
+    int dist;
+} split_check_distance[] = {
+    {"int W = 5;\n"
+     "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+     "    return kv_idx - q_idx <= W && kv_idx <= q_idx && !(q_idx == kv_idx && h == 1);\n}\n",
+     1},
+    {"const int *bias;\n"
+     "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+     "    int d = q_idx - kv_idx;\n"
+     "    return kv_idx < q_idx ? bias[d] % 3 != 0 : (float)(kv_idx - q_idx) * 0.75f < (float)(h + 2);\n}\n",
+     1},
+    {"int S = 3;\n"
+     "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+     "    return (q_idx - kv_idx) % (S + h) == 0 || q_idx > kv_idx && q_idx != kv_idx;\n}\n",
+     1},
+    {"bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+     "    return q_idx >= kv_idx && kv_idx > 4;\n}\n",
+     0},
+    {"bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+     "    return (q_idx + kv_idx) % 7 != 0;\n}\n",
+     0},
+    {"bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+     "    return (q_idx - 1) - kv_idx >= 0;\n}\n",
      0},
 };
 

@@ -9,7 +9,8 @@
  * the mask's row and column parts costly (FG_MASK_ROW_COSTLY,
  * FG_MASK_COL_COSTLY: worth computing once per row or column and
  * sharing) and whether the column part reads a buffer (FG_MASK_COL_READS:
- * the Hopper forward reads it a tile ahead), and whether score_mod's per-element rest is (FG_SCORE_ELEM_COSTLY,
+ * the Hopper forward reads it a tile ahead), whether the mask reads the
+ * indices only through their distance (FG_MASK_DIST), and whether score_mod's per-element rest is (FG_SCORE_ELEM_COSTLY,
  * which fgi_split_score_elem_costly answers on the host too). Then
  * every gallery mod, and a composition, must compile with
  * NVRTC next to a kernel that compares split and whole mods (gpu_split runs
@@ -32,22 +33,23 @@ typedef struct split_row {
     int col_costly;            /* FG_MASK_COL_COSTLY                    */
     int col_reads;             /* FG_MASK_COL_READS                     */
     int score_costly;          /* FG_SCORE_ELEM_COSTLY                  */
+    int dist;                  /* FG_MASK_DIST                          */
 } split_row;
 
 static const split_row rows[] = {
-    {"natten", {3, 4, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", "fg_iclamp"}, {NULL}, 1, 1, 0, 0},
-    {"sasa", {0, 2, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", NULL}, {NULL}, 1, 1, 0, 0},
-    {"document", {0, 1, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 1, 0},
-    {"jagged", {0, 3, 0}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 0, 0, 0},
-    {"flamingo", {0, 2, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 1, 0},
-    {"prefix_lm", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0},
-    {"sliding_window", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0},
-    {"causal", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0},
-    {"alibi", {0, 0, 0}, {1, 0, 0}, {NULL}, {"fg_load", NULL}, 0, 0, 0, 1},
-    {"softcap", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 1},
-    {"noop", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0},
-    {"dilated", {1, 0, 0}, {0, 0, 0}, {"fg_imul", NULL}, {NULL}, 0, 0, 0, 0},
-    {"local_global", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0},
+    {"natten", {3, 4, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", "fg_iclamp"}, {NULL}, 1, 1, 0, 0, 0},
+    {"sasa", {0, 2, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", NULL}, {NULL}, 1, 1, 0, 0, 0},
+    {"document", {0, 1, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 1, 0, 0},
+    {"jagged", {0, 3, 0}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 0, 0, 0, 0},
+    {"flamingo", {0, 2, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 1, 0, 0},
+    {"prefix_lm", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0},
+    {"sliding_window", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 1},
+    {"causal", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 1},
+    {"alibi", {0, 0, 0}, {1, 0, 0}, {NULL}, {"fg_load", NULL}, 0, 0, 0, 1, 1},
+    {"softcap", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 1, 1},
+    {"noop", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0},
+    {"dilated", {1, 0, 0}, {0, 0, 0}, {"fg_imul", NULL}, {NULL}, 0, 0, 0, 0, 1},
+    {"local_global", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0},
 };
 
 static char *emit_split(fg_ctx *ctx, const fg_mod *m) {
@@ -130,6 +132,9 @@ static void gallery_table(void **state) {
         if (!strstr(text, costly)) print_error("%s: expected %s in\n%s\n", r->mod, costly, text);
         assert_non_null(strstr(text, costly));
         snprintf(costly, sizeof costly, "#define FG_MASK_COL_READS %d\n", r->col_reads);
+        if (!strstr(text, costly)) print_error("%s: expected %s in\n%s\n", r->mod, costly, text);
+        assert_non_null(strstr(text, costly));
+        snprintf(costly, sizeof costly, "#define FG_MASK_DIST %d\n", r->dist);
         if (!strstr(text, costly)) print_error("%s: expected %s in\n%s\n", r->mod, costly, text);
         assert_non_null(strstr(text, costly));
         snprintf(costly, sizeof costly, "#define FG_SCORE_ELEM_COSTLY %d\n", r->score_costly);
@@ -225,6 +230,49 @@ static void tricky_mods_split(void **state) {
 /* What stays per score decides FG_SCORE_ELEM_COSTLY: costly work hoisted
  * to a head, row or column part does not count; a division, a buffer read
  * or a transcendental per score does. */
+/* The distance form (FG_MASK_DIST): set where the mask reads the indices
+ * only through q_idx - kv_idx, and then fg_mask_dist reads neither and
+ * compiles beside the whole mod (gpu_split checks its results). */
+static void distance_form(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    for (size_t i = 0; i < sizeof split_check_distance / sizeof split_check_distance[0]; i++) {
+        fg_mod *m = NULL;
+        const char *t = split_check_distance[i].text;
+        fg_status st = fg_mod_from_source(ctx, "dist", t, strlen(t), &m);
+        if (st != FG_OK) print_error("%s\n", fg_error_diagnostic(ctx));
+        assert_int_equal(st, FG_OK);
+        char *text = emit_split(ctx, m);
+        char want[32];
+        snprintf(want, sizeof want, "#define FG_MASK_DIST %d\n", split_check_distance[i].dist);
+        if (!strstr(text, want)) print_error("case %zu: expected %s in\n%s\n", i, want, text);
+        assert_non_null(strstr(text, want));
+        char *body = function_body(text, "fg_mask_dist0");
+        if (split_check_distance[i].dist) {
+            assert_non_null(body);
+            if (strstr(body, "q_idx") || strstr(body, "kv_idx")) print_error("case %zu reads an index:\n%s\n", i, body);
+            assert_null(strstr(body, "q_idx"));
+            assert_null(strstr(body, "kv_idx"));
+        } else {
+            assert_null(body);
+        }
+        free(body);
+        free(text);
+        char *src = NULL;
+        assert_int_equal(split_check_source(ctx, m, &src), FG_OK);
+        void *img = NULL;
+        size_t size = 0;
+        st = fgi_nvrtc_compile(ctx, src, "split_check.cu", "sm_90a", FG_EMIT_PTX, &img, &size, NULL);
+        if (st != FG_OK) print_error("case %zu: %s\n", i, fg_compile_log(ctx));
+        assert_int_equal(st, FG_OK);
+        free(img);
+        free(src);
+        fg_mod_destroy(m);
+    }
+    fg_ctx_destroy(ctx);
+}
+
 static void score_element_cost(void **state) {
     (void)state;
     static const struct {
@@ -398,7 +446,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gallery_table),
         cmocka_unit_test(composition_splits_per_leaf),
-        cmocka_unit_test(tricky_mods_split), cmocka_unit_test(score_element_cost),
+        cmocka_unit_test(tricky_mods_split), cmocka_unit_test(distance_form),
+        cmocka_unit_test(score_element_cost),
         cmocka_unit_test(index_casts_rewritten), cmocka_unit_test(gallery_compiles),
         cmocka_unit_test(table_limit_degrades),
         cmocka_unit_test(bad_arguments),

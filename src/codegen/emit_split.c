@@ -92,6 +92,7 @@ typedef struct splitter {
     fgi_math score_math; /* score_mod's float math (the mask's: accurate) */
     fgi_math math;       /* that of the kind being printed            */
     unsigned flags;      /* FGI_SPLIT_*                                  */
+    bool dist;           /* printing the distance form (fg_mask_dist)    */
     /* The index casts rewritten (FGI_SPLIT_INDEX_FLOATS) in the function
      * being split: the cast, and the fields of (float)kv_idx and
      * (float)q_idx, made of the nodes in `conv`. */
@@ -271,6 +272,65 @@ static void analyse(splitter *sp, const fgi_func *fn, int leaf) {
     collect(sp, fn->ret, C_ELEM);
 }
 
+/* ---- the distance form ---------------------------------------------------------- */
+
+/* A mask that reads q_idx and kv_idx only through their distance d =
+ * q_idx - kv_idx (causal, a sliding or dilated window) has the same value
+ * all along a diagonal of the score matrix. A thread's fragment of a tile
+ * lies on fewer diagonals than it has elements (34 for 64 in an m16 x
+ * n128 fragment), so the kernel makes it once per diagonal:
+ * fg_mask_dist(p, hd, b, h, fg_dist) is the mask with every `q_idx -
+ * kv_idx` printed as fg_dist, `kv_idx - q_idx` as its negation, and every
+ * comparison of the two as the same comparison of fg_dist with 0. Exact:
+ * indices lie in [0, 2^31), so the difference never wraps and q OP kv is
+ * (q - kv) OP 0. */
+
+/* Whether e is one of the nodes printed through fg_dist: a difference or a
+ * comparison of q_idx and kv_idx themselves; *kv_first says which comes
+ * first. */
+static bool is_dist_node(const fgi_expr *e, bool *kv_first) {
+    if (!e || e->kind != FGI_E_BINARY || !e->a || !e->b) return false;
+    if (e->op != FGI_OP_SUB && !(e->op >= FGI_OP_LT && e->op <= FGI_OP_NE)) return false;
+    if (e->a->kind != FGI_E_ARG || e->b->kind != FGI_E_ARG) return false;
+    if (e->a->op == FGI_ARG_Q_IDX && e->b->op == FGI_ARG_KV_IDX) *kv_first = false;
+    else if (e->a->op == FGI_ARG_KV_IDX && e->b->op == FGI_ARG_Q_IDX) *kv_first = true;
+    else return false;
+    return true;
+}
+
+/* Whether e reads q_idx or kv_idx other than through a distance node. */
+static bool reads_index_apart(const fgi_expr *e) {
+    if (!e) return false;
+    bool kv_first;
+    if (is_dist_node(e, &kv_first)) return false;
+    if (e->kind == FGI_E_ARG) return e->op == FGI_ARG_Q_IDX || e->op == FGI_ARG_KV_IDX;
+    if (reads_index_apart(e->a) || reads_index_apart(e->b) || reads_index_apart(e->c)) return true;
+    for (int i = 0; i < e->nargs; i++)
+        if (reads_index_apart(e->args[i])) return true;
+    return false;
+}
+
+static bool fn_reads_distance_only(const fgi_func *fn) {
+    if (!fn) return false;
+    for (int i = 0; i < fn->nlocals; i++)
+        if (reads_index_apart(fn->locals[i].init)) return false;
+    return !reads_index_apart(fn->ret);
+}
+
+static bool mask_reads_distance_only(const fgi_mask_node *n) {
+    if (!n) return false;
+    if (n->op == FGI_MASK_LEAF) return fn_reads_distance_only(n->func);
+    return mask_reads_distance_only(n->a) && mask_reads_distance_only(n->b);
+}
+
+/* A distance node as the distance form prints it. */
+static void put_dist_node(fgi_buf *out, const fgi_expr *e, bool kv_first) {
+    if (e->op == FGI_OP_SUB)
+        fgi_buf_puts(out, kv_first ? "fg_isub(0, fg_dist)" : "fg_dist");
+    else
+        fgi_buf_printf(out, kv_first ? "(0 %s fg_dist)" : "(fg_dist %s 0)", fgi_emit_infix(e->op));
+}
+
 /* ---- printing ------------------------------------------------------------------ */
 
 static void put_field_name(const splitter *sp, fgi_buf *out, const field *f) {
@@ -282,7 +342,14 @@ static void put_field_name(const splitter *sp, fgi_buf *out, const field *f) {
  * field is always read from there. */
 static bool replace_hoisted(void *user, fgi_buf *out, const fgi_expr *e) {
     const splitter *sp = user;
-    const int ic = sp->at == C_ELEM ? index_cast_of(sp, e) : -1;
+    bool kv_first;
+    if (sp->dist && is_dist_node(e, &kv_first)) {
+        put_dist_node(out, e, kv_first);
+        return true;
+    }
+    /* (the distance form keeps index casts as written: its argument is
+     * the distance, not the indices) */
+    const int ic = sp->at == C_ELEM && !sp->dist ? index_cast_of(sp, e) : -1;
     if (ic >= 0) { /* (float)(kv_idx - q_idx) as c.x - r.y */
         const field *c = &sp->fields[sp->casts[ic].col], *r = &sp->fields[sp->casts[ic].row];
         fgi_buf_puts(out, "fg_fsub(");
@@ -407,7 +474,7 @@ static void print_elem_body(splitter *sp) {
  * over the same leaves (struct members, then each init function, then the
  * per-element functions); each pass re-runs the analysis of the leaf. */
 typedef enum { PASS_MEMBERS_HEAD, PASS_MEMBERS_ROW, PASS_MEMBERS_COL, PASS_FILL_HEAD,
-               PASS_FILL_ROW, PASS_FILL_COL, PASS_ELEM, PASS_COST } pass;
+               PASS_FILL_ROW, PASS_FILL_COL, PASS_ELEM, PASS_DIST, PASS_COST } pass;
 
 static void leaf_pass(splitter *sp, const fgi_func *fn, int leaf, pass ps, const char *kind) {
     analyse(sp, fn, leaf);
@@ -428,6 +495,16 @@ static void leaf_pass(splitter *sp, const fgi_func *fn, int leaf, pass ps, const
                        fn->kind == FGI_FUNC_MASK ? "bool" : "float", kind, leaf, kind,
                        fn->kind == FGI_FUNC_MASK ? "" : "float score, ", kind, kind);
         print_elem_body(sp);
+        fgi_buf_puts(sp->out, "}\n\n");
+        return;
+    case PASS_DIST:
+        fgi_buf_printf(sp->out,
+                       "__device__ __forceinline__ bool fg_mask_dist%d(const fg_mod_params &p, "
+                       "const fg_mask_head &hd, int b, int h, int fg_dist) {\n",
+                       leaf);
+        sp->dist = true;
+        print_elem_body(sp);
+        sp->dist = false;
         fgi_buf_puts(sp->out, "}\n\n");
         return;
     }
@@ -458,16 +535,18 @@ static bool score_elem_costly(splitter *sp) {
     return sp->st == FG_OK && sp->costly[C_ELEM];
 }
 
-/* The && / || of the leaves' split functions, as fg_mask_mod combines them. */
-static void print_mask_tree(splitter *sp, const fgi_mask_node *n, int *next) {
+/* The && / || of the leaves' split functions (or, `dist`, their distance
+ * forms), as fg_mask_mod combines them. */
+static void print_mask_tree(splitter *sp, const fgi_mask_node *n, int *next, bool dist) {
     if (n->op == FGI_MASK_LEAF) {
-        fgi_buf_printf(sp->out, "fg_mask_split%d(p, hd, b, h, q_idx, kv_idx, r, c)", (*next)++);
+        if (dist) fgi_buf_printf(sp->out, "fg_mask_dist%d(p, hd, b, h, fg_dist)", (*next)++);
+        else fgi_buf_printf(sp->out, "fg_mask_split%d(p, hd, b, h, q_idx, kv_idx, r, c)", (*next)++);
         return;
     }
     fgi_buf_puts(sp->out, "(");
-    print_mask_tree(sp, n->a, next);
+    print_mask_tree(sp, n->a, next, dist);
     fgi_buf_puts(sp->out, n->op == FGI_MASK_AND ? " && " : " || ");
-    print_mask_tree(sp, n->b, next);
+    print_mask_tree(sp, n->b, next, dist);
     fgi_buf_puts(sp->out, ")");
 }
 
@@ -518,7 +597,7 @@ static void emit_kind(splitter *sp, bool mask) {
                           "const fg_mask_row &r, const fg_mask_col &c) {\n    return ");
         if (sp->mod->mask) {
             int next = 0;
-            print_mask_tree(sp, sp->mod->mask, &next);
+            print_mask_tree(sp, sp->mod->mask, &next, false);
         } else {
             fgi_buf_puts(out, "true");
         }
@@ -531,6 +610,18 @@ static void emit_kind(splitter *sp, bool mask) {
                               : "score");
     }
     fgi_buf_puts(out, ";\n}\n\n");
+    if (mask) {
+        const bool dist = sp->mod->mask && mask_reads_distance_only(sp->mod->mask);
+        fgi_buf_printf(out, "#define FG_MASK_DIST %d\n", dist ? 1 : 0);
+        if (dist) {
+            for_each_leaf(sp, true, PASS_DIST);
+            fgi_buf_puts(out, "__device__ __forceinline__ bool fg_mask_dist(const fg_mod_params &p, "
+                              "const fg_mask_head &hd, int b, int h, int fg_dist) {\n    return ");
+            int next = 0;
+            print_mask_tree(sp, sp->mod->mask, &next, true);
+            fgi_buf_puts(out, ";\n}\n\n");
+        }
+    }
 }
 
 fg_status fgi_emit_split_math(fg_ctx *ctx, const fg_mod *mod, fgi_math math, unsigned flags, fgi_buf *out) {

@@ -73,6 +73,10 @@
  *     FG_MASK_COL_READS (0 or 1)
  *                          whether fg_mask_col_init reads a buffer: the
  *                          Hopper forward's FGH_COLS_AHEAD
+ *     FG_MASK_DIST (0 or 1), fg_mask_dist(p, hd, b, h, d)
+ *                          whether the mask reads q_idx and kv_idx only
+ *                          through d = q_idx - kv_idx, and then the mask
+ *                          as a function of d (fga_tile_mask_dist)
  *     struct fg_score_head, fg_score_row, fg_score_col, fg_score_head_init,
  *     fg_score_row_init, fg_score_col_init,
  *     fg_score_split(p, hd, score, b, h, q_idx, kv_idx, row, col)
@@ -395,6 +399,36 @@ static __device__ __forceinline__ void fga_tile_mods_as(float (&s)[MT][NT][4], c
     }
 }
 
+#if FG_MASK_DIST
+/* A mask of the distance d = q_idx - kv_idx alone (fg_mask_dist) once per
+ * diagonal: element (mt, i, e) of a thread's fragment (row qrow0 + 16 mt +
+ * 8 (e >> 1), column kv0 + 8 i + 2 t4 + (e & 1)) lies at distance d0 + 8
+ * (2 mt + (e >> 1) - i) - (e & 1), so the MT x NT x 4 elements share 2 (2
+ * MT + NT - 1) distances: 34 mask evaluations for an m16 x n128 fragment's
+ * 64 elements, each then a select. Masked elements become -inf; positions
+ * past the edges see distances of rows or columns that are not there
+ * (a mod's operations are total) and are masked by fga_tile_range. */
+template <int MT, int NT>
+static __device__ __forceinline__ void fga_tile_mask_dist(float (&s)[MT][NT][4], const fga_rows<MT> &r,
+                                                          const fga_args &a, const fg_mod_params &p, int kv0) {
+    const int t4 = threadIdx.x & 3;
+    const int d0 = (r.qrow0 + a.q_offset) - (kv0 + 2 * t4 + a.kv_offset);
+#pragma unroll
+    for (int j = 0; j < 2 * MT + NT - 1; j++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const bool keep = fg_mask_dist(p, r.mhd, r.b, r.h, d0 + 8 * (j - (NT - 1)) - c);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int i = 2 * mt + hh - (j - (NT - 1));
+                    if (i >= 0 && i < NT && !keep) s[mt][i][2 * hh + c] = FGA_NEG_INF;
+                }
+        }
+}
+#endif
+
 /* Positions past Q_LEN or KV_LEN become -inf (a tile crossing an edge). */
 template <int MT, int NT>
 static __device__ __forceinline__ void fga_tile_range(float (&s)[MT][NT][4], const fga_rows<MT> &r,
@@ -426,10 +460,18 @@ static __device__ __forceinline__ void fga_tile_mods(float (&s)[MT][NT][4], cons
                                                      const fga_args &a, const fg_mod_params &p,
                                                      int kv0, bool partial, bool edge,
                                                      const fg_mask_col *cols) {
+#if FG_MASK_DIST && !FGA_SCORE_MOD
+    /* The mask by diagonals (dilated +14-16%, sliding_window +3-4%; with a
+     * score_mod, made everywhere and then masked so, softcap gained 3-5%
+     * and alibi lost 2-9%, so a mod with a score_mod keeps the element
+     * loop: bench/attention_notes.md f8). */
+    if (FGA_MASK_MOD && partial) fga_tile_mask_dist(s, r, a, p, kv0);
+#else
     if (FGA_MASK_MOD && partial)
         fga_tile_mods_as<MT, NT, true, COLS>(s, r, a, p, kv0, cols);
     else if (FGA_SCORE_MOD)
         fga_tile_mods_as<MT, NT, false, false>(s, r, a, p, kv0, cols);
+#endif
     if (edge) fga_tile_range(s, r, a, kv0);
 }
 
