@@ -106,6 +106,20 @@ static void check_gone(const char *text, const char *fn, const char *const *gone
     free(body);
 }
 
+/* The mod, its split (with the rewrites `flags` asks for) and the checking
+ * kernel compile with NVRTC; `what` names the case in a failure. */
+static void compiles_beside_whole(fg_ctx *ctx, const fg_mod *m, unsigned flags, const char *what) {
+    char *src = NULL;
+    assert_int_equal(split_check_source_flags(ctx, m, flags, &src), FG_OK);
+    void *img = NULL;
+    size_t size = 0;
+    fg_status st = fgi_nvrtc_compile(ctx, src, "split_check.cu", "sm_90a", FG_EMIT_PTX, &img, &size, NULL);
+    if (st != FG_OK) print_error("%s: %s\n", what, fg_compile_log(ctx));
+    assert_int_equal(st, FG_OK);
+    free(img);
+    free(src);
+}
+
 static void gallery_table(void **state) {
     (void)state;
     static const char *const kinds[3] = {"head", "row", "col"};
@@ -213,15 +227,7 @@ static void tricky_mods_split(void **state) {
         assert_int_equal(count_members(text, "fg_score_row"), cases[i].score_row);
         free(text);
         /* And it compiles next to the whole mod. */
-        char *src = NULL;
-        assert_int_equal(split_check_source(ctx, m, &src), FG_OK);
-        void *img = NULL;
-        size_t size = 0;
-        st = fgi_nvrtc_compile(ctx, src, "split_check.cu", "sm_90a", FG_EMIT_PTX, &img, &size, NULL);
-        if (st != FG_OK) print_error("%s\n%s\n", fg_compile_log(ctx), src);
-        assert_int_equal(st, FG_OK);
-        free(img);
-        free(src);
+        compiles_beside_whole(ctx, m, 0, "tricky mod");
         fg_mod_destroy(m);
     }
     fg_ctx_destroy(ctx);
@@ -259,15 +265,7 @@ static void distance_form(void **state) {
         }
         free(body);
         free(text);
-        char *src = NULL;
-        assert_int_equal(split_check_source(ctx, m, &src), FG_OK);
-        void *img = NULL;
-        size_t size = 0;
-        st = fgi_nvrtc_compile(ctx, src, "split_check.cu", "sm_90a", FG_EMIT_PTX, &img, &size, NULL);
-        if (st != FG_OK) print_error("case %zu: %s\n", i, fg_compile_log(ctx));
-        assert_int_equal(st, FG_OK);
-        free(img);
-        free(src);
+        compiles_beside_whole(ctx, m, 0, "distance mask");
         fg_mod_destroy(m);
     }
     fg_ctx_destroy(ctx);
@@ -353,15 +351,7 @@ static void index_casts_rewritten(void **state) {
         assert_null(strstr(plain, "fg_fsub(c."));
         assert_null(strstr(plain, "fg_fsub(r."));
         free(plain);
-        char *src = NULL;
-        assert_int_equal(split_check_source_flags(ctx, m, FGI_SPLIT_INDEX_FLOATS, &src), FG_OK);
-        void *img = NULL;
-        size_t size = 0;
-        fg_status st = fgi_nvrtc_compile(ctx, src, "split_check.cu", "sm_90a", FG_EMIT_PTX, &img, &size, NULL);
-        if (st != FG_OK) print_error("case %zu: %s\n", i, fg_compile_log(ctx));
-        assert_int_equal(st, FG_OK);
-        free(img);
-        free(src);
+        compiles_beside_whole(ctx, m, FGI_SPLIT_INDEX_FLOATS, "index casts");
         fg_mod_destroy(m);
     }
     fg_mod *alibi = tu_gallery_mod(ctx, "alibi"), *causal = tu_gallery_mod(ctx, "causal");
@@ -379,16 +369,7 @@ static void gallery_compiles(void **state) {
     assert_int_equal(fg_ctx_create(&ctx), FG_OK);
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         fg_mod *m = tu_gallery_mod(ctx, rows[i].mod);
-        char *src = NULL;
-        assert_int_equal(split_check_source(ctx, m, &src), FG_OK);
-        void *img = NULL;
-        size_t size = 0;
-        fg_status st =
-            fgi_nvrtc_compile(ctx, src, "split_check.cu", "sm_90a", FG_EMIT_PTX, &img, &size, NULL);
-        if (st != FG_OK) print_error("%s: %s\n", rows[i].mod, fg_compile_log(ctx));
-        assert_int_equal(st, FG_OK);
-        free(img);
-        free(src);
+        compiles_beside_whole(ctx, m, 0, rows[i].mod);
         fg_mod_destroy(m);
     }
     fg_ctx_destroy(ctx);
@@ -417,15 +398,7 @@ static void table_limit_degrades(void **state) {
     assert_non_null(strstr(body, "fg_idiv(kv_idx, (5))"));
     free(body);
     free(split);
-    char *src = NULL;
-    assert_int_equal(split_check_source(ctx, m, &src), FG_OK);
-    void *img = NULL;
-    size_t size = 0;
-    st = fgi_nvrtc_compile(ctx, src, "split_check.cu", "sm_90a", FG_EMIT_PTX, &img, &size, NULL);
-    if (st != FG_OK) print_error("%s\n", fg_compile_log(ctx));
-    assert_int_equal(st, FG_OK);
-    free(img);
-    free(src);
+    compiles_beside_whole(ctx, m, 0, "the big mod");
     fg_mod_destroy(m);
     free(text);
     fg_ctx_destroy(ctx);

@@ -144,6 +144,36 @@ static bool is_cheap(const fgi_expr *e) {
            e->kind == FGI_E_LOCAL;
 }
 
+/* ---- questions about every node ------------------------------------------------- */
+
+/* What a question answers at a node: this is it, look no further here, or
+ * look at its operands. */
+typedef enum { LOOK_ON, LOOK_HIT, LOOK_SKIP } look_step;
+typedef look_step (*look_fn)(const fgi_expr *e);
+
+/* Whether `look` hits a node of e, of a function (its locals and result)
+ * or of any leaf of a mask tree. */
+static bool expr_any(const fgi_expr *e, look_fn look) {
+    if (!e) return false;
+    const look_step st = look(e);
+    if (st != LOOK_ON) return st == LOOK_HIT;
+    if (expr_any(e->a, look) || expr_any(e->b, look) || expr_any(e->c, look)) return true;
+    for (int i = 0; i < e->nargs; i++)
+        if (expr_any(e->args[i], look)) return true;
+    return false;
+}
+static bool fn_any(const fgi_func *fn, look_fn look) {
+    if (!fn) return false;
+    for (int i = 0; i < fn->nlocals; i++)
+        if (expr_any(fn->locals[i].init, look)) return true;
+    return expr_any(fn->ret, look);
+}
+static bool mask_any(const fgi_mask_node *n, look_fn look) {
+    if (!n) return false;
+    if (n->op == FGI_MASK_LEAF) return fn_any(n->func, look);
+    return mask_any(n->a, look) || mask_any(n->b, look);
+}
+
 /* ---- collecting the hoisted values -------------------------------------------- */
 
 /* The new field's index, or -1 when the table is full: that value then
@@ -298,29 +328,12 @@ static bool is_dist_node(const fgi_expr *e, bool *kv_first) {
     return true;
 }
 
-/* Whether e reads q_idx or kv_idx other than through a distance node. */
-static bool reads_index_apart(const fgi_expr *e) {
-    if (!e) return false;
+/* Whether a node reads q_idx or kv_idx other than through a distance node. */
+static look_step index_apart(const fgi_expr *e) {
     bool kv_first;
-    if (is_dist_node(e, &kv_first)) return false;
-    if (e->kind == FGI_E_ARG) return e->op == FGI_ARG_Q_IDX || e->op == FGI_ARG_KV_IDX;
-    if (reads_index_apart(e->a) || reads_index_apart(e->b) || reads_index_apart(e->c)) return true;
-    for (int i = 0; i < e->nargs; i++)
-        if (reads_index_apart(e->args[i])) return true;
-    return false;
-}
-
-static bool fn_reads_distance_only(const fgi_func *fn) {
-    if (!fn) return false;
-    for (int i = 0; i < fn->nlocals; i++)
-        if (reads_index_apart(fn->locals[i].init)) return false;
-    return !reads_index_apart(fn->ret);
-}
-
-static bool mask_reads_distance_only(const fgi_mask_node *n) {
-    if (!n) return false;
-    if (n->op == FGI_MASK_LEAF) return fn_reads_distance_only(n->func);
-    return mask_reads_distance_only(n->a) && mask_reads_distance_only(n->b);
+    if (is_dist_node(e, &kv_first)) return LOOK_SKIP;
+    if (e->kind == FGI_E_ARG && (e->op == FGI_ARG_Q_IDX || e->op == FGI_ARG_KV_IDX)) return LOOK_HIT;
+    return LOOK_ON;
 }
 
 /* A distance node as the distance form prints it. */
@@ -611,7 +624,7 @@ static void emit_kind(splitter *sp, bool mask) {
     }
     fgi_buf_puts(out, ";\n}\n\n");
     if (mask) {
-        const bool dist = sp->mod->mask && mask_reads_distance_only(sp->mod->mask);
+        const bool dist = sp->mod->mask && !mask_any(sp->mod->mask, index_apart);
         fgi_buf_printf(out, "#define FG_MASK_DIST %d\n", dist ? 1 : 0);
         if (dist) {
             for_each_leaf(sp, true, PASS_DIST);
@@ -667,29 +680,12 @@ fg_status fgi_emit_split(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out) {
     return fgi_emit_split_math(ctx, mod, FGI_MATH_ACCURATE, 0, out);
 }
 
-/* Whether an expression, a function (its locals and result) or a mask
- * tree holds a cast FGI_SPLIT_INDEX_FLOATS rewrites. */
-static bool expr_casts_indices(const fgi_expr *e) {
-    if (!e) return false;
+/* Whether a node is a cast FGI_SPLIT_INDEX_FLOATS rewrites. */
+static look_step index_cast(const fgi_expr *e) {
     bool kv_first;
-    if (is_index_cast(e, &kv_first)) return true;
-    if (expr_casts_indices(e->a) || expr_casts_indices(e->b) || expr_casts_indices(e->c)) return true;
-    for (int i = 0; i < e->nargs; i++)
-        if (expr_casts_indices(e->args[i])) return true;
-    return false;
-}
-static bool fn_casts_indices(const fgi_func *fn) {
-    if (!fn) return false;
-    for (int i = 0; i < fn->nlocals; i++)
-        if (expr_casts_indices(fn->locals[i].init)) return true;
-    return expr_casts_indices(fn->ret);
-}
-static bool mask_casts_indices(const fgi_mask_node *n) {
-    if (!n) return false;
-    if (n->op == FGI_MASK_LEAF) return fn_casts_indices(n->func);
-    return mask_casts_indices(n->a) || mask_casts_indices(n->b);
+    return is_index_cast(e, &kv_first) ? LOOK_HIT : LOOK_ON;
 }
 
 bool fgi_split_casts_indices(const fg_mod *mod) {
-    return mod && (mask_casts_indices(mod->mask) || fn_casts_indices(mod->score));
+    return mod && (mask_any(mod->mask, index_cast) || fn_any(mod->score, index_cast));
 }
