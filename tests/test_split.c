@@ -106,6 +106,23 @@ static void check_gone(const char *text, const char *fn, const char *const *gone
     free(body);
 }
 
+/* A mod from source text, failing the test with its diagnostic. */
+static fg_mod *mod_of(fg_ctx *ctx, const char *name, const char *text) {
+    fg_mod *m = NULL;
+    fg_status st = fg_mod_from_source(ctx, name, text, strlen(text), &m);
+    if (st != FG_OK) print_error("%s: %s\n", name, fg_error_diagnostic(ctx));
+    assert_int_equal(st, FG_OK);
+    return m;
+}
+
+/* The split text holds `#define NAME VALUE`; `what` names the case. */
+static void assert_define(const char *text, const char *name, int value, const char *what) {
+    char want[64];
+    snprintf(want, sizeof want, "#define %s %d\n", name, value);
+    if (!strstr(text, want)) print_error("%s: expected %s in\n%s\n", what, want, text);
+    assert_non_null(strstr(text, want));
+}
+
 /* The mod, its split (with the rewrites `flags` asks for) and the checking
  * kernel compile with NVRTC; `what` names the case in a failure. */
 static void compiles_beside_whole(fg_ctx *ctx, const fg_mod *m, unsigned flags, const char *what) {
@@ -140,20 +157,11 @@ static void gallery_table(void **state) {
             if (got != r->score[k]) print_error("%s: %s has %d members\n%s\n", r->mod, name, got, text);
             assert_int_equal(got, r->score[k]);
         }
-        char costly[96];
-        snprintf(costly, sizeof costly, "#define FG_MASK_ROW_COSTLY %d\n#define FG_MASK_COL_COSTLY %d\n",
-                 r->row_costly, r->col_costly);
-        if (!strstr(text, costly)) print_error("%s: expected %s in\n%s\n", r->mod, costly, text);
-        assert_non_null(strstr(text, costly));
-        snprintf(costly, sizeof costly, "#define FG_MASK_COL_READS %d\n", r->col_reads);
-        if (!strstr(text, costly)) print_error("%s: expected %s in\n%s\n", r->mod, costly, text);
-        assert_non_null(strstr(text, costly));
-        snprintf(costly, sizeof costly, "#define FG_MASK_DIST %d\n", r->dist);
-        if (!strstr(text, costly)) print_error("%s: expected %s in\n%s\n", r->mod, costly, text);
-        assert_non_null(strstr(text, costly));
-        snprintf(costly, sizeof costly, "#define FG_SCORE_ELEM_COSTLY %d\n", r->score_costly);
-        if (!strstr(text, costly)) print_error("%s: expected %s in\n%s\n", r->mod, costly, text);
-        assert_non_null(strstr(text, costly));
+        assert_define(text, "FG_MASK_ROW_COSTLY", r->row_costly, r->mod);
+        assert_define(text, "FG_MASK_COL_COSTLY", r->col_costly, r->mod);
+        assert_define(text, "FG_MASK_COL_READS", r->col_reads, r->mod);
+        assert_define(text, "FG_MASK_DIST", r->dist, r->mod);
+        assert_define(text, "FG_SCORE_ELEM_COSTLY", r->score_costly, r->mod);
         assert_int_equal(fgi_split_score_elem_costly(m), r->score_costly);
         check_gone(text, "fg_mask_split0", r->mask_gone, 3, r->mod);
         check_gone(text, "fg_score_split0", r->score_gone, 2, r->mod);
@@ -217,10 +225,7 @@ static void tricky_mods_split(void **state) {
     fg_ctx *ctx;
     assert_int_equal(fg_ctx_create(&ctx), FG_OK);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        fg_mod *m = NULL;
-        fg_status st = fg_mod_from_source(ctx, "tricky", cases[i].text, strlen(cases[i].text), &m);
-        if (st != FG_OK) print_error("%s\n", fg_error_diagnostic(ctx));
-        assert_int_equal(st, FG_OK);
+        fg_mod *m = mod_of(ctx, "tricky", cases[i].text);
         char *text = emit_split(ctx, m);
         assert_int_equal(count_members(text, "fg_mask_row"), cases[i].row);
         assert_int_equal(count_members(text, "fg_mask_col"), cases[i].col);
@@ -233,9 +238,6 @@ static void tricky_mods_split(void **state) {
     fg_ctx_destroy(ctx);
 }
 
-/* What stays per score decides FG_SCORE_ELEM_COSTLY: costly work hoisted
- * to a head, row or column part does not count; a division, a buffer read
- * or a transcendental per score does. */
 /* The distance form (FG_MASK_DIST): set where the mask reads the indices
  * only through q_idx - kv_idx, and then fg_mask_dist reads neither and
  * compiles beside the whole mod (gpu_split checks its results). */
@@ -244,16 +246,9 @@ static void distance_form(void **state) {
     fg_ctx *ctx;
     assert_int_equal(fg_ctx_create(&ctx), FG_OK);
     for (size_t i = 0; i < sizeof split_check_distance / sizeof split_check_distance[0]; i++) {
-        fg_mod *m = NULL;
-        const char *t = split_check_distance[i].text;
-        fg_status st = fg_mod_from_source(ctx, "dist", t, strlen(t), &m);
-        if (st != FG_OK) print_error("%s\n", fg_error_diagnostic(ctx));
-        assert_int_equal(st, FG_OK);
+        fg_mod *m = mod_of(ctx, "dist", split_check_distance[i].text);
         char *text = emit_split(ctx, m);
-        char want[32];
-        snprintf(want, sizeof want, "#define FG_MASK_DIST %d\n", split_check_distance[i].dist);
-        if (!strstr(text, want)) print_error("case %zu: expected %s in\n%s\n", i, want, text);
-        assert_non_null(strstr(text, want));
+        assert_define(text, "FG_MASK_DIST", split_check_distance[i].dist, split_check_distance[i].text);
         char *body = function_body(text, "fg_mask_dist0");
         if (split_check_distance[i].dist) {
             assert_non_null(body);
@@ -271,6 +266,9 @@ static void distance_form(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* What stays per score decides FG_SCORE_ELEM_COSTLY: costly work hoisted
+ * to a head, row or column part does not count; a division, a buffer read
+ * or a transcendental per score does. */
 static void score_element_cost(void **state) {
     (void)state;
     static const struct {
@@ -297,15 +295,9 @@ static void score_element_cost(void **state) {
     fg_ctx *ctx;
     assert_int_equal(fg_ctx_create(&ctx), FG_OK);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        fg_mod *m = NULL;
-        fg_status st = fg_mod_from_source(ctx, "cost", cases[i].text, strlen(cases[i].text), &m);
-        if (st != FG_OK) print_error("case %zu: %s\n", i, fg_error_diagnostic(ctx));
-        assert_int_equal(st, FG_OK);
+        fg_mod *m = mod_of(ctx, "cost", cases[i].text);
         char *text = emit_split(ctx, m);
-        char want[48];
-        snprintf(want, sizeof want, "#define FG_SCORE_ELEM_COSTLY %d\n", cases[i].costly);
-        if (!strstr(text, want)) print_error("case %zu: expected %s in\n%s\n", i, want, text);
-        assert_non_null(strstr(text, want));
+        assert_define(text, "FG_SCORE_ELEM_COSTLY", cases[i].costly, cases[i].text);
         assert_int_equal(fgi_split_score_elem_costly(m), cases[i].costly);
         free(text);
         fg_mod_destroy(m);
@@ -326,8 +318,7 @@ static void index_casts_rewritten(void **state) {
     for (size_t i = 0; i < sizeof split_check_index_casts / sizeof split_check_index_casts[0]; i++) {
         const char *text = split_check_index_casts[i].text;
         const int want = split_check_index_casts[i].rewritten;
-        fg_mod *m = NULL;
-        assert_int_equal(fg_mod_from_source(ctx, "casts", text, strlen(text), &m), FG_OK);
+        fg_mod *m = mod_of(ctx, "casts", text);
         assert_int_equal(fgi_split_casts_indices(m), want > 0);
         fgi_buf b = {0};
         assert_int_equal(fgi_emit_split_math(ctx, m, FGI_MATH_ACCURATE, FGI_SPLIT_INDEX_FLOATS, &b), FG_OK);
