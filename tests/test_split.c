@@ -267,30 +267,34 @@ static void distance_form(void **state) {
 }
 
 /* What stays per score decides FG_SCORE_ELEM_COSTLY: costly work hoisted
- * to a head, row or column part does not count; a division, a buffer read
- * or a transcendental per score does. */
+ * to a head, row or column part does not count; a division, a buffer read,
+ * an int-to-float conversion or a transcendental per score does. Of
+ * those, a division or a costly call sets FG_SCORE_ELEM_CALLS. */
 static void score_element_cost(void **state) {
     (void)state;
     static const struct {
         const char *text;
-        int costly;
+        int costly, calls; /* FG_SCORE_ELEM_COSTLY, FG_SCORE_ELEM_CALLS */
     } cases[] = {
-        {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return score * 0.5f; }", 0},
+        {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return score * 0.5f; }", 0, 0},
         {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
          "    return score * exp2(-(float)(q_idx / 64)) + sqrt((float)kv_idx);\n}\n",
-         0},
-        {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return score / 30.0f; }", 1},
+         0, 0},
+        {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return score / 30.0f; }", 1, 1},
         {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
          "    float d = (float)(q_idx - kv_idx);\n    return score - exp(-d * d);\n}\n",
-         1},
+         1, 1},
         {"const float *bias;\nint N = 64;\n"
          "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
          "    return score + bias[q_idx * N + kv_idx];\n}\n",
-         1},
+         1, 0},
         {"const float *bias;\n"
          "float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return score + bias[h]; }\n",
-         0},
-        {"bool mask_mod(int b, int h, int q_idx, int kv_idx) { return (q_idx / 7) == (kv_idx / 7); }\n", 0},
+         0, 0},
+        {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+         "    return score + 0.5f * (float)(kv_idx - q_idx);\n}\n",
+         1, 0},
+        {"bool mask_mod(int b, int h, int q_idx, int kv_idx) { return (q_idx / 7) == (kv_idx / 7); }\n", 0, 0},
     };
     fg_ctx *ctx;
     assert_int_equal(fg_ctx_create(&ctx), FG_OK);
@@ -298,6 +302,7 @@ static void score_element_cost(void **state) {
         fg_mod *m = mod_of(ctx, "cost", cases[i].text);
         char *text = emit_split(ctx, m);
         assert_define(text, "FG_SCORE_ELEM_COSTLY", cases[i].costly, cases[i].text);
+        assert_define(text, "FG_SCORE_ELEM_CALLS", cases[i].calls, cases[i].text);
         assert_int_equal(fgi_split_score_elem_costly(m), cases[i].costly);
         free(text);
         fg_mod_destroy(m);

@@ -89,6 +89,7 @@ typedef struct splitter {
     split_class at;  /* the class being printed (print_expr)       */
     bool costly[4]; /* per class: some leaf's part of it does costly work */
     bool reads[4];  /* per class: some leaf's part of it reads a buffer    */
+    bool calls_elem; /* the per-element rest divides or calls a costly builtin */
     fgi_math score_math; /* score_mod's float math (the mask's: accurate) */
     fgi_math math;       /* that of the kind being printed            */
     unsigned flags;      /* FGI_SPLIT_*                                  */
@@ -395,37 +396,44 @@ static void print_expr(splitter *sp, const fgi_expr *e, split_class at) {
     if (p.failure) fail(sp, p.failure);
 }
 
-/* Whether computing `e` as a value of class `at` does costly work itself:
- * a buffer read, a division or remainder, an int-to-float conversion, or a
- * call of a builtin that builtins.def marks costly (with `reads_only`: a
- * buffer read). Values of other classes it uses are computed elsewhere,
- * and a local held in a field of its own class is judged as that field. */
-static bool is_costly(const splitter *sp, const fgi_expr *e, split_class at, bool reads_only) {
+/* Which costly work is_costly asks about: any; buffer reads only; or
+ * divisions, remainders and costly builtin calls only (the work a branch
+ * per score would skip where the mask drops the score). */
+typedef enum { COST_ANY, COST_READS, COST_CALLS } cost_kind;
+
+/* Whether computing `e` as a value of class `at` does costly work itself
+ * (of the kind `kind`): a buffer read, a division or remainder, an
+ * int-to-float conversion, or a call of a builtin that builtins.def marks
+ * costly. Values of other classes it uses are computed elsewhere, and a
+ * local held in a field of its own class is judged as that field. */
+static bool is_costly(const splitter *sp, const fgi_expr *e, split_class at, cost_kind kind) {
     if (!e) return false;
     const field *f = field_of_expr(sp, e);
     if (f && f->cls != at) return false;
     if (at == C_ELEM && index_cast_of(sp, e) >= 0) return false; /* one FADD */
+    const bool reads_only = kind == COST_READS;
     switch (e->kind) {
-    case FGI_E_INDEX: return true;
+    case FGI_E_INDEX:
+        if (kind != COST_CALLS) return true;
+        break;
     case FGI_E_BINARY:
         if (!reads_only && (e->op == FGI_OP_DIV || e->op == FGI_OP_MOD)) return true;
         break;
     case FGI_E_CALL:
         if (!reads_only && fgi_builtin_get(e->op) && fgi_builtin_get(e->op)->costly) return true;
         for (int i = 0; i < e->nargs; i++)
-            if (is_costly(sp, e->args[i], at, reads_only)) return true;
+            if (is_costly(sp, e->args[i], at, kind)) return true;
         return false;
     case FGI_E_LOCAL: return false;
     case FGI_E_CAST:
         /* int to float per score (ALiBi's bias: an IMAD.IADD and an
          * I2FP on sm_90, attention_notes v42). Measured at D=64: two
          * consumers with it beat three (attention_notes.md v20). */
-        if (!reads_only && e->type == FGI_T_FLOAT && e->a && e->a->type == FGI_T_INT) return true;
+        if (kind == COST_ANY && e->type == FGI_T_FLOAT && e->a && e->a->type == FGI_T_INT) return true;
         break;
     default: break;
     }
-    return is_costly(sp, e->a, at, reads_only) || is_costly(sp, e->b, at, reads_only) ||
-           is_costly(sp, e->c, at, reads_only);
+    return is_costly(sp, e->a, at, kind) || is_costly(sp, e->b, at, kind) || is_costly(sp, e->c, at, kind);
 }
 
 /* Records which parts (row, column, the per-element rest) do costly work. */
@@ -433,12 +441,16 @@ static void note_cost(splitter *sp) {
     for (int i = 0; i < sp->nfields; i++) {
         const field *f = &sp->fields[i];
         if (f->cls != C_ROW && f->cls != C_COL) continue;
-        if (is_costly(sp, field_value(sp, f), f->cls, false)) sp->costly[f->cls] = true;
-        if (is_costly(sp, field_value(sp, f), f->cls, true)) sp->reads[f->cls] = true;
+        if (is_costly(sp, field_value(sp, f), f->cls, COST_ANY)) sp->costly[f->cls] = true;
+        if (is_costly(sp, field_value(sp, f), f->cls, COST_READS)) sp->reads[f->cls] = true;
     }
-    for (int i = 0; i < sp->fn->nlocals; i++)
-        if (sp->local_field[i] < 0 && is_costly(sp, sp->fn->locals[i].init, C_ELEM, false)) sp->costly[C_ELEM] = true;
-    if (is_costly(sp, sp->fn->ret, C_ELEM, false)) sp->costly[C_ELEM] = true;
+    for (int i = 0; i < sp->fn->nlocals; i++) {
+        if (sp->local_field[i] >= 0) continue;
+        if (is_costly(sp, sp->fn->locals[i].init, C_ELEM, COST_ANY)) sp->costly[C_ELEM] = true;
+        if (is_costly(sp, sp->fn->locals[i].init, C_ELEM, COST_CALLS)) sp->calls_elem = true;
+    }
+    if (is_costly(sp, sp->fn->ret, C_ELEM, COST_ANY)) sp->costly[C_ELEM] = true;
+    if (is_costly(sp, sp->fn->ret, C_ELEM, COST_CALLS)) sp->calls_elem = true;
 }
 
 /* The struct members of one class. */
@@ -544,6 +556,7 @@ static void for_each_leaf(splitter *sp, bool mask, pass ps) {
  * head, row and column parts are hoisted) does costly work. */
 static bool score_elem_costly(splitter *sp) {
     memset(sp->costly, 0, sizeof sp->costly);
+    sp->calls_elem = false;
     for_each_leaf(sp, false, PASS_COST);
     return sp->st == FG_OK && sp->costly[C_ELEM];
 }
@@ -591,6 +604,11 @@ static void emit_kind(splitter *sp, bool mask) {
         /* Costly work per score needs registers: the Hopper forward keeps
          * fewer, larger consumers for it (fgi_split_score_elem_costly). */
         fgi_buf_printf(out, "#define FG_SCORE_ELEM_COSTLY %d\n", score_elem_costly(sp) ? 1 : 0);
+        /* Of that, work a branch per score would skip where the mask drops
+         * the score (a division, a costly call): the forward then makes
+         * score_mod at every position of a partial tile and masks by
+         * diagonals (FGA_DIST_TILES). */
+        fgi_buf_printf(out, "#define FG_SCORE_ELEM_CALLS %d\n", sp->st == FG_OK && sp->calls_elem ? 1 : 0);
     }
     for (int cls = 0; cls < 3; cls++) {
         fgi_buf_printf(out,

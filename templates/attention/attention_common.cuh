@@ -73,6 +73,9 @@
  *     FG_MASK_COL_READS (0 or 1)
  *                          whether fg_mask_col_init reads a buffer: the
  *                          Hopper forward's FGH_COLS_AHEAD
+ *     FG_SCORE_ELEM_CALLS (0 or 1)
+ *                          whether that per-score rest divides or calls a
+ *                          costly builtin (softcap's tanh): FGA_DIST_TILES
  *     FG_MASK_DIST (0 or 1), fg_mask_dist(p, hd, b, h, d)
  *                          whether the mask reads q_idx and kv_idx only
  *                          through d = q_idx - kv_idx, and then the mask
@@ -399,6 +402,14 @@ static __device__ __forceinline__ void fga_tile_mods_as(float (&s)[MT][NT][4], c
     }
 }
 
+/* Partial tiles masked by diagonals (fga_tile_mask_dist): mods whose mask
+ * reads the distance alone, without a score_mod (dilated +17%,
+ * sliding_window +3.5-4%) or with one whose per-score work a branch would
+ * skip, which is then made at every position first (softcap +3-5%: no
+ * branch per score). alibi's cheap score_mod lost 2-9% so and keeps the
+ * element loop (bench/attention_notes.md f8). */
+#define FGA_DIST_TILES (FG_MASK_DIST && (!FGA_SCORE_MOD || FG_SCORE_ELEM_CALLS))
+
 #if FG_MASK_DIST
 /* A mask of the distance d = q_idx - kv_idx alone (fg_mask_dist) once per
  * diagonal: element (mt, i, e) of a thread's fragment (row qrow0 + 16 mt +
@@ -460,11 +471,9 @@ static __device__ __forceinline__ void fga_tile_mods(float (&s)[MT][NT][4], cons
                                                      const fga_args &a, const fg_mod_params &p,
                                                      int kv0, bool partial, bool edge,
                                                      const fg_mask_col *cols) {
-#if FG_MASK_DIST && !FGA_SCORE_MOD
-    /* The mask by diagonals (dilated +14-16%, sliding_window +3-4%; with a
-     * score_mod, made everywhere and then masked so, softcap gained 3-5%
-     * and alibi lost 2-9%, so a mod with a score_mod keeps the element
-     * loop: bench/attention_notes.md f8). */
+#if FGA_DIST_TILES
+    /* score_mod at every position, then the mask by diagonals */
+    if (FGA_SCORE_MOD) fga_tile_mods_as<MT, NT, false, false>(s, r, a, p, kv0, cols);
     if (FGA_MASK_MOD && partial) fga_tile_mask_dist(s, r, a, p, kv0);
 #else
     if (FGA_MASK_MOD && partial)
