@@ -347,6 +347,15 @@ __device__ __forceinline__ bool fg_mask_split(const fg_mod_params &p, const fg_m
     return fg_mask_split0(p, hd, b, h, q_idx, kv_idx, r, c);
 }
 
+#define FG_MASK_DIST 1
+__device__ __forceinline__ bool fg_mask_dist0(const fg_mod_params &p, const fg_mask_head &hd, int b, int h, int fg_dist) {
+    return (fg_dist >= 0);
+}
+
+__device__ __forceinline__ bool fg_mask_dist(const fg_mod_params &p, const fg_mask_head &hd, int b, int h, int fg_dist) {
+    return fg_mask_dist0(p, hd, b, h, fg_dist);
+}
+
 struct fg_score_head {
     float f0_0;
 };
@@ -355,6 +364,7 @@ struct fg_score_row {
 struct fg_score_col {
 };
 #define FG_SCORE_ELEM_COSTLY 1
+#define FG_SCORE_ELEM_CALLS 0
 __device__ __forceinline__ fg_score_head fg_score_head_init(const fg_mod_params &p, int b, int h) {
     fg_score_head hd;
     hd.f0_0 = fg_load_f32(p.slopes, p.fg_len_slopes, h);
@@ -454,6 +464,13 @@ __device__ __forceinline__ float fg_score_split(const fg_mod_params &p, const fg
  *     FG_MASK_COL_READS (0 or 1)
  *                          whether fg_mask_col_init reads a buffer: the
  *                          Hopper forward's FGH_COLS_AHEAD
+ *     FG_SCORE_ELEM_CALLS (0 or 1)
+ *                          whether that per-score rest divides or calls a
+ *                          costly builtin (softcap's tanh): FGA_DIST_TILES
+ *     FG_MASK_DIST (0 or 1), fg_mask_dist(p, hd, b, h, d)
+ *                          whether the mask reads q_idx and kv_idx only
+ *                          through d = q_idx - kv_idx, and then the mask
+ *                          as a function of d (fga_tile_mask_dist)
  *     struct fg_score_head, fg_score_row, fg_score_col, fg_score_head_init,
  *     fg_score_row_init, fg_score_col_init,
  *     fg_score_split(p, hd, score, b, h, q_idx, kv_idx, row, col)
@@ -788,6 +805,44 @@ static __device__ __forceinline__ void fga_tile_mods_as(float (&s)[MT][NT][4], c
     }
 }
 
+/* Partial tiles masked by diagonals (fga_tile_mask_dist): mods whose mask
+ * reads the distance alone, without a score_mod (dilated +17%,
+ * sliding_window +3.5-4%) or with one whose per-score work a branch would
+ * skip, which is then made at every position first (softcap +3-5%: no
+ * branch per score). alibi's cheap score_mod lost 2-9% so and keeps the
+ * element loop (bench/attention_notes.md f8). */
+#define FGA_DIST_TILES (FG_MASK_DIST && (!FGA_SCORE_MOD || FG_SCORE_ELEM_CALLS))
+
+#if FG_MASK_DIST
+/* A mask of the distance d = q_idx - kv_idx alone (fg_mask_dist) once per
+ * diagonal: element (mt, i, e) of a thread's fragment (row qrow0 + 16 mt +
+ * 8 (e >> 1), column kv0 + 8 i + 2 t4 + (e & 1)) lies at distance d0 + 8
+ * (2 mt + (e >> 1) - i) - (e & 1), so the MT x NT x 4 elements share 2 (2
+ * MT + NT - 1) distances: 34 mask evaluations for an m16 x n128 fragment's
+ * 64 elements, each then a select. Masked elements become -inf; positions
+ * past the edges see distances of rows or columns that are not there
+ * (a mod's operations are total) and are masked by fga_tile_range. */
+template <int MT, int NT>
+static __device__ __forceinline__ void fga_tile_mask_dist(float (&s)[MT][NT][4], const fga_rows<MT> &r,
+                                                          const fga_args &a, const fg_mod_params &p, int kv0) {
+    const int t4 = threadIdx.x & 3;
+    const int d0 = (r.qrow0 + a.q_offset) - (kv0 + 2 * t4 + a.kv_offset);
+#pragma unroll
+    for (int j = 0; j < 2 * MT + NT - 1; j++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const bool keep = fg_mask_dist(p, r.mhd, r.b, r.h, d0 + 8 * (j - (NT - 1)) - c);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int i = 2 * mt + hh - (j - (NT - 1));
+                    if (i >= 0 && i < NT && !keep) s[mt][i][2 * hh + c] = FGA_NEG_INF;
+                }
+        }
+}
+#endif
+
 /* Positions past Q_LEN or KV_LEN become -inf (a tile crossing an edge). */
 template <int MT, int NT>
 static __device__ __forceinline__ void fga_tile_range(float (&s)[MT][NT][4], const fga_rows<MT> &r,
@@ -819,10 +874,16 @@ static __device__ __forceinline__ void fga_tile_mods(float (&s)[MT][NT][4], cons
                                                      const fga_args &a, const fg_mod_params &p,
                                                      int kv0, bool partial, bool edge,
                                                      const fg_mask_col *cols) {
+#if FGA_DIST_TILES
+    /* score_mod at every position, then the mask by diagonals */
+    if (FGA_SCORE_MOD) fga_tile_mods_as<MT, NT, false, false>(s, r, a, p, kv0, cols);
+    if (FGA_MASK_MOD && partial) fga_tile_mask_dist(s, r, a, p, kv0);
+#else
     if (FGA_MASK_MOD && partial)
         fga_tile_mods_as<MT, NT, true, COLS>(s, r, a, p, kv0, cols);
     else if (FGA_SCORE_MOD)
         fga_tile_mods_as<MT, NT, false, false>(s, r, a, p, kv0, cols);
+#endif
     if (edge) fga_tile_range(s, r, a, kv0);
 }
 
