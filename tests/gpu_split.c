@@ -5,7 +5,8 @@
  * (out-of-range loads give 0 on the GPU, and the split reads them
  * speculatively), mask results equal and score results equal bit for bit;
  * the index-cast rewrite (FGI_SPLIT_INDEX_FLOATS) inside its range; and
- * the distance form of masks that read q_idx - kv_idx alone.
+ * the distance form of masks that read q_idx - kv_idx alone, and of
+ * score_mods that do.
  */
 #include "testutil.h"
 
@@ -231,6 +232,36 @@ static void distance_equals_whole(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* fg_score_dist of fg_score_diag_init at q_idx - kv_idx gives
+ * fg_score_mod's bits (the check kernel compares them where FG_SCORE_DIST),
+ * over squares at 0 and far from it, at three heads, with and without the
+ * index-cast rewrite beside it. */
+static void score_distance_equals_whole(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    fg_ctx_set_int(ctx, FG_OPT_DISK_CACHE, 0);
+    const int bases[] = {0, 1000003};
+    const unsigned flags[] = {0, FGI_SPLIT_INDEX_FLOATS};
+    for (size_t i = 0; i < sizeof split_check_score_distance / sizeof split_check_score_distance[0]; i++) {
+        const char *text = split_check_score_distance[i].text;
+        fg_mod *m = NULL;
+        assert_int_equal(fg_mod_from_source(ctx, "sdist", text, strlen(text), &m), FG_OK);
+        for (size_t k = 0; k < sizeof bases / sizeof bases[0]; k++)
+            for (size_t f = 0; f < sizeof flags / sizeof flags[0]; f++)
+                for (int h = 0; h < 3; h++) {
+                    int bad[2] = {-1, -1};
+                    check_ok(ctx, run_check_at(ctx, m, flags[f], bases[k], 0, h, bad));
+                    if (bad[1])
+                        print_error("case %zu at %d h=%d flags %u: %d score mismatches\n", i, bases[k], h,
+                                    flags[f], bad[1]);
+                    assert_int_equal(bad[1], 0);
+                }
+        fg_mod_destroy(m);
+    }
+    fg_ctx_destroy(ctx);
+}
+
 int main(void) {
     tu_require_gpu();
     const struct CMUnitTest tests[] = {
@@ -239,6 +270,7 @@ int main(void) {
         cmocka_unit_test(table_limit_equals_whole),
         cmocka_unit_test(index_floats_equal_whole),
         cmocka_unit_test(distance_equals_whole),
+        cmocka_unit_test(score_distance_equals_whole),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,7 +5,8 @@
  * fg_score_split the same bits as fg_score_mod, with the row, column and
  * head parts computed once, as the attention kernel does; and a mask of
  * the distance alone (FG_MASK_DIST) the same from fg_mask_dist at q_idx -
- * kv_idx.
+ * kv_idx, and a score_mod of the distance (FG_SCORE_DIST) the same bits
+ * from fg_score_dist and its per-diagonal part.
  */
 #ifndef FLEXGEN_SPLIT_CHECK_H
 #define FLEXGEN_SPLIT_CHECK_H
@@ -40,6 +41,12 @@ static const char split_check_kernel[] =
     "        const float y = fg_score_split(p, shd, s, b, h, q_idx, kv_idx, sr, sc);\n"
     "        if (__float_as_int(x) != __float_as_int(y) && !(x != x && y != y))\n"
     "            atomicAdd(&bad[1], 1);\n"
+    "#if FG_SCORE_DIST\n"
+    "        const fg_score_diag dg = fg_score_diag_init(p, shd, b, h, q_idx - kv_idx);\n"
+    "        const float z = fg_score_dist(p, shd, s, b, h, q_idx - kv_idx, dg);\n"
+    "        if (__float_as_int(x) != __float_as_int(z) && !(x != x && z != z))\n"
+    "            atomicAdd(&bad[1], 1);\n"
+    "#endif\n"
     "    }\n"
     "}\n";
 
@@ -142,6 +149,44 @@ static const struct {
      0},
     {"bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
      "    return (q_idx - 1) - kv_idx >= 0;\n}\n",
+     0},
+};
+
+/* score_mods and whether they read the indices through their distance
+ * alone (FG_SCORE_DIST; test_split checks the flag and that the diagonal
+ * and per-score functions read neither index, gpu_split that they give
+ * fg_score_mod's bits): ALiBi, a relative bias read at the distance, a
+ * local of the distance read twice, a comparison choosing between two
+ * uses of the score, a head part times the distance; and score_mods that
+ * read an index apart or none at all. */
+static const struct {
+    const char *text;
+    int dist;
+} split_check_score_distance[] = {
+    {"const float *slopes;\n"
+     "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+     "    return score + slopes[h] * (float)(kv_idx - q_idx);\n}\n",
+     1},
+    {"const float *bias;\nint R = 128;\n"
+     "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+     "    return score + bias[q_idx - kv_idx + R];\n}\n",
+     1},
+    {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+     "    float d = (float)(q_idx - kv_idx);\n"
+     "    float w = score * 0.5f;\n"
+     "    return w - 0.125f * d + d * d / (score * score + 1.0f);\n}\n",
+     1},
+    {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+     "    return q_idx >= kv_idx ? score * 0.75f : score - (float)(h + 1);\n}\n",
+     1},
+    {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+     "    return score + (float)(kv_idx - q_idx + 3) * exp2(-(float)(h + 1));\n}\n",
+     1},
+    {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+     "    return score + (float)(kv_idx - q_idx) * 0.5f + (float)kv_idx;\n}\n",
+     0},
+    {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+     "    return 30.0f * tanh(score / 30.0f);\n}\n",
      0},
 };
 

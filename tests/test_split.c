@@ -10,7 +10,8 @@
  * FG_MASK_COL_COSTLY: worth computing once per row or column and
  * sharing) and whether the column part reads a buffer (FG_MASK_COL_READS:
  * the Hopper forward reads it a tile ahead), whether the mask reads the
- * indices only through their distance (FG_MASK_DIST), and whether score_mod's per-element rest is (FG_SCORE_ELEM_COSTLY,
+ * indices only through their distance (FG_MASK_DIST), whether score_mod
+ * does (FG_SCORE_DIST), and whether score_mod's per-element rest is costly (FG_SCORE_ELEM_COSTLY,
  * which fgi_split_score_elem_costly answers on the host too). Then
  * every gallery mod, and a composition, must compile with
  * NVRTC next to a kernel that compares split and whole mods (gpu_split runs
@@ -34,22 +35,23 @@ typedef struct split_row {
     int col_reads;             /* FG_MASK_COL_READS                     */
     int score_costly;          /* FG_SCORE_ELEM_COSTLY                  */
     int dist;                  /* FG_MASK_DIST                          */
+    int score_dist;            /* FG_SCORE_DIST                         */
 } split_row;
 
 static const split_row rows[] = {
-    {"natten", {3, 4, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", "fg_iclamp"}, {NULL}, 1, 1, 0, 0, 0},
-    {"sasa", {0, 2, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", NULL}, {NULL}, 1, 1, 0, 0, 0},
-    {"document", {0, 1, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 1, 0, 0},
-    {"jagged", {0, 3, 0}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 0, 0, 0, 0},
-    {"flamingo", {0, 2, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 1, 0, 0},
-    {"prefix_lm", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0},
-    {"sliding_window", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 1},
-    {"causal", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 1},
-    {"alibi", {0, 0, 0}, {1, 0, 0}, {NULL}, {"fg_load", NULL}, 0, 0, 0, 1, 1},
-    {"softcap", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 1, 1},
-    {"noop", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0},
-    {"dilated", {1, 0, 0}, {0, 0, 0}, {"fg_imul", NULL}, {NULL}, 0, 0, 0, 0, 1},
-    {"local_global", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0},
+    {"natten", {3, 4, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", "fg_iclamp"}, {NULL}, 1, 1, 0, 0, 0, 0},
+    {"sasa", {0, 2, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", NULL}, {NULL}, 1, 1, 0, 0, 0, 0},
+    {"document", {0, 1, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 1, 0, 0, 0},
+    {"jagged", {0, 3, 0}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 0, 0, 0, 0, 0},
+    {"flamingo", {0, 2, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 1, 0, 0, 0},
+    {"prefix_lm", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0, 0},
+    {"sliding_window", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 1, 0},
+    {"causal", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 1, 0},
+    {"alibi", {0, 0, 0}, {1, 0, 0}, {NULL}, {"fg_load", NULL}, 0, 0, 0, 0, 1, 1},
+    {"softcap", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 1, 1, 0},
+    {"noop", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0, 0},
+    {"dilated", {1, 0, 0}, {0, 0, 0}, {"fg_imul", NULL}, {NULL}, 0, 0, 0, 0, 1, 0},
+    {"local_global", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0, 0},
 };
 
 static char *emit_split(fg_ctx *ctx, const fg_mod *m) {
@@ -161,6 +163,7 @@ static void gallery_table(void **state) {
         assert_define(text, "FG_MASK_COL_COSTLY", r->col_costly, r->mod);
         assert_define(text, "FG_MASK_COL_READS", r->col_reads, r->mod);
         assert_define(text, "FG_MASK_DIST", r->dist, r->mod);
+        assert_define(text, "FG_SCORE_DIST", r->score_dist, r->mod);
         assert_define(text, "FG_SCORE_ELEM_COSTLY", r->score_costly, r->mod);
         assert_int_equal(fgi_split_score_elem_costly(m), r->score_costly);
         check_gone(text, "fg_mask_split0", r->mask_gone, 3, r->mod);
@@ -266,6 +269,46 @@ static void distance_form(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* The score_mod by diagonals (FG_SCORE_DIST): set where score_mod reads
+ * the indices only through q_idx - kv_idx, and then fg_score_diag_init and
+ * fg_score_dist read neither, and the split compiles beside the whole mod
+ * (gpu_split checks its bits). */
+static void score_distance_form(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    for (size_t i = 0; i < sizeof split_check_score_distance / sizeof split_check_score_distance[0]; i++) {
+        const char *src = split_check_score_distance[i].text;
+        fg_mod *m = mod_of(ctx, "sdist", src);
+        char *text = emit_split(ctx, m);
+        assert_define(text, "FG_SCORE_DIST", split_check_score_distance[i].dist, src);
+        static const char *const fns[2] = {"fg_score_diag_init", "fg_score_dist"};
+        for (int f = 0; f < 2; f++) {
+            char *body = function_body(text, fns[f]);
+            if (split_check_score_distance[i].dist) {
+                assert_non_null(body);
+                if (strstr(body, "q_idx") || strstr(body, "kv_idx"))
+                    print_error("case %zu: %s reads an index:\n%s\n", i, fns[f], body);
+                assert_null(strstr(body, "q_idx"));
+                assert_null(strstr(body, "kv_idx"));
+            } else {
+                assert_null(body);
+            }
+            free(body);
+        }
+        if (split_check_score_distance[i].dist) { /* nothing of the distance is left per score */
+            char *body = function_body(text, "fg_score_dist");
+            assert_null(strstr(strchr(body, '{'), "fg_dist"));
+            free(body);
+        }
+        free(text);
+        compiles_beside_whole(ctx, m, 0, "distance score_mod");
+        compiles_beside_whole(ctx, m, FGI_SPLIT_INDEX_FLOATS, "distance score_mod, index floats");
+        fg_mod_destroy(m);
+    }
+    fg_ctx_destroy(ctx);
+}
+
 /* What stays per score decides FG_SCORE_ELEM_COSTLY: costly work hoisted
  * to a head, row or column part does not count; a division, a buffer read,
  * an int-to-float conversion or a transcendental per score does. Of
@@ -281,8 +324,13 @@ static void score_element_cost(void **state) {
          "    return score * exp2(-(float)(q_idx / 64)) + sqrt((float)kv_idx);\n}\n",
          0, 0},
         {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) { return score / 30.0f; }", 1, 1},
+        /* of the distance alone: made per diagonal (FG_SCORE_DIST), so
+         * what stays per score is an FSUB */
         {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
          "    float d = (float)(q_idx - kv_idx);\n    return score - exp(-d * d);\n}\n",
+         0, 0},
+        {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+         "    float d = (float)(q_idx - kv_idx);\n    return score - exp(-d * score);\n}\n",
          1, 1},
         {"const float *bias;\nint N = 64;\n"
          "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
@@ -293,6 +341,9 @@ static void score_element_cost(void **state) {
          0, 0},
         {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
          "    return score + 0.5f * (float)(kv_idx - q_idx);\n}\n",
+         0, 0},
+        {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+         "    return score + 0.5f * (float)(kv_idx - 2 * q_idx);\n}\n",
          1, 0},
         {"bool mask_mod(int b, int h, int q_idx, int kv_idx) { return (q_idx / 7) == (kv_idx / 7); }\n", 0, 0},
     };
@@ -416,6 +467,7 @@ int main(void) {
         cmocka_unit_test(gallery_table),
         cmocka_unit_test(composition_splits_per_leaf),
         cmocka_unit_test(tricky_mods_split), cmocka_unit_test(distance_form),
+        cmocka_unit_test(score_distance_form),
         cmocka_unit_test(score_element_cost),
         cmocka_unit_test(index_casts_rewritten), cmocka_unit_test(gallery_compiles),
         cmocka_unit_test(table_limit_degrades),

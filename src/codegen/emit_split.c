@@ -59,9 +59,11 @@
 enum { D_B = 1, D_H = 2, D_Q = 4, D_KV = 8, D_SCORE = 16 };
 
 /* Where a value can be computed. */
-typedef enum { C_HEAD = 0, C_ROW = 1, C_COL = 2, C_ELEM = 3 } split_class;
+typedef enum { C_HEAD = 0, C_ROW = 1, C_COL = 2, C_ELEM = 3, C_DIAG = 4 } split_class;
 
-static const char *const class_var[3] = {"hd", "r", "c"};
+/* The struct each class is read from (C_DIAG: the score_mod by diagonals,
+ * fg_score_diag; per-element values are not held in a struct). */
+static const char *const class_var[5] = {"hd", "r", "c", NULL, "dg"};
 
 #define MAX_FIELDS 256
 
@@ -87,13 +89,15 @@ typedef struct splitter {
     int nfields;
     int next_num;
     split_class at;  /* the class being printed (print_expr)       */
-    bool costly[4]; /* per class: some leaf's part of it does costly work */
-    bool reads[4];  /* per class: some leaf's part of it reads a buffer    */
+    bool costly[5]; /* per class: some leaf's part of it does costly work */
+    bool reads[5];  /* per class: some leaf's part of it reads a buffer    */
     bool calls_elem; /* the per-element rest divides or calls a costly builtin */
     fgi_math score_math; /* score_mod's float math (the mask's: accurate) */
     fgi_math math;       /* that of the kind being printed            */
     unsigned flags;      /* FGI_SPLIT_*                                  */
-    bool dist;           /* printing the distance form (fg_mask_dist)    */
+    bool dist;           /* printing the distance form (fg_mask_dist,
+                            fg_score_diag_init, fg_score_dist)           */
+    bool diag;           /* the score_mod is split by diagonals too      */
     /* The index casts rewritten (FGI_SPLIT_INDEX_FLOATS) in the function
      * being split: the cast, and the fields of (float)kv_idx and
      * (float)q_idx, made of the nodes in `conv`. */
@@ -345,6 +349,57 @@ static void put_dist_node(fgi_buf *out, const fgi_expr *e, bool kv_first) {
         fgi_buf_printf(out, kv_first ? "(0 %s fg_dist)" : "(fg_dist %s 0)", fgi_emit_infix(e->op));
 }
 
+/* ---- the score_mod by diagonals ------------------------------------------------- */
+
+/* A score_mod that reads q_idx and kv_idx only through distance nodes
+ * (ALiBi's slopes[h] * (float)(kv_idx - q_idx), a relative bias
+ * bias[q_idx - kv_idx + R]) is split once more, for the forward's tiles:
+ * its largest subexpressions that read the distance but not `score` are
+ * the same all along a diagonal, so the kernel makes them once per
+ * diagonal of a thread's fragment (fg_score_diag_init(p, hd, b, h,
+ * fg_dist), into struct fg_score_diag) and only the rest per score
+ * (fg_score_dist(p, hd, score, b, h, fg_dist, dg): ALiBi's FADD). The
+ * same nodes print in the same order, so the values are fg_score_mod's
+ * bit for bit. */
+
+static look_step dist_node(const fgi_expr *e) {
+    bool kv_first;
+    return is_dist_node(e, &kv_first) ? LOOK_HIT : LOOK_ON;
+}
+
+static bool score_by_diagonals(const fgi_func *fn) {
+    return fn && fn_any(fn, dist_node) && !fn_any(fn, index_apart);
+}
+
+/* Hoist the largest subexpressions of a per-element value that read the
+ * indices (through distance nodes) and not the score. */
+static void collect_diag(splitter *sp, const fgi_expr *e) {
+    if (!e || sp->st != FG_OK) return;
+    const unsigned d = deps_of(sp, e);
+    if (class_of(d) != C_ELEM) return; /* a head part: hoisted already */
+    if (!(d & D_SCORE) && !is_cheap(e)) {
+        add_field(sp, e, -1, C_DIAG);
+        return;
+    }
+    collect_diag(sp, e->a);
+    collect_diag(sp, e->b);
+    collect_diag(sp, e->c);
+    for (int i = 0; i < e->nargs; i++) collect_diag(sp, e->args[i]);
+}
+
+/* After analyse(): the per-diagonal values of the score_mod. A local that
+ * does not read the score is one of them whole. A value the full tables
+ * leave out stays per score (fg_score_dist has fg_dist for it). */
+static void analyse_diag(splitter *sp) {
+    const fgi_func *fn = sp->fn;
+    for (int i = 0; i < fn->nlocals && sp->st == FG_OK; i++) {
+        if (sp->local_field[i] >= 0) continue;
+        if (sp->local_deps[i] & D_SCORE) collect_diag(sp, fn->locals[i].init);
+        else sp->local_field[i] = add_field(sp, NULL, i, C_DIAG);
+    }
+    collect_diag(sp, fn->ret);
+}
+
 /* ---- printing ------------------------------------------------------------------ */
 
 static void put_field_name(const splitter *sp, fgi_buf *out, const field *f) {
@@ -356,6 +411,11 @@ static void put_field_name(const splitter *sp, fgi_buf *out, const field *f) {
  * field is always read from there. */
 static bool replace_hoisted(void *user, fgi_buf *out, const fgi_expr *e) {
     const splitter *sp = user;
+    const field *f = field_of_expr(sp, e);
+    if (f && f->cls != sp->at) {
+        put_field_name(sp, out, f);
+        return true;
+    }
     bool kv_first;
     if (sp->dist && is_dist_node(e, &kv_first)) {
         put_dist_node(out, e, kv_first);
@@ -371,11 +431,6 @@ static bool replace_hoisted(void *user, fgi_buf *out, const fgi_expr *e) {
         fgi_buf_puts(out, ", ");
         put_field_name(sp, out, sp->casts[ic].kv_first ? r : c);
         fgi_buf_puts(out, ")");
-        return true;
-    }
-    const field *f = field_of_expr(sp, e);
-    if (f && f->cls != sp->at) {
-        put_field_name(sp, out, f);
         return true;
     }
     if (e->kind == FGI_E_LOCAL && e->index >= 0 && e->index < sp->fn->nlocals &&
@@ -499,12 +554,32 @@ static void print_elem_body(splitter *sp) {
  * over the same leaves (struct members, then each init function, then the
  * per-element functions); each pass re-runs the analysis of the leaf. */
 typedef enum { PASS_MEMBERS_HEAD, PASS_MEMBERS_ROW, PASS_MEMBERS_COL, PASS_FILL_HEAD,
-               PASS_FILL_ROW, PASS_FILL_COL, PASS_ELEM, PASS_DIST, PASS_COST } pass;
+               PASS_FILL_ROW, PASS_FILL_COL, PASS_ELEM, PASS_DIST, PASS_COST,
+               PASS_MEMBERS_DIAG, PASS_FILL_DIAG, PASS_SCORE_DIST } pass;
 
 static void leaf_pass(splitter *sp, const fgi_func *fn, int leaf, pass ps, const char *kind) {
     analyse(sp, fn, leaf);
+    /* the per-element cost of a score_mod split by diagonals is that of
+     * what stays per score */
+    const bool by_diag = ps >= PASS_MEMBERS_DIAG || (ps == PASS_COST && sp->diag);
+    if (sp->st == FG_OK && by_diag) analyse_diag(sp);
     if (sp->st != FG_OK) return;
     switch (ps) {
+    case PASS_MEMBERS_DIAG: print_members(sp, C_DIAG); return;
+    case PASS_FILL_DIAG:
+        sp->dist = true;
+        print_fills(sp, C_DIAG);
+        sp->dist = false;
+        return;
+    case PASS_SCORE_DIST:
+        fgi_buf_puts(sp->out, "__device__ __forceinline__ float fg_score_dist(const fg_mod_params &p, "
+                              "const fg_score_head &hd, float score, int b, int h, int fg_dist, "
+                              "const fg_score_diag &dg) {\n");
+        sp->dist = true;
+        print_elem_body(sp);
+        sp->dist = false;
+        fgi_buf_puts(sp->out, "}\n\n");
+        return;
     case PASS_MEMBERS_HEAD: print_members(sp, C_HEAD); return;
     case PASS_MEMBERS_ROW: print_members(sp, C_ROW); return;
     case PASS_MEMBERS_COL: print_members(sp, C_COL); return;
@@ -555,6 +630,7 @@ static void for_each_leaf(splitter *sp, bool mask, pass ps) {
 /* Whether the score_mod's per-element part (what stays per score once the
  * head, row and column parts are hoisted) does costly work. */
 static bool score_elem_costly(splitter *sp) {
+    sp->diag = score_by_diagonals(sp->mod->score);
     memset(sp->costly, 0, sizeof sp->costly);
     sp->calls_elem = false;
     for_each_leaf(sp, false, PASS_COST);
@@ -641,6 +717,19 @@ static void emit_kind(splitter *sp, bool mask) {
                               : "score");
     }
     fgi_buf_puts(out, ";\n}\n\n");
+    if (!mask) {
+        fgi_buf_printf(out, "#define FG_SCORE_DIST %d\n", sp->diag ? 1 : 0);
+        if (sp->diag) {
+            fgi_buf_puts(out, "struct fg_score_diag {\n");
+            for_each_leaf(sp, false, PASS_MEMBERS_DIAG);
+            fgi_buf_puts(out, "};\n__device__ __forceinline__ fg_score_diag fg_score_diag_init(const "
+                              "fg_mod_params &p, const fg_score_head &hd, int b, int h, int fg_dist) {\n"
+                              "    fg_score_diag dg;\n");
+            for_each_leaf(sp, false, PASS_FILL_DIAG);
+            fgi_buf_puts(out, "    return dg;\n}\n");
+            for_each_leaf(sp, false, PASS_SCORE_DIST);
+        }
+    }
     if (mask) {
         const bool dist = sp->mod->mask && !mask_any(sp->mod->mask, index_apart);
         fgi_buf_printf(out, "#define FG_MASK_DIST %d\n", dist ? 1 : 0);
