@@ -69,6 +69,8 @@ run fwd_mem_causal128 memcheck fwd causal 128
 run fwd_race_lg64 racecheck fwd local_global 64
 run fwd_race_flamingo128 racecheck fwd flamingo 128
 run fwd_race_softcap128 racecheck fwd softcap 128
+run fwd_mem_alibi64 memcheck fwd alibi 64
+run fwd_race_alibi64 racecheck fwd alibi 64
 # decoding
 run dec_mem_causal128 memcheck dec causal 128
 run dec_race_causal128 racecheck dec causal 128

@@ -375,6 +375,7 @@ __device__ __forceinline__ float fg_score_split(const fg_mod_params &p, const fg
     return score;
 }
 
+#define FG_SCORE_DIST 0
 
 /* ==== templates/attention/attention_common.cuh ==== */
 /*
@@ -465,8 +466,15 @@ __device__ __forceinline__ float fg_score_split(const fg_mod_params &p, const fg
  *                          the same for score_mod
  *     FG_SCORE_ELEM_COSTLY (0 or 1)
  *                          whether what fg_score_split does per score, the
- *                          hoisted parts aside, is costly: the Hopper
- *                          forward's FGH_CONSUMERS
+ *                          hoisted parts aside, is costly (with
+ *                          FG_SCORE_DIST: what fg_score_dist does): the
+ *                          Hopper forward's FGH_CONSUMERS
+ *     FG_SCORE_DIST (0 or 1), struct fg_score_diag,
+ *     fg_score_diag_init(p, hd, b, h, d), fg_score_dist(p, hd, score, b,
+ *     h, d, dg)            whether score_mod reads q_idx and kv_idx only
+ *                          through d, and then its part made once per
+ *                          diagonal and the rest per score
+ *                          (fga_tile_score_dist)
  *   common.cuh:            fg_u16, fg_u32, fg_i64, fg_u64, fg_pack2
  * and the library itself (scripts/embed_templates.py) prints the fields of
  * struct fga_args from src/attention/abi.def where this file says so.
@@ -831,6 +839,44 @@ static __device__ __forceinline__ void fga_tile_mask_dist(float (&s)[MT][NT][4],
 }
 #endif
 
+/* Tiles of a score_mod that reads the indices only through their distance
+ * (FG_SCORE_DIST: ALiBi, relative biases), with no mask_mod or one of the
+ * distance too: the score_mod's per-diagonal part (fg_score_diag_init,
+ * ALiBi's I2F and FMUL) once per diagonal of the fragment, as
+ * fga_tile_mask_dist walks them, the mask (MASK) there too, and only the
+ * rest (ALiBi's FADD) per score. */
+#define FGA_SCORE_DIST_TILES (FGA_SCORE_MOD && FG_SCORE_DIST && (!FGA_MASK_MOD || FG_MASK_DIST))
+
+#if FGA_SCORE_DIST_TILES
+template <int MT, int NT, bool MASK>
+static __device__ __forceinline__ void fga_tile_score_dist(float (&s)[MT][NT][4], const fga_rows<MT> &r,
+                                                           const fga_args &a, const fg_mod_params &p, int kv0) {
+    const int t4 = threadIdx.x & 3;
+    const int d0 = (r.qrow0 + a.q_offset) - (kv0 + 2 * t4 + a.kv_offset);
+#pragma unroll
+    for (int j = 0; j < 2 * MT + NT - 1; j++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int d = d0 + 8 * (j - (NT - 1)) - c;
+            const fg_score_diag dg = fg_score_diag_init(p, r.shd, r.b, r.h, d);
+            bool keep = true;
+#if FG_MASK_DIST
+            if (MASK) keep = fg_mask_dist(p, r.mhd, r.b, r.h, d);
+#endif
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int i = 2 * mt + hh - (j - (NT - 1));
+                    if (i < 0 || i >= NT) continue;
+                    float &v = s[mt][i][2 * hh + c];
+                    const float sv = fg_score_dist(p, r.shd, v * a.scale, r.b, r.h, d, dg);
+                    v = keep ? sv : FGA_NEG_INF;
+                }
+        }
+}
+#endif
+
 /* Positions past Q_LEN or KV_LEN become -inf (a tile crossing an edge). */
 template <int MT, int NT>
 static __device__ __forceinline__ void fga_tile_range(float (&s)[MT][NT][4], const fga_rows<MT> &r,
@@ -862,7 +908,10 @@ static __device__ __forceinline__ void fga_tile_mods(float (&s)[MT][NT][4], cons
                                                      const fga_args &a, const fg_mod_params &p,
                                                      int kv0, bool partial, bool edge,
                                                      const fg_mask_col *cols) {
-#if FGA_DIST_TILES
+#if FGA_SCORE_DIST_TILES
+    if (FGA_MASK_MOD && partial) fga_tile_score_dist<MT, NT, true>(s, r, a, p, kv0);
+    else fga_tile_score_dist<MT, NT, false>(s, r, a, p, kv0);
+#elif FGA_DIST_TILES
     /* score_mod at every position, then the mask by diagonals */
     if (FGA_SCORE_MOD) fga_tile_mods_as<MT, NT, false, false>(s, r, a, p, kv0, cols);
     if (FGA_MASK_MOD && partial) fga_tile_mask_dist(s, r, a, p, kv0);
