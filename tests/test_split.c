@@ -9,7 +9,8 @@
  * the mask's row and column parts costly (FG_MASK_ROW_COSTLY,
  * FG_MASK_COL_COSTLY: worth computing once per row or column and
  * sharing) and whether the column part reads a buffer (FG_MASK_COL_READS:
- * the Hopper forward reads it a tile ahead), whether the mask reads the
+ * the Hopper forward reads it a tile ahead), whether what stays per
+ * element of the mask is costly (FG_MASK_ELEM_COSTLY), whether the mask reads the
  * indices only through their distance (FG_MASK_DIST), whether score_mod
  * does (FG_SCORE_DIST), and whether score_mod's per-element rest is costly (FG_SCORE_ELEM_COSTLY,
  * which fgi_split_score_elem_costly answers on the host too). Then
@@ -36,22 +37,23 @@ typedef struct split_row {
     int score_costly;          /* FG_SCORE_ELEM_COSTLY                  */
     int dist;                  /* FG_MASK_DIST                          */
     int score_dist;            /* FG_SCORE_DIST                         */
+    int elem_costly;           /* FG_MASK_ELEM_COSTLY                   */
 } split_row;
 
 static const split_row rows[] = {
-    {"natten", {3, 4, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", "fg_iclamp"}, {NULL}, 1, 1, 0, 0, 0, 0},
-    {"sasa", {0, 2, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", NULL}, {NULL}, 1, 1, 0, 0, 0, 0},
-    {"document", {0, 1, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 1, 0, 0, 0},
-    {"jagged", {0, 3, 0}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 0, 0, 0, 0, 0},
-    {"flamingo", {0, 2, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 1, 0, 0, 0},
-    {"prefix_lm", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0, 0},
-    {"sliding_window", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 1, 0},
-    {"causal", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 1, 0},
-    {"alibi", {0, 0, 0}, {1, 0, 0}, {NULL}, {"fg_load", NULL}, 0, 0, 0, 0, 1, 1},
-    {"softcap", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 1, 1, 0},
-    {"noop", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0, 0},
-    {"dilated", {1, 0, 0}, {0, 0, 0}, {"fg_imul", NULL}, {NULL}, 0, 0, 0, 0, 1, 0},
-    {"local_global", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0, 0},
+    {"natten", {3, 4, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", "fg_iclamp"}, {NULL}, 1, 1, 0, 0, 0, 0, 0},
+    {"sasa", {0, 2, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", NULL}, {NULL}, 1, 1, 0, 0, 0, 0, 0},
+    {"document", {0, 1, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 1, 0, 0, 0, 0},
+    {"jagged", {0, 3, 0}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 0, 0, 0, 0, 0, 0},
+    {"flamingo", {0, 2, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 1, 0, 0, 0, 0},
+    {"prefix_lm", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0, 0, 0},
+    {"sliding_window", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 1, 0, 0},
+    {"causal", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 1, 0, 0},
+    {"alibi", {0, 0, 0}, {1, 0, 0}, {NULL}, {"fg_load", NULL}, 0, 0, 0, 0, 1, 1, 0},
+    {"softcap", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 1, 1, 0, 0},
+    {"noop", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0, 0, 0},
+    {"dilated", {1, 0, 0}, {0, 0, 0}, {"fg_imul", NULL}, {NULL}, 0, 0, 0, 0, 1, 0, 1},
+    {"local_global", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0, 0, 0},
 };
 
 static char *emit_split(fg_ctx *ctx, const fg_mod *m) {
@@ -164,6 +166,7 @@ static void gallery_table(void **state) {
         assert_define(text, "FG_MASK_COL_READS", r->col_reads, r->mod);
         assert_define(text, "FG_MASK_DIST", r->dist, r->mod);
         assert_define(text, "FG_SCORE_DIST", r->score_dist, r->mod);
+        assert_define(text, "FG_MASK_ELEM_COSTLY", r->elem_costly, r->mod);
         assert_define(text, "FG_SCORE_ELEM_COSTLY", r->score_costly, r->mod);
         assert_int_equal(fgi_split_score_elem_costly(m), r->score_costly);
         check_gone(text, "fg_mask_split0", r->mask_gone, 3, r->mod);

@@ -676,6 +676,10 @@ static void emit_kind(splitter *sp, bool mask) {
         /* A column part that reads a buffer waits for memory: the Hopper
          * forward reads it a tile ahead (FGH_COLS_AHEAD). */
         fgi_buf_printf(out, "#define FG_MASK_COL_READS %d\n", sp->reads[C_COL] ? 1 : 0);
+        /* What stays per element is costly (dilated's remainder): the
+         * Hopper backward then makes a mask of the distance once per
+         * diagonal (a cheap one, causal's comparison, it makes in place). */
+        fgi_buf_printf(out, "#define FG_MASK_ELEM_COSTLY %d\n", sp->costly[C_ELEM] ? 1 : 0);
     } else {
         /* Costly work per score needs registers: the Hopper forward keeps
          * fewer, larger consumers for it (fgi_split_score_elem_costly). */

@@ -206,10 +206,9 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float
                                                     const fg_score_head &shd, const fg_mask_col (&mcol)[2],
                                                     const fg_mask_row *rows, int b, int h, int q0, int kvr0,
                                                     int kv_end, int t4, bool partial) {
-#pragma unroll
-    for (int i = 0; i < FGS_NF; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
+    /* One element: fragment i, register e; `md` is the mask there where
+     * the distance form made it (MD), else it is made here. */
+    const auto one = [&](const int i, const int e, const bool MD, const bool md) {
             const int kv = kvr0 + 8 * (e >> 1), qc = 8 * i + 2 * t4 + (e & 1), q = q0 + qc;
             const float lse2 = s_lse2[qc];
             const int qi = q + a.q_offset, ki = kv + a.kv_offset;
@@ -220,6 +219,7 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float
              * [kv], and the result is what fg_mask_mod and fg_score_mod
              * compute, bit for bit */
             const auto mask = [&]() {
+                if (MD) return md;
                 return fg_mask_split(p, mhd, b, h, qi, ki,
                                      FGS_ROWS_SHARED ? rows[qc] : fg_mask_row_init(p, mhd, b, h, qi),
                                      FGS_COLS_FIRST ? mcol[e >> 1] : fg_mask_col_init(p, mhd, b, h, ki));
@@ -272,7 +272,39 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float
             }
             s[i][e] = pr;
             dp[i][e] = dr;
-        }
+    };
+#if FG_MASK_DIST && FG_MASK_ELEM_COSTLY && !FG_HAS_SCORE_MOD
+    /* A costly mask of q_idx - kv_idx alone, once per diagonal: element (i, e)
+     * (kv row kvr0 + 8 (e >> 1), q column q0 + 8 i + 2 t4 + (e & 1)) lies at
+     * distance d0 + 8 (i - (e >> 1)) + (e & 1), so fragment i's upper
+     * elements (e < 2) share their two distances with fragment i + 1's
+     * lower ones: 2 (FGS_NF + 1) mask evaluations for 4 FGS_NF elements
+     * (the forward's fga_tile_mask_dist, transposed), the elements in
+     * their usual order, each distance's value carried to the next
+     * fragment. dilated's pass -4 to -9%; not for cheap masks
+     * (sliding_window's lost 1-2%), nor with a score_mod (alibi's and
+     * softcap's D=64 passes spilled 8-16 more bytes with it). */
+    const int d0 = (q0 + 2 * t4 + a.q_offset) - (kvr0 + a.kv_offset);
+    const bool check = CHECK && partial;
+    bool md_low[2]; /* the lower elements' distances: d0 + 8 (i - 1) + c */
+#pragma unroll
+    for (int c = 0; c < 2; c++) md_low[c] = !check || fg_mask_dist(p, mhd, b, h, d0 - 8 + c);
+#pragma unroll
+    for (int i = 0; i < FGS_NF; i++) {
+        bool md_up[2];
+#pragma unroll
+        for (int c = 0; c < 2; c++) md_up[c] = !check || fg_mask_dist(p, mhd, b, h, d0 + 8 * i + c);
+#pragma unroll
+        for (int e = 0; e < 4; e++) one(i, e, true, e < 2 ? md_up[e & 1] : md_low[e & 1]);
+#pragma unroll
+        for (int c = 0; c < 2; c++) md_low[c] = md_up[c];
+    }
+#else
+#pragma unroll
+    for (int i = 0; i < FGS_NF; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) one(i, e, false, false);
+#endif
 }
 
 /* Named barriers. At head dim 128 each consumer's dQ reads the other's

@@ -73,6 +73,10 @@
  *     FG_MASK_COL_READS (0 or 1)
  *                          whether fg_mask_col_init reads a buffer: the
  *                          Hopper forward's FGH_COLS_AHEAD
+ *     FG_MASK_ELEM_COSTLY (0 or 1)
+ *                          whether what fg_mask_split does per element,
+ *                          the hoisted parts aside, is costly: the Hopper
+ *                          backward's mask by diagonals
  *     FG_SCORE_ELEM_CALLS (0 or 1)
  *                          whether that per-score rest divides or calls a
  *                          costly builtin (softcap's tanh): FGA_DIST_TILES

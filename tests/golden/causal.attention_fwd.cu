@@ -317,6 +317,7 @@ struct fg_mask_col {
 #define FG_MASK_ROW_COSTLY 0
 #define FG_MASK_COL_COSTLY 0
 #define FG_MASK_COL_READS 0
+#define FG_MASK_ELEM_COSTLY 0
 __device__ __forceinline__ fg_mask_head fg_mask_head_init(const fg_mod_params &p, int b, int h) {
     fg_mask_head hd;
     return hd;
@@ -450,6 +451,10 @@ __device__ __forceinline__ float fg_score_split(const fg_mod_params &p, const fg
  *     FG_MASK_COL_READS (0 or 1)
  *                          whether fg_mask_col_init reads a buffer: the
  *                          Hopper forward's FGH_COLS_AHEAD
+ *     FG_MASK_ELEM_COSTLY (0 or 1)
+ *                          whether what fg_mask_split does per element,
+ *                          the hoisted parts aside, is costly: the Hopper
+ *                          backward's mask by diagonals
  *     FG_SCORE_ELEM_CALLS (0 or 1)
  *                          whether that per-score rest divides or calls a
  *                          costly builtin (softcap's tanh): FGA_DIST_TILES
