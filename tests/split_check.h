@@ -46,6 +46,13 @@ static const char split_check_kernel[] =
     "        const float z = fg_score_dist(p, shd, s, b, h, q_idx - kv_idx, dg);\n"
     "        if (__float_as_int(x) != __float_as_int(z) && !(x != x && z != z))\n"
     "            atomicAdd(&bad[1], 1);\n"
+    "#if FG_SCORE_ADDS\n"
+    "        /* score + Y under a power-of-two scale: one fma, the same bits */\n"
+    "        const float x8 = fg_score_mod(p, s * 0.125f, b, h, q_idx, kv_idx);\n"
+    "        const float z8 = fmaf(s, 0.125f, fg_score_addend(p, shd, b, h, q_idx - kv_idx, dg));\n"
+    "        if (__float_as_int(x8) != __float_as_int(z8) && !(x8 != x8 && z8 != z8))\n"
+    "            atomicAdd(&bad[1], 1);\n"
+    "#endif\n"
     "#endif\n"
     "    }\n"
     "}\n";
@@ -155,39 +162,40 @@ static const struct {
 /* score_mods and whether they read the indices through their distance
  * alone (FG_SCORE_DIST; test_split checks the flag and that the diagonal
  * and per-score functions read neither index, gpu_split that they give
- * fg_score_mod's bits): ALiBi, a relative bias read at the distance, a
+ * fg_score_mod's bits, and fg_score_addend, where FG_SCORE_ADDS, its bits as
+ * one fma under a scale of 1/8): ALiBi, a relative bias read at the distance, a
  * local of the distance read twice, a comparison choosing between two
  * uses of the score, a head part times the distance; and score_mods that
  * read an index apart or none at all. */
 static const struct {
     const char *text;
-    int dist;
+    int dist, adds; /* FG_SCORE_DIST; FG_SCORE_ADDS (score + Y) */
 } split_check_score_distance[] = {
     {"const float *slopes;\n"
      "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
      "    return score + slopes[h] * (float)(kv_idx - q_idx);\n}\n",
-     1},
+     1, 1},
     {"const float *bias;\nint R = 128;\n"
      "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
      "    return score + bias[q_idx - kv_idx + R];\n}\n",
-     1},
+     1, 1},
     {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
      "    float d = (float)(q_idx - kv_idx);\n"
      "    float w = score * 0.5f;\n"
      "    return w - 0.125f * d + d * d / (score * score + 1.0f);\n}\n",
-     1},
+     1, 0},
     {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
      "    return q_idx >= kv_idx ? score * 0.75f : score - (float)(h + 1);\n}\n",
-     1},
+     1, 0},
     {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
      "    return score + (float)(kv_idx - q_idx + 3) * exp2(-(float)(h + 1));\n}\n",
-     1},
+     1, 1},
     {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
      "    return score + (float)(kv_idx - q_idx) * 0.5f + (float)kv_idx;\n}\n",
-     0},
+     0, 0},
     {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
      "    return 30.0f * tanh(score / 30.0f);\n}\n",
-     0},
+     0, 0},
 };
 
 #endif

@@ -285,6 +285,19 @@ static void score_distance_form(void **state) {
         fg_mod *m = mod_of(ctx, "sdist", src);
         char *text = emit_split(ctx, m);
         assert_define(text, "FG_SCORE_DIST", split_check_score_distance[i].dist, src);
+        if (split_check_score_distance[i].dist)
+            assert_define(text, "FG_SCORE_ADDS", split_check_score_distance[i].adds, src);
+        char *addend = function_body(text, "fg_score_addend");
+        if (split_check_score_distance[i].adds) { /* Y alone: neither an index nor the score */
+            assert_non_null(addend);
+            const char *y = strchr(addend, '{');
+            assert_null(strstr(y, "q_idx"));
+            assert_null(strstr(y, "kv_idx"));
+            assert_null(strstr(y, "score"));
+        } else {
+            assert_null(addend);
+        }
+        free(addend);
         static const char *const fns[2] = {"fg_score_diag_init", "fg_score_dist"};
         for (int f = 0; f < 2; f++) {
             char *body = function_body(text, fns[f]);

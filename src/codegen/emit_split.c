@@ -139,11 +139,17 @@ static split_class class_of(unsigned d) {
     return C_HEAD;
 }
 
-/* Nodes that cost nothing to recompute: hoisting them only spends registers. */
-static bool is_cheap(const fgi_expr *e) {
+/* e without the unary pluses and casts to its own type around it. */
+static const fgi_expr *bare(const fgi_expr *e) {
     while (e && ((e->kind == FGI_E_UNARY && e->op == FGI_OP_PLUS) ||
                  (e->kind == FGI_E_CAST && e->a && e->a->type == e->type)))
         e = e->a;
+    return e;
+}
+
+/* Nodes that cost nothing to recompute: hoisting them only spends registers. */
+static bool is_cheap(const fgi_expr *e) {
+    e = bare(e);
     return !e || e->kind == FGI_E_INT_LIT || e->kind == FGI_E_FLOAT_LIT ||
            e->kind == FGI_E_BOOL_LIT || e->kind == FGI_E_ARG || e->kind == FGI_E_PARAM ||
            e->kind == FGI_E_LOCAL;
@@ -400,6 +406,24 @@ static void analyse_diag(splitter *sp) {
     collect_diag(sp, fn->ret);
 }
 
+/* The score_mod as `score + Y` (either order), Y not reading the score and
+ * no local left per score: Y, else NULL. The forward then makes the scale's
+ * product and that addition one fma where the scale is a power of two
+ * (FG_SCORE_ADDS, fga_tile_score_dist): the product is exact there, so the
+ * fma rounds once where the FADD did. */
+static const fgi_expr *score_addend(const splitter *sp) {
+    const fgi_expr *e = bare(sp->fn->ret);
+    for (int i = 0; i < sp->fn->nlocals; i++)
+        if (sp->local_field[i] < 0) return NULL;
+    if (!e || e->kind != FGI_E_BINARY || e->op != FGI_OP_ADD || e->type != FGI_T_FLOAT) return NULL;
+    const fgi_expr *a = bare(e->a), *b = bare(e->b);
+    const bool a_score = a && a->kind == FGI_E_ARG && a->op == FGI_ARG_SCORE;
+    const bool b_score = b && b->kind == FGI_E_ARG && b->op == FGI_ARG_SCORE;
+    const fgi_expr *y = a_score ? e->b : b_score ? e->a : NULL;
+    if (!y || y->type != FGI_T_FLOAT || (deps_of(sp, y) & D_SCORE)) return NULL;
+    return y;
+}
+
 /* ---- printing ------------------------------------------------------------------ */
 
 static void put_field_name(const splitter *sp, fgi_buf *out, const field *f) {
@@ -555,7 +579,7 @@ static void print_elem_body(splitter *sp) {
  * per-element functions); each pass re-runs the analysis of the leaf. */
 typedef enum { PASS_MEMBERS_HEAD, PASS_MEMBERS_ROW, PASS_MEMBERS_COL, PASS_FILL_HEAD,
                PASS_FILL_ROW, PASS_FILL_COL, PASS_ELEM, PASS_DIST, PASS_COST,
-               PASS_MEMBERS_DIAG, PASS_FILL_DIAG, PASS_SCORE_DIST } pass;
+               PASS_MEMBERS_DIAG, PASS_FILL_DIAG, PASS_SCORE_DIST, PASS_SCORE_ADDEND } pass;
 
 static void leaf_pass(splitter *sp, const fgi_func *fn, int leaf, pass ps, const char *kind) {
     analyse(sp, fn, leaf);
@@ -566,6 +590,21 @@ static void leaf_pass(splitter *sp, const fgi_func *fn, int leaf, pass ps, const
     if (sp->st != FG_OK) return;
     switch (ps) {
     case PASS_MEMBERS_DIAG: print_members(sp, C_DIAG); return;
+    case PASS_SCORE_ADDEND: {
+        const fgi_expr *y = score_addend(sp);
+        if (!y) {
+            fgi_buf_puts(sp->out, "#define FG_SCORE_ADDS 0\n");
+            return;
+        }
+        fgi_buf_puts(sp->out, "#define FG_SCORE_ADDS 1\n__device__ __forceinline__ float fg_score_addend(const "
+                              "fg_mod_params &p, const fg_score_head &hd, int b, int h, int fg_dist, "
+                              "const fg_score_diag &dg) {\n    return ");
+        sp->dist = true;
+        print_expr(sp, y, C_ELEM);
+        sp->dist = false;
+        fgi_buf_puts(sp->out, ";\n}\n");
+        return;
+    }
     case PASS_FILL_DIAG:
         sp->dist = true;
         print_fills(sp, C_DIAG);
@@ -732,6 +771,7 @@ static void emit_kind(splitter *sp, bool mask) {
             for_each_leaf(sp, false, PASS_FILL_DIAG);
             fgi_buf_puts(out, "    return dg;\n}\n");
             for_each_leaf(sp, false, PASS_SCORE_DIST);
+            for_each_leaf(sp, false, PASS_SCORE_ADDEND);
         }
     }
     if (mask) {

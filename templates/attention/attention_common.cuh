@@ -421,33 +421,47 @@ static __device__ __forceinline__ void fga_tile_mods_as(float (&s)[MT][NT][4], c
  * element loop (bench/attention_notes.md f8). */
 #define FGA_DIST_TILES (FG_MASK_DIST && (!FGA_SCORE_MOD || FG_SCORE_ELEM_CALLS))
 
-#if FG_MASK_DIST
-/* A mask of the distance d = q_idx - kv_idx alone (fg_mask_dist) once per
- * diagonal: element (mt, i, e) of a thread's fragment (row qrow0 + 16 mt +
- * 8 (e >> 1), column kv0 + 8 i + 2 t4 + (e & 1)) lies at distance d0 + 8
- * (2 mt + (e >> 1) - i) - (e & 1), so the MT x NT x 4 elements share 2 (2
- * MT + NT - 1) distances: 34 mask evaluations for an m16 x n128 fragment's
- * 64 elements, each then a select. Masked elements become -inf; positions
- * past the edges see distances of rows or columns that are not there
- * (a mod's operations are total) and are masked by fga_tile_range. */
-template <int MT, int NT>
-static __device__ __forceinline__ void fga_tile_mask_dist(float (&s)[MT][NT][4], const fga_rows<MT> &r,
-                                                          const fga_args &a, const fg_mod_params &p, int kv0) {
+/* The diagonals of a thread's fragment: element (mt, i, e) (row qrow0 +
+ * 16 mt + 8 (e >> 1), column kv0 + 8 i + 2 t4 + (e & 1)) lies at distance
+ * d = q_idx - kv_idx = d0 + 8 (2 mt + (e >> 1) - i) - (e & 1), so the MT x
+ * NT x 4 elements share 2 (2 MT + NT - 1) distances: 34 for an m16 x n128
+ * fragment's 64 elements. `diag(d)` is made once per distance and
+ * `elem(x, v, d)` then runs on each element x on it with diag's value v.
+ * Positions past the edges see distances of rows or columns that are not
+ * there (a mod's operations are total) and are masked by fga_tile_range. */
+template <int MT, int NT, class Diag, class Elem>
+static __device__ __forceinline__ void fga_diagonals(float (&s)[MT][NT][4], const fga_rows<MT> &r,
+                                                     const fga_args &a, int kv0, const Diag &diag,
+                                                     const Elem &elem) {
     const int t4 = threadIdx.x & 3;
     const int d0 = (r.qrow0 + a.q_offset) - (kv0 + 2 * t4 + a.kv_offset);
 #pragma unroll
     for (int j = 0; j < 2 * MT + NT - 1; j++)
 #pragma unroll
         for (int c = 0; c < 2; c++) {
-            const bool keep = fg_mask_dist(p, r.mhd, r.b, r.h, d0 + 8 * (j - (NT - 1)) - c);
+            const int d = d0 + 8 * (j - (NT - 1)) - c;
+            const auto v = diag(d);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
                     const int i = 2 * mt + hh - (j - (NT - 1));
-                    if (i >= 0 && i < NT && !keep) s[mt][i][2 * hh + c] = FGA_NEG_INF;
+                    if (i >= 0 && i < NT) elem(s[mt][i][2 * hh + c], v, d);
                 }
         }
+}
+
+#if FG_MASK_DIST
+/* A mask of the distance alone (fg_mask_dist) once per diagonal, each
+ * element then a select: masked elements become -inf. */
+template <int MT, int NT>
+static __device__ __forceinline__ void fga_tile_mask_dist(float (&s)[MT][NT][4], const fga_rows<MT> &r,
+                                                          const fga_args &a, const fg_mod_params &p, int kv0) {
+    fga_diagonals(
+        s, r, a, kv0, [&](int d) { return fg_mask_dist(p, r.mhd, r.b, r.h, d); },
+        [&](float &x, bool keep, int) {
+            if (!keep) x = FGA_NEG_INF;
+        });
 }
 #endif
 
@@ -456,36 +470,48 @@ static __device__ __forceinline__ void fga_tile_mask_dist(float (&s)[MT][NT][4],
  * distance too: the score_mod's per-diagonal part (fg_score_diag_init,
  * ALiBi's I2F and FMUL) once per diagonal of the fragment, as
  * fga_tile_mask_dist walks them, the mask (MASK) there too, and only the
- * rest (ALiBi's FADD) per score. */
+ * rest (ALiBi's FADD) per score. FMA: a score_mod of the form score + Y
+ * (FG_SCORE_ADDS) under a scale that is a power of two (head dim 64's
+ * 1/8): the score's product q.k * scale is then exact, so fma(q.k, scale,
+ * Y) rounds once where FADD(q.k * scale, Y) did, the same float, in one
+ * instruction instead of two (short of a product below 2^-126, where the
+ * fma keeps bits the product would have lost). */
+/* Carried by the kernels whose head dim makes the default scale 1 / sqrt(D)
+ * a power of two (16, 64, 256): at head dim 128 the unused copy of the
+ * loop cost 1.8% (bench/attention_notes.md f11). */
+#define FGA_SCORE_FMA (FG_SCORE_ADDS && (FG_HEAD_DIM == 16 || FG_HEAD_DIM == 64 || FG_HEAD_DIM == 256))
+static __device__ __forceinline__ bool fga_scale_pow2(const fga_args &a) {
+    const unsigned u = __float_as_uint(a.scale), ex = (u >> 23) & 0xffu;
+    return (u & 0x807fffffu) == 0 && ex != 0 && ex != 0xffu;
+}
 #define FGA_SCORE_DIST_TILES (FGA_SCORE_MOD && FG_SCORE_DIST && (!FGA_MASK_MOD || FG_MASK_DIST))
 
 #if FGA_SCORE_DIST_TILES
-template <int MT, int NT, bool MASK>
+template <int MT, int NT, bool MASK, bool FMA>
 static __device__ __forceinline__ void fga_tile_score_dist(float (&s)[MT][NT][4], const fga_rows<MT> &r,
                                                            const fga_args &a, const fg_mod_params &p, int kv0) {
-    const int t4 = threadIdx.x & 3;
-    const int d0 = (r.qrow0 + a.q_offset) - (kv0 + 2 * t4 + a.kv_offset);
-#pragma unroll
-    for (int j = 0; j < 2 * MT + NT - 1; j++)
-#pragma unroll
-        for (int c = 0; c < 2; c++) {
-            const int d = d0 + 8 * (j - (NT - 1)) - c;
-            const fg_score_diag dg = fg_score_diag_init(p, r.shd, r.b, r.h, d);
-            bool keep = true;
+    struct at_diag {
+        fg_score_diag dg;
+        bool keep;
+    };
+    fga_diagonals(
+        s, r, a, kv0,
+        [&](int d) {
+            at_diag v{fg_score_diag_init(p, r.shd, r.b, r.h, d), true};
 #if FG_MASK_DIST
-            if (MASK) keep = fg_mask_dist(p, r.mhd, r.b, r.h, d);
+            if (MASK) v.keep = fg_mask_dist(p, r.mhd, r.b, r.h, d);
 #endif
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int i = 2 * mt + hh - (j - (NT - 1));
-                    if (i < 0 || i >= NT) continue;
-                    float &v = s[mt][i][2 * hh + c];
-                    const float sv = fg_score_dist(p, r.shd, v * a.scale, r.b, r.h, d, dg);
-                    v = keep ? sv : FGA_NEG_INF;
-                }
-        }
+            return v;
+        },
+        [&](float &x, const at_diag &v, int d) {
+#if FGA_SCORE_FMA
+            const float sv = FMA ? fmaf(x, a.scale, fg_score_addend(p, r.shd, r.b, r.h, d, v.dg))
+                                 : fg_score_dist(p, r.shd, x * a.scale, r.b, r.h, d, v.dg);
+#else
+            const float sv = fg_score_dist(p, r.shd, x * a.scale, r.b, r.h, d, v.dg);
+#endif
+            x = v.keep ? sv : FGA_NEG_INF;
+        });
 }
 #endif
 
@@ -521,8 +547,16 @@ static __device__ __forceinline__ void fga_tile_mods(float (&s)[MT][NT][4], cons
                                                      int kv0, bool partial, bool edge,
                                                      const fg_mask_col *cols) {
 #if FGA_SCORE_DIST_TILES
-    if (FGA_MASK_MOD && partial) fga_tile_score_dist<MT, NT, true>(s, r, a, p, kv0);
-    else fga_tile_score_dist<MT, NT, false>(s, r, a, p, kv0);
+#if FGA_SCORE_FMA
+    if (fga_scale_pow2(a)) {
+        if (FGA_MASK_MOD && partial) fga_tile_score_dist<MT, NT, true, true>(s, r, a, p, kv0);
+        else fga_tile_score_dist<MT, NT, false, true>(s, r, a, p, kv0);
+    } else
+#endif
+    {
+        if (FGA_MASK_MOD && partial) fga_tile_score_dist<MT, NT, true, false>(s, r, a, p, kv0);
+        else fga_tile_score_dist<MT, NT, false, false>(s, r, a, p, kv0);
+    }
 #elif FGA_DIST_TILES
     /* score_mod at every position, then the mask by diagonals */
     if (FGA_SCORE_MOD) fga_tile_mods_as<MT, NT, false, false>(s, r, a, p, kv0, cols);
