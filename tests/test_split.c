@@ -362,6 +362,16 @@ static void score_element_cost(void **state) {
          "    return score + 0.5f * (float)(kv_idx - 2 * q_idx);\n}\n",
          1, 0},
         {"bool mask_mod(int b, int h, int q_idx, int kv_idx) { return (q_idx / 7) == (kv_idx / 7); }\n", 0, 0},
+        /* the distance's cast per diagonal only beside a mask of the
+         * distance too: beside prefix_lm's it stays per score */
+        {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+         "    return score + 0.5f * (float)(kv_idx - q_idx);\n}\n"
+         "bool mask_mod(int b, int h, int q_idx, int kv_idx) { return kv_idx < 64 || q_idx >= kv_idx; }\n",
+         1, 0},
+        {"float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+         "    return score + 0.5f * (float)(kv_idx - q_idx);\n}\n"
+         "bool mask_mod(int b, int h, int q_idx, int kv_idx) { return q_idx - kv_idx < 64; }\n",
+         0, 0},
     };
     fg_ctx *ctx;
     assert_int_equal(fg_ctx_create(&ctx), FG_OK);

@@ -669,7 +669,10 @@ static void for_each_leaf(splitter *sp, bool mask, pass ps) {
 /* Whether the score_mod's per-element part (what stays per score once the
  * head, row and column parts are hoisted) does costly work. */
 static bool score_elem_costly(splitter *sp) {
-    sp->diag = score_by_diagonals(sp->mod->score);
+    /* by diagonals only beside a mask the forward makes by diagonals too
+     * (FGA_SCORE_DIST_TILES), so that the cost judged here is the cost
+     * of the loop the forward runs */
+    sp->diag = score_by_diagonals(sp->mod->score) && !mask_any(sp->mod->mask, index_apart);
     memset(sp->costly, 0, sizeof sp->costly);
     sp->calls_elem = false;
     for_each_leaf(sp, false, PASS_COST);
