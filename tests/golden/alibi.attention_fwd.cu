@@ -901,10 +901,12 @@ static __device__ __forceinline__ void fga_tile_mask_dist(float (&s)[MT][NT][4],
  * a power of two (16, 64, 256): at head dim 128 the unused copy of the
  * loop cost 1.8% (bench/attention_notes.md f11). */
 #define FGA_SCORE_FMA (FG_SCORE_ADDS && (FG_HEAD_DIM == 16 || FG_HEAD_DIM == 64 || FG_HEAD_DIM == 256))
+#if FGA_SCORE_FMA
 static __device__ __forceinline__ bool fga_scale_pow2(const fga_args &a) {
     const unsigned u = __float_as_uint(a.scale), ex = (u >> 23) & 0xffu;
     return (u & 0x807fffffu) == 0 && ex != 0 && ex != 0xffu;
 }
+#endif
 #define FGA_SCORE_DIST_TILES (FGA_SCORE_MOD && FG_SCORE_DIST && (!FGA_MASK_MOD || FG_MASK_DIST))
 
 #if FGA_SCORE_DIST_TILES
