@@ -477,6 +477,9 @@ __device__ __forceinline__ float fg_score_split(const fg_mod_params &p, const fg
  *                          through d, and then its part made once per
  *                          diagonal and the rest per score
  *                          (fga_tile_score_dist)
+ *     FG_SCORE_ADDS (0 or 1), fg_score_addend(p, hd, b, h, d, dg)
+ *                          with FG_SCORE_DIST: whether score_mod is
+ *                          score + Y, and then Y (FGA_SCORE_FMA)
  *   common.cuh:            fg_u16, fg_u32, fg_i64, fg_u64, fg_pack2
  * and the library itself (scripts/embed_templates.py) prints the fields of
  * struct fga_args from src/attention/abi.def where this file says so.
@@ -855,20 +858,14 @@ static __device__ __forceinline__ void fga_tile_mask_dist(float (&s)[MT][NT][4],
 }
 #endif
 
-/* Tiles of a score_mod that reads the indices only through their distance
- * (FG_SCORE_DIST: ALiBi, relative biases), with no mask_mod or one of the
- * distance too: the score_mod's per-diagonal part (fg_score_diag_init,
- * ALiBi's I2F and FMUL) once per diagonal of the fragment, as
- * fga_tile_mask_dist walks them, the mask (MASK) there too, and only the
- * rest (ALiBi's FADD) per score. FMA: a score_mod of the form score + Y
- * (FG_SCORE_ADDS) under a scale that is a power of two (head dim 64's
- * 1/8): the score's product q.k * scale is then exact, so fma(q.k, scale,
- * Y) rounds once where FADD(q.k * scale, Y) did, the same float, in one
- * instruction instead of two (short of a product below 2^-126, where the
- * fma keeps bits the product would have lost). */
-/* Carried by the kernels whose head dim makes the default scale 1 / sqrt(D)
- * a power of two (16, 64, 256): at head dim 128 the unused copy of the
- * loop cost 1.8% (bench/attention_notes.md f11). */
+/* A score_mod of the form score + Y (FG_SCORE_ADDS) under a scale that
+ * is a power of two (head dim 64's 1/8): the score's product q.k * scale
+ * is then exact, so fma(q.k, scale, Y) rounds once where FADD(q.k *
+ * scale, Y) did, the same float, in one instruction instead of two (short
+ * of a product below 2^-126, where the fma keeps bits the product would
+ * have lost). Carried by the kernels whose head dim makes the default
+ * scale 1 / sqrt(D) a power of two (16, 64, 256): at head dim 128 the
+ * unused copy of the loop cost 1.8% (bench/attention_notes.md f11). */
 #define FGA_SCORE_FMA (FG_SCORE_ADDS && (FG_HEAD_DIM == 16 || FG_HEAD_DIM == 64 || FG_HEAD_DIM == 256))
 #if FGA_SCORE_FMA
 static __device__ __forceinline__ bool fga_scale_pow2(const fga_args &a) {
@@ -876,6 +873,13 @@ static __device__ __forceinline__ bool fga_scale_pow2(const fga_args &a) {
     return (u & 0x807fffffu) == 0 && ex != 0 && ex != 0xffu;
 }
 #endif
+
+/* Tiles of a score_mod that reads the indices only through their distance
+ * (FG_SCORE_DIST: ALiBi, relative biases), with no mask_mod or one of the
+ * distance too: the score_mod's per-diagonal part (fg_score_diag_init,
+ * ALiBi's I2F and FMUL) once per diagonal of the fragment, the mask
+ * (MASK) there too, and only the rest (ALiBi's FADD; with FMA, the fma
+ * above) per score. */
 #define FGA_SCORE_DIST_TILES (FGA_SCORE_MOD && FG_SCORE_DIST && (!FGA_MASK_MOD || FG_MASK_DIST))
 
 #if FGA_SCORE_DIST_TILES
