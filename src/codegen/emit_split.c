@@ -572,6 +572,15 @@ static void print_elem_body(splitter *sp) {
     fgi_buf_puts(sp->out, ";\n");
 }
 
+/* `print` with the distance nodes printed through fg_dist (the distance
+ * forms: fg_mask_dist, fg_score_diag_init, fg_score_dist). */
+static void print_as_dist(splitter *sp, void (*print)(splitter *sp)) {
+    sp->dist = true;
+    print(sp);
+    sp->dist = false;
+}
+static void print_diag_fills(splitter *sp) { print_fills(sp, C_DIAG); }
+
 /* ---- the functions of one mod ---------------------------------------------------- */
 
 /* The functions of one kind ("mask" / "score") are generated in four passes
@@ -605,18 +614,12 @@ static void leaf_pass(splitter *sp, const fgi_func *fn, int leaf, pass ps, const
         fgi_buf_puts(sp->out, ";\n}\n");
         return;
     }
-    case PASS_FILL_DIAG:
-        sp->dist = true;
-        print_fills(sp, C_DIAG);
-        sp->dist = false;
-        return;
+    case PASS_FILL_DIAG: print_as_dist(sp, print_diag_fills); return;
     case PASS_SCORE_DIST:
         fgi_buf_puts(sp->out, "__device__ __forceinline__ float fg_score_dist(const fg_mod_params &p, "
                               "const fg_score_head &hd, float score, int b, int h, int fg_dist, "
                               "const fg_score_diag &dg) {\n");
-        sp->dist = true;
-        print_elem_body(sp);
-        sp->dist = false;
+        print_as_dist(sp, print_elem_body);
         fgi_buf_puts(sp->out, "}\n\n");
         return;
     case PASS_MEMBERS_HEAD: print_members(sp, C_HEAD); return;
@@ -641,9 +644,7 @@ static void leaf_pass(splitter *sp, const fgi_func *fn, int leaf, pass ps, const
                        "__device__ __forceinline__ bool fg_mask_dist%d(const fg_mod_params &p, "
                        "const fg_mask_head &hd, int b, int h, int fg_dist) {\n",
                        leaf);
-        sp->dist = true;
-        print_elem_body(sp);
-        sp->dist = false;
+        print_as_dist(sp, print_elem_body);
         fgi_buf_puts(sp->out, "}\n\n");
         return;
     }
