@@ -19,9 +19,10 @@
 # racecheck on causal (plain, deterministic, the -pairs kernel, head dim
 # 64), on noop (no block mask: 44 blocks on an H100's 132 SMs, so the
 # -lead kernel splits each into pieces, the tail split), sliding_window,
-# alibi (its slopes' gradient), softcap at head dim 64, dilated (its mask
-# made once per diagonal; memcheck too), and local_global
-# on the -lead kernel; memcheck and synccheck on causal and noop.
+# alibi (its slopes' gradient; at head dim 64 its score made by
+# diagonals, memcheck too), softcap at head dim 64, dilated (its mask
+# made once per diagonal; memcheck too), and local_global on the -lead
+# kernel; memcheck and synccheck on causal and noop.
 # It prints one line a run: its name, the check's exit code and the
 # tool's summary, and exits 1 if a run reported an error, failed its check
 # or did not finish. NAME_PATTERN (a grep -E pattern) keeps the runs whose
@@ -91,6 +92,8 @@ run race_causal64 racecheck bwd causal 64
 run race_noop128 racecheck bwd noop 128
 run race_sliding128 racecheck bwd sliding_window 128
 run race_alibi128 racecheck bwd alibi 128
+run race_alibi64 racecheck bwd alibi 64
+run mem_alibi64 memcheck bwd alibi 64
 run race_softcap64 racecheck bwd softcap 64
 run race_dilated64 racecheck bwd dilated 64
 run mem_dilated128 memcheck bwd dilated 128

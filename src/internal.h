@@ -471,12 +471,20 @@ enum {
     /* (float)(kv_idx - q_idx) as a column part less a row part: exact
      * while every index lies in [-FGI_SPLIT_INDEX_FLOAT_MAX,
      * FGI_SPLIT_INDEX_FLOAT_MAX] */
-    FGI_SPLIT_INDEX_FLOATS = 1u << 0
+    FGI_SPLIT_INDEX_FLOATS = 1u << 0,
+    /* in the score_mod's part made per diagonal (FG_SCORE_DIST), (float)(q_idx
+     * - kv_idx) as the kernel's float distance fg_dist_f, made by one FADD
+     * a diagonal from the tile's: exact while every distance the kernel
+     * forms lies in [-FGI_SPLIT_INDEX_FLOAT_MAX, FGI_SPLIT_INDEX_FLOAT_MAX] */
+    FGI_SPLIT_DIST_FLOATS = 1u << 1
 };
 #define FGI_SPLIT_INDEX_FLOAT_MAX (1ll << 24) /* every int up to it in magnitude is a float */
 fg_status fgi_emit_split_math(fg_ctx *ctx, const fg_mod *mod, fgi_math math, unsigned flags, fgi_buf *out);
 /* Whether `mod` has a cast FGI_SPLIT_INDEX_FLOATS rewrites. */
 bool fgi_split_casts_indices(const fg_mod *mod);
+/* Whether `mod` has a cast FGI_SPLIT_DIST_FLOATS rewrites (in a score_mod
+ * the forward makes by diagonals). */
+bool fgi_split_casts_distance(const fg_mod *mod);
 /* Whether score_mod's per-element part (what stays per score once its
  * head, row and column parts are hoisted) does costly work: a division, a
  * buffer read, a transcendental; the split source says the same as

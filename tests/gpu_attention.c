@@ -276,6 +276,12 @@ static const acase features[] = {
      * kernel), then across it (refused there: the portable kernel runs) */
     {"alibi", NULL, 128, FG_FP16, 1, 2, 2, 200, 300, (1 << 24) - 400, (1 << 24) - 500, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
     {"alibi", NULL, 128, FG_BF16, 1, 2, 1, 200, 300, (1 << 24) - 100, (1 << 24) - 250, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    /* ALiBi's distance as the Hopper forward's float distance
+     * (FGI_SPLIT_DIST_FLOATS): distances just under 2^24 (that kernel, where
+     * one float step is 1), then past it (refused there: the portable
+     * kernel runs) */
+    {"alibi", NULL, 64, FG_BF16, 1, 2, 2, 200, 300, (1 << 24) - 1000, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {"alibi", NULL, 64, FG_FP16, 1, 2, 1, 200, 300, (1 << 24) + 100, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
     /* fully masked rows, with and without a block mask */
     {NULL, LATE_SRC, 64, FG_BF16, 1, 2, 2, 200, 200, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 70},
     {NULL, LATE_SRC, 128, FG_FP16, 2, 1, 1, 200, 150, 0, 0, BHSD, 0, BM_GPU, 0, 0, 64, 64, 0, 70},

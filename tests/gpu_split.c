@@ -242,7 +242,7 @@ static void score_distance_equals_whole(void **state) {
     assert_int_equal(fg_ctx_create(&ctx), FG_OK);
     fg_ctx_set_int(ctx, FG_OPT_DISK_CACHE, 0);
     const int bases[] = {0, 1000003};
-    const unsigned flags[] = {0, FGI_SPLIT_INDEX_FLOATS};
+    const unsigned flags[] = {0, FGI_SPLIT_INDEX_FLOATS, FGI_SPLIT_DIST_FLOATS};
     for (size_t i = 0; i < sizeof split_check_score_distance / sizeof split_check_score_distance[0]; i++) {
         const char *text = split_check_score_distance[i].text;
         fg_mod *m = NULL;

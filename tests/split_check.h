@@ -42,7 +42,7 @@ static const char split_check_kernel[] =
     "        if (__float_as_int(x) != __float_as_int(y) && !(x != x && y != y))\n"
     "            atomicAdd(&bad[1], 1);\n"
     "#if FG_SCORE_DIST\n"
-    "        const fg_score_diag dg = fg_score_diag_init(p, shd, b, h, q_idx - kv_idx);\n"
+    "        const fg_score_diag dg = fg_score_diag_init(p, shd, b, h, q_idx - kv_idx, (float)(q_idx - kv_idx));\n"
     "        const float z = fg_score_dist(p, shd, s, b, h, q_idx - kv_idx, dg);\n"
     "        if (__float_as_int(x) != __float_as_int(z) && !(x != x && z != z))\n"
     "            atomicAdd(&bad[1], 1);\n"

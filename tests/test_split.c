@@ -320,6 +320,18 @@ static void score_distance_form(void **state) {
         free(text);
         compiles_beside_whole(ctx, m, 0, "distance score_mod");
         compiles_beside_whole(ctx, m, FGI_SPLIT_INDEX_FLOATS, "distance score_mod, index floats");
+        compiles_beside_whole(ctx, m, FGI_SPLIT_DIST_FLOATS, "distance score_mod, distance floats");
+        /* FGI_SPLIT_DIST_FLOATS: a cast of the distance in the diagonal part
+         * reads the float distance, and only there */
+        fgi_buf fb = {0};
+        assert_int_equal(fgi_emit_split_math(ctx, m, FGI_MATH_ACCURATE, FGI_SPLIT_DIST_FLOATS, &fb), FG_OK);
+        char *ftext = fgi_buf_take(&fb);
+        char *fdiag = function_body(ftext, "fg_score_diag_init");
+        const bool casts = fgi_split_casts_distance(m);
+        if (fdiag) assert_int_equal(strstr(strchr(fdiag, '{'), "fg_dist_f") != NULL, casts);
+        else assert_false(casts);
+        free(fdiag);
+        free(ftext);
         fg_mod_destroy(m);
     }
     fg_ctx_destroy(ctx);
@@ -431,6 +443,19 @@ static void index_casts_rewritten(void **state) {
     assert_true(fgi_split_casts_indices(alibi));
     assert_false(fgi_split_casts_indices(causal));
     assert_false(fgi_split_casts_indices(NULL));
+    assert_true(fgi_split_casts_distance(alibi));
+    assert_false(fgi_split_casts_distance(causal));
+    assert_false(fgi_split_casts_distance(NULL));
+    /* beside a mask that reads an index apart, the forward keeps the
+     * element loop: no float distance */
+    fg_mod *both = mod_of(ctx, "alibi_prefix",
+                          "const float *slopes;\n"
+                          "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"
+                          "    return score + slopes[h] * (float)(kv_idx - q_idx);\n}\n"
+                          "bool mask_mod(int b, int h, int q_idx, int kv_idx) { return kv_idx < 64 || q_idx >= kv_idx; }\n");
+    assert_true(fgi_split_casts_indices(both));
+    assert_false(fgi_split_casts_distance(both));
+    fg_mod_destroy(both);
     fg_mod_destroy(causal);
     fg_mod_destroy(alibi);
     fg_ctx_destroy(ctx);

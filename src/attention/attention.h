@@ -283,6 +283,10 @@ struct fg_kernel {
                                         difference of floats
                                         (FGI_SPLIT_INDEX_FLOATS): launches
                                         check their indices                */
+    bool dist_floats;                /* its split computes the score_mod's
+                                        (float)(q_idx - kv_idx) from the
+                                        tile's float distance
+                                        (FGI_SPLIT_DIST_FLOATS)           */
     /* Per entry point and cluster size n (2..FGI_CLUSTER_MAX): how many
      * clusters of n of its blocks fit on the GPU at once, plus one (0: not
      * asked yet; 1: none, or the entry's code cannot run as a cluster),

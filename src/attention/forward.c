@@ -161,6 +161,20 @@ static fg_status launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a) {
                              "indices up to 2^24 in magnitude; the portable kernel takes these",
                              lo, hi, k->kernel->what);
     }
+    if (k->dist_floats) {
+        /* the kernel's float distance is (float)(q_idx - kv_idx) while
+         * every distance it forms converts exactly: those of the call's
+         * positions, and of the rows and columns a tile reaches past
+         * the ends (a q tile's 192 rows, a K/V tile's 176 columns) */
+        const long long pad = 256;
+        const long long d_hi = (long long)a->q_offset + a->q_len - 1 + pad - a->kv_offset;
+        const long long d_lo = (long long)a->q_offset - ((long long)a->kv_offset + a->kv_len - 1 + pad);
+        if (d_lo < -FGI_SPLIT_INDEX_FLOAT_MAX || d_hi > FGI_SPLIT_INDEX_FLOAT_MAX)
+            return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                             "distances %lld .. %lld: the %s computes this score_mod's (float)(q_idx - kv_idx) "
+                             "exactly for distances up to 2^24 in magnitude; the portable kernel takes these",
+                             d_lo, d_hi, k->kernel->what);
+    }
 
     fgi_attn_abi abi;
     memset(&abi, 0, sizeof abi);

@@ -122,6 +122,8 @@ fg_status fgi_kernel_make(fg_ctx *ctx, const fg_mod *mod, const fgi_kernel_entry
         st = copy_params(ctx, mod, &k->params);
         k->index_floats =
             (fgi_kernel_split_flags(cg.kernel, &k->config) & FGI_SPLIT_INDEX_FLOATS) && fgi_split_casts_indices(mod);
+        k->dist_floats =
+            (fgi_kernel_split_flags(cg.kernel, &k->config) & FGI_SPLIT_DIST_FLOATS) && fgi_split_casts_distance(mod);
     }
     if (st == FG_OK && (row->pieces & FGI_PIECE_GRAD)) {
         fgi_mod_grad g;

@@ -98,6 +98,7 @@ typedef struct splitter {
     bool dist;           /* printing the distance form (fg_mask_dist,
                             fg_score_diag_init, fg_score_dist)           */
     bool diag;           /* the score_mod is split by diagonals too      */
+    bool dist_floats;    /* printing its diagonal part with FGI_SPLIT_DIST_FLOATS */
     /* The index casts rewritten (FGI_SPLIT_INDEX_FLOATS) in the function
      * being split: the cast, and the fields of (float)kv_idx and
      * (float)q_idx, made of the nodes in `conv`. */
@@ -441,6 +442,10 @@ static bool replace_hoisted(void *user, fgi_buf *out, const fgi_expr *e) {
         return true;
     }
     bool kv_first;
+    if (sp->dist_floats && is_index_cast(e, &kv_first)) { /* (float)(q - kv) is the float distance */
+        fgi_buf_puts(out, kv_first ? "(-fg_dist_f)" : "fg_dist_f");
+        return true;
+    }
     if (sp->dist && is_dist_node(e, &kv_first)) {
         put_dist_node(out, e, kv_first);
         return true;
@@ -579,7 +584,12 @@ static void print_as_dist(splitter *sp, void (*print)(splitter *sp)) {
     print(sp);
     sp->dist = false;
 }
-static void print_diag_fills(splitter *sp) { print_fills(sp, C_DIAG); }
+/* the diagonal fills, their distance a float where FGI_SPLIT_DIST_FLOATS asks */
+static void print_diag_fills(splitter *sp) {
+    sp->dist_floats = (sp->flags & FGI_SPLIT_DIST_FLOATS) != 0;
+    print_fills(sp, C_DIAG);
+    sp->dist_floats = false;
+}
 
 /* ---- the functions of one mod ---------------------------------------------------- */
 
@@ -770,7 +780,8 @@ static void emit_kind(splitter *sp, bool mask) {
             fgi_buf_puts(out, "struct fg_score_diag {\n");
             for_each_leaf(sp, false, PASS_MEMBERS_DIAG);
             fgi_buf_puts(out, "};\n__device__ __forceinline__ fg_score_diag fg_score_diag_init(const "
-                              "fg_mod_params &p, const fg_score_head &hd, int b, int h, int fg_dist) {\n"
+                              "fg_mod_params &p, const fg_score_head &hd, int b, int h, int fg_dist, "
+                              "float fg_dist_f) {\n"
                               "    fg_score_diag dg;\n");
             for_each_leaf(sp, false, PASS_FILL_DIAG);
             fgi_buf_puts(out, "    return dg;\n}\n");
@@ -843,4 +854,9 @@ static look_step index_cast(const fgi_expr *e) {
 
 bool fgi_split_casts_indices(const fg_mod *mod) {
     return mod && (mask_any(mod->mask, index_cast) || fn_any(mod->score, index_cast));
+}
+
+bool fgi_split_casts_distance(const fg_mod *mod) {
+    return mod && score_by_diagonals(mod->score) && !mask_any(mod->mask, index_apart) &&
+           fn_any(mod->score, index_cast);
 }

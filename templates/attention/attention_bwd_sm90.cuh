@@ -198,6 +198,15 @@ static __device__ __forceinline__ void fgs_mma_kstep(float *d, fg_u64 da, fg_u64
  * partial everywhere (dilated) ran at a fraction of a full one's speed.
  * The buffer gradients' accumulation has side effects and stays behind
  * its branch. */
+/* The score_mod by diagonals in the element loop (see its end), at head
+ * dim 64 only: ALiBi's backward there -1.7% a call, at 128 +0.9%
+ * (attention_notes v52). */
+#if FG_HAS_SCORE_MOD && FG_SCORE_DIST && (!FG_HAS_MASK_MOD || FG_MASK_DIST) && FG_HEAD_DIM == 64
+#define FGS_SCORE_DIAG 1
+#else
+#define FGS_SCORE_DIAG 0
+#endif
+
 template <bool CHECK, bool EDGE, bool GRADS>
 static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float (&dp)[FGS_NF][4], const fgb_args &a,
                                                     const fg_mod_params &p, const fg_mod_grads &gr,
@@ -207,8 +216,10 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float
                                                     const fg_mask_row *rows, int b, int h, int q0, int kvr0,
                                                     int kv_end, int t4, bool partial) {
     /* One element: fragment i, register e; `md` is the mask there where
-     * the distance form made it (MD), else it is made here. */
-    const auto one = [&](const int i, const int e, const bool MD, const bool md) {
+     * the distance form made it (MD), else it is made here; `dg`, where
+     * not null, the score_mod's part of the element's distance `d`
+     * (FGS_SCORE_DIAG). */
+    const auto one = [&](const int i, const int e, const bool MD, const bool md, const int d, const auto *dg) {
             const int kv = kvr0 + 8 * (e >> 1), qc = 8 * i + 2 * t4 + (e & 1), q = q0 + qc;
             const float lse2 = s_lse2[qc];
             const int qi = q + a.q_offset, ki = kv + a.kv_offset;
@@ -225,6 +236,9 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float
                                      FGS_COLS_FIRST ? mcol[e >> 1] : fg_mask_col_init(p, mhd, b, h, ki));
             };
             const auto prob = [&](float raw) {
+#if FGS_SCORE_DIAG
+                if (dg) return fgb_exp2(fg_score_dist(p, shd, raw, b, h, d, *dg) * FGB_LOG2E - lse2);
+#endif
 #if FG_HAS_SCORE_MOD
                 return fgb_exp2(fg_score_split(p, shd, raw, b, h, qi, ki, fg_score_row_init(p, shd, b, h, qi),
                                                fg_score_col_init(p, shd, b, h, ki)) *
@@ -273,7 +287,38 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float
             s[i][e] = pr;
             dp[i][e] = dr;
     };
-#if FG_MASK_DIST && FG_MASK_ELEM_COSTLY && !FG_HAS_SCORE_MOD
+#if FGS_SCORE_DIAG
+    /* A score_mod of the distance (FG_SCORE_DIST: ALiBi) beside no mask or
+     * a mask of the distance: the score's part of each distance (ALiBi's
+     * IADD, I2F and FMUL) and the mask there once per diagonal, carried
+     * to the next fragment as below, and only the rest (ALiBi's FADD) per
+     * element. */
+    struct at_dist {
+        fg_score_diag dg;
+        bool md;
+    };
+    const int d0 = (q0 + 2 * t4 + a.q_offset) - (kvr0 + a.kv_offset);
+    const bool check = CHECK && partial;
+    const auto at = [&](int d) {
+        at_dist v{fg_score_diag_init(p, shd, b, h, d, (float)d), true};
+#if FG_MASK_DIST
+        v.md = !check || fg_mask_dist(p, mhd, b, h, d);
+#endif
+        return v;
+    };
+    at_dist lo[2] = {at(d0 - 8), at(d0 - 7)};
+#pragma unroll
+    for (int i = 0; i < FGS_NF; i++) {
+        const at_dist up[2] = {at(d0 + 8 * i), at(d0 + 8 * i + 1)};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const at_dist &v = e < 2 ? up[e & 1] : lo[e & 1];
+            one(i, e, true, v.md, d0 + 8 * (i - (e >> 1)) + (e & 1), &v.dg);
+        }
+#pragma unroll
+        for (int c = 0; c < 2; c++) lo[c] = up[c];
+    }
+#elif FG_MASK_DIST && FG_MASK_ELEM_COSTLY && !FG_HAS_SCORE_MOD
     /* A costly mask of q_idx - kv_idx alone, once per diagonal: element (i, e)
      * (kv row kvr0 + 8 (e >> 1), q column q0 + 8 i + 2 t4 + (e & 1)) lies at
      * distance d0 + 8 (i - (e >> 1)) + (e & 1), so fragment i's upper
@@ -295,7 +340,7 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float
 #pragma unroll
         for (int c = 0; c < 2; c++) md_up[c] = !check || fg_mask_dist(p, mhd, b, h, d0 + 8 * i + c);
 #pragma unroll
-        for (int e = 0; e < 4; e++) one(i, e, true, e < 2 ? md_up[e & 1] : md_low[e & 1]);
+        for (int e = 0; e < 4; e++) one(i, e, true, e < 2 ? md_up[e & 1] : md_low[e & 1], 0, (const int *)0);
 #pragma unroll
         for (int c = 0; c < 2; c++) md_low[c] = md_up[c];
     }
@@ -303,7 +348,7 @@ static __device__ __forceinline__ void fgs_elements(float (&s)[FGS_NF][4], float
 #pragma unroll
     for (int i = 0; i < FGS_NF; i++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) one(i, e, false, false);
+        for (int e = 0; e < 4; e++) one(i, e, false, false, 0, (const int *)0);
 #endif
 }
 

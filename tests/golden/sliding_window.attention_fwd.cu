@@ -475,7 +475,7 @@ __device__ __forceinline__ float fg_score_split(const fg_mod_params &p, const fg
  *                          FG_SCORE_DIST: what fg_score_dist does): the
  *                          Hopper forward's FGH_CONSUMERS
  *     FG_SCORE_DIST (0 or 1), struct fg_score_diag,
- *     fg_score_diag_init(p, hd, b, h, d), fg_score_dist(p, hd, score, b,
+ *     fg_score_diag_init(p, hd, b, h, d, fd), fg_score_dist(p, hd, score, b,
  *     h, d, dg)            whether score_mod reads q_idx and kv_idx only
  *                          through d, and then its part made once per
  *                          diagonal and the rest per score
@@ -821,8 +821,11 @@ static __device__ __forceinline__ void fga_tile_mods_as(float (&s)[MT][NT][4], c
  * 16 mt + 8 (e >> 1), column kv0 + 8 i + 2 t4 + (e & 1)) lies at distance
  * d = q_idx - kv_idx = d0 + 8 (2 mt + (e >> 1) - i) - (e & 1), so the MT x
  * NT x 4 elements share 2 (2 MT + NT - 1) distances: 34 for an m16 x n128
- * fragment's 64 elements. `diag(d)` is made once per distance and
- * `elem(x, v, d)` then runs on each element x on it with diag's value v.
+ * fragment's 64 elements. `diag(d, fd)` is made once per distance (fd:
+ * d as a float, the tile's (float)d0 plus a constant, one FADD where a
+ * conversion of d would take an IADD and an I2F: exact while |d| <= 2^24,
+ * which the launch checks where a kernel reads it, FGI_SPLIT_DIST_FLOATS)
+ * and `elem(x, v, d)` then runs on each element x on it with diag's value v.
  * Positions past the edges see distances of rows or columns that are not
  * there (a mod's operations are total) and are masked by fga_tile_range. */
 template <int MT, int NT, class Diag, class Elem>
@@ -831,12 +834,13 @@ static __device__ __forceinline__ void fga_diagonals(float (&s)[MT][NT][4], cons
                                                      const Elem &elem) {
     const int t4 = threadIdx.x & 3;
     const int d0 = (r.qrow0 + a.q_offset) - (kv0 + 2 * t4 + a.kv_offset);
+    const float fd0 = (float)d0;
 #pragma unroll
     for (int j = 0; j < 2 * MT + NT - 1; j++)
 #pragma unroll
         for (int c = 0; c < 2; c++) {
             const int d = d0 + 8 * (j - (NT - 1)) - c;
-            const auto v = diag(d);
+            const auto v = diag(d, fd0 + (float)(8 * (j - (NT - 1)) - c));
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -854,7 +858,7 @@ template <int MT, int NT>
 static __device__ __forceinline__ void fga_tile_mask_dist(float (&s)[MT][NT][4], const fga_rows<MT> &r,
                                                           const fga_args &a, const fg_mod_params &p, int kv0) {
     fga_diagonals(
-        s, r, a, kv0, [&](int d) { return fg_mask_dist(p, r.mhd, r.b, r.h, d); },
+        s, r, a, kv0, [&](int d, float) { return fg_mask_dist(p, r.mhd, r.b, r.h, d); },
         [&](float &x, bool keep, int) {
             if (!keep) x = FGA_NEG_INF;
         });
@@ -895,8 +899,8 @@ static __device__ __forceinline__ void fga_tile_score_dist(float (&s)[MT][NT][4]
     };
     fga_diagonals(
         s, r, a, kv0,
-        [&](int d) {
-            at_diag v{fg_score_diag_init(p, r.shd, r.b, r.h, d), true};
+        [&](int d, float fd) {
+            at_diag v{fg_score_diag_init(p, r.shd, r.b, r.h, d, fd), true};
 #if FG_MASK_DIST
             if (MASK) v.keep = fg_mask_dist(p, r.mhd, r.b, r.h, d);
 #endif
