@@ -782,11 +782,15 @@ FG_API fg_kernel_kind fg_kernel_kind_of(const fg_kernel *kernel);
 /* Run the forward pass on the GPU (device pointers). Asynchronous on the
  * stream. Uses fg_attention_kernel_for internally (a memory-cache hit after
  * the first). Where the Hopper kernel cannot take a call it runs the
- * portable one: a layout its tensor maps cannot describe, and, at head dim
- * 128, a mod computing (float)(kv_idx - q_idx) (ALiBi's distance) with an
- * index past 2^24 in magnitude (the Hopper kernel computes that cast as
- * (float)kv_idx - (float)q_idx, the same float up to there; its
- * fg_kernel_launch returns FG_ERR_NOT_SUPPORTED beyond). */
+ * portable one: a layout its tensor maps cannot describe, and a mod
+ * computing (float)(kv_idx - q_idx) (ALiBi's distance) past 2^24, where the
+ * Hopper kernel's float arithmetic for that cast is no longer the cast's
+ * (its fg_kernel_launch returns FG_ERR_NOT_SUPPORTED): at head dim 128, an
+ * index past 2^24 in magnitude when a mask reading q_idx and kv_idx apart
+ * stands beside the score_mod (the kernel computes the cast per score as
+ * (float)kv_idx - (float)q_idx); at the other head dims, a distance
+ * q_idx - kv_idx past 2^24 (with 256 of margin) when none does (the kernel
+ * counts a float distance up by one a diagonal). */
 FG_API fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args);
 /* The kernel fg_attention_forward runs for `args` (the shapes, dtype,
  * paging and block mask count; pointers may be NULL): the decode kernel

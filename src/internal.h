@@ -480,7 +480,8 @@ enum {
 };
 #define FGI_SPLIT_INDEX_FLOAT_MAX (1ll << 24) /* every int up to it in magnitude is a float */
 fg_status fgi_emit_split_math(fg_ctx *ctx, const fg_mod *mod, fgi_math math, unsigned flags, fgi_buf *out);
-/* Whether `mod` has a cast FGI_SPLIT_INDEX_FLOATS rewrites. */
+/* Whether `mod` has a cast FGI_SPLIT_INDEX_FLOATS rewrites in a form the
+ * forward runs (not in a score_mod it makes by diagonals). */
 bool fgi_split_casts_indices(const fg_mod *mod);
 /* Whether `mod` has a cast FGI_SPLIT_DIST_FLOATS rewrites (in a score_mod
  * the forward makes by diagonals). */

@@ -241,6 +241,16 @@ static void test_gallery(void **state) {
     "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"        \
     "    return score * (1.0 + 0.25 * (float)h) - 0.5 * (float)b;\n}\n"
 
+/* ALiBi's bias with a scalar slope beside a mask that reads q_idx and
+ * kv_idx apart (not only through their difference): the forward keeps the
+ * score_mod per element. */
+#define BIAS_APART_SRC                                                             \
+    "float S = 0.0625;\n"                                                          \
+    "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"                       \
+    "    return kv_idx < 64 || q_idx >= kv_idx;\n}\n"                              \
+    "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"        \
+    "    return score + S * (float)(kv_idx - q_idx);\n}\n"
+
 /* Division by a float parameter (fg_fdiv_by, the host's reciprocal): the
  * mask keeps a pair where bit 2^-17 of (q_idx + kv_idx) / F is 0, the last
  * bit of the quotients from 64 up, so a quotient that differed from the CPU
@@ -271,10 +281,14 @@ static const acase features[] = {
     {"causal", NULL, 128, FG_BF16, 1, 2, 2, 64, 700, 636, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
     {"document", NULL, 64, FG_FP16, 1, 2, 1, 100, 900, 800, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
     {"sliding_window", NULL, 64, FG_BF16, 1, 1, 1, 300, 300, 37, 5, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
-    /* ALiBi at head dim 128, whose Hopper kernel computes (float)(kv_idx -
-     * q_idx) as (float)kv_idx - (float)q_idx: indices just under 2^24 (that
+    /* A distance bias beside a mask that reads the indices apart, at head
+     * dim 128, whose Hopper kernel computes (float)(kv_idx - q_idx) per
+     * score as (float)kv_idx - (float)q_idx: indices just under 2^24 (that
      * kernel), then across it (refused there: the portable kernel runs) */
-    {"alibi", NULL, 128, FG_FP16, 1, 2, 2, 200, 300, (1 << 24) - 400, (1 << 24) - 500, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {NULL, BIAS_APART_SRC, 128, FG_FP16, 1, 2, 2, 200, 300, (1 << 24) - 400, (1 << 24) - 500, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    {NULL, BIAS_APART_SRC, 128, FG_BF16, 1, 2, 1, 200, 300, (1 << 24) - 100, (1 << 24) - 250, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    /* ALiBi alone at head dim 128, made by diagonals from the integer
+     * distance: indices across 2^24 on the Hopper kernel */
     {"alibi", NULL, 128, FG_BF16, 1, 2, 1, 200, 300, (1 << 24) - 100, (1 << 24) - 250, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
     /* ALiBi's distance as the Hopper forward's float distance
      * (FGI_SPLIT_DIST_FLOATS): distances just under 2^24 (that kernel, where

@@ -403,7 +403,9 @@ static void score_element_cost(void **state) {
 /* FGI_SPLIT_INDEX_FLOATS: each bare (float)(kv_idx - q_idx) becomes
  * fg_fsub of a column part (float)kv_idx and a row part (float)q_idx, in
  * the order the subtraction had, no longer costly per score; without the
- * flag nothing changes; fgi_split_casts_indices finds them; and the
+ * flag nothing changes; fgi_split_casts_indices finds them where the
+ * forward keeps them per element (not in a score_mod of the distance
+ * alone, which it makes by diagonals); and the
  * rewritten split compiles next to the whole mod (gpu_split runs it). */
 static void index_casts_rewritten(void **state) {
     (void)state;
@@ -413,7 +415,9 @@ static void index_casts_rewritten(void **state) {
         const char *text = split_check_index_casts[i].text;
         const int want = split_check_index_casts[i].rewritten;
         fg_mod *m = mod_of(ctx, "casts", text);
-        assert_int_equal(fgi_split_casts_indices(m), want > 0);
+        /* a score_mod of the distance alone is made by diagonals (its casts
+         * as written there): the forward has no rewritten cast to guard */
+        assert_int_equal(fgi_split_casts_indices(m), want > 0 && !fgi_split_casts_distance(m));
         fgi_buf b = {0};
         assert_int_equal(fgi_emit_split_math(ctx, m, FGI_MATH_ACCURATE, FGI_SPLIT_INDEX_FLOATS, &b), FG_OK);
         char *split = fgi_buf_take(&b);
@@ -440,7 +444,7 @@ static void index_casts_rewritten(void **state) {
         fg_mod_destroy(m);
     }
     fg_mod *alibi = tu_gallery_mod(ctx, "alibi"), *causal = tu_gallery_mod(ctx, "causal");
-    assert_true(fgi_split_casts_indices(alibi));
+    assert_false(fgi_split_casts_indices(alibi)); /* made by diagonals */
     assert_false(fgi_split_casts_indices(causal));
     assert_false(fgi_split_casts_indices(NULL));
     assert_true(fgi_split_casts_distance(alibi));

@@ -36,7 +36,8 @@
  * [-2^24, 2^24]: each converts exactly, and the FADD rounds the exact
  * difference as the conversion does. A kernel emitted so refuses
  * launches with indices beyond (fgi_split_casts_indices, the launch's
- * check against FGI_SPLIT_INDEX_FLOAT_MAX).
+ * check against FGI_SPLIT_INDEX_FLOAT_MAX), unless the forward takes the
+ * score_mod by diagonals, where the casts print as written.
  *
  * Expressions print in that printer's fully parenthesised style (the text
  * is read by NVRTC, the readable rendering of the mod is fg_mask_mod's),
@@ -852,11 +853,20 @@ static look_step index_cast(const fgi_expr *e) {
     return is_index_cast(e, &kv_first) ? LOOK_HIT : LOOK_ON;
 }
 
+/* Whether the forward makes `mod`'s score_mod by diagonals (FG_SCORE_DIST
+ * beside no mask or a mask of the distance: FGA_SCORE_DIST_TILES), so that
+ * only its distance forms, never its element form, run there. */
+static bool score_taken_by_diagonals(const fg_mod *mod) {
+    return score_by_diagonals(mod->score) && !mask_any(mod->mask, index_apart);
+}
+
 bool fgi_split_casts_indices(const fg_mod *mod) {
-    return mod && (mask_any(mod->mask, index_cast) || fn_any(mod->score, index_cast));
+    /* a score_mod the forward takes by diagonals prints its casts as
+     * written there (the rewrite is in its element form only) */
+    return mod && (mask_any(mod->mask, index_cast) ||
+                   (!score_taken_by_diagonals(mod) && fn_any(mod->score, index_cast)));
 }
 
 bool fgi_split_casts_distance(const fg_mod *mod) {
-    return mod && score_by_diagonals(mod->score) && !mask_any(mod->mask, index_apart) &&
-           fn_any(mod->score, index_cast);
+    return mod && score_taken_by_diagonals(mod) && fn_any(mod->score, index_cast);
 }
