@@ -788,7 +788,7 @@ FG_API fg_kernel_kind fg_kernel_kind_of(const fg_kernel *kernel);
  * (its fg_kernel_launch returns FG_ERR_NOT_SUPPORTED): at head dim 128, an
  * index past 2^24 in magnitude when a mask reading q_idx and kv_idx apart
  * stands beside the score_mod (the kernel computes the cast per score as
- * (float)kv_idx - (float)q_idx); at the other head dims, a distance
+ * (float)kv_idx - (float)q_idx); at head dims 64 and 192, a distance
  * q_idx - kv_idx past 2^24 (with 256 of margin) when none does (the kernel
  * counts a float distance up by one a diagonal). */
 FG_API fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args);

@@ -142,11 +142,11 @@ static fgi_kernel_geom fwd_sm90_geometry(const fg_kernel_config *c, const fg_mod
  * consumers and lost 1.5% (attention_notes v42). */
 static unsigned fwd_sm90_split_flags(const fg_kernel_config *c) {
     if (c->head_dim == 128) return FGI_SPLIT_INDEX_FLOATS;
-    /* The float distance: ALiBi's forward -4.2% at head dim 64, +2.5% at
-     * 128, where it stays off (attention_notes f12). Not in the ragged form,
-     * whose positions the host does not see to check
-     * (fgi_attn_check_dist_floats). */
-    return c->ragged ? 0 : FGI_SPLIT_DIST_FLOATS;
+    /* The float distance where it paid, ALiBi's forward time: -4.2% at head
+     * dim 64, -1.3% at 192; +2.4% at 128, +1.6% at 96, +2.4% at 256
+     * (attention_notes f12). Not in the ragged form, whose positions the
+     * host does not see to check (fgi_attn_check_dist_floats). */
+    return c->ragged || (c->head_dim != 64 && c->head_dim != 192) ? 0 : FGI_SPLIT_DIST_FLOATS;
 }
 
 /* The portable backward (templates/attention/attention_bwd.cuh), four warps
