@@ -120,10 +120,9 @@ fg_status fgi_kernel_make(fg_ctx *ctx, const fg_mod *mod, const fgi_kernel_entry
             k->nentries = i + 1;
         }
         st = copy_params(ctx, mod, &k->params);
-        k->index_floats =
-            (fgi_kernel_split_flags(cg.kernel, &k->config) & FGI_SPLIT_INDEX_FLOATS) && fgi_split_casts_indices(mod);
-        k->dist_floats =
-            (fgi_kernel_split_flags(cg.kernel, &k->config) & FGI_SPLIT_DIST_FLOATS) && fgi_split_casts_distance(mod);
+        const unsigned split_flags = fgi_kernel_split_flags(cg.kernel, &k->config);
+        k->index_floats = (split_flags & FGI_SPLIT_INDEX_FLOATS) && fgi_split_casts_indices(mod);
+        k->dist_floats = (split_flags & FGI_SPLIT_DIST_FLOATS) && fgi_split_casts_distance(mod);
     }
     if (st == FG_OK && (row->pieces & FGI_PIECE_GRAD)) {
         fgi_mod_grad g;

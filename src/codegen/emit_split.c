@@ -379,6 +379,13 @@ static bool score_by_diagonals(const fgi_func *fn) {
     return fn && fn_any(fn, dist_node) && !fn_any(fn, index_apart);
 }
 
+/* Whether the forward makes `mod`'s score_mod by diagonals (FG_SCORE_DIST
+ * beside no mask or a mask of the distance: FGA_SCORE_DIST_TILES), so that
+ * only its distance forms, never its element form, run there. */
+static bool score_taken_by_diagonals(const fg_mod *mod) {
+    return score_by_diagonals(mod->score) && !mask_any(mod->mask, index_apart);
+}
+
 /* Hoist the largest subexpressions of a per-element value that read the
  * indices (through distance nodes) and not the score. */
 static void collect_diag(splitter *sp, const fgi_expr *e) {
@@ -681,10 +688,9 @@ static void for_each_leaf(splitter *sp, bool mask, pass ps) {
 /* Whether the score_mod's per-element part (what stays per score once the
  * head, row and column parts are hoisted) does costly work. */
 static bool score_elem_costly(splitter *sp) {
-    /* by diagonals only beside a mask the forward makes by diagonals too
-     * (FGA_SCORE_DIST_TILES), so that the cost judged here is the cost
-     * of the loop the forward runs */
-    sp->diag = score_by_diagonals(sp->mod->score) && !mask_any(sp->mod->mask, index_apart);
+    /* by diagonals only where the forward takes them, so that the cost
+     * judged here is the cost of the loop the forward runs */
+    sp->diag = score_taken_by_diagonals(sp->mod);
     memset(sp->costly, 0, sizeof sp->costly);
     sp->calls_elem = false;
     for_each_leaf(sp, false, PASS_COST);
@@ -851,13 +857,6 @@ fg_status fgi_emit_split(fg_ctx *ctx, const fg_mod *mod, fgi_buf *out) {
 static look_step index_cast(const fgi_expr *e) {
     bool kv_first;
     return is_index_cast(e, &kv_first) ? LOOK_HIT : LOOK_ON;
-}
-
-/* Whether the forward makes `mod`'s score_mod by diagonals (FG_SCORE_DIST
- * beside no mask or a mask of the distance: FGA_SCORE_DIST_TILES), so that
- * only its distance forms, never its element form, run there. */
-static bool score_taken_by_diagonals(const fg_mod *mod) {
-    return score_by_diagonals(mod->score) && !mask_any(mod->mask, index_apart);
 }
 
 bool fgi_split_casts_indices(const fg_mod *mod) {
