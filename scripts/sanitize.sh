@@ -69,6 +69,8 @@ run fwd_mem_noop64 memcheck fwd noop 64
 run fwd_race_causal64 racecheck fwd causal 64
 run fwd_mem_causal128 memcheck fwd causal 128
 run fwd_race_lg64 racecheck fwd local_global 64
+run fwd_mem_lg64 memcheck fwd local_global 64
+run fwd_mem_dilated64 memcheck fwd dilated 64
 run fwd_race_flamingo128 racecheck fwd flamingo 128
 run fwd_race_softcap128 racecheck fwd softcap 128
 run fwd_mem_alibi64 memcheck fwd alibi 64

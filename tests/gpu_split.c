@@ -6,7 +6,7 @@
  * speculatively), mask results equal and score results equal bit for bit;
  * the index-cast rewrite (FGI_SPLIT_INDEX_FLOATS) inside its range; and
  * the distance form of masks that read q_idx - kv_idx alone, and of
- * score_mods that do.
+ * score_mods that do; and masks folded over a tile.
  */
 #include "testutil.h"
 
@@ -64,8 +64,9 @@ static fg_status fill_values(fg_ctx *ctx, const fg_mod *m, fgi_value *vals, CUde
 }
 
 /* Mismatches of mask (bad[0]) and score (bad[1]) over the square of
- * indices base .. base + SIDE - 1 at (b, h), the split made with `flags`. */
-static fg_status run_check_at(fg_ctx *ctx, const fg_mod *m, unsigned flags, int base, int b, int h, int bad[2]) {
+ * indices base .. base + SIDE - 1 at (b, h), the split made with `flags`;
+ * bad[2..4]: the boxes of the fold check (split_check.h). */
+static fg_status run_check_at(fg_ctx *ctx, const fg_mod *m, unsigned flags, int base, int b, int h, int bad[5]) {
     check_source cs = {m, flags};
     fgi_kernel_spec spec = {.name = "gpu_split", .entry = "fg_split_check", .gen_source = gen, .gen_arg = &cs};
     char key[4096];
@@ -86,13 +87,13 @@ static fg_status run_check_at(fg_ctx *ctx, const fg_mod *m, unsigned flags, int 
         unsigned char blob[4096];
         assert_true(layout->size <= sizeof blob);
         fgi_param_pack(m, layout, vals, blob);
-        int n = SIDE, zero[2] = {0, 0};
+        int n = SIDE, zero[5] = {0, 0, 0, 0, 0};
         CUresult r = cu->cuMemAlloc(&dbad, sizeof zero);
         if (r == CUDA_SUCCESS) r = cu->cuMemcpyHtoD(dbad, zero, sizeof zero);
         void *args[] = {blob, &b, &h, &n, &base, &dbad};
         if (r == CUDA_SUCCESS) r = cu->cuLaunchKernel(fn, SIDE, 1, 1, 128, 1, 1, 0, NULL, args, NULL);
         if (r == CUDA_SUCCESS) r = cu->cuCtxSynchronize();
-        if (r == CUDA_SUCCESS) r = cu->cuMemcpyDtoH(bad, dbad, 2 * sizeof(int));
+        if (r == CUDA_SUCCESS) r = cu->cuMemcpyDtoH(bad, dbad, sizeof zero);
         st = fgi_cu_status(ctx, r, "split check");
     }
     if (dbad) cu->cuMemFree(dbad);
@@ -104,7 +105,7 @@ static fg_status run_check_at(fg_ctx *ctx, const fg_mod *m, unsigned flags, int 
     return st;
 }
 
-static fg_status run_check(fg_ctx *ctx, const fg_mod *m, int b, int h, int bad[2]) {
+static fg_status run_check(fg_ctx *ctx, const fg_mod *m, int b, int h, int bad[5]) {
     return run_check_at(ctx, m, 0, 0, b, h, bad);
 }
 
@@ -120,7 +121,7 @@ static void split_equals_whole(void **state) {
     for (size_t i = 0; i < sizeof gallery / sizeof gallery[0]; i++) {
         fg_mod *m = tu_gallery_mod(ctx, gallery[i]);
         for (int h = 0; h < 3; h++) {
-            int bad[2] = {-1, -1};
+            int bad[5] = {-1, -1, -1, -1, -1};
             check_ok(ctx, run_check(ctx, m, 1, h, bad));
             if (bad[0] || bad[1])
                 print_error("%s h=%d: %d mask and %d score mismatches\n", gallery[i], h, bad[0],
@@ -142,7 +143,7 @@ static void composition_equals_whole(void **state) {
     fg_mod *c = tu_gallery_mod(ctx, "prefix_lm"), *ab = NULL, *abc = NULL;
     assert_int_equal(fg_mod_or(ctx, a, b, &ab), FG_OK);
     assert_int_equal(fg_mod_and(ctx, ab, c, &abc), FG_OK);
-    int bad[2] = {-1, -1};
+    int bad[5] = {-1, -1, -1, -1, -1};
     check_ok(ctx, run_check(ctx, abc, 0, 0, bad));
     assert_int_equal(bad[0], 0);
     assert_int_equal(bad[1], 0);
@@ -163,7 +164,7 @@ static void table_limit_equals_whole(void **state) {
     assert_non_null(text);
     fg_mod *m = NULL;
     assert_int_equal(fg_mod_from_source(ctx, "big", text, strlen(text), &m), FG_OK);
-    int bad[2] = {-1, -1};
+    int bad[5] = {-1, -1, -1, -1, -1};
     check_ok(ctx, run_check(ctx, m, 0, 0, bad));
     assert_int_equal(bad[0], 0);
     assert_int_equal(bad[1], 0);
@@ -188,7 +189,7 @@ static void index_floats_equal_whole(void **state) {
         fg_mod *m = NULL;
         assert_int_equal(fg_mod_from_source(ctx, "casts", text, strlen(text), &m), FG_OK);
         for (size_t k = 0; k < sizeof bases / sizeof bases[0]; k++) {
-            int bad[2] = {-1, -1};
+            int bad[5] = {-1, -1, -1, -1, -1};
             check_ok(ctx, run_check_at(ctx, m, FGI_SPLIT_INDEX_FLOATS, bases[k], 0, 1, bad));
             if (bad[0] || bad[1])
                 print_error("case %zu at %d: %d mask and %d score mismatches\n", i, bases[k], bad[0], bad[1]);
@@ -198,7 +199,7 @@ static void index_floats_equal_whole(void **state) {
         fg_mod_destroy(m);
     }
     fg_mod *alibi = tu_gallery_mod(ctx, "alibi");
-    int bad[2] = {-1, -1};
+    int bad[5] = {-1, -1, -1, -1, -1};
     check_ok(ctx, run_check_at(ctx, alibi, FGI_SPLIT_INDEX_FLOATS, (1 << 24) + 1000, 0, 1, bad));
     assert_true(bad[1] > 0);
     check_ok(ctx, run_check_at(ctx, alibi, 0, (1 << 24) + 1000, 0, 1, bad));
@@ -222,11 +223,45 @@ static void distance_equals_whole(void **state) {
         assert_int_equal(fg_mod_from_source(ctx, "dist", text, strlen(text), &m), FG_OK);
         for (size_t k = 0; k < sizeof bases / sizeof bases[0]; k++)
             for (int h = 0; h < 3; h++) {
-                int bad[2] = {-1, -1};
+                int bad[5] = {-1, -1, -1, -1, -1};
                 check_ok(ctx, run_check_at(ctx, m, 0, bases[k], 0, h, bad));
                 if (bad[0]) print_error("case %zu at %d h=%d: %d mask mismatches\n", i, bases[k], h, bad[0]);
                 assert_int_equal(bad[0], 0);
             }
+        fg_mod_destroy(m);
+    }
+    fg_ctx_destroy(ctx);
+}
+
+/* Where the mask folds over a tile, fg_mask_fold gives fg_mask_mod's
+ * results in every box fg_mask_tile_init allows it for (the check kernel
+ * compares them where FG_MASK_TILE), over squares at 0 and far from it,
+ * at three heads; and the boxes reach both folded forms. */
+static void fold_equals_whole(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    fg_ctx_set_int(ctx, FG_OPT_DISK_CACHE, 0);
+    const int bases[] = {0, 1000003};
+    for (size_t i = 0; i < sizeof split_check_fold / sizeof split_check_fold[0]; i++) {
+        const char *text = split_check_fold[i].text;
+        fg_mod *m = NULL;
+        assert_int_equal(fg_mod_from_source(ctx, "fold", text, strlen(text), &m), FG_OK);
+        int folded[2] = {0, 0};
+        for (size_t k = 0; k < sizeof bases / sizeof bases[0]; k++)
+            for (int h = 0; h < 3; h++) {
+                int bad[5] = {-1, -1, -1, -1, -1};
+                check_ok(ctx, run_check_at(ctx, m, 0, bases[k], 0, h, bad));
+                if (bad[0]) print_error("case %zu at %d h=%d: %d mask mismatches\n", i, bases[k], h, bad[0]);
+                assert_int_equal(bad[0], 0);
+                folded[0] += bad[2];
+                folded[1] += bad[3];
+            }
+        if (split_check_fold[i].tile) { /* the boxes took both folded forms */
+            if (!folded[0] || !folded[1]) print_error("case %zu: %d / %d boxes folded\n", i, folded[0], folded[1]);
+            assert_true(folded[0] > 0);
+            assert_true(folded[1] > 0);
+        }
         fg_mod_destroy(m);
     }
     fg_ctx_destroy(ctx);
@@ -250,7 +285,7 @@ static void score_distance_equals_whole(void **state) {
         for (size_t k = 0; k < sizeof bases / sizeof bases[0]; k++)
             for (size_t f = 0; f < sizeof flags / sizeof flags[0]; f++)
                 for (int h = 0; h < 3; h++) {
-                    int bad[2] = {-1, -1};
+                    int bad[5] = {-1, -1, -1, -1, -1};
                     check_ok(ctx, run_check_at(ctx, m, flags[f], bases[k], 0, h, bad));
                     if (bad[1])
                         print_error("case %zu at %d h=%d flags %u: %d score mismatches\n", i, bases[k], h,
@@ -270,6 +305,7 @@ int main(void) {
         cmocka_unit_test(table_limit_equals_whole),
         cmocka_unit_test(index_floats_equal_whole),
         cmocka_unit_test(distance_equals_whole),
+        cmocka_unit_test(fold_equals_whole),
         cmocka_unit_test(score_distance_equals_whole),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -17,7 +17,13 @@
 
 /* One block per q row, threads over kv: indices base .. base + n - 1.
  * bad[0]: mask mismatches, bad[1]: score mismatches (two NaNs count as
- * equal). */
+ * equal). Where the mask folds over a tile (FG_MASK_TILE), each position
+ * is checked in the boxes of three shapes (16 x 128, 64 x 16, 8 x 64 rows
+ * by columns, cut from the square) that hold it: fg_mask_fold<false> where
+ * the box's atoms of q_idx or kv_idx alone are the same, and
+ * fg_mask_fold<true> where all are, must give fg_mask_mod's result there;
+ * bad[2], bad[3], bad[4] count the boxes fg_mask_tile_init answered 2, 1
+ * and 0 for. */
 static const char split_check_kernel[] =
     "extern \"C\" __global__ void fg_split_check(const __grid_constant__ fg_mod_params p,\n"
     "                                            int b, int h, int n, int base, int *bad) {\n"
@@ -35,6 +41,21 @@ static const char split_check_kernel[] =
     "#if FG_MASK_DIST\n"
     "        if (fg_mask_mod(p, b, h, q_idx, kv_idx) != fg_mask_dist(p, mhd, b, h, q_idx - kv_idx))\n"
     "            atomicAdd(&bad[0], 1);\n"
+    "#endif\n"
+    "#if FG_MASK_TILE\n"
+    "        for (int k = 0; k < 3; k++) {\n"
+    "            const int hq = k == 0 ? 16 : k == 1 ? 64 : 8, hk = k == 0 ? 128 : k == 1 ? 16 : 64;\n"
+    "            const int q_lo = base + (q_idx - base) / hq * hq, kv_lo = base + (kv_idx - base) / hk * hk;\n"
+    "            fg_mask_tile t;\n"
+    "            const int u = fg_mask_tile_init(p, mhd, b, h, q_lo, min(q_lo + hq - 1, base + n - 1), kv_lo,\n"
+    "                                            min(kv_lo + hk - 1, base + n - 1), t);\n"
+    "            const bool whole = fg_mask_mod(p, b, h, q_idx, kv_idx);\n"
+    "            if (u >= 1 && fg_mask_fold<false>(p, mhd, b, h, q_idx - kv_idx, t) != whole)\n"
+    "                atomicAdd(&bad[0], 1);\n"
+    "            if (u == 2 && fg_mask_fold<true>(p, mhd, b, h, q_idx - kv_idx, t) != whole)\n"
+    "                atomicAdd(&bad[0], 1);\n"
+    "            atomicAdd(&bad[4 - u], 1);\n"
+    "        }\n"
     "#endif\n"
     "        const float s = (float)(q_idx * 31 + kv_idx * 17 - 4000) * 0.0137f;\n"
     "        const float x = fg_score_mod(p, s, b, h, q_idx, kv_idx);\n"
@@ -156,6 +177,55 @@ static const struct {
      0},
     {"bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
      "    return (q_idx - 1) - kv_idx >= 0;\n}\n",
+     0},
+};
+
+/* Masks and whether they fold over a tile (FG_MASK_TILE; test_split checks
+ * the flag and that fg_mask_fold reads neither index, gpu_split that it
+ * gives fg_mask_mod's results in every box where fg_mask_tile_init allows
+ * it): local_global's form, a dilated window through a local, an atom of
+ * q_idx, atoms written the other way round and against a buffer, an atom
+ * inside a larger column part, a local holding an atom; and masks that
+ * do not fold (an index read apart outside a comparison, an equality) or
+ * gain nothing from it (causal: atoms alone, of the distance). */
+static const struct {
+    const char *text;
+    int tile;
+} split_check_fold[] = {
+    {"int W = 100;\nint G = 40;\n"
+     "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+     "    return kv_idx <= q_idx && (kv_idx < G || q_idx - kv_idx <= W);\n}\n",
+     1},
+    {"int D = 3;\nint W = 30;\n"
+     "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+     "    int d = q_idx - kv_idx;\n"
+     "    return d >= 0 && d <= W * D && d % D == 0;\n}\n",
+     1},
+    {"int P = 70;\n"
+     "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+     "    return q_idx < P + h || q_idx >= kv_idx && (q_idx - kv_idx) % 5 != 1;\n}\n",
+     1},
+    {"const int *lens;\nint W = 90;\n"
+     "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+     "    return lens[h] > kv_idx || W >= q_idx - kv_idx && 0 <= kv_idx - q_idx + W;\n}\n",
+     1},
+    {"int G = 50;\nint W = 60;\n"
+     "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+     "    return kv_idx < G && h != 1 || kv_idx <= q_idx && q_idx - kv_idx <= W;\n}\n",
+     1},
+    {"int G = 50;\n"
+     "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+     "    bool g = kv_idx >= G;\n"
+     "    return !g || kv_idx <= q_idx && (q_idx - kv_idx) % 4 == 0;\n}\n",
+     1},
+    {"bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+     "    return kv_idx % 4 == 0 || q_idx >= kv_idx;\n}\n",
+     0},
+    {"bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+     "    return kv_idx == 5 || (q_idx - kv_idx) % 3 == 0;\n}\n",
+     0},
+    {"bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+     "    return q_idx >= kv_idx;\n}\n",
      0},
 };
 

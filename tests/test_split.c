@@ -38,22 +38,23 @@ typedef struct split_row {
     int dist;                  /* FG_MASK_DIST                          */
     int score_dist;            /* FG_SCORE_DIST                         */
     int elem_costly;           /* FG_MASK_ELEM_COSTLY                   */
+    int tile;                  /* FG_MASK_TILE                          */
 } split_row;
 
 static const split_row rows[] = {
-    {"natten", {3, 4, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", "fg_iclamp"}, {NULL}, 1, 1, 0, 0, 0, 0, 0},
-    {"sasa", {0, 2, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", NULL}, {NULL}, 1, 1, 0, 0, 0, 0, 0},
-    {"document", {0, 1, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 1, 0, 0, 0, 0},
-    {"jagged", {0, 3, 0}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 0, 0, 0, 0, 0, 0},
-    {"flamingo", {0, 2, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 1, 0, 0, 0, 0},
-    {"prefix_lm", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0, 0, 0},
-    {"sliding_window", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 1, 0, 0},
-    {"causal", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 1, 0, 0},
-    {"alibi", {0, 0, 0}, {1, 0, 0}, {NULL}, {"fg_load", NULL}, 0, 0, 0, 0, 1, 1, 0},
-    {"softcap", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 1, 1, 0, 0},
-    {"noop", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0, 0, 0},
-    {"dilated", {1, 0, 0}, {0, 0, 0}, {"fg_imul", NULL}, {NULL}, 0, 0, 0, 0, 1, 0, 1},
-    {"local_global", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0, 0, 0},
+    {"natten", {3, 4, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", "fg_iclamp"}, {NULL}, 1, 1, 0, 0, 0, 0, 0, 0},
+    {"sasa", {0, 2, 2}, {0, 0, 0}, {"fg_idiv", "fg_imod", NULL}, {NULL}, 1, 1, 0, 0, 0, 0, 0, 0},
+    {"document", {0, 1, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 1, 0, 0, 0, 0, 0},
+    {"jagged", {0, 3, 0}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 0, 0, 0, 0, 0, 0, 0},
+    {"flamingo", {0, 2, 1}, {0, 0, 0}, {"fg_load", NULL}, {NULL}, 1, 1, 1, 0, 0, 0, 0, 0},
+    {"prefix_lm", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0, 0, 0, 1},
+    {"sliding_window", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 1, 0, 0, 0},
+    {"causal", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 1, 0, 0, 0},
+    {"alibi", {0, 0, 0}, {1, 0, 0}, {NULL}, {"fg_load", NULL}, 0, 0, 0, 0, 1, 1, 0, 0},
+    {"softcap", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 1, 1, 0, 0, 0},
+    {"noop", {0, 0, 0}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"dilated", {1, 0, 0}, {0, 0, 0}, {"fg_imul", NULL}, {NULL}, 0, 0, 0, 0, 1, 0, 1, 1},
+    {"local_global", {0, 0, 1}, {0, 0, 0}, {NULL}, {NULL}, 0, 0, 0, 0, 0, 0, 0, 1},
 };
 
 static char *emit_split(fg_ctx *ctx, const fg_mod *m) {
@@ -167,6 +168,7 @@ static void gallery_table(void **state) {
         assert_define(text, "FG_MASK_DIST", r->dist, r->mod);
         assert_define(text, "FG_SCORE_DIST", r->score_dist, r->mod);
         assert_define(text, "FG_MASK_ELEM_COSTLY", r->elem_costly, r->mod);
+        assert_define(text, "FG_MASK_TILE", r->tile, r->mod);
         assert_define(text, "FG_SCORE_ELEM_COSTLY", r->score_costly, r->mod);
         assert_int_equal(fgi_split_score_elem_costly(m), r->score_costly);
         check_gone(text, "fg_mask_split0", r->mask_gone, 3, r->mod);
@@ -267,6 +269,43 @@ static void distance_form(void **state) {
         free(body);
         free(text);
         compiles_beside_whole(ctx, m, 0, "distance mask");
+        fg_mod_destroy(m);
+    }
+    fg_ctx_destroy(ctx);
+}
+
+/* The mask folded over a tile (FG_MASK_TILE): set where every index read
+ * apart from a difference lies in a monotone comparison and the fold
+ * leaves something to gain, and then the folded form reads neither index
+ * and compiles beside the whole mod (gpu_split checks its results). */
+static void fold_form(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    for (size_t i = 0; i < sizeof split_check_fold / sizeof split_check_fold[0]; i++) {
+        fg_mod *m = mod_of(ctx, "fold", split_check_fold[i].text);
+        char *text = emit_split(ctx, m);
+        assert_define(text, "FG_MASK_TILE", split_check_fold[i].tile, split_check_fold[i].text);
+        char *body = function_body(text, "fg_mask_fold0");
+        char *init = function_body(text, "fg_mask_tile_init");
+        if (split_check_fold[i].tile) {
+            assert_non_null(body);
+            assert_non_null(init);
+            if (strstr(body, "q_idx") || strstr(body, "kv_idx") || strstr(body, "c.f") || strstr(body, "r.f"))
+                print_error("case %zu reads an index or a row or column part:\n%s\n", i, body);
+            assert_null(strstr(body, "q_idx"));
+            assert_null(strstr(body, "kv_idx"));
+            assert_null(strstr(body, "c.f"));
+            assert_null(strstr(body, "r.f"));
+            assert_non_null(strstr(body, "t.a0_0"));
+        } else {
+            assert_null(body);
+            assert_null(init);
+        }
+        free(init);
+        free(body);
+        free(text);
+        compiles_beside_whole(ctx, m, 0, "folded mask");
         fg_mod_destroy(m);
     }
     fg_ctx_destroy(ctx);
@@ -522,6 +561,7 @@ int main(void) {
         cmocka_unit_test(gallery_table),
         cmocka_unit_test(composition_splits_per_leaf),
         cmocka_unit_test(tricky_mods_split), cmocka_unit_test(distance_form),
+        cmocka_unit_test(fold_form),
         cmocka_unit_test(score_distance_form),
         cmocka_unit_test(score_element_cost),
         cmocka_unit_test(index_casts_rewritten), cmocka_unit_test(gallery_compiles),

@@ -100,6 +100,18 @@ typedef struct splitter {
                             fg_score_diag_init, fg_score_dist)           */
     bool diag;           /* the score_mod is split by diagonals too      */
     bool dist_floats;    /* printing its diagonal part with FGI_SPLIT_DIST_FLOATS */
+    bool fold;           /* printing the tile's folded form (fg_mask_fold) */
+    const fgi_expr *fold_skip; /* the atom being printed as itself there */
+    /* The atoms of the leaf being split (the mask folded over a tile). */
+    struct {
+        const fgi_expr *e;
+        const fgi_expr *ix; /* its index side */
+        int form;           /* index_form */
+    } atoms[MAX_FIELDS];
+    int natoms;
+    bool fold_bad;   /* some leaf does not fold (emit_fold)           */
+    bool fold_apart; /* some atom reads q_idx or kv_idx alone         */
+    bool fold_rest;  /* some difference is read outside the atoms     */
     /* The index casts rewritten (FGI_SPLIT_INDEX_FLOATS) in the function
      * being split: the cast, and the fields of (float)kv_idx and
      * (float)q_idx, made of the nodes in `conv`. */
@@ -357,6 +369,165 @@ static void put_dist_node(fgi_buf *out, const fgi_expr *e, bool kv_first) {
         fgi_buf_printf(out, kv_first ? "(0 %s fg_dist)" : "(fg_dist %s 0)", fgi_emit_infix(e->op));
 }
 
+/* ---- the mask folded over a tile ------------------------------------------------ */
+
+/* A comparison (<, <=, >, >=) of ints whose one side is an index form
+ * (q_idx, kv_idx, q_idx - kv_idx, kv_idx - q_idx, or a local holding a
+ * difference) and whose other side reads neither index (a parameter, a
+ * head's value) is monotone in that form: over a tile's box of rows [q_lo,
+ * q_hi] and columns [kv_lo, kv_hi] it has one value everywhere when it has
+ * the same value at the form's two ends. Call such a comparison an atom;
+ * a comparison of the indices themselves (kv_idx <= q_idx) is one too, of
+ * the distance against 0.
+ *
+ * A mask whose every read of an index apart from a difference lies in an
+ * atom (local_global's `kv_idx < GLOBAL`, prefix_lm's `kv_idx < PREFIX`;
+ * every mask of the distance) folds: per tile, fg_mask_tile_init makes
+ * each atom's value at one end and tells whether the atoms are the same
+ * over the box (2: all of them; 1: those of q_idx or kv_idx alone; 0:
+ * not). Where the atoms of q_idx and kv_idx alone are the same, the mask
+ * over the tile is a function of the distance, fg_mask_fold<false>: those
+ * atoms read as the tile's values, the rest as in fg_mask_dist, so the
+ * kernel can make it once per diagonal; where all are,
+ * fg_mask_fold<true> reads every atom as the tile's value and what is
+ * left (dilated's divisibility test) runs per diagonal. Exact: a value
+ * the same over the box is the value at every position in it. */
+
+typedef enum { IX_NONE, IX_Q, IX_KV, IX_DIST, IX_NDIST } index_form;
+
+static bool replace_hoisted(void *user, fgi_buf *out, const fgi_expr *e);
+static void print_expr(splitter *sp, const fgi_expr *e, split_class at);
+
+/* The index form e is, seeing through a local that holds a difference. */
+static index_form index_form_of(const splitter *sp, const fgi_expr *e) {
+    e = bare(e);
+    if (!e || e->type != FGI_T_INT) return IX_NONE;
+    if (e->kind == FGI_E_LOCAL && e->index >= 0 && e->index < sp->fn->nlocals) {
+        const index_form f = index_form_of(sp, sp->fn->locals[e->index].init);
+        return f == IX_DIST || f == IX_NDIST ? f : IX_NONE;
+    }
+    if (e->kind == FGI_E_ARG) return e->op == FGI_ARG_Q_IDX ? IX_Q : e->op == FGI_ARG_KV_IDX ? IX_KV : IX_NONE;
+    bool kv_first;
+    if (e->op == FGI_OP_SUB && is_dist_node(e, &kv_first)) return kv_first ? IX_NDIST : IX_DIST;
+    return IX_NONE;
+}
+
+/* Whether e is an atom; its index side and form. */
+static bool is_atom(const splitter *sp, const fgi_expr *e, const fgi_expr **ix, index_form *form) {
+    if (!e || e->kind != FGI_E_BINARY || e->op < FGI_OP_LT || e->op > FGI_OP_GE || !e->a || !e->b) return false;
+    bool kv_first;
+    if (is_dist_node(e, &kv_first)) { /* q OP kv: (q - kv) OP 0 */
+        *ix = NULL;
+        *form = IX_DIST;
+        return true;
+    }
+    if (e->a->type != FGI_T_INT || e->b->type != FGI_T_INT) return false;
+    const unsigned idx = D_Q | D_KV | D_SCORE;
+    for (int side = 0; side < 2; side++) {
+        const fgi_expr *x = side ? e->b : e->a, *other = side ? e->a : e->b;
+        const index_form f = index_form_of(sp, x);
+        if (f != IX_NONE && !(deps_of(sp, other) & idx)) {
+            *ix = x;
+            *form = f;
+            return true;
+        }
+    }
+    return false;
+}
+
+static int atom_index(const splitter *sp, const fgi_expr *e) {
+    for (int i = 0; i < sp->natoms; i++)
+        if (sp->atoms[i].e == e) return i;
+    return -1;
+}
+
+/* Collects the atoms of e; false where e reads an index apart from atoms
+ * and differences (the mask does not fold). */
+static bool collect_atoms(splitter *sp, const fgi_expr *e) {
+    if (!e) return true;
+    const fgi_expr *ix;
+    index_form form;
+    if (is_atom(sp, e, &ix, &form)) {
+        if (atom_index(sp, e) < 0) {
+            if (sp->natoms >= MAX_FIELDS) return false;
+            sp->atoms[sp->natoms].e = e;
+            sp->atoms[sp->natoms].ix = ix;
+            sp->atoms[sp->natoms].form = form;
+            sp->natoms++;
+        }
+        return true;
+    }
+    bool kv_first;
+    if (is_dist_node(e, &kv_first)) {
+        sp->fold_rest = true;
+        return true;
+    }
+    if (e->kind == FGI_E_ARG && (e->op == FGI_ARG_Q_IDX || e->op == FGI_ARG_KV_IDX)) return false;
+    bool ok = collect_atoms(sp, e->a) && collect_atoms(sp, e->b) && collect_atoms(sp, e->c);
+    for (int i = 0; ok && i < e->nargs; i++) ok = collect_atoms(sp, e->args[i]);
+    return ok;
+}
+
+/* After analyse(): the leaf's atoms; false where it does not fold. */
+static bool analyse_atoms(splitter *sp) {
+    sp->natoms = 0;
+    for (int i = 0; i < sp->fn->nlocals; i++)
+        if (!collect_atoms(sp, sp->fn->locals[i].init)) return false;
+    return collect_atoms(sp, sp->fn->ret);
+}
+
+/* An atom as the folded form prints it: the tile's value, which for an
+ * atom of the distance only U asks for. */
+static void put_atom(splitter *sp, fgi_buf *out, int k) {
+    const fgi_expr *e = sp->atoms[k].e;
+    const bool apart = sp->atoms[k].form == IX_Q || sp->atoms[k].form == IX_KV;
+    if (apart) {
+        fgi_buf_printf(out, "t.a%d_%d", sp->leaf, k);
+        return;
+    }
+    fgi_buf_printf(out, "(U ? t.a%d_%d : ", sp->leaf, k);
+    bool kv_first;
+    if (is_dist_node(e, &kv_first)) {
+        put_dist_node(out, e, kv_first);
+    } else { /* the atom as itself, its operands through the hook */
+        sp->fold_skip = e;
+        fgi_cuda_printer p = {.out = out, .mod = sp->mod, .fn = sp->fn, .style = FGI_CUDA_PARENS,
+                              .replace = replace_hoisted, .user = sp, .math = sp->math};
+        fgi_cuda_print_expr(&p, e);
+        if (p.failure) fail(sp, p.failure);
+    }
+    fgi_buf_puts(out, ")");
+}
+
+/* The statements of fg_mask_tile_init for atom k: its value at both ends
+ * of its index form over the box. */
+static void print_atom_ends(splitter *sp, int k) {
+    static const char *const lo[] = {"", "q_lo", "kv_lo", "q_lo - kv_hi", "kv_lo - q_hi"};
+    static const char *const hi[] = {"", "q_hi", "kv_hi", "q_hi - kv_lo", "kv_hi - q_lo"};
+    const fgi_expr *e = sp->atoms[k].e, *ix = sp->atoms[k].ix;
+    const int form = sp->atoms[k].form;
+    fgi_buf *out = sp->out;
+    for (int end = 0; end < 2; end++) {
+        fgi_buf_printf(out, "    fg_e = %s;\n    %s = ", end ? hi[form] : lo[form], end ? "fg_z" : "fg_a");
+        bool kv_first;
+        if (!ix && is_dist_node(e, &kv_first)) {
+            fgi_buf_printf(out, kv_first ? "(0 %s fg_e)" : "(fg_e %s 0)", fgi_emit_infix(e->op));
+        } else {
+            const bool left = ix == e->a;
+            fgi_buf_puts(out, "(");
+            if (left) fgi_buf_puts(out, "fg_e");
+            else print_expr(sp, e->a, C_ELEM);
+            fgi_buf_printf(out, " %s ", fgi_emit_infix(e->op));
+            if (left) print_expr(sp, e->b, C_ELEM);
+            else fgi_buf_puts(out, "fg_e");
+            fgi_buf_puts(out, ")");
+        }
+        fgi_buf_puts(out, ";\n");
+    }
+    fgi_buf_printf(out, "    t.a%d_%d = fg_a;\n    if (fg_a != fg_z) fg_u = %s;\n", sp->leaf, k,
+                   form == IX_Q || form == IX_KV ? "0" : "min(fg_u, 1)");
+}
+
 /* ---- the score_mod by diagonals ------------------------------------------------- */
 
 /* A score_mod that reads q_idx and kv_idx only through distance nodes
@@ -443,7 +614,23 @@ static void put_field_name(const splitter *sp, fgi_buf *out, const field *f) {
  * being computed (sp->at) is read from its struct, and a local held in a
  * field is always read from there. */
 static bool replace_hoisted(void *user, fgi_buf *out, const fgi_expr *e) {
-    const splitter *sp = user;
+    splitter *sp = user;
+    if (sp->fold) { /* the folded form: atoms from the tile, no row or column parts */
+        if (e == sp->fold_skip) {
+            sp->fold_skip = NULL;
+            return false;
+        }
+        const int k = atom_index(sp, e);
+        if (k >= 0) {
+            put_atom(sp, out, k);
+            return true;
+        }
+        const field *hf = field_of_expr(sp, e);
+        if (hf && hf->cls != C_HEAD) return false;
+        if (e->kind == FGI_E_LOCAL && e->index >= 0 && e->index < sp->fn->nlocals && sp->local_field[e->index] >= 0 &&
+            sp->fields[sp->local_field[e->index]].cls != C_HEAD)
+            return false; /* declared in the body (print_elem_body) */
+    }
     const field *f = field_of_expr(sp, e);
     if (f && f->cls != sp->at) {
         put_field_name(sp, out, f);
@@ -575,7 +762,8 @@ static void print_fills(splitter *sp, split_class cls) {
 static void print_elem_body(splitter *sp) {
     const fgi_func *fn = sp->fn;
     for (int i = 0; i < fn->nlocals && sp->st == FG_OK; i++) {
-        if (sp->local_field[i] >= 0) continue;
+        /* (the folded form has the head parts only) */
+        if (sp->local_field[i] >= 0 && (!sp->fold || sp->fields[sp->local_field[i]].cls == C_HEAD)) continue;
         fgi_buf_printf(sp->out, "    const %s l%d = ", fgi_emit_ctype(fn->locals[i].type), i);
         print_expr(sp, fn->locals[i].init, C_ELEM);
         fgi_buf_puts(sp->out, ";\n");
@@ -606,7 +794,8 @@ static void print_diag_fills(splitter *sp) {
  * per-element functions); each pass re-runs the analysis of the leaf. */
 typedef enum { PASS_MEMBERS_HEAD, PASS_MEMBERS_ROW, PASS_MEMBERS_COL, PASS_FILL_HEAD,
                PASS_FILL_ROW, PASS_FILL_COL, PASS_ELEM, PASS_DIST, PASS_COST,
-               PASS_MEMBERS_DIAG, PASS_FILL_DIAG, PASS_SCORE_DIST, PASS_SCORE_ADDEND } pass;
+               PASS_MEMBERS_DIAG, PASS_FILL_DIAG, PASS_SCORE_DIST, PASS_SCORE_ADDEND,
+               PASS_FOLD_CHECK, PASS_MEMBERS_TILE, PASS_FILL_TILE, PASS_FOLD } pass;
 
 static void leaf_pass(splitter *sp, const fgi_func *fn, int leaf, pass ps, const char *kind) {
     analyse(sp, fn, leaf);
@@ -615,7 +804,31 @@ static void leaf_pass(splitter *sp, const fgi_func *fn, int leaf, pass ps, const
     const bool by_diag = ps >= PASS_MEMBERS_DIAG || (ps == PASS_COST && sp->diag);
     if (sp->st == FG_OK && by_diag) analyse_diag(sp);
     if (sp->st != FG_OK) return;
+    if (ps >= PASS_FOLD_CHECK && !analyse_atoms(sp)) {
+        sp->fold_bad = true;
+        return;
+    }
     switch (ps) {
+    case PASS_FOLD_CHECK:
+        for (int k = 0; k < sp->natoms; k++)
+            if (sp->atoms[k].form == IX_Q || sp->atoms[k].form == IX_KV) sp->fold_apart = true;
+        return;
+    case PASS_MEMBERS_TILE:
+        for (int k = 0; k < sp->natoms; k++) fgi_buf_printf(sp->out, "    bool a%d_%d;\n", leaf, k);
+        return;
+    case PASS_FILL_TILE:
+        for (int k = 0; k < sp->natoms && sp->st == FG_OK; k++) print_atom_ends(sp, k);
+        return;
+    case PASS_FOLD:
+        fgi_buf_printf(sp->out,
+                       "template <bool U>\n__device__ __forceinline__ bool fg_mask_fold%d(const fg_mod_params &p, "
+                       "const fg_mask_head &hd, int b, int h, int fg_dist, const fg_mask_tile &t) {\n",
+                       leaf);
+        sp->fold = true;
+        print_as_dist(sp, print_elem_body);
+        sp->fold = false;
+        fgi_buf_puts(sp->out, "}\n\n");
+        return;
     case PASS_MEMBERS_DIAG: print_members(sp, C_DIAG); return;
     case PASS_SCORE_ADDEND: {
         const fgi_expr *y = score_addend(sp);
@@ -699,17 +912,52 @@ static bool score_elem_costly(splitter *sp) {
 
 /* The && / || of the leaves' split functions (or, `dist`, their distance
  * forms), as fg_mask_mod combines them. */
-static void print_mask_tree(splitter *sp, const fgi_mask_node *n, int *next, bool dist) {
+typedef enum { TREE_SPLIT, TREE_DIST, TREE_FOLD } tree_form;
+static void print_mask_tree(splitter *sp, const fgi_mask_node *n, int *next, tree_form form) {
     if (n->op == FGI_MASK_LEAF) {
-        if (dist) fgi_buf_printf(sp->out, "fg_mask_dist%d(p, hd, b, h, fg_dist)", (*next)++);
+        if (form == TREE_DIST) fgi_buf_printf(sp->out, "fg_mask_dist%d(p, hd, b, h, fg_dist)", (*next)++);
+        else if (form == TREE_FOLD) fgi_buf_printf(sp->out, "fg_mask_fold%d<U>(p, hd, b, h, fg_dist, t)", (*next)++);
         else fgi_buf_printf(sp->out, "fg_mask_split%d(p, hd, b, h, q_idx, kv_idx, r, c)", (*next)++);
         return;
     }
     fgi_buf_puts(sp->out, "(");
-    print_mask_tree(sp, n->a, next, dist);
+    print_mask_tree(sp, n->a, next, form);
     fgi_buf_puts(sp->out, n->op == FGI_MASK_AND ? " && " : " || ");
-    print_mask_tree(sp, n->b, next, dist);
+    print_mask_tree(sp, n->b, next, form);
     fgi_buf_puts(sp->out, ")");
+}
+
+/* The mask folded over a tile (the section "the mask folded over a tile"):
+ * FG_MASK_TILE, struct fg_mask_tile, fg_mask_tile_init and fg_mask_fold<U>,
+ * where the mask folds and has an atom. */
+static void emit_fold(splitter *sp) {
+    fgi_buf *out = sp->out;
+    sp->fold_bad = sp->fold_apart = sp->fold_rest = false;
+    if (sp->mod->mask) for_each_leaf(sp, true, PASS_FOLD_CHECK);
+    /* Worth it where a tile's atoms can leave the mask of the distance
+     * (an atom of q_idx or kv_idx alone), or leave work per diagonal once
+     * they are all the same over the box (dilated's divisibility test).
+     * A mask of the distance made of atoms alone (causal, sliding_window)
+     * gains nothing: its partial tiles are the ones its atoms cross. */
+    const bool fold = sp->mod->mask && !sp->fold_bad && (sp->fold_apart || sp->fold_rest) && sp->st == FG_OK;
+    fgi_buf_printf(out, "#define FG_MASK_TILE %d\n", fold ? 1 : 0);
+    if (!fold) return;
+    fgi_buf_puts(out, "struct fg_mask_tile {\n");
+    for_each_leaf(sp, true, PASS_MEMBERS_TILE);
+    fgi_buf_puts(out, "};\n/* The atoms over rows [q_lo, q_hi] x columns [kv_lo, kv_hi] (indices in range):\n"
+                      " * 2 when each is the same over the box, 1 when those of q_idx or kv_idx\n"
+                      " * alone are, else 0; t holds each one's value at one end. */\n"
+                      "__device__ __forceinline__ int fg_mask_tile_init(const fg_mod_params &p, "
+                      "const fg_mask_head &hd, int b, int h, int q_lo, int q_hi, int kv_lo, int kv_hi, "
+                      "fg_mask_tile &t) {\n    int fg_u = 2, fg_e;\n    bool fg_a, fg_z;\n");
+    for_each_leaf(sp, true, PASS_FILL_TILE);
+    fgi_buf_puts(out, "    return fg_u;\n}\n");
+    for_each_leaf(sp, true, PASS_FOLD);
+    fgi_buf_puts(out, "template <bool U>\n__device__ __forceinline__ bool fg_mask_fold(const fg_mod_params &p, "
+                      "const fg_mask_head &hd, int b, int h, int fg_dist, const fg_mask_tile &t) {\n    return ");
+    int next = 0;
+    print_mask_tree(sp, sp->mod->mask, &next, TREE_FOLD);
+    fgi_buf_puts(out, ";\n}\n\n");
 }
 
 static void emit_kind(splitter *sp, bool mask) {
@@ -768,7 +1016,7 @@ static void emit_kind(splitter *sp, bool mask) {
                           "const fg_mask_row &r, const fg_mask_col &c) {\n    return ");
         if (sp->mod->mask) {
             int next = 0;
-            print_mask_tree(sp, sp->mod->mask, &next, false);
+            print_mask_tree(sp, sp->mod->mask, &next, TREE_SPLIT);
         } else {
             fgi_buf_puts(out, "true");
         }
@@ -804,9 +1052,10 @@ static void emit_kind(splitter *sp, bool mask) {
             fgi_buf_puts(out, "__device__ __forceinline__ bool fg_mask_dist(const fg_mod_params &p, "
                               "const fg_mask_head &hd, int b, int h, int fg_dist) {\n    return ");
             int next = 0;
-            print_mask_tree(sp, sp->mod->mask, &next, true);
+            print_mask_tree(sp, sp->mod->mask, &next, TREE_DIST);
             fgi_buf_puts(out, ";\n}\n\n");
         }
+        emit_fold(sp);
     }
 }
 

@@ -44,7 +44,7 @@
 #include <string.h>
 
 /* Bump when emit.c or this file changes what the source looks like. */
-#define FGI_CODEGEN_VERSION "flexgen-codegen 19"
+#define FGI_CODEGEN_VERSION "flexgen-codegen 20"
 
 /* What the source generator needs; owned by the fgi_codegen, so a spec
  * copied out of it stays valid until fgi_codegen_free. */

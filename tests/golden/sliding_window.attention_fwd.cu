@@ -351,6 +351,7 @@ __device__ __forceinline__ bool fg_mask_dist(const fg_mod_params &p, const fg_ma
     return fg_mask_dist0(p, hd, b, h, fg_dist);
 }
 
+#define FG_MASK_TILE 0
 struct fg_score_head {
 };
 struct fg_score_row {
@@ -865,6 +866,46 @@ static __device__ __forceinline__ void fga_tile_mask_dist(float (&s)[MT][NT][4],
 }
 #endif
 
+#if FG_MASK_TILE
+/* Partial tiles of a mask that folds (FG_MASK_TILE: emit_split.c, "the mask
+ * folded over a tile"): the mask's monotone comparisons (atoms) made at the
+ * ends of this warp's box of the tile (its 16 MT rows, the tile's columns),
+ * and then, where those of q_idx or kv_idx alone hold one value over the
+ * box (local_global's `kv_idx < GLOBAL` off its first block), the mask is
+ * a function of the distance made once per diagonal; where the distance's
+ * atoms do too (dilated's window away from its two ends), only what is
+ * left of it (the divisibility test) is. A box where they do not takes
+ * the element loop (never, for a mask of the distance alone). The box
+ * holds in-range indices only; positions past the edges are masked by
+ * fga_tile_range. */
+template <bool COLS, int MT, int NT>
+static __device__ __forceinline__ void fga_tile_mask_fold(float (&s)[MT][NT][4], const fga_rows<MT> &r,
+                                                          const fga_args &a, const fg_mod_params &p, int kv0,
+                                                          const fg_mask_col *cols) {
+    const int w0 = r.qrow0 - ((threadIdx.x & 31) >> 2); /* the warp's first row */
+    fg_mask_tile t;
+    const int u = fg_mask_tile_init(p, r.mhd, r.b, r.h, min(w0, a.q_len - 1) + a.q_offset,
+                                    min(w0 + 16 * MT - 1, a.q_len - 1) + a.q_offset,
+                                    min(kv0, a.kv_len - 1) + a.kv_offset,
+                                    min(kv0 + 8 * NT - 1, a.kv_len - 1) + a.kv_offset, t);
+    const auto mask = [&](float &x, bool keep, int) {
+        if (!keep) x = FGA_NEG_INF;
+    };
+    if (u == 2)
+        fga_diagonals(s, r, a, kv0, [&](int d, float) { return fg_mask_fold<true>(p, r.mhd, r.b, r.h, d, t); }, mask);
+    else if (FG_MASK_DIST || u == 1)
+        fga_diagonals(s, r, a, kv0, [&](int d, float) { return fg_mask_fold<false>(p, r.mhd, r.b, r.h, d, t); }, mask);
+    else
+        fga_tile_mods_as<MT, NT, true, COLS>(s, r, a, p, kv0, cols);
+}
+#endif
+
+/* Masks that fold take fga_tile_mask_fold for their partial tiles, beside
+ * no score_mod, or beside one FGA_DIST_TILES makes at every position first
+ * (a mask of the distance, whose element loop never runs). */
+#define FGA_FOLD_TILES                                                                                   \
+    (FG_MASK_TILE && FGA_MASK_MOD && (!FGA_SCORE_MOD || FGA_DIST_TILES) && !FGA_SCORE_DIST_TILES)
+
 /* A score_mod of the form score + Y (FG_SCORE_ADDS) under a scale that
  * is a power of two (head dim 64's 1/8): the score's product q.k * scale
  * is then exact, so fma(q.k, scale, Y) rounds once where FADD(q.k *
@@ -960,6 +1001,10 @@ static __device__ __forceinline__ void fga_tile_mods(float (&s)[MT][NT][4], cons
         if (FGA_MASK_MOD && partial) fga_tile_score_dist<MT, NT, true, false>(s, r, a, p, kv0);
         else fga_tile_score_dist<MT, NT, false, false>(s, r, a, p, kv0);
     }
+#elif FGA_FOLD_TILES
+    /* score_mod at every position, then the mask folded over the tile */
+    if (FGA_SCORE_MOD) fga_tile_mods_as<MT, NT, false, false>(s, r, a, p, kv0, cols);
+    if (partial) fga_tile_mask_fold<COLS>(s, r, a, p, kv0, cols);
 #elif FGA_DIST_TILES
     /* score_mod at every position, then the mask by diagonals */
     if (FGA_SCORE_MOD) fga_tile_mods_as<MT, NT, false, false>(s, r, a, p, kv0, cols);
