@@ -940,8 +940,9 @@ static __device__ __forceinline__ void fga_tile_mask_fold(float (&s)[MT][NT][4],
  * scale, Y) did, the same float, in one instruction instead of two (short
  * of a product below 2^-126, where the fma keeps bits the product would
  * have lost). Carried by the kernels whose head dim makes the default
- * scale 1 / sqrt(D) a power of two (16, 64, 256): at head dim 128 the
- * unused copy of the loop cost 1.8% (bench/attention_notes.md f11). */
+ * scale 1 / sqrt(D) a power of two (16, 64, 256; ALiBi at 256 -1.2%
+ * time): at head dim 128 the unused copy of the loop cost 1.8%
+ * (bench/attention_notes.md f11). */
 #define FGA_SCORE_FMA (FG_SCORE_ADDS && (FG_HEAD_DIM == 16 || FG_HEAD_DIM == 64 || FG_HEAD_DIM == 256))
 #if FGA_SCORE_FMA
 static __device__ __forceinline__ bool fga_scale_pow2(const fga_args &a) {
