@@ -1,8 +1,9 @@
 /* fuzz_mod.c -- libFuzzer target over the whole front end and the CPU
  * evaluator: any byte string goes through the file form and the expression
  * form; whatever checks is printed canonically, composed with itself,
- * emitted as CUDA and evaluated on a small tile with every buffer bound to a
- * small host array (so out-of-range indices must come back as FG_ERR_EVAL).
+ * emitted as CUDA (whole and split by dependency) and evaluated on a small
+ * tile with every buffer bound to a small host array (so out-of-range
+ * indices must come back as FG_ERR_EVAL).
  * Nothing may crash, leak or trip a sanitizer; errors are the expected
  * outcome for most inputs. The same entry point is driven by replay_main.c
  * over fuzz/corpus in every build, and by libFuzzer in scripts/fuzz.sh. */
@@ -36,10 +37,14 @@ static void exercise(fg_ctx *ctx, const fg_mod *mod) {
         char *t = fgi_expr_canonical(mod, fns[k], fns[k]->ret);
         free(t);
     }
-    /* emitted CUDA */
+    /* emitted CUDA, whole and split by dependency (with every rewrite:
+     * index and distance casts as floats, the distance and folded forms) */
     fgi_buf cuda = {0};
     (void)fgi_emit_mod(ctx, mod, &cuda);
     fgi_buf_free(&cuda);
+    fgi_buf split = {0};
+    (void)fgi_emit_split_math(ctx, mod, FGI_MATH_ACCURATE, FGI_SPLIT_INDEX_FLOATS | FGI_SPLIT_DIST_FLOATS, &split);
+    fgi_buf_free(&split);
     /* evaluation on a tile with small buffers */
     static const int32_t ibuf[BUF_LEN] = {0, 1, 2, 3, -1, 7, 2147483647, -2147483647 - 1};
     static const float fbuf[BUF_LEN] = {0.0f, 1.0f, -2.5f, 0.125f, 1e30f, -1e-30f, 3.0f, 0.5f};
