@@ -251,6 +251,21 @@ static void test_gallery(void **state) {
     "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"        \
     "    return score + S * (float)(kv_idx - q_idx);\n}\n"
 
+/* A capped score (tanh: work per score a branch would skip) beside a
+ * dilated window: the forward makes score_mod at every position of a
+ * partial tile and then the mask folded over each warp's box
+ * (FGA_FOLD_TILES): by diagonals with the window's bounds read from the
+ * box where they hold over it, with them where they do not. */
+#define CAPPED_DILATED_SRC                                                         \
+    "float T = 4.0;\n"                                                             \
+    "int P = 3;\n"                                                                 \
+    "int W = 60;\n"                                                                \
+    "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"                       \
+    "    int d = q_idx - kv_idx;\n"                                                \
+    "    return d >= 0 && d <= W * P && d % P == 0;\n}\n"                          \
+    "float score_mod(float score, int b, int h, int q_idx, int kv_idx) {\n"        \
+    "    return T * tanh(score / T);\n}\n"
+
 /* Division by a float parameter (fg_fdiv_by, the host's reciprocal): the
  * mask keeps a pair where bit 2^-17 of (q_idx + kv_idx) / F is 0, the last
  * bit of the quotients from 64 up, so a quotient that differed from the CPU
@@ -296,6 +311,11 @@ static const acase features[] = {
      * kernel runs) */
     {"alibi", NULL, 64, FG_BF16, 1, 2, 2, 200, 300, (1 << 24) - 1000, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
     {"alibi", NULL, 64, FG_FP16, 1, 2, 1, 200, 300, (1 << 24) + 100, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
+    /* score_mod everywhere, then the mask folded over the tile (Hopper at
+     * 64 and 128, the portable kernel at 80) */
+    {NULL, CAPPED_DILATED_SRC, 64, FG_BF16, 1, 2, 1, 700, 700, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
+    {NULL, CAPPED_DILATED_SRC, 128, FG_FP16, 1, 2, 2, 500, 650, 150, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
+    {NULL, CAPPED_DILATED_SRC, 80, FG_BF16, 1, 2, 1, 400, 400, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
     /* fully masked rows, with and without a block mask */
     {NULL, LATE_SRC, 64, FG_BF16, 1, 2, 2, 200, 200, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 70},
     {NULL, LATE_SRC, 128, FG_FP16, 2, 1, 1, 200, 150, 0, 0, BHSD, 0, BM_GPU, 0, 0, 64, 64, 0, 70},
