@@ -187,7 +187,8 @@ static const struct {
  * q_idx, atoms written the other way round and against a buffer, an atom
  * inside a larger column part, a local holding an atom; and masks that
  * do not fold (an index read apart outside a comparison, an equality) or
- * gain nothing from it (causal: atoms alone, of the distance). */
+ * gain nothing from it (causal: atoms alone, of the distance; a window
+ * through abs: no atom). */
 static const struct {
     const char *text;
     int tile;
@@ -226,6 +227,10 @@ static const struct {
      0},
     {"bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
      "    return q_idx >= kv_idx;\n}\n",
+     0},
+    {"int W = 40;\n"
+     "bool mask_mod(int b, int h, int q_idx, int kv_idx) {\n"
+     "    return abs(q_idx - kv_idx) < W;\n}\n",
      0},
 };
 

@@ -112,6 +112,7 @@ typedef struct splitter {
     bool fold_bad;   /* some leaf does not fold (emit_fold)           */
     bool fold_apart; /* some atom reads q_idx or kv_idx alone         */
     bool fold_rest;  /* some difference is read outside the atoms     */
+    int fold_atoms;  /* the atoms of every leaf                       */
     /* The index casts rewritten (FGI_SPLIT_INDEX_FLOATS) in the function
      * being split: the cast, and the fields of (float)kv_idx and
      * (float)q_idx, made of the nodes in `conv`. */
@@ -810,6 +811,7 @@ static void leaf_pass(splitter *sp, const fgi_func *fn, int leaf, pass ps, const
     }
     switch (ps) {
     case PASS_FOLD_CHECK:
+        sp->fold_atoms += sp->natoms;
         for (int k = 0; k < sp->natoms; k++)
             if (sp->atoms[k].form == IX_Q || sp->atoms[k].form == IX_KV) sp->fold_apart = true;
         return;
@@ -933,13 +935,16 @@ static void print_mask_tree(splitter *sp, const fgi_mask_node *n, int *next, tre
 static void emit_fold(splitter *sp) {
     fgi_buf *out = sp->out;
     sp->fold_bad = sp->fold_apart = sp->fold_rest = false;
+    sp->fold_atoms = 0;
     if (sp->mod->mask) for_each_leaf(sp, true, PASS_FOLD_CHECK);
     /* Worth it where a tile's atoms can leave the mask of the distance
      * (an atom of q_idx or kv_idx alone), or leave work per diagonal once
      * they are all the same over the box (dilated's divisibility test).
      * A mask of the distance made of atoms alone (causal, sliding_window)
-     * gains nothing: its partial tiles are the ones its atoms cross. */
-    const bool fold = sp->mod->mask && !sp->fold_bad && (sp->fold_apart || sp->fold_rest) && sp->st == FG_OK;
+     * gains nothing: its partial tiles are the ones its atoms cross; nor
+     * does one without atoms (`abs(q_idx - kv_idx) < W`). */
+    const bool fold = sp->mod->mask && !sp->fold_bad && sp->fold_atoms > 0 && (sp->fold_apart || sp->fold_rest) &&
+                      sp->st == FG_OK;
     fgi_buf_printf(out, "#define FG_MASK_TILE %d\n", fold ? 1 : 0);
     if (!fold) return;
     fgi_buf_puts(out, "struct fg_mask_tile {\n");
