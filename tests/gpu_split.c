@@ -264,6 +264,20 @@ static void fold_equals_whole(void **state) {
         }
         fg_mod_destroy(m);
     }
+    /* a composition, folded leaf by leaf, with the gallery's parameters:
+     * its boxes near 0 reach local_global's global keys */
+    fg_mod *lg = tu_gallery_mod(ctx, "local_global"), *dil = tu_gallery_mod(ctx, "dilated"), *both = NULL;
+    assert_int_equal(fg_mod_or(ctx, lg, dil, &both), FG_OK);
+    for (int h = 0; h < 2; h++) {
+        int bad[5] = {-1, -1, -1, -1, -1};
+        check_ok(ctx, run_check(ctx, both, 0, h, bad));
+        if (bad[0]) print_error("local_global || dilated h=%d: %d mask mismatches\n", h, bad[0]);
+        assert_int_equal(bad[0], 0);
+        assert_true(bad[2] + bad[3] > 0);
+    }
+    fg_mod_destroy(both);
+    fg_mod_destroy(dil);
+    fg_mod_destroy(lg);
     fg_ctx_destroy(ctx);
 }
 

@@ -308,6 +308,21 @@ static void fold_form(void **state) {
         compiles_beside_whole(ctx, m, 0, "folded mask");
         fg_mod_destroy(m);
     }
+    /* A composition folds leaf by leaf: local_global && dilated, two
+     * leaves' atoms in one tile struct, fg_mask_fold the && of the two
+     * leaves' folded forms. */
+    fg_mod *lg = tu_gallery_mod(ctx, "local_global"), *dil = tu_gallery_mod(ctx, "dilated"), *both = NULL;
+    assert_int_equal(fg_mod_and(ctx, lg, dil, &both), FG_OK);
+    char *text = emit_split(ctx, both);
+    assert_define(text, "FG_MASK_TILE", 1, "local_global && dilated");
+    assert_non_null(strstr(text, "t.a0_0"));
+    assert_non_null(strstr(text, "t.a1_0"));
+    assert_non_null(strstr(text, "fg_mask_fold0<U>(p, hd, b, h, fg_dist, t) && fg_mask_fold1<U>(p, hd, b, h, fg_dist, t)"));
+    free(text);
+    compiles_beside_whole(ctx, both, 0, "folded composition");
+    fg_mod_destroy(both);
+    fg_mod_destroy(dil);
+    fg_mod_destroy(lg);
     fg_ctx_destroy(ctx);
 }
 
