@@ -436,6 +436,11 @@ static bool is_atom(const splitter *sp, const fgi_expr *e, const fgi_expr **ix, 
     return false;
 }
 
+/* Whether atom k reads q_idx or kv_idx alone (not the distance). */
+static bool atom_apart(const splitter *sp, int k) {
+    return sp->atoms[k].form == IX_Q || sp->atoms[k].form == IX_KV;
+}
+
 static int atom_index(const splitter *sp, const fgi_expr *e) {
     for (int i = 0; i < sp->natoms; i++)
         if (sp->atoms[i].e == e) return i;
@@ -481,8 +486,7 @@ static bool analyse_atoms(splitter *sp) {
  * atom of the distance only U asks for. */
 static void put_atom(splitter *sp, fgi_buf *out, int k) {
     const fgi_expr *e = sp->atoms[k].e;
-    const bool apart = sp->atoms[k].form == IX_Q || sp->atoms[k].form == IX_KV;
-    if (apart) {
+    if (atom_apart(sp, k)) {
         fgi_buf_printf(out, "t.a%d_%d", sp->leaf, k);
         return;
     }
@@ -526,7 +530,7 @@ static void print_atom_ends(splitter *sp, int k) {
         fgi_buf_puts(out, ";\n");
     }
     fgi_buf_printf(out, "    t.a%d_%d = fg_a;\n    if (fg_a != fg_z) fg_u = %s;\n", sp->leaf, k,
-                   form == IX_Q || form == IX_KV ? "0" : "min(fg_u, 1)");
+                   atom_apart(sp, k) ? "0" : "min(fg_u, 1)");
 }
 
 /* ---- the score_mod by diagonals ------------------------------------------------- */
@@ -813,7 +817,7 @@ static void leaf_pass(splitter *sp, const fgi_func *fn, int leaf, pass ps, const
     case PASS_FOLD_CHECK:
         sp->fold_atoms += sp->natoms;
         for (int k = 0; k < sp->natoms; k++)
-            if (sp->atoms[k].form == IX_Q || sp->atoms[k].form == IX_KV) sp->fold_apart = true;
+            if (atom_apart(sp, k)) sp->fold_apart = true;
         return;
     case PASS_MEMBERS_TILE:
         for (int k = 0; k < sp->natoms; k++) fgi_buf_printf(sp->out, "    bool a%d_%d;\n", leaf, k);

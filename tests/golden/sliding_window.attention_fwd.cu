@@ -852,17 +852,24 @@ static __device__ __forceinline__ void fga_diagonals(float (&s)[MT][NT][4], cons
         }
 }
 
+/* A mask of the distance, keep(d), once per diagonal, each element then a
+ * select: masked elements become -inf. */
+template <int MT, int NT, class Keep>
+static __device__ __forceinline__ void fga_tile_mask_by(float (&s)[MT][NT][4], const fga_rows<MT> &r,
+                                                        const fga_args &a, int kv0, const Keep &keep) {
+    fga_diagonals(
+        s, r, a, kv0, [&](int d, float) { return keep(d); },
+        [&](float &x, bool k, int) {
+            if (!k) x = FGA_NEG_INF;
+        });
+}
+
 #if FG_MASK_DIST
-/* A mask of the distance alone (fg_mask_dist) once per diagonal, each
- * element then a select: masked elements become -inf. */
+/* A mask of the distance alone (fg_mask_dist). */
 template <int MT, int NT>
 static __device__ __forceinline__ void fga_tile_mask_dist(float (&s)[MT][NT][4], const fga_rows<MT> &r,
                                                           const fga_args &a, const fg_mod_params &p, int kv0) {
-    fga_diagonals(
-        s, r, a, kv0, [&](int d, float) { return fg_mask_dist(p, r.mhd, r.b, r.h, d); },
-        [&](float &x, bool keep, int) {
-            if (!keep) x = FGA_NEG_INF;
-        });
+    fga_tile_mask_by(s, r, a, kv0, [&](int d) { return fg_mask_dist(p, r.mhd, r.b, r.h, d); });
 }
 #endif
 
@@ -888,13 +895,10 @@ static __device__ __forceinline__ void fga_tile_mask_fold(float (&s)[MT][NT][4],
                                     min(w0 + 16 * MT - 1, a.q_len - 1) + a.q_offset,
                                     min(kv0, a.kv_len - 1) + a.kv_offset,
                                     min(kv0 + 8 * NT - 1, a.kv_len - 1) + a.kv_offset, t);
-    const auto mask = [&](float &x, bool keep, int) {
-        if (!keep) x = FGA_NEG_INF;
-    };
     if (u == 2)
-        fga_diagonals(s, r, a, kv0, [&](int d, float) { return fg_mask_fold<true>(p, r.mhd, r.b, r.h, d, t); }, mask);
+        fga_tile_mask_by(s, r, a, kv0, [&](int d) { return fg_mask_fold<true>(p, r.mhd, r.b, r.h, d, t); });
     else if (FG_MASK_DIST || u == 1)
-        fga_diagonals(s, r, a, kv0, [&](int d, float) { return fg_mask_fold<false>(p, r.mhd, r.b, r.h, d, t); }, mask);
+        fga_tile_mask_by(s, r, a, kv0, [&](int d) { return fg_mask_fold<false>(p, r.mhd, r.b, r.h, d, t); });
     else
         fga_tile_mods_as<MT, NT, true, COLS>(s, r, a, p, kv0, cols);
 }
