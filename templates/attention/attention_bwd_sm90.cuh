@@ -713,7 +713,7 @@ fg_attention_bwd_dkdv(const __grid_constant__ fgb_args a, const __grid_constant_
     static_assert(8 + 16 + 16 + 16 + 32 + 16 + 16 <= 128, "the mbarriers fit their 128 bytes");
     const float *const rows0 = (const float *)(fgs_smem + (sRows - base));
 
-    const int tid = threadIdx.x, wg = tid >> 7;
+    const int tid = threadIdx.x, wg = fgh_warp_group(tid);
     int tile, hk, b, piece, tail_block;
     fgs_block_of(a, tile, hk, b, piece, tail_block);
     const int group = a.heads_q / a.heads_kv;

@@ -409,7 +409,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     int *const lists = (int *)(walk_states + 2 * FGH_MERGE_MAX_KB); /* [2][FGH_MERGE_MAX_KB] */
     const bool built = FGH_MERGE && a.has_block_mask; /* the walks come from the builders' lists */
 
-    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int tid = threadIdx.x, wg = fgh_warp_group(tid), warp = (tid >> 5) & 3, lane = tid & 31;
     const int n_tiles = a.q_tiles * a.heads_q * a.batch;
 
     if (tid == 0) {
