@@ -208,6 +208,24 @@ static void index_floats_equal_whole(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* Case i's mask split gives fg_mask_mod's results (check kernel: bad[0])
+ * over squares at 0 and far from it, at three heads; `folded`, when
+ * given, adds up the boxes that took each folded form (bad[2], bad[3]). */
+static void mask_equal_far_and_near(fg_ctx *ctx, const fg_mod *m, size_t i, int folded[2]) {
+    const int bases[] = {0, 1000003};
+    for (size_t k = 0; k < sizeof bases / sizeof bases[0]; k++)
+        for (int h = 0; h < 3; h++) {
+            int bad[5] = {-1, -1, -1, -1, -1};
+            check_ok(ctx, run_check_at(ctx, m, 0, bases[k], 0, h, bad));
+            if (bad[0]) print_error("case %zu at %d h=%d: %d mask mismatches\n", i, bases[k], h, bad[0]);
+            assert_int_equal(bad[0], 0);
+            if (folded) {
+                folded[0] += bad[2];
+                folded[1] += bad[3];
+            }
+        }
+}
+
 /* fg_mask_dist at q_idx - kv_idx gives fg_mask_mod's results (the check
  * kernel compares them where FG_MASK_DIST), over squares at 0 and far from
  * it, at three heads. */
@@ -216,18 +234,11 @@ static void distance_equals_whole(void **state) {
     fg_ctx *ctx;
     assert_int_equal(fg_ctx_create(&ctx), FG_OK);
     fg_ctx_set_int(ctx, FG_OPT_DISK_CACHE, 0);
-    const int bases[] = {0, 1000003};
     for (size_t i = 0; i < sizeof split_check_distance / sizeof split_check_distance[0]; i++) {
         const char *text = split_check_distance[i].text;
         fg_mod *m = NULL;
         assert_int_equal(fg_mod_from_source(ctx, "dist", text, strlen(text), &m), FG_OK);
-        for (size_t k = 0; k < sizeof bases / sizeof bases[0]; k++)
-            for (int h = 0; h < 3; h++) {
-                int bad[5] = {-1, -1, -1, -1, -1};
-                check_ok(ctx, run_check_at(ctx, m, 0, bases[k], 0, h, bad));
-                if (bad[0]) print_error("case %zu at %d h=%d: %d mask mismatches\n", i, bases[k], h, bad[0]);
-                assert_int_equal(bad[0], 0);
-            }
+        mask_equal_far_and_near(ctx, m, i, NULL);
         fg_mod_destroy(m);
     }
     fg_ctx_destroy(ctx);
@@ -242,21 +253,12 @@ static void fold_equals_whole(void **state) {
     fg_ctx *ctx;
     assert_int_equal(fg_ctx_create(&ctx), FG_OK);
     fg_ctx_set_int(ctx, FG_OPT_DISK_CACHE, 0);
-    const int bases[] = {0, 1000003};
     for (size_t i = 0; i < sizeof split_check_fold / sizeof split_check_fold[0]; i++) {
         const char *text = split_check_fold[i].text;
         fg_mod *m = NULL;
         assert_int_equal(fg_mod_from_source(ctx, "fold", text, strlen(text), &m), FG_OK);
         int folded[2] = {0, 0};
-        for (size_t k = 0; k < sizeof bases / sizeof bases[0]; k++)
-            for (int h = 0; h < 3; h++) {
-                int bad[5] = {-1, -1, -1, -1, -1};
-                check_ok(ctx, run_check_at(ctx, m, 0, bases[k], 0, h, bad));
-                if (bad[0]) print_error("case %zu at %d h=%d: %d mask mismatches\n", i, bases[k], h, bad[0]);
-                assert_int_equal(bad[0], 0);
-                folded[0] += bad[2];
-                folded[1] += bad[3];
-            }
+        mask_equal_far_and_near(ctx, m, i, folded);
         if (split_check_fold[i].tile) { /* the boxes took both folded forms */
             if (!folded[0] || !folded[1]) print_error("case %zu: %d / %d boxes folded\n", i, folded[0], folded[1]);
             assert_true(folded[0] > 0);

@@ -128,6 +128,16 @@ static void assert_define(const char *text, const char *name, int value, const c
     assert_non_null(strstr(text, want));
 }
 
+/* `body` (a function's text) holds none of the NULL-terminated `words`;
+ * `what` names the case and the function in a failure. */
+static void assert_reads_none(const char *body, const char *const *words, const char *what) {
+    for (const char *const *w = words; *w; w++) {
+        if (strstr(body, *w)) print_error("%s reads %s:\n%s\n", what, *w, body);
+        assert_null(strstr(body, *w));
+    }
+}
+static const char *const no_index[] = {"q_idx", "kv_idx", NULL};
+
 /* The mod, its split (with the rewrites `flags` asks for) and the checking
  * kernel compile with NVRTC; `what` names the case in a failure. */
 static void compiles_beside_whole(fg_ctx *ctx, const fg_mod *m, unsigned flags, const char *what) {
@@ -260,9 +270,7 @@ static void distance_form(void **state) {
         char *body = function_body(text, "fg_mask_dist0");
         if (split_check_distance[i].dist) {
             assert_non_null(body);
-            if (strstr(body, "q_idx") || strstr(body, "kv_idx")) print_error("case %zu reads an index:\n%s\n", i, body);
-            assert_null(strstr(body, "q_idx"));
-            assert_null(strstr(body, "kv_idx"));
+            assert_reads_none(body, no_index, split_check_distance[i].text);
         } else {
             assert_null(body);
         }
@@ -291,12 +299,8 @@ static void fold_form(void **state) {
         if (split_check_fold[i].tile) {
             assert_non_null(body);
             assert_non_null(init);
-            if (strstr(body, "q_idx") || strstr(body, "kv_idx") || strstr(body, "c.f") || strstr(body, "r.f"))
-                print_error("case %zu reads an index or a row or column part:\n%s\n", i, body);
-            assert_null(strstr(body, "q_idx"));
-            assert_null(strstr(body, "kv_idx"));
-            assert_null(strstr(body, "c.f"));
-            assert_null(strstr(body, "r.f"));
+            static const char *const no_part[] = {"q_idx", "kv_idx", "c.f", "r.f", NULL}; /* nor a row or column part */
+            assert_reads_none(body, no_part, split_check_fold[i].text);
             assert_non_null(strstr(body, "t.a0_0"));
         } else {
             assert_null(body);
@@ -344,10 +348,8 @@ static void score_distance_form(void **state) {
         char *addend = function_body(text, "fg_score_addend");
         if (split_check_score_distance[i].adds) { /* Y alone: neither an index nor the score */
             assert_non_null(addend);
-            const char *y = strchr(addend, '{');
-            assert_null(strstr(y, "q_idx"));
-            assert_null(strstr(y, "kv_idx"));
-            assert_null(strstr(y, "score"));
+            static const char *const no_score[] = {"q_idx", "kv_idx", "score", NULL};
+            assert_reads_none(strchr(addend, '{'), no_score, src);
         } else {
             assert_null(addend);
         }
@@ -357,10 +359,7 @@ static void score_distance_form(void **state) {
             char *body = function_body(text, fns[f]);
             if (split_check_score_distance[i].dist) {
                 assert_non_null(body);
-                if (strstr(body, "q_idx") || strstr(body, "kv_idx"))
-                    print_error("case %zu: %s reads an index:\n%s\n", i, fns[f], body);
-                assert_null(strstr(body, "q_idx"));
-                assert_null(strstr(body, "kv_idx"));
+                assert_reads_none(body, no_index, fns[f]);
             } else {
                 assert_null(body);
             }
