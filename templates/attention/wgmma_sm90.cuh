@@ -41,17 +41,18 @@ static __device__ __forceinline__ fg_u64 fgh_desc_k(fg_u32 addr) { return fgh_de
  * next, 8-row groups (k steps of 8) 1024 bytes apart. */
 static __device__ __forceinline__ fg_u64 fgh_desc_mn(fg_u32 addr, fg_u32 lead) { return fgh_desc(addr, lead, 1024); }
 
-/* A thread's warp group (128 threads). At head dim 64 it is taken through a
- * shuffle from lane 0: the compiler then knows it is the same across the
- * warp and keeps what is made of it (the consumer's Q descriptors, a
- * tile's descriptors per k step) in uniform registers, where it made each
- * in every thread and moved it over (R2UR) per product: the forward -3 to
- * -4% time, the backward's dK/dV pass -1% on ALiBi. At head dim 128 the
- * same cut 40 instructions and lost (ALiBi's forward +7%), so it keeps
- * the plain shift there and at the head dims not measured
- * (bench/attention_notes.md f16). */
+/* A thread's warp group (128 threads). At head dims 64, 192 and 256 it is
+ * taken through a shuffle from lane 0: the compiler then knows it is the
+ * same across the warp and keeps what is made of it (the consumer's Q
+ * descriptors, a tile's descriptors per k step) in uniform registers,
+ * where it made each in every thread and moved it over (R2UR) per
+ * product: the forward -3 to -4% time at 64, -1 to -4% at 192 and 256,
+ * the backward's dK/dV pass -1% on ALiBi at 64. At head dims 96 and 128
+ * the same cut 24-40 instructions and lost (causal +3% and +1.7%, ALiBi's
+ * forward +7% at 128), so they keep the plain shift
+ * (bench/attention_notes.md f16, f18). */
 static __device__ __forceinline__ int fgh_warp_group(int tid) {
-#if FG_HEAD_DIM == 64
+#if FG_HEAD_DIM == 64 || FG_HEAD_DIM >= 192
     return __shfl_sync(0xffffffffu, tid >> 7, 0);
 #else
     return tid >> 7;
