@@ -538,10 +538,15 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
             fga_cursor_next(w.pl, ahead);
         }
         fg_mask_col col_ahead; /* the next partial item's column part (FGH_COLS_AHEAD) */
+        bool prev_absent = false; /* tile j - 1 was absent: no P V to issue for it */
         for (int j = 0; j < w.n_items; j++) {
             /* (lists are in shared memory: no need to read ahead) */
             const int item = built ? w.list[j] : next_item, kv0 = item & ~15;
             const int mine = (item >> my_shift) & 3;
+            /* A block that this consumer's mask row lacks (merged walks)
+             * adds nothing to its rows: P = 0, and the running maxima, sums
+             * and O stay as they are. */
+            const bool absent = FGH_MERGE && mine == FGH_ABSENT;
             const bool any_partial = (item & 15) != FGH_BOTH(FGH_FULL);
             const int ks = kr.s;
             fgh_bar_wait(bar_kf + 8 * ks, kr.ph);
@@ -553,6 +558,40 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
              * meets a wait: consumer 0 skips its first wait, the last consumer
              * its last hand-over, in every tile. */
             if (FGH_PINGPONG && (cw != 0 || j > 0)) fgh_named_sync(FGH_TURN_BAR + cw, 256);
+
+            /* An absent tile issues neither of its products (S_j, and P_j V_j
+             * in the next step), only the deferred P_{j-1} V_{j-1}, and
+             * hands the turn on at once. It is a path of its own from here
+             * to the loop's end: with the products of both paths joined
+             * before their wait, ptxas serialised the wgmma pipeline
+             * (C7515). Its stages are waited for and released as in the
+             * other path. */
+            if (FGH_MERGE && absent) {
+                const int vs = vr.s, vph = vr.ph;
+                if (j > 0) {
+                    fgh_ring_next(vr);
+                    fgh_bar_wait(bar_vf + 8 * vs, vph);
+                    if (!prev_absent) {
+                        fgh_fence();
+                        fgh_issue_pv(o, pa, dv + ((vs * FGH_TILE_BYTES) >> 4));
+                    }
+                }
+                if (FGH_PINGPONG && (cw != FGH_CONSUMERS - 1 || j + 1 < w.n_items))
+                    fgh_named_arrive(FGH_TURN_BAR + (cw + 1) % FGH_CONSUMERS, 256);
+                if (lane == 0) {
+                    fgh_bar_arrive(bar_ke + 8 * ks);
+                    if (j + 1 == w.n_items) fgh_bar_arrive(bar_qe);
+                }
+                if (!built && j + 1 < w.n_items) {
+                    next_item = fgh_walk_item(w, j + 1, ahead);
+                    fga_cursor_next(w.pl, ahead);
+                }
+                fgh_wait<0>();
+                fgh_fence_regs<FGH_DT * 4>(&o[0][0][0]);
+                if (j > 0 && lane == 0) fgh_bar_arrive(bar_ve + 8 * vs);
+                prev_absent = true;
+                continue;
+            }
 
             /* S_j = Q K_j^T, then the deferred P_{j-1} V_{j-1}. */
             const fg_u64 dk_j = dk + ((ks * FGH_TILE_BYTES) >> 4);
@@ -611,10 +650,11 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
             if (j > 0) {
                 fgh_ring_next(vr);
                 fgh_bar_wait(bar_vf + 8 * vs, vph);
-                fgh_issue_pv(o, pa, dv + ((vs * FGH_TILE_BYTES) >> 4));
-            } else {
-                fgh_commit(); /* an empty group, so the wait below is the same for every j */
             }
+            if (j > 0 && !prev_absent)
+                fgh_issue_pv(o, pa, dv + ((vs * FGH_TILE_BYTES) >> 4));
+            else
+                fgh_commit(); /* an empty group, so the wait below is the same for every j */
             if (FGH_PINGPONG && (cw != FGH_CONSUMERS - 1 || j + 1 < w.n_items))
                 fgh_named_arrive(FGH_TURN_BAR + (cw + 1) % FGH_CONSUMERS, 256);
             fgh_wait<1>();
@@ -624,40 +664,33 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
                 if (j + 1 == w.n_items) fgh_bar_arrive(bar_qe); /* nor is Q */
             }
 
-            /* Mods and softmax of tile j while P_{j-1} V_{j-1} runs. A block
-             * that this consumer's mask row lacks (merged walks) adds nothing:
-             * P = 0, and the running maxima, sums and O stay as they are. */
-            const bool absent = FGH_MERGE && mine == FGH_ABSENT;
+            /* Mods and softmax of tile j while P_{j-1} V_{j-1} runs. */
             const bool edge = kv0 + FGH_BLOCK_N > a.kv_len || q0 + FGH_BLOCK_M > a.q_len;
             float alpha[1][2] = {{1.f, 1.f}};
-            if (!absent) {
-                fga_tile_mods<FGA_SHARED_COLS>(s, rows, a, p, kv0, mine == FGH_PARTIAL, edge, cols);
-                fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
-            }
+            fga_tile_mods<FGA_SHARED_COLS>(s, rows, a, p, kv0, mine == FGH_PARTIAL, edge, cols);
+            fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
 
             fgh_wait<0>();
             fgh_fence_regs<FGH_DT * 4>(&o[0][0][0]);
             if (j > 0 && lane == 0) fgh_bar_arrive(bar_ve + 8 * vs); /* V_{j-1} is no longer read */
-            if (!absent) {
-                fga_rescale(o, alpha);
+            fga_rescale(o, alpha);
 #pragma unroll
-                for (int kk = 0; kk < FGH_PV_STEPS; kk++) {
-                    pa[kk][0] = fg_pack2(s[0][2 * kk][0], s[0][2 * kk][1]);
-                    pa[kk][1] = fg_pack2(s[0][2 * kk][2], s[0][2 * kk][3]);
-                    pa[kk][2] = fg_pack2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-                    pa[kk][3] = fg_pack2(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
-                }
-            } else {
-#pragma unroll
-                for (int kk = 0; kk < FGH_PV_STEPS; kk++) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+            for (int kk = 0; kk < FGH_PV_STEPS; kk++) {
+                pa[kk][0] = fg_pack2(s[0][2 * kk][0], s[0][2 * kk][1]);
+                pa[kk][1] = fg_pack2(s[0][2 * kk][2], s[0][2 * kk][3]);
+                pa[kk][2] = fg_pack2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+                pa[kk][3] = fg_pack2(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
             }
+            prev_absent = false;
         }
         if (w.n_items > 0) {
             const int vs = vr.s;
             fgh_bar_wait(bar_vf + 8 * vs, vr.ph);
             fgh_ring_next(vr);
-            fgh_fence();
-            fgh_issue_pv(o, pa, dv + ((vs * FGH_TILE_BYTES) >> 4));
+            if (!prev_absent) {
+                fgh_fence();
+                fgh_issue_pv(o, pa, dv + ((vs * FGH_TILE_BYTES) >> 4));
+            }
             fgh_wait<0>();
             fgh_fence_regs<FGH_DT * 4>(&o[0][0][0]);
             if (lane == 0) fgh_bar_arrive(bar_ve + 8 * vs); /* the last V is no longer read */
