@@ -40,7 +40,11 @@
  * O += P_{j-1} V_{j-1} (the product of the previous tile, deferred by one
  * iteration), waits for S_j only, and computes the mods and softmax of tile
  * j while the tensor cores still work on P_{j-1} V_{j-1}; it then waits for
- * that product and rescales O by the new row maxima. The last tile's P V
+ * that product and rescales O by the new row maxima. (So the source reads.
+ * ptxas moves that wait up through straight-line arithmetic: in the SASS
+ * every kernel waits for P V before its row maxima and exponentials, and
+ * only the mods and the other consumers' work run beside the product;
+ * bench/attention_notes.md f19, f22.) The last tile's P V
  * is issued after the loop. Where the mask's column parts are worth
  * sharing (FGA_SHARED_COLS: costly, and small enough), a partial tile's are
  * computed between the two issues, one column per consumer thread, and
