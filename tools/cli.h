@@ -25,6 +25,7 @@
 #define FLEXGEN_TOOLS_CLI_H
 
 #include <getopt.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -173,6 +174,16 @@ uint64_t fg_cli_rand_u64(uint64_t *state);
 double fg_cli_rand_uniform(uint64_t *state);
 /* The same bits as a double in (0, 1]: never 0, so its log is finite. */
 double fg_cli_rand_uniform_pos(uint64_t *state);
+/* Advance *state by `draws` draws at once (a bit-matrix power). */
+void fg_cli_rand_skip(uint64_t *state, uint64_t draws);
+/* What draws elements begin..end-1 of a tensor from the stream at *state,
+ * `draws` draws each, in order. */
+typedef void fg_cli_fill_fn(void *arg, size_t begin, size_t end, uint64_t *state);
+/* fill(arg, 0, n, state) in pieces on up to one thread a core: each piece
+ * starts from the state one thread drawing the elements before it in order
+ * would reach, so every value is the one a single run gives, and *state
+ * ends n * draws draws on, where that run leaves it. */
+void fg_cli_rand_fill(uint64_t *state, size_t n, unsigned draws, fg_cli_fill_fn *fill, void *arg);
 
 /* ---- paged K/V caches (paged.c) ---------------------------------------- */
 

@@ -380,17 +380,30 @@ static double from16(fg_dtype dt, uint16_t h) {
     return dt == FG_BF16 ? fgi_bf16_to_float(h) : fgi_fp16_to_float(h);
 }
 
-/* Normal (Box-Muller) or uniform in [-1, 1). */
-static uint16_t *random_tensor(size_t n, fg_dtype dt, bool normal, uint64_t *s) {
-    uint16_t *x = malloc(n * 2);
-    if (!x) return NULL;
-    for (size_t i = 0; i < n; i++) {
+/* Elements begin..end-1 of a random tensor: normal (Box-Muller, two
+ * draws each) or uniform in [-1, 1) (one). */
+typedef struct random_fill {
+    uint16_t *x;
+    fg_dtype dt;
+    bool normal;
+} random_fill;
+
+static void random_elements(void *arg, size_t begin, size_t end, uint64_t *s) {
+    const random_fill *r = arg;
+    for (size_t i = begin; i < end; i++) {
         double u = fg_cli_rand_uniform(s), v;
-        if (normal) v = sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * fg_cli_rand_uniform(s));
+        if (r->normal) v = sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * fg_cli_rand_uniform(s));
         else v = 2 * u - 1;
-        x[i] = to16(dt, (float)v);
+        r->x[i] = to16(r->dt, (float)v);
     }
-    return x;
+}
+
+/* A random tensor of n elements, drawn on every core (the same values as
+ * one thread drawing them in order: fg_cli_rand_fill). */
+static uint16_t *random_tensor(size_t n, fg_dtype dt, bool normal, uint64_t *s) {
+    random_fill r = {malloc(n * 2), dt, normal};
+    if (r.x) fg_cli_rand_fill(s, n, normal ? 2 : 1, random_elements, &r);
+    return r.x;
 }
 
 /* ---- device memory ------------------------------------------------------------ */

@@ -4,14 +4,26 @@
  * its top 53 bits into a double. `flexgen check` draws from [0, 1) and
  * `flexgen bench` from (0, 1] (Box-Muller takes the log of it); each keeps
  * its own, so that a seed goes on giving the inputs it always gave.
+ *
+ * Long tensors are drawn on several threads (fg_cli_rand_fill) without
+ * changing a single value: the generator's state step is linear over
+ * GF(2), so the state n draws ahead is a 64 x 64 bit matrix power applied
+ * to the state now (fg_cli_rand_skip), and each thread starts where one
+ * thread drawing everything in order would have been.
  */
+#include <pthread.h>
+#include <unistd.h>
+
 #include "cli.h"
 
-uint64_t fg_cli_rand_u64(uint64_t *state) {
-    uint64_t x = *state;
+static uint64_t next_state(uint64_t x) {
     x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
-    *state = x;
-    return x * 0x2545F4914F6CDD1Dull;
+    return x;
+}
+
+uint64_t fg_cli_rand_u64(uint64_t *state) {
+    *state = next_state(*state);
+    return *state * 0x2545F4914F6CDD1Dull;
 }
 
 double fg_cli_rand_uniform(uint64_t *state) {
@@ -20,4 +32,78 @@ double fg_cli_rand_uniform(uint64_t *state) {
 
 double fg_cli_rand_uniform_pos(uint64_t *state) {
     return ((double)(fg_cli_rand_u64(state) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+}
+
+/* ---- jumping ahead -------------------------------------------------------- */
+
+/* A linear map of 64-bit vectors over GF(2): col[j] is the image of bit j. */
+typedef struct gf2_map {
+    uint64_t col[64];
+} gf2_map;
+
+static uint64_t gf2_apply(const gf2_map *m, uint64_t x) {
+    uint64_t y = 0;
+    for (int j = 0; x; j++, x >>= 1)
+        if (x & 1) y ^= m->col[j];
+    return y;
+}
+
+void fg_cli_rand_skip(uint64_t *state, uint64_t draws) {
+    gf2_map p; /* the step raised to 2^i, i the bit of `draws` at hand */
+    for (int j = 0; j < 64; j++) p.col[j] = next_state(1ull << j);
+    uint64_t x = *state;
+    while (draws) {
+        if (draws & 1) x = gf2_apply(&p, x); /* powers of one map commute */
+        draws >>= 1;
+        if (draws) {
+            gf2_map sq;
+            for (int j = 0; j < 64; j++) sq.col[j] = gf2_apply(&p, p.col[j]);
+            p = sq;
+        }
+    }
+    *state = x;
+}
+
+/* ---- drawing on threads --------------------------------------------------- */
+
+/* Pieces shorter than this are not worth a thread. */
+#define FILL_MIN_PIECE ((size_t)1 << 18)
+#define FILL_MAX_THREADS 32
+
+typedef struct fill_piece {
+    fg_cli_fill_fn *fill;
+    void *arg;
+    size_t begin, end;
+    uint64_t state;
+} fill_piece;
+
+static void *fill_run(void *p) {
+    fill_piece *f = p;
+    f->fill(f->arg, f->begin, f->end, &f->state);
+    return NULL;
+}
+
+void fg_cli_rand_fill(uint64_t *state, size_t n, unsigned draws, fg_cli_fill_fn *fill, void *arg) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t pieces = n / FILL_MIN_PIECE;
+    if (cores < 1) cores = 1;
+    if (pieces > (size_t)cores) pieces = (size_t)cores;
+    if (pieces > FILL_MAX_THREADS) pieces = FILL_MAX_THREADS;
+    if (pieces < 2) {
+        fill(arg, 0, n, state);
+        return;
+    }
+    fill_piece f[FILL_MAX_THREADS];
+    pthread_t th[FILL_MAX_THREADS];
+    bool started[FILL_MAX_THREADS];
+    for (size_t i = 0; i < pieces; i++) {
+        f[i] = (fill_piece){fill, arg, n * i / pieces, n * (i + 1) / pieces, *state};
+        fg_cli_rand_skip(&f[i].state, (uint64_t)f[i].begin * draws);
+        /* A thread that cannot start draws its piece here. */
+        started[i] = pthread_create(&th[i], NULL, fill_run, &f[i]) == 0;
+        if (!started[i]) fill_run(&f[i]);
+    }
+    for (size_t i = 0; i < pieces; i++)
+        if (started[i]) pthread_join(th[i], NULL);
+    fg_cli_rand_skip(state, (uint64_t)n * draws);
 }
