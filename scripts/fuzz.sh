@@ -32,9 +32,13 @@ cuda_inc=()
 for d in /usr/local/cuda/include /usr/include; do
     [ -f "$d/nvrtc.h" ] && cuda_inc=(-I"$d") && break
 done
-srcs=()
-for f in "$root"/src/*.c; do srcs+=("$f"); done
-python3 "$root/scripts/embed_templates.py" "$out/templates.c" "$root"/templates/*.cuh
+# The library's sources and include folders: src/ and its stage folders
+# (src/meson.build lists the same files), and every template.
+mapfile -t srcs < <(find "$root/src" -name '*.c' | sort)
+incs=(-I"$root/include")
+while read -r d; do incs+=(-I"$d"); done < <(find "$root/src" -type d | sort)
+mapfile -t templates < <(find "$root/templates" -name '*.cuh' | sort)
+python3 "$root/scripts/embed_templates.py" "$out/templates.c" "$root/templates" "${templates[@]}"
 srcs+=("$out/templates.c")
 
 cuda_lib=()
@@ -44,7 +48,7 @@ done
 
 "$cc" -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
     -fno-sanitize-recover=undefined -DFLEXGEN_BUILDING \
-    -I"$root/include" -I"$root/src" "${cuda_inc[@]}" \
+    "${incs[@]}" "${cuda_inc[@]}" \
     "$root/fuzz/fuzz_mod.c" "${srcs[@]}" \
     "${cuda_lib[@]}" -ldl -lm -lpthread -o "$out/fuzz_mod"
 
