@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "reference/reference.h"
+
 #define D 16
 #define TOL 1e-12
 
@@ -391,6 +393,67 @@ static void test_bad_arguments(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* In [-0.5, 0.5), from a linear congruential step (inputs that are not
+ * worked out by hand, for the test below only). */
+static float lcg_half(uint64_t *seed) {
+    *seed = *seed * 6364136223846793005ull + 1;
+    return (float)(*seed >> 40) / 0x1p24f - 0.5f;
+}
+
+/* The (b, h) pairs shared among threads: the answer bit for bit and the
+ * error word for word what one thread gives, for thread counts that divide
+ * the pairs and that do not, more threads than pairs, and the default. */
+static void test_threads(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    fg_mod *mod = mod_src(ctx, "const float *slope;\n" MASK_SIG "{ return q_idx + 40 >= kv_idx; }\n" SCORE_SIG
+                               "{ return score + slope[h] * (float)(kv_idx - q_idx) + 0.5 * (float)b; }\n");
+    const int B = 3, HQ = 4, HKV = 2, Q = 70, KV = 90;
+    fg_attention_args a = fg_attention_args_init();
+    a.batch = B, a.heads_q = HQ, a.heads_kv = HKV, a.q_len = Q, a.kv_len = KV, a.head_dim = D;
+    a.dtype = FG_BF16, a.scale = 0.25f;
+    const size_t nq = (size_t)B * HQ * Q * D, nk = (size_t)B * HKV * KV * D, nl = (size_t)B * HQ * Q;
+    uint16_t *q = malloc(nq * 2), *k = malloc(nk * 2), *v = malloc(nk * 2);
+    uint64_t seed = 7;
+    for (size_t i = 0; i < nq; i++) q[i] = bf(lcg_half(&seed));
+    for (size_t i = 0; i < nk; i++) k[i] = bf(lcg_half(&seed));
+    for (size_t i = 0; i < nk; i++) v[i] = bf(lcg_half(&seed));
+    a.q = q, a.k = k, a.v = v, a.out = q;
+    const float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+    fg_binding bind = fg_bind_float_buffer("slope", slopes, 4);
+    a.binds = &bind, a.nbinds = 1;
+    double *out1 = malloc(nq * sizeof(double)), *lse1 = malloc(nl * sizeof(double));
+    double *outn = malloc(nq * sizeof(double)), *lsen = malloc(nl * sizeof(double));
+    assert_int_equal(fgi_attention_reference_threads(ctx, mod, &a, out1, lse1, 1), FG_OK);
+    static const int counts[] = {2, 4, 5, 32, 0};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        memset(outn, 0xff, nq * sizeof(double)), memset(lsen, 0xff, nl * sizeof(double));
+        assert_int_equal(fgi_attention_reference_threads(ctx, mod, &a, outn, lsen, counts[i]), FG_OK);
+        if (memcmp(out1, outn, nq * sizeof(double)) || memcmp(lse1, lsen, nl * sizeof(double)))
+            print_error("%d threads\n", counts[i]);
+        assert_memory_equal(out1, outn, nq * sizeof(double));
+        assert_memory_equal(lse1, lsen, nl * sizeof(double));
+    }
+    /* Too short a buffer for heads 2 and 3: every batch fails there, the
+     * first failing pair is (0, 2), and the message is one thread's. */
+    bind = fg_bind_float_buffer("slope", slopes, 2);
+    const fg_status st1 = fgi_attention_reference_threads(ctx, mod, &a, out1, lse1, 1);
+    assert_int_equal(st1, FG_ERR_EVAL);
+    char *msg1 = strdup(fg_errmsg(ctx));
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        const fg_status stn = fgi_attention_reference_threads(ctx, mod, &a, outn, lsen, counts[i]);
+        if (stn != st1 || strcmp(msg1, fg_errmsg(ctx)))
+            print_error("%d threads: %s / %s\n", counts[i], fg_errmsg(ctx), msg1);
+        assert_int_equal(stn, st1);
+        assert_string_equal(fg_errmsg(ctx), msg1);
+    }
+    free(msg1);
+    free(out1), free(lse1), free(outn), free(lsen), free(q), free(k), free(v);
+    fg_mod_destroy(mod);
+    fg_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_softmax_by_hand),
@@ -402,6 +465,7 @@ int main(void) {
         cmocka_unit_test(test_block_mask_rule),
         cmocka_unit_test(test_fp16),
         cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

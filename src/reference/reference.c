@@ -20,9 +20,13 @@
  */
 #include "reference/reference.h"
 
+#include <limits.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define REF_TILE 64
 
@@ -276,42 +280,164 @@ bool fgi_ref_pair_kept(const fgi_ref_ctx *rc, int q, int kv, int mask_bit) {
 
 /* ---- the forward reference ------------------------------------------------------ */
 
-fg_status fg_attention_reference(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
-                                 double *out, double *lse) {
+/* The (b, h) pairs are independent: each writes its own rows of out and
+ * lse, with the same arithmetic in the same order whichever thread runs
+ * it, so the answer is bit for bit the same on any number of threads.
+ * Threads take pairs in order from a shared counter; each has its own
+ * copies of what a pair writes (block states, the rows as doubles, the
+ * tiles' scratch) and, with more than one thread, a private context for
+ * errors (a context is one thread's). A failure stops the pairs after it;
+ * the first failing pair is then run again on the caller's context, so the
+ * error reported is the one a single thread reports. */
+
+/* At most this many threads, and at most this much working memory among
+ * them (a pair's rows and scores grow with the lengths). */
+#define REF_MAX_THREADS 32
+#define REF_MAX_BYTES ((size_t)2 << 30)
+
+typedef struct ref_shared {
+    atomic_int next;      /* the next pair to take                      */
+    atomic_int first_bad; /* the first pair that failed, or INT_MAX     */
+    int pairs;
+} ref_shared;
+
+typedef struct ref_job {
+    fg_ctx *ctx; /* errors */
+    const fg_mod *mod;
+    const fg_attention_args *a;
+    const fgi_value *values;
+    fgi_ref_ctx rc; /* the call's, with block states of its own */
+    double *out, *lse;
+    ref_shared *sh;
+    fg_status status;
+    int failed_pair; /* the pair that failed; 0 for a failure before any */
+} ref_job;
+
+/* Pairs from the counter until none is left or one before them failed. */
+static void ref_job_run(ref_job *j) {
+    const fg_attention_args *a = j->a;
+    fgi_ref_rows rows;
+    ref_work w;
+    memset(&w, 0, sizeof w);
+    j->status = fgi_ref_rows_alloc(j->ctx, &j->rc, &rows, false);
+    w.a = a;
+    w.rc = &j->rc;
+    w.mod = j->mod;
+    w.values = j->values;
+    w.scale = j->rc.scale;
+    w.q = rows.q;
+    w.k = rows.k;
+    w.v = rows.v;
+    w.rows = &rows;
+    w.s = malloc(sizeof(double) * REF_TILE * (size_t)a->kv_len);
+    w.mask = malloc(REF_TILE * REF_TILE);
+    w.fin = malloc(sizeof(float) * REF_TILE * REF_TILE);
+    w.fout = malloc(sizeof(float) * REF_TILE * REF_TILE);
+    if (j->status == FG_OK && (!w.s || !w.mask || !w.fin || !w.fout))
+        j->status = fgi_error(j->ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (reference)");
+    ref_shared *sh = j->sh;
+    while (j->status == FG_OK) {
+        const int p = atomic_fetch_add(&sh->next, 1);
+        if (p >= sh->pairs || p > atomic_load(&sh->first_bad)) break;
+        const int b = p / a->heads_q, h = p % a->heads_q;
+        fgi_ref_load_head(&j->rc, &rows, b, h, NULL, NULL);
+        j->status = one_head(j->ctx, &w, b, h, j->out, j->lse);
+        j->failed_pair = p;
+    }
+    if (j->status != FG_OK) {
+        const int p = j->failed_pair;
+        int bad = atomic_load(&sh->first_bad);
+        while (p < bad && !atomic_compare_exchange_weak(&sh->first_bad, &bad, p)) {
+        }
+    }
+    fgi_ref_rows_free(&rows);
+    free(w.s);
+    free(w.mask);
+    free(w.fin);
+    free(w.fout);
+}
+
+static void *ref_job_thread(void *arg) {
+    ref_job_run(arg);
+    return NULL;
+}
+
+/* Threads for `pairs` pairs: the cores, within the memory bound. */
+static int ref_threads(const fg_attention_args *a, int pairs) {
+    const size_t D = (size_t)a->head_dim;
+    const size_t per = sizeof(double) * (D * ((size_t)a->q_len + 2 * (size_t)a->kv_len) +
+                                         REF_TILE * (size_t)a->kv_len);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n > REF_MAX_THREADS) n = REF_MAX_THREADS;
+    if (n > pairs) n = pairs;
+    if (per > 0 && (size_t)n > REF_MAX_BYTES / per) n = (long)(REF_MAX_BYTES / per);
+    return n < 1 ? 1 : (int)n;
+}
+
+/* Pairs [from, pairs) on `threads` threads (1: the calling thread, on ctx). */
+static fg_status ref_run(fg_ctx *ctx, const fgi_ref_ctx *rc, const fg_attention_args *args, double *out,
+                         double *lse, int from, int threads) {
+    ref_shared sh;
+    atomic_init(&sh.next, from);
+    atomic_init(&sh.first_bad, INT_MAX);
+    sh.pairs = args->batch * args->heads_q;
+    ref_job jobs[REF_MAX_THREADS];
+    pthread_t th[REF_MAX_THREADS];
+    bool started[REF_MAX_THREADS];
+    const fg_block_mask *m = rc->bm;
+    fg_status st = FG_OK;
+    int made = 0;
+    for (; made < threads; made++) {
+        ref_job *j = &jobs[made];
+        *j = (ref_job){ctx, rc->mod, args, rc->values, *rc, out, lse, &sh, FG_OK, 0};
+        j->rc.states = NULL;
+        if (threads > 1 && fg_ctx_create(&j->ctx) != FG_OK) j->ctx = NULL;
+        if (!j->ctx || (m && !(j->rc.states = malloc((size_t)m->q_blocks * (size_t)m->kv_blocks)))) {
+            if (j->ctx != ctx) fg_ctx_destroy(j->ctx);
+            st = fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (reference)");
+            break;
+        }
+    }
+    for (int i = 0; st == FG_OK && i < made; i++) {
+        started[i] = threads > 1 && pthread_create(&th[i], NULL, ref_job_thread, &jobs[i]) == 0;
+        if (!started[i]) ref_job_run(&jobs[i]); /* one thread, or one that could not start */
+    }
+    for (int i = 0; i < made; i++) {
+        if (st == FG_OK && started[i]) pthread_join(th[i], NULL);
+        if (st == FG_OK && threads == 1) st = jobs[i].status;
+        free(jobs[i].rc.states);
+        if (jobs[i].ctx != ctx) fg_ctx_destroy(jobs[i].ctx);
+    }
+    if (st != FG_OK || threads == 1) return st;
+    const int bad = atomic_load(&sh.first_bad);
+    if (bad == INT_MAX) return FG_OK;
+    /* Again on the caller's context from the first pair that failed; if it
+     * passes there (memory ran short on a thread), the thread's status. */
+    st = ref_run(ctx, rc, args, out, lse, bad, 1);
+    for (int i = 0; st == FG_OK && i < made; i++)
+        if (jobs[i].status != FG_OK && jobs[i].failed_pair == bad)
+            st = fgi_error(ctx, jobs[i].status, "the CPU reference failed at batch %d, head %d on a thread",
+                           bad / args->heads_q, bad % args->heads_q);
+    return st;
+}
+
+fg_status fgi_attention_reference_threads(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
+                                          double *out, double *lse, int threads) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, out, "NULL output");
     fgi_ref_ctx rc;
     fgi_value values[FGI_MAX_PARAMS];
     FGI_TRY(fgi_ref_init(ctx, &rc, mod, args, values));
-    fgi_ref_rows rows;
-    fg_status s = fgi_ref_rows_alloc(ctx, &rc, &rows, false);
-    ref_work w;
-    memset(&w, 0, sizeof w);
-    w.a = args;
-    w.rc = &rc;
-    w.mod = mod;
-    w.values = values;
-    w.scale = rc.scale;
-    w.q = rows.q;
-    w.k = rows.k;
-    w.v = rows.v;
-    w.rows = &rows;
-    w.s = malloc(sizeof(double) * REF_TILE * (size_t)args->kv_len);
-    w.mask = malloc(REF_TILE * REF_TILE);
-    w.fin = malloc(sizeof(float) * REF_TILE * REF_TILE);
-    w.fout = malloc(sizeof(float) * REF_TILE * REF_TILE);
-    if (s == FG_OK && (!w.s || !w.mask || !w.fin || !w.fout))
-        s = fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (reference)");
-    for (int b = 0; s == FG_OK && b < args->batch; b++)
-        for (int h = 0; s == FG_OK && h < args->heads_q; h++) {
-            fgi_ref_load_head(&rc, &rows, b, h, NULL, NULL);
-            s = one_head(ctx, &w, b, h, out, lse);
-        }
-    fgi_ref_rows_free(&rows);
+    const int pairs = args->batch * args->heads_q;
+    if (threads <= 0) threads = ref_threads(args, pairs);
+    if (threads > REF_MAX_THREADS) threads = REF_MAX_THREADS;
+    if (threads > pairs) threads = pairs > 0 ? pairs : 1;
+    const fg_status s = ref_run(ctx, &rc, args, out, lse, 0, threads);
     fgi_ref_free(&rc);
-    free(w.s);
-    free(w.mask);
-    free(w.fin);
-    free(w.fout);
     return s;
+}
+
+fg_status fg_attention_reference(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
+                                 double *out, double *lse) {
+    return fgi_attention_reference_threads(ctx, mod, args, out, lse, 0);
 }

@@ -50,6 +50,12 @@ void fgi_ref_load_head(const fgi_ref_ctx *rc, fgi_ref_rows *r, int b, int h, con
  * it when mask_mod said so (`mask_bit`; 1 without a mask_mod). */
 bool fgi_ref_pair_kept(const fgi_ref_ctx *rc, int q, int kv, int mask_bit);
 
+/* fg_attention_reference on `threads` threads (0: one a core, within a
+ * memory bound), the (b, h) pairs shared among them; the same answer, bit
+ * for bit, and the same error, on any number. */
+fg_status fgi_attention_reference_threads(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
+                                          double *out, double *lse, int threads);
+
 /* The backward reference's outputs, host memory, float64: dq [B][Hq][Q][D],
  * dk and dv [B][Hkv][KV][D], and per parameter of the mod the gradient of a
  * float buffer (NULL: not wanted; its length is the bound buffer's). dO is
