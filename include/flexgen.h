@@ -1021,7 +1021,10 @@ FG_API fg_status fg_attention_reference_backward(fg_ctx *ctx, const fg_mod *mod,
 
 /* The CPU reference: same arguments with host pointers (q/k/v in args->dtype,
  * out as double [B, Hq, Q_LEN, D] contiguous, lse as double [B, Hq, Q_LEN]
- * or NULL), float64 accumulation, the mods through the evaluator. */
+ * or NULL), float64 accumulation, the mods through the evaluator. The
+ * (batch, head) pairs run on up to one thread a core (32 at most), started
+ * and joined inside the call; the result is bit for bit the same on any
+ * number of cores. */
 FG_API fg_status fg_attention_reference(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
                                         double *out, double *lse);
 
