@@ -1015,7 +1015,9 @@ FG_API fg_status fg_attention_backward_workspace_size(fg_ctx *ctx, const fg_mod 
  * dout in the dtype, dlse (if any) fp32; dq, dk, dv as double arrays,
  * contiguous BHSD; each
  * gradient binding's data a double array of the buffer's length. Also
- * checks what fg_attention_backward checks. */
+ * checks what fg_attention_backward checks. Like fg_attention_reference it
+ * runs on up to one thread a core, in units of one (batch, KV head), with
+ * the same result, bit for bit, on any number of cores. */
 FG_API fg_status fg_attention_reference_backward(fg_ctx *ctx, const fg_mod *mod,
                                                  const fg_attention_bwd_args *args);
 

@@ -160,7 +160,7 @@ static void test_against_differences(void **state) {
         double *bufs[4] = {0};
         if (r->slopes) bufs[fgi_mod_find_param(m, "slopes")] = slope_grad;
         fgi_ref_bwd_out o = {p.dout, {0, 0, 0, 0}, p.dlse, dq, dk, dv, bufs};
-        assert_int_equal(fgi_attention_reference_backward(ctx, m, a, &o), FG_OK);
+        if (fgi_attention_reference_backward(ctx, m, a, &o) != FG_OK) fail_msg("%s: %s", r->name, fg_errmsg(ctx));
         for (size_t i = 0; i < nq; i++) assert_true(isfinite(dq[i]));
         for (size_t i = 0; i < nk; i++) assert_true(isfinite(dk[i]) && isfinite(dv[i]));
         check_tensor(ctx, m, &p, "q", p.q, nq, dq, &rng);
@@ -190,9 +190,70 @@ static void test_against_differences(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* The units shared among threads: dQ, dK, dV and a buffer's gradient
+ * (summed over every unit) bit for bit what one thread gives, and the
+ * error word for word, for thread counts that divide the six units and
+ * that do not, more threads than units, and the default. */
+static void test_threads(void **state) {
+    (void)state;
+    fg_ctx *ctx;
+    assert_int_equal(fg_ctx_create(&ctx), FG_OK);
+    fg_mod *m = NULL;
+    const char *src = "const float *slopes;\n" SCORE_SIG "{ return score + slopes[h] * (float)(kv_idx - q_idx); }\n"
+                      MASK_SIG "{ return q_idx + 20 >= kv_idx; }\n";
+    assert_int_equal(fg_mod_from_source(ctx, "threads", src, (size_t)-1, &m), FG_OK);
+    const int B = 3, HQ = 4, HKV = 2, Q = 37, KV = 45;
+    uint64_t rng = 0x7e4d;
+    const size_t nq = (size_t)B * HQ * Q * D, nk = (size_t)B * HKV * KV * D;
+    uint16_t *q = random_fp16(nq, &rng), *k = random_fp16(nk, &rng), *v = random_fp16(nk, &rng);
+    uint16_t *dout = random_fp16(nq, &rng);
+    float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+    fg_attention_args a = fg_attention_args_init();
+    a.batch = B, a.heads_q = HQ, a.heads_kv = HKV, a.q_len = Q, a.kv_len = KV, a.head_dim = D;
+    a.dtype = FG_FP16, a.scale = 0.5f;
+    a.q = q, a.k = k, a.v = v, a.out = q;
+    fg_binding bind = fg_bind_float_buffer("slopes", slopes, 4);
+    a.binds = &bind, a.nbinds = 1;
+    const int sp = fgi_mod_find_param(m, "slopes");
+    double *g1[2][4], *bufs[2][4] = {{0}};
+    double *dq[2], *dk[2], *dv[2];
+    for (int t = 0; t < 2; t++) {
+        dq[t] = malloc(nq * sizeof(double)), dk[t] = malloc(nk * sizeof(double)), dv[t] = malloc(nk * sizeof(double));
+        bufs[t][sp] = g1[t][0] = malloc(4 * sizeof(double));
+    }
+    fgi_ref_bwd_out one = {dout, {0, 0, 0, 0}, NULL, dq[0], dk[0], dv[0], bufs[0]};
+    fgi_ref_bwd_out many = {dout, {0, 0, 0, 0}, NULL, dq[1], dk[1], dv[1], bufs[1]};
+    assert_int_equal(fgi_attention_reference_backward_threads(ctx, m, &a, &one, 1), FG_OK);
+    static const int counts[] = {2, 3, 4, 32, 0};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        memset(dq[1], 0xff, nq * sizeof(double)), memset(g1[1][0], 0xff, 4 * sizeof(double));
+        assert_int_equal(fgi_attention_reference_backward_threads(ctx, m, &a, &many, counts[i]), FG_OK);
+        if (memcmp(dq[0], dq[1], nq * sizeof(double)) || memcmp(dk[0], dk[1], nk * sizeof(double)) ||
+            memcmp(dv[0], dv[1], nk * sizeof(double)) || memcmp(g1[0][0], g1[1][0], 4 * sizeof(double)))
+            fail_msg("%d threads: not one thread's gradients", counts[i]);
+    }
+    /* Too short a buffer for heads 2 and 3: the first failing unit is
+     * (batch 0, KV head 1), and the message is one thread's. */
+    bind = fg_bind_float_buffer("slopes", slopes, 2);
+    const fg_status st1 = fgi_attention_reference_backward_threads(ctx, m, &a, &one, 1);
+    assert_int_equal(st1, FG_ERR_EVAL);
+    char msg1[1024];
+    snprintf(msg1, sizeof msg1, "%s", fg_errmsg(ctx));
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        const fg_status stn = fgi_attention_reference_backward_threads(ctx, m, &a, &many, counts[i]);
+        if (stn != st1 || strcmp(msg1, fg_errmsg(ctx)))
+            fail_msg("%d threads: %s / %s", counts[i], fg_errmsg(ctx), msg1);
+    }
+    for (int t = 0; t < 2; t++) free(dq[t]), free(dk[t]), free(dv[t]), free(g1[t][0]);
+    free(q), free(k), free(v), free(dout);
+    fg_mod_destroy(m);
+    fg_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_differences),
+        cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

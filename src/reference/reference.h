@@ -69,5 +69,10 @@ typedef struct fgi_ref_bwd_out {
 } fgi_ref_bwd_out;
 fg_status fgi_attention_reference_backward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
                                            const fgi_ref_bwd_out *out);
+/* The same on `threads` threads (0: one a core, within a memory bound),
+ * in units of one (batch, KV head); the same answer, bit for bit, and the
+ * same error, on any number. */
+fg_status fgi_attention_reference_backward_threads(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
+                                                   const fgi_ref_bwd_out *out, int threads);
 
 #endif

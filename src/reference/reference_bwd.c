@@ -25,9 +25,13 @@
 
 #include "mod/deriv.h"
 
+#include <limits.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define BWD_TILE 64
 
@@ -214,8 +218,207 @@ static fg_status one_head(fg_ctx *ctx, const fgi_ref_ctx *rc, bwd_work *w, const
     return FG_OK;
 }
 
-fg_status fgi_attention_reference_backward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
-                                           const fgi_ref_bwd_out *out) {
+/* ---- units on threads ---------------------------------------------------------- */
+
+/* The work comes in units of one (b, KV head): a unit runs the query heads
+ * of its group in order and is the only one to write their dQ rows and its
+ * dK and dV rows, so units run on any thread with the arithmetic of one.
+ * The float buffers' gradients are shared by every unit: a unit adds into
+ * partial arrays of its own, which are added to the gradients in unit
+ * order (each unit waits for the one before it), so those sums too are the
+ * same on any number of threads. Threads take units in order from a
+ * counter, each with its own scratch, block states and (with more than
+ * one thread) a private context for errors; the first unit that failed is
+ * run again on the caller's context for the error a single thread gives. */
+
+#define BWD_MAX_THREADS 32
+#define BWD_MAX_BYTES ((size_t)4 << 30)
+
+typedef struct bwd_shared {
+    atomic_int next; /* the next unit to take */
+    int units;
+    pthread_mutex_t lock;
+    pthread_cond_t turn;
+    int committed; /* units whose partials are in the gradients (under lock) */
+    int first_bad; /* the first unit that failed, or INT_MAX (under lock)   */
+} bwd_shared;
+
+typedef struct bwd_job {
+    fg_ctx *ctx; /* errors */
+    fgi_ref_ctx rc;
+    const fgi_mod_grad *g;
+    const fgi_value *values;
+    const fgi_ref_bwd_out *out; /* the caller's */
+    fgi_ref_bwd_out mine;       /* the same with this job's partial buffer gradients */
+    double *partial[FGI_MAX_PARAMS];
+    int64_t glen[FGI_MAX_PARAMS]; /* param p's gradient length when it is wanted, else 0 */
+    bwd_work w;
+    int32_t *site_index;
+    bwd_shared *sh;
+    fg_status status;
+    int failed_unit;
+} bwd_job;
+
+static void bwd_job_free(bwd_job *j) {
+    fgi_ref_rows_free(&j->w.rows);
+    free(j->rc.states);
+    free(j->w.s);
+    free(j->w.raw);
+    free(j->w.dr);
+    free(j->w.ds);
+    free(j->w.mask);
+    free(j->w.fin);
+    free(j->w.fout);
+    free(j->w.iout);
+    free(j->site_index);
+    for (int p = 0; p < FGI_MAX_PARAMS; p++) free(j->partial[p]);
+}
+
+/* The buffers whose gradients are wanted (buf_grads has an entry for each
+ * parameter a site reads, and only those): param p's length, or 0. */
+static int64_t grad_length(const bwd_job *j, int p) {
+    return j->glen[p];
+}
+
+static fg_status bwd_job_alloc(bwd_job *j) {
+    const fg_attention_args *a = j->rc.a;
+    const size_t Q = (size_t)a->q_len, KV = (size_t)a->kv_len;
+    const fg_block_mask *m = j->rc.bm;
+    j->rc.states = m ? malloc((size_t)m->q_blocks * (size_t)m->kv_blocks) : NULL;
+    fg_status s = fgi_ref_rows_alloc(j->ctx, &j->rc, &j->w.rows, true);
+    bwd_work *w = &j->w;
+    w->s = malloc(sizeof(double) * Q * KV);
+    w->raw = malloc(sizeof(float) * Q * KV);
+    w->dr = malloc(sizeof(double) * Q * KV);
+    w->ds = malloc(sizeof(double) * Q * KV);
+    w->mask = malloc(BWD_TILE * BWD_TILE);
+    w->fin = malloc(sizeof(float) * BWD_TILE * BWD_TILE);
+    w->fout = malloc(sizeof(float) * BWD_TILE * BWD_TILE);
+    w->iout = malloc(sizeof(int32_t) * BWD_TILE * BWD_TILE);
+    j->site_index = j->g->nsites ? malloc(sizeof(int32_t) * Q * KV) : NULL;
+    bool ok = w->s && w->raw && w->dr && w->ds && w->mask && w->fin && w->fout && w->iout &&
+              (!j->g->nsites || j->site_index) && (!m || j->rc.states);
+    if (j->out->buf_grads)
+        for (int k = 0; k < j->g->nsites; k++) {
+            const int p = j->g->sites[k].param;
+            if (j->out->buf_grads[p]) j->glen[p] = j->values[p].length;
+        }
+    j->mine = *j->out;
+    j->mine.buf_grads = j->partial;
+    for (int p = 0; p < FGI_MAX_PARAMS; p++)
+        if (grad_length(j, p) && !(j->partial[p] = malloc(sizeof(double) * (size_t)grad_length(j, p)))) ok = false;
+    if (s == FG_OK && !ok) s = fgi_error(j->ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (reference backward)");
+    return s;
+}
+
+/* Unit u's partials into the gradients, after unit u - 1's; false when a
+ * unit before it failed (nothing is added then). */
+static bool bwd_commit(bwd_job *j, int u) {
+    bwd_shared *sh = j->sh;
+    pthread_mutex_lock(&sh->lock);
+    while (sh->committed != u && sh->first_bad > sh->committed) pthread_cond_wait(&sh->turn, &sh->lock);
+    const bool go = sh->committed == u;
+    if (go) {
+        for (int p = 0; p < FGI_MAX_PARAMS; p++)
+            for (int64_t i = 0; i < grad_length(j, p); i++) j->out->buf_grads[p][i] += j->partial[p][i];
+        sh->committed = u + 1;
+        pthread_cond_broadcast(&sh->turn);
+    }
+    pthread_mutex_unlock(&sh->lock);
+    return go;
+}
+
+static void bwd_job_run(bwd_job *j) {
+    const fg_attention_args *a = j->rc.a;
+    bwd_shared *sh = j->sh;
+    const int group = a->heads_q / a->heads_kv;
+    j->status = bwd_job_alloc(j);
+    j->failed_unit = 0;
+    while (j->status == FG_OK) {
+        const int u = atomic_fetch_add(&sh->next, 1);
+        if (u >= sh->units) break;
+        const int b = u / a->heads_kv, hk = u % a->heads_kv;
+        for (int p = 0; p < FGI_MAX_PARAMS; p++)
+            if (grad_length(j, p)) memset(j->partial[p], 0, sizeof(double) * (size_t)grad_length(j, p));
+        for (int h = hk * group; j->status == FG_OK && h < (hk + 1) * group; h++)
+            j->status = one_head(j->ctx, &j->rc, &j->w, j->g, j->values, &j->mine, j->site_index, b, h);
+        j->failed_unit = u;
+        if (j->status == FG_OK && !bwd_commit(j, u)) break; /* a unit before it failed */
+    }
+    if (j->status != FG_OK) {
+        pthread_mutex_lock(&sh->lock);
+        if (j->failed_unit < sh->first_bad) sh->first_bad = j->failed_unit;
+        pthread_cond_broadcast(&sh->turn);
+        pthread_mutex_unlock(&sh->lock);
+    }
+}
+
+static void *bwd_job_thread(void *arg) {
+    bwd_job_run(arg);
+    return NULL;
+}
+
+/* Threads for `units` units: the cores, within the memory bound. */
+static int bwd_threads(const fg_attention_args *a, int units) {
+    const size_t D = (size_t)a->head_dim, Q = (size_t)a->q_len, KV = (size_t)a->kv_len;
+    const size_t per = 32 * Q * KV + sizeof(double) * D * (2 * Q + 2 * KV);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n > BWD_MAX_THREADS) n = BWD_MAX_THREADS;
+    if (n > units) n = units;
+    if (per > 0 && (size_t)n > BWD_MAX_BYTES / per) n = (long)(BWD_MAX_BYTES / per);
+    return n < 1 ? 1 : (int)n;
+}
+
+/* Units [from, units) on `threads` threads (1: the calling thread, on ctx). */
+static fg_status bwd_run(fg_ctx *ctx, const fgi_ref_ctx *rc, const fgi_mod_grad *g, const fgi_value *values,
+                         const fgi_ref_bwd_out *out, int from, int threads) {
+    bwd_shared sh;
+    atomic_init(&sh.next, from);
+    sh.units = rc->a->batch * rc->a->heads_kv;
+    sh.committed = from;
+    sh.first_bad = INT_MAX;
+    pthread_mutex_init(&sh.lock, NULL);
+    pthread_cond_init(&sh.turn, NULL);
+    bwd_job jobs[BWD_MAX_THREADS];
+    pthread_t th[BWD_MAX_THREADS];
+    bool started[BWD_MAX_THREADS];
+    fg_status st = FG_OK;
+    int made = 0;
+    for (; made < threads; made++) {
+        bwd_job *j = &jobs[made];
+        memset(j, 0, sizeof *j);
+        j->ctx = ctx, j->rc = *rc, j->rc.states = NULL, j->g = g, j->values = values, j->out = out, j->sh = &sh;
+        if (threads > 1 && fg_ctx_create(&j->ctx) != FG_OK) {
+            st = fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (reference backward)");
+            break;
+        }
+    }
+    for (int i = 0; st == FG_OK && i < made; i++) {
+        started[i] = threads > 1 && pthread_create(&th[i], NULL, bwd_job_thread, &jobs[i]) == 0;
+        if (!started[i]) bwd_job_run(&jobs[i]); /* one thread, or one that could not start */
+    }
+    for (int i = 0; i < made; i++) {
+        if (st == FG_OK && started[i]) pthread_join(th[i], NULL);
+        if (st == FG_OK && threads == 1) st = jobs[i].status;
+        bwd_job_free(&jobs[i]);
+        if (jobs[i].ctx != ctx) fg_ctx_destroy(jobs[i].ctx);
+    }
+    pthread_mutex_destroy(&sh.lock);
+    pthread_cond_destroy(&sh.turn);
+    if (st != FG_OK || threads == 1 || sh.first_bad == INT_MAX) return st;
+    /* Again on the caller's context from the first unit that failed; if it
+     * passes there (memory ran short on a thread), the thread's status. */
+    const int bad = sh.first_bad;
+    st = bwd_run(ctx, rc, g, values, out, bad, 1);
+    for (int i = 0; st == FG_OK && i < made; i++)
+        if (jobs[i].status != FG_OK && jobs[i].failed_unit == bad)
+            st = fgi_error(ctx, jobs[i].status, "the CPU reference backward failed at batch %d, KV head %d on a thread",
+                           bad / rc->a->heads_kv, bad % rc->a->heads_kv);
+    return st;
+}
+
+fg_status fgi_attention_reference_backward_threads(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
+                                                   const fgi_ref_bwd_out *out, int threads) {
     if (!ctx) return FG_ERR_INVALID_ARGUMENT;
     FGI_CHECK_ARG(ctx, out && out->dout && out->dq && out->dk && out->dv, "NULL dout, dq, dk or dv");
     fgi_ref_ctx rc;
@@ -227,41 +430,27 @@ fg_status fgi_attention_reference_backward(fg_ctx *ctx, const fg_mod *mod, const
     memset(out->dk, 0, sizeof(double) * (size_t)a->batch * (size_t)a->heads_kv * KV * D);
     memset(out->dv, 0, sizeof(double) * (size_t)a->batch * (size_t)a->heads_kv * KV * D);
     fgi_mod_grad g;
-    FGI_TRY(fgi_mod_derive(ctx, mod, &g));
+    fg_status s = fgi_mod_derive(ctx, mod, &g);
+    if (s != FG_OK) {
+        fgi_ref_free(&rc);
+        return s;
+    }
     if (out->buf_grads)
         for (int k = 0; k < g.nsites; k++) {
             double *grad = out->buf_grads[g.sites[k].param];
             if (grad) memset(grad, 0, sizeof(double) * (size_t)values[g.sites[k].param].length);
         }
-    bwd_work w;
-    memset(&w, 0, sizeof w);
-    fg_status s = fgi_ref_rows_alloc(ctx, &rc, &w.rows, true);
-    w.s = malloc(sizeof(double) * Q * KV);
-    w.raw = malloc(sizeof(float) * Q * KV);
-    w.dr = malloc(sizeof(double) * Q * KV);
-    w.ds = malloc(sizeof(double) * Q * KV);
-    w.mask = malloc(BWD_TILE * BWD_TILE);
-    w.fin = malloc(sizeof(float) * BWD_TILE * BWD_TILE);
-    w.fout = malloc(sizeof(float) * BWD_TILE * BWD_TILE);
-    w.iout = malloc(sizeof(int32_t) * BWD_TILE * BWD_TILE);
-    int32_t *site_index = g.nsites ? malloc(sizeof(int32_t) * Q * KV) : NULL;
-    if (s == FG_OK && (!w.s || !w.raw || !w.dr || !w.ds || !w.mask || !w.fin || !w.fout || !w.iout ||
-                       (g.nsites && !site_index)))
-        s = fgi_error(ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (reference backward)");
-    for (int b = 0; s == FG_OK && b < a->batch; b++)
-        for (int h = 0; s == FG_OK && h < a->heads_q; h++)
-            s = one_head(ctx, &rc, &w, &g, values, out, site_index, b, h);
-    fgi_ref_rows_free(&w.rows);
+    const int units = a->batch * a->heads_kv;
+    if (threads <= 0) threads = bwd_threads(a, units);
+    if (threads > BWD_MAX_THREADS) threads = BWD_MAX_THREADS;
+    if (threads > units) threads = units > 0 ? units : 1;
+    s = bwd_run(ctx, &rc, &g, values, out, 0, threads);
     fgi_ref_free(&rc);
-    free(w.s);
-    free(w.raw);
-    free(w.dr);
-    free(w.ds);
-    free(w.mask);
-    free(w.fin);
-    free(w.fout);
-    free(w.iout);
-    free(site_index);
     fgi_mod_grad_free(&g);
     return s;
+}
+
+fg_status fgi_attention_reference_backward(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
+                                           const fgi_ref_bwd_out *out) {
+    return fgi_attention_reference_backward_threads(ctx, mod, args, out, 0);
 }
