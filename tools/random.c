@@ -11,9 +11,7 @@
  * to the state now (fg_cli_rand_skip), and each thread starts where one
  * thread drawing everything in order would have been.
  */
-#include <pthread.h>
-#include <unistd.h>
-
+#include "base/parallel.h"
 #include "cli.h"
 
 static uint64_t next_state(uint64_t x) {
@@ -68,7 +66,6 @@ void fg_cli_rand_skip(uint64_t *state, uint64_t draws) {
 
 /* Pieces shorter than this are not worth a thread. */
 #define FILL_MIN_PIECE ((size_t)1 << 18)
-#define FILL_MAX_THREADS 32
 
 typedef struct fill_piece {
     fg_cli_fill_fn *fill;
@@ -77,33 +74,18 @@ typedef struct fill_piece {
     uint64_t state;
 } fill_piece;
 
-static void *fill_run(void *p) {
+static void fill_run(void *p) {
     fill_piece *f = p;
     f->fill(f->arg, f->begin, f->end, &f->state);
-    return NULL;
 }
 
 void fg_cli_rand_fill(uint64_t *state, size_t n, unsigned draws, fg_cli_fill_fn *fill, void *arg) {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    size_t pieces = n / FILL_MIN_PIECE;
-    if (cores < 1) cores = 1;
-    if (pieces > (size_t)cores) pieces = (size_t)cores;
-    if (pieces > FILL_MAX_THREADS) pieces = FILL_MAX_THREADS;
-    if (pieces < 2) {
-        fill(arg, 0, n, state);
-        return;
-    }
-    fill_piece f[FILL_MAX_THREADS];
-    pthread_t th[FILL_MAX_THREADS];
-    bool started[FILL_MAX_THREADS];
-    for (size_t i = 0; i < pieces; i++) {
-        f[i] = (fill_piece){fill, arg, n * i / pieces, n * (i + 1) / pieces, *state};
+    const int pieces = fgi_parallel_threads((long long)(n / FILL_MIN_PIECE), 0, 0);
+    fill_piece f[FGI_PARALLEL_MAX];
+    for (int i = 0; i < pieces; i++) {
+        f[i] = (fill_piece){fill, arg, n * (size_t)i / (size_t)pieces, n * (size_t)(i + 1) / (size_t)pieces, *state};
         fg_cli_rand_skip(&f[i].state, (uint64_t)f[i].begin * draws);
-        /* A thread that cannot start draws its piece here. */
-        started[i] = pthread_create(&th[i], NULL, fill_run, &f[i]) == 0;
-        if (!started[i]) fill_run(&f[i]);
     }
-    for (size_t i = 0; i < pieces; i++)
-        if (started[i]) pthread_join(th[i], NULL);
+    fgi_parallel_run(f, sizeof f[0], pieces, fill_run);
     fg_cli_rand_skip(state, (uint64_t)n * draws);
 }

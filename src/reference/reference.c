@@ -20,13 +20,13 @@
  */
 #include "reference/reference.h"
 
+#include "base/parallel.h"
+
 #include <limits.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define REF_TILE 64
 
@@ -290,9 +290,8 @@ bool fgi_ref_pair_kept(const fgi_ref_ctx *rc, int q, int kv, int mask_bit) {
  * the first failing pair is then run again on the caller's context, so the
  * error reported is the one a single thread reports. */
 
-/* At most this many threads, and at most this much working memory among
- * them (a pair's rows and scores grow with the lengths). */
-#define REF_MAX_THREADS 32
+/* At most this much working memory among the threads (a pair's rows and
+ * scores grow with the lengths). */
 #define REF_MAX_BYTES ((size_t)2 << 30)
 
 typedef struct ref_shared {
@@ -357,21 +356,14 @@ static void ref_job_run(ref_job *j) {
     free(w.fout);
 }
 
-static void *ref_job_thread(void *arg) {
-    ref_job_run(arg);
-    return NULL;
-}
+static void ref_job_thread(void *job) { ref_job_run(job); }
 
 /* Threads for `pairs` pairs: the cores, within the memory bound. */
 static int ref_threads(const fg_attention_args *a, int pairs) {
     const size_t D = (size_t)a->head_dim;
     const size_t per = sizeof(double) * (D * ((size_t)a->q_len + 2 * (size_t)a->kv_len) +
                                          REF_TILE * (size_t)a->kv_len);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    if (n > REF_MAX_THREADS) n = REF_MAX_THREADS;
-    if (n > pairs) n = pairs;
-    if (per > 0 && (size_t)n > REF_MAX_BYTES / per) n = (long)(REF_MAX_BYTES / per);
-    return n < 1 ? 1 : (int)n;
+    return fgi_parallel_threads(pairs, per, REF_MAX_BYTES);
 }
 
 /* Pairs [from, pairs) on `threads` threads (1: the calling thread, on ctx). */
@@ -381,9 +373,7 @@ static fg_status ref_run(fg_ctx *ctx, const fgi_ref_ctx *rc, const fg_attention_
     atomic_init(&sh.next, from);
     atomic_init(&sh.first_bad, INT_MAX);
     sh.pairs = args->batch * args->heads_q;
-    ref_job jobs[REF_MAX_THREADS];
-    pthread_t th[REF_MAX_THREADS];
-    bool started[REF_MAX_THREADS];
+    ref_job jobs[FGI_PARALLEL_MAX];
     const fg_block_mask *m = rc->bm;
     fg_status st = FG_OK;
     int made = 0;
@@ -398,12 +388,8 @@ static fg_status ref_run(fg_ctx *ctx, const fgi_ref_ctx *rc, const fg_attention_
             break;
         }
     }
-    for (int i = 0; st == FG_OK && i < made; i++) {
-        started[i] = threads > 1 && pthread_create(&th[i], NULL, ref_job_thread, &jobs[i]) == 0;
-        if (!started[i]) ref_job_run(&jobs[i]); /* one thread, or one that could not start */
-    }
+    if (st == FG_OK) fgi_parallel_run(jobs, sizeof jobs[0], made, ref_job_thread);
     for (int i = 0; i < made; i++) {
-        if (st == FG_OK && started[i]) pthread_join(th[i], NULL);
         if (st == FG_OK && threads == 1) st = jobs[i].status;
         free(jobs[i].rc.states);
         if (jobs[i].ctx != ctx) fg_ctx_destroy(jobs[i].ctx);
@@ -430,7 +416,7 @@ fg_status fgi_attention_reference_threads(fg_ctx *ctx, const fg_mod *mod, const 
     FGI_TRY(fgi_ref_init(ctx, &rc, mod, args, values));
     const int pairs = args->batch * args->heads_q;
     if (threads <= 0) threads = ref_threads(args, pairs);
-    if (threads > REF_MAX_THREADS) threads = REF_MAX_THREADS;
+    if (threads > FGI_PARALLEL_MAX) threads = FGI_PARALLEL_MAX;
     if (threads > pairs) threads = pairs > 0 ? pairs : 1;
     const fg_status s = ref_run(ctx, &rc, args, out, lse, 0, threads);
     fgi_ref_free(&rc);

@@ -23,6 +23,7 @@
  */
 #include "reference/reference.h"
 
+#include "base/parallel.h"
 #include "mod/deriv.h"
 
 #include <limits.h>
@@ -31,7 +32,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define BWD_TILE 64
 
@@ -231,7 +231,6 @@ static fg_status one_head(fg_ctx *ctx, const fgi_ref_ctx *rc, bwd_work *w, const
  * one thread) a private context for errors; the first unit that failed is
  * run again on the caller's context for the error a single thread gives. */
 
-#define BWD_MAX_THREADS 32
 #define BWD_MAX_BYTES ((size_t)4 << 30)
 
 typedef struct bwd_shared {
@@ -353,20 +352,13 @@ static void bwd_job_run(bwd_job *j) {
     }
 }
 
-static void *bwd_job_thread(void *arg) {
-    bwd_job_run(arg);
-    return NULL;
-}
+static void bwd_job_thread(void *job) { bwd_job_run(job); }
 
-/* Threads for `units` units: the cores, within the memory bound. */
+/* Threads for `units` units: the cores, within the memory bound (a thread
+ * holds four Q x KV arrays and a unit's rows). */
 static int bwd_threads(const fg_attention_args *a, int units) {
     const size_t D = (size_t)a->head_dim, Q = (size_t)a->q_len, KV = (size_t)a->kv_len;
-    const size_t per = 32 * Q * KV + sizeof(double) * D * (2 * Q + 2 * KV);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    if (n > BWD_MAX_THREADS) n = BWD_MAX_THREADS;
-    if (n > units) n = units;
-    if (per > 0 && (size_t)n > BWD_MAX_BYTES / per) n = (long)(BWD_MAX_BYTES / per);
-    return n < 1 ? 1 : (int)n;
+    return fgi_parallel_threads(units, 32 * Q * KV + sizeof(double) * D * (2 * Q + 2 * KV), BWD_MAX_BYTES);
 }
 
 /* Units [from, units) on `threads` threads (1: the calling thread, on ctx). */
@@ -379,9 +371,7 @@ static fg_status bwd_run(fg_ctx *ctx, const fgi_ref_ctx *rc, const fgi_mod_grad 
     sh.first_bad = INT_MAX;
     pthread_mutex_init(&sh.lock, NULL);
     pthread_cond_init(&sh.turn, NULL);
-    bwd_job jobs[BWD_MAX_THREADS];
-    pthread_t th[BWD_MAX_THREADS];
-    bool started[BWD_MAX_THREADS];
+    bwd_job jobs[FGI_PARALLEL_MAX];
     fg_status st = FG_OK;
     int made = 0;
     for (; made < threads; made++) {
@@ -393,12 +383,8 @@ static fg_status bwd_run(fg_ctx *ctx, const fgi_ref_ctx *rc, const fgi_mod_grad 
             break;
         }
     }
-    for (int i = 0; st == FG_OK && i < made; i++) {
-        started[i] = threads > 1 && pthread_create(&th[i], NULL, bwd_job_thread, &jobs[i]) == 0;
-        if (!started[i]) bwd_job_run(&jobs[i]); /* one thread, or one that could not start */
-    }
+    if (st == FG_OK) fgi_parallel_run(jobs, sizeof jobs[0], made, bwd_job_thread);
     for (int i = 0; i < made; i++) {
-        if (st == FG_OK && started[i]) pthread_join(th[i], NULL);
         if (st == FG_OK && threads == 1) st = jobs[i].status;
         bwd_job_free(&jobs[i]);
         if (jobs[i].ctx != ctx) fg_ctx_destroy(jobs[i].ctx);
@@ -442,7 +428,7 @@ fg_status fgi_attention_reference_backward_threads(fg_ctx *ctx, const fg_mod *mo
         }
     const int units = a->batch * a->heads_kv;
     if (threads <= 0) threads = bwd_threads(a, units);
-    if (threads > BWD_MAX_THREADS) threads = BWD_MAX_THREADS;
+    if (threads > FGI_PARALLEL_MAX) threads = FGI_PARALLEL_MAX;
     if (threads > units) threads = units > 0 ? units : 1;
     s = bwd_run(ctx, &rc, &g, values, out, 0, threads);
     fgi_ref_free(&rc);
