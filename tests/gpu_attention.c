@@ -192,16 +192,19 @@ static int approx_portable(void **state) {
 
 /* ---- the gallery sweep ------------------------------------------------------ */
 
-static void test_gallery(void **state) {
-    (void)state;
+/* Mods [m0, m1) of the gallery sweep. Each case's shape, block mask and
+ * block size follow from its place in the whole sweep (k, w), so a part
+ * runs the cases the whole sweep runs for its mods. */
+static void gallery_mods(int m0, int m1) {
     fg_ctx *ctx = gpu_ctx();
     const int dims[2] = {64, 128};
     const fg_dtype dts[2] = {FG_BF16, FG_FP16};
-    int k = 0;
-    for (int m = 0; m < NGALLERY; m++)
+    const int reps = quick() ? 1 : 2;
+    for (int m = m0; m < m1; m++)
         for (int di = 0; di < 2; di++)
             for (int ti = 0; ti < 2; ti++)
-                for (int rep = 0; rep < (quick() ? 1 : 2); rep++, k++) {
+                for (int rep = 0; rep < reps; rep++) {
+                    const int k = ((m * 2 + di) * 2 + ti) * reps + rep;
                     if (quick() && (di + ti) % 2) continue;
                     const shape *s = &shapes[quick() ? k % 3 : (k * 3 + m) % NSHAPES];
                     acase c = {gallery[m], NULL, dims[di], dts[ti], s->b, s->hq, s->hkv, s->q, s->kv,
@@ -213,9 +216,9 @@ static void test_gallery(void **state) {
      * block size alternating. The portable kernel's odd head dims are the
      * features'. */
     const int wide[3] = {96, 192, 256};
-    int w = 0;
-    for (int m = 0; m < (hopper_allowed ? NGALLERY : 0); m++)
-        for (int di = 0; di < 3; di++, w++) {
+    for (int m = m0; m < (hopper_allowed ? m1 : m0); m++)
+        for (int di = 0; di < 3; di++) {
+            const int w = m * 3 + di;
             if (quick() && w % 3) continue;
             const shape *s = &shapes[(w * 5 + m) % NSHAPES];
             acase c = {gallery[m], NULL, wide[di], w % 2 ? FG_FP16 : FG_BF16, s->b, s->hq, s->hkv, s->q, s->kv,
@@ -225,6 +228,19 @@ static void test_gallery(void **state) {
     fg_ctx_destroy(ctx);
     assert_int_equal(failures, 0);
 }
+
+/* The sweep in four parts, so that scripts/gpu_suite.sh runs them as four
+ * shards side by side: most of a part's time is its NVRTC compiles (about
+ * 1.5 s each, one core), a few dozen a part. */
+#define GALLERY_PART(n) \
+    static void test_gallery_##n(void **state) { \
+        (void)state; \
+        gallery_mods(NGALLERY * (n) / 4, NGALLERY * ((n) + 1) / 4); \
+    }
+GALLERY_PART(0)
+GALLERY_PART(1)
+GALLERY_PART(2)
+GALLERY_PART(3)
 
 /* ---- the features one at a time --------------------------------------------- */
 
@@ -551,9 +567,15 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_device_errors, allow_hopper),
         cmocka_unit_test_setup(test_features, allow_hopper),
-        cmocka_unit_test_setup(test_gallery, allow_hopper),
+        cmocka_unit_test_setup(test_gallery_0, allow_hopper),
+        cmocka_unit_test_setup(test_gallery_1, allow_hopper),
+        cmocka_unit_test_setup(test_gallery_2, allow_hopper),
+        cmocka_unit_test_setup(test_gallery_3, allow_hopper),
         cmocka_unit_test_setup(test_features, portable_only),
-        cmocka_unit_test_setup(test_gallery, portable_only),
+        cmocka_unit_test_setup(test_gallery_0, portable_only),
+        cmocka_unit_test_setup(test_gallery_1, portable_only),
+        cmocka_unit_test_setup(test_gallery_2, portable_only),
+        cmocka_unit_test_setup(test_gallery_3, portable_only),
         cmocka_unit_test_setup(test_approx_math, approx_hopper),
         cmocka_unit_test_setup(test_approx_math, approx_portable),
     };
