@@ -367,15 +367,16 @@ static int approx_portable_mode(void **state) {
 
 /* ---- the gallery sweep ------------------------------------------------------ */
 
-static void test_gallery(void **state) {
-    (void)state;
+/* Mods [m0, m1) of the sweep; a case's shape and block size follow from
+ * its place in the whole sweep (k). */
+static void gallery_mods(int m0, int m1) {
     fg_ctx *ctx = gpu_ctx();
     const int dims[2] = {64, 128};
     const fg_dtype dts[2] = {FG_BF16, FG_FP16};
-    int k = 0;
-    for (int m = 0; m < NGALLERY; m++)
+    for (int m = m0; m < m1; m++)
         for (int di = 0; di < 2; di++)
-            for (int ti = 0; ti < 2; ti++, k++) {
+            for (int ti = 0; ti < 2; ti++) {
+                const int k = (m * 2 + di) * 2 + ti;
                 if ((quick() || deterministic) && (di + ti + m) % 2) continue;
                 const shape *s = &shapes[quick() ? k % 3 : (k * 3 + m) % NSHAPES];
                 acase c = {gallery[m], NULL, dims[di], dts[ti], s->b, s->hq, s->hkv, s->q, s->kv,
@@ -384,6 +385,18 @@ static void test_gallery(void **state) {
             }
     fg_ctx_destroy(ctx);
     assert_int_equal(failures, 0);
+}
+
+/* The sweep and the feature table below each in two halves: four shards
+ * of scripts/gpu_suite.sh a mode where there were two, whose NVRTC
+ * compiles (most of their time) run side by side. */
+static void test_gallery_0(void **state) {
+    (void)state;
+    gallery_mods(0, NGALLERY / 2);
+}
+static void test_gallery_1(void **state) {
+    (void)state;
+    gallery_mods(NGALLERY / 2, NGALLERY);
 }
 
 /* ---- the features one at a time --------------------------------------------- */
@@ -432,16 +445,25 @@ static const acase features[] = {
     {"flamingo", NULL, 128, FG_BF16, 1, 2, 2, 1000, 129, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
 };
 
-static void test_features(void **state) {
-    (void)state;
+/* Rows [i0, i1) of the feature table. */
+static void feature_rows(int i0, int i1) {
     fg_ctx *ctx = gpu_ctx();
-    const int n = (int)(sizeof features / sizeof features[0]);
-    for (int i = 0; i < n; i++) {
+    for (int i = i0; i < i1; i++) {
         if (quick() && (i % 3 != 0 || (double)features[i].q * features[i].kv > 300.0 * 300.0)) continue;
         run_case(ctx, &features[i]);
     }
     fg_ctx_destroy(ctx);
     assert_int_equal(failures, 0);
+}
+
+#define NFEATURES ((int)(sizeof features / sizeof features[0]))
+static void test_features_0(void **state) {
+    (void)state;
+    feature_rows(0, NFEATURES / 2);
+}
+static void test_features_1(void **state) {
+    (void)state;
+    feature_rows(NFEATURES / 2, NFEATURES);
 }
 
 /* ---- approximate math ------------------------------------------------------- */
@@ -860,9 +882,11 @@ int main(void) {
     /* scripts/gpu_suite.sh reads this table for its shards, a test a line */
     const struct CMUnitTest tests[] = {
         MODE_TEST(test_device_errors, atomic_mode),
-        MODE_TEST(test_features, atomic_mode),
+        MODE_TEST(test_features_0, atomic_mode),
+        MODE_TEST(test_features_1, atomic_mode),
         MODE_TEST(test_unaligned_grads, atomic_mode),
-        MODE_TEST(test_gallery, atomic_mode),
+        MODE_TEST(test_gallery_0, atomic_mode),
+        MODE_TEST(test_gallery_1, atomic_mode),
         MODE_TEST(test_lead_tiles, atomic_mode),
         MODE_TEST(test_lead_tiles, deterministic_mode),
         MODE_TEST(test_head_pairs, atomic_mode),
@@ -870,10 +894,14 @@ int main(void) {
         MODE_TEST(test_tail_split, atomic_mode),
         MODE_TEST(test_tail_split, deterministic_mode),
         cmocka_unit_test(test_order_choice),
-        MODE_TEST(test_features, deterministic_mode),
-        MODE_TEST(test_gallery, deterministic_mode),
-        MODE_TEST(test_features, portable_mode),
-        MODE_TEST(test_gallery, portable_mode),
+        MODE_TEST(test_features_0, deterministic_mode),
+        MODE_TEST(test_features_1, deterministic_mode),
+        MODE_TEST(test_gallery_0, deterministic_mode),
+        MODE_TEST(test_gallery_1, deterministic_mode),
+        MODE_TEST(test_features_0, portable_mode),
+        MODE_TEST(test_features_1, portable_mode),
+        MODE_TEST(test_gallery_0, portable_mode),
+        MODE_TEST(test_gallery_1, portable_mode),
         MODE_TEST(test_approx, approx_mode),
         MODE_TEST(test_approx, approx_portable_mode),
     };
