@@ -255,7 +255,7 @@ typedef struct bwd_job {
     int32_t *site_index;
     bwd_shared *sh;
     fg_status status;
-    int failed_unit;
+    int failed_unit; /* the unit that failed; 0 for a failure before any */
 } bwd_job;
 
 static void bwd_job_free(bwd_job *j) {
@@ -392,15 +392,20 @@ static fg_status bwd_run(fg_ctx *ctx, const fgi_ref_ctx *rc, const fgi_mod_grad 
     pthread_mutex_destroy(&sh.lock);
     pthread_cond_destroy(&sh.turn);
     if (st != FG_OK || threads == 1 || sh.first_bad == INT_MAX) return st;
-    /* Again on the caller's context from the first unit that failed; if it
-     * passes there (memory ran short on a thread), the thread's status. */
+    /* Again on the caller's context from the first unit that failed: every
+     * unit before it passed and added its partials, none after it did, and
+     * the dQ, dK and dV rows of it and the units after it (one range each:
+     * a unit's rows follow the one before's) start from zero again. Should
+     * it pass there (memory ran short on a thread), the answer is whole. */
     const int bad = sh.first_bad;
-    st = bwd_run(ctx, rc, g, values, out, bad, 1);
-    for (int i = 0; st == FG_OK && i < made; i++)
-        if (jobs[i].status != FG_OK && jobs[i].failed_unit == bad)
-            st = fgi_error(ctx, jobs[i].status, "the CPU reference backward failed at batch %d, KV head %d on a thread",
-                           bad / rc->a->heads_kv, bad % rc->a->heads_kv);
-    return st;
+    const fg_attention_args *a = rc->a;
+    const size_t D = (size_t)a->head_dim, group = (size_t)(a->heads_q / a->heads_kv);
+    const size_t q_rows = group * (size_t)a->q_len * D, kv_rows = (size_t)a->kv_len * D;
+    const size_t rest = (size_t)(sh.units - bad);
+    memset(out->dq + (size_t)bad * q_rows, 0, sizeof(double) * rest * q_rows);
+    memset(out->dk + (size_t)bad * kv_rows, 0, sizeof(double) * rest * kv_rows);
+    memset(out->dv + (size_t)bad * kv_rows, 0, sizeof(double) * rest * kv_rows);
+    return bwd_run(ctx, rc, g, values, out, bad, 1);
 }
 
 fg_status fgi_attention_reference_backward_threads(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,
