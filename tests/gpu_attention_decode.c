@@ -223,12 +223,14 @@ static void run_case(const dcase *c) {
  * (mods of even and of odd index): a half's kernels compile in a process
  * of its own when the GPU suite runs one test per process, so the sweep
  * takes half the time beside the others. */
-static void gallery_half(int half) {
+/* Every fourth mod of the gallery from `part` (four shards of
+ * scripts/gpu_suite.sh, whose NVRTC compiles run side by side). */
+static void gallery_part(int part) {
     static const int qs[5] = {1, 2, 4, 8, 16}, kvs[4] = {1, 17, 1000, 4097}, pages[6] = {0, 16, 32, 64, 128, 256};
     static const int dims[3] = {64, 128, 256};
     static const int heads[4][2] = {{2, 2}, {8, 2}, {8, 1}, {16, 2}}; /* GQA 1, 4, MQA 8, 8 */
     const int reps = quick() ? 1 : 4;
-    for (int m = half; m < NGALLERY; m += 2)
+    for (int m = part; m < NGALLERY; m += 4)
         for (int rep = 0; rep < reps; rep++) {
             const int k = m * reps + rep;
             dcase c = {gallery[m], dims[k % 3], k % 2 ? FG_FP16 : FG_BF16, 1 + k % 3,
@@ -239,14 +241,21 @@ static void gallery_half(int half) {
     assert_int_equal(failures, 0);
 }
 
-static void test_gallery_even(void **state) {
+static void test_gallery_0(void **state) {
     (void)state;
-    gallery_half(0);
+    gallery_part(0);
 }
-
-static void test_gallery_odd(void **state) {
+static void test_gallery_1(void **state) {
     (void)state;
-    gallery_half(1);
+    gallery_part(1);
+}
+static void test_gallery_2(void **state) {
+    (void)state;
+    gallery_part(2);
+}
+static void test_gallery_3(void **state) {
+    (void)state;
+    gallery_part(3);
 }
 
 /* ---- the features one at a time --------------------------------------------- */
@@ -670,8 +679,10 @@ int main(void) {
         cmocka_unit_test(test_head_pairs),
         cmocka_unit_test(test_l2_prefetch),
         cmocka_unit_test(test_prefill),
-        cmocka_unit_test(test_gallery_even),
-        cmocka_unit_test(test_gallery_odd),
+        cmocka_unit_test(test_gallery_0),
+        cmocka_unit_test(test_gallery_1),
+        cmocka_unit_test(test_gallery_2),
+        cmocka_unit_test(test_gallery_3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
