@@ -250,7 +250,9 @@ typedef struct bwd_job {
     const fgi_ref_bwd_out *out; /* the caller's */
     fgi_ref_bwd_out mine;       /* the same with this job's partial buffer gradients */
     double *partial[FGI_MAX_PARAMS];
-    int64_t glen[FGI_MAX_PARAMS]; /* param p's gradient length when it is wanted, else 0 */
+    /* Param p's gradient length when it is wanted, else 0 (buf_grads has an
+     * entry for each parameter a site reads, and only those). */
+    int64_t glen[FGI_MAX_PARAMS];
     bwd_work w;
     int32_t *site_index;
     bwd_shared *sh;
@@ -271,12 +273,6 @@ static void bwd_job_free(bwd_job *j) {
     free(j->w.iout);
     free(j->site_index);
     for (int p = 0; p < FGI_MAX_PARAMS; p++) free(j->partial[p]);
-}
-
-/* The buffers whose gradients are wanted (buf_grads has an entry for each
- * parameter a site reads, and only those): param p's length, or 0. */
-static int64_t grad_length(const bwd_job *j, int p) {
-    return j->glen[p];
 }
 
 static fg_status bwd_job_alloc(bwd_job *j) {
@@ -305,7 +301,7 @@ static fg_status bwd_job_alloc(bwd_job *j) {
     j->mine = *j->out;
     j->mine.buf_grads = j->partial;
     for (int p = 0; p < FGI_MAX_PARAMS; p++)
-        if (grad_length(j, p) && !(j->partial[p] = malloc(sizeof(double) * (size_t)grad_length(j, p)))) ok = false;
+        if (j->glen[p] && !(j->partial[p] = malloc(sizeof(double) * (size_t)j->glen[p]))) ok = false;
     if (s == FG_OK && !ok) s = fgi_error(j->ctx, FG_ERR_OUT_OF_MEMORY, "out of memory (reference backward)");
     return s;
 }
@@ -319,7 +315,7 @@ static bool bwd_commit(bwd_job *j, int u) {
     const bool go = sh->committed == u;
     if (go) {
         for (int p = 0; p < FGI_MAX_PARAMS; p++)
-            for (int64_t i = 0; i < grad_length(j, p); i++) j->out->buf_grads[p][i] += j->partial[p][i];
+            for (int64_t i = 0; i < j->glen[p]; i++) j->out->buf_grads[p][i] += j->partial[p][i];
         sh->committed = u + 1;
         pthread_cond_broadcast(&sh->turn);
     }
@@ -338,7 +334,7 @@ static void bwd_job_run(bwd_job *j) {
         if (u >= sh->units) break;
         const int b = u / a->heads_kv, hk = u % a->heads_kv;
         for (int p = 0; p < FGI_MAX_PARAMS; p++)
-            if (grad_length(j, p)) memset(j->partial[p], 0, sizeof(double) * (size_t)grad_length(j, p));
+            if (j->glen[p]) memset(j->partial[p], 0, sizeof(double) * (size_t)j->glen[p]);
         for (int h = hk * group; j->status == FG_OK && h < (hk + 1) * group; h++)
             j->status = one_head(j->ctx, &j->rc, &j->w, j->g, j->values, &j->mine, j->site_index, b, h);
         j->failed_unit = u;

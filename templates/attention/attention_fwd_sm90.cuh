@@ -221,6 +221,23 @@ static __device__ __forceinline__ void fgh_issue_pv(float (&o)[1][FGH_DT][4],
     fgh_commit();
 }
 
+/* Wait for every product issued (O is defined from here on); lane 0 then
+ * releases the V stage whose empty barrier is `v_empty` when `release`. */
+static __device__ __forceinline__ void fgh_wait_pv(float (&o)[1][FGH_DT][4], bool release, fg_u32 v_empty,
+                                                   int lane) {
+    fgh_wait<0>();
+    fgh_fence_regs<FGH_DT * 4>(&o[0][0][0]);
+    if (release && lane == 0) fgh_bar_arrive(v_empty);
+}
+
+/* Lane 0: K_j's stage is no longer read, nor (after the walk's last item) Q. */
+static __device__ __forceinline__ void fgh_release_k(int lane, fg_u32 k_empty, bool last, fg_u32 q_empty) {
+    if (lane == 0) {
+        fgh_bar_arrive(k_empty);
+        if (last) fgh_bar_arrive(q_empty);
+    }
+}
+
 /* ---- the walk ---------------------------------------------------------------- */
 
 /* The kv tiles a q tile visits, in the same order for the producer and
@@ -256,6 +273,13 @@ static __device__ __forceinline__ int fgh_walk_item(const fgh_walk &w, int j, co
     bool partial;
     const int kv0 = fga_cursor_kv0<FGH_BLOCK_N>(w.pl, c, partial);
     return kv0 | FGH_BOTH(partial ? FGH_PARTIAL : FGH_FULL);
+}
+
+/* Item j of the walk, then the cursor on to the next. */
+static __device__ __forceinline__ int fgh_walk_take(const fgh_walk &w, int j, fga_cursor &c) {
+    const int item = fgh_walk_item(w, j, c);
+    fga_cursor_next(w.pl, c);
+    return item;
 }
 
 /* A ring of N stages walked one item at a time, as counters (the stage,
@@ -466,8 +490,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
                                          q0 + i * FGH_Q_BOX, h, b, bar_q);
                     fga_cursor c = {0, 0};
                     for (int j = 0; j < w.n_items; j++) {
-                        const int kv0 = fgh_walk_item(w, j, c) & ~15;
-                        fga_cursor_next(w.pl, c);
+                        const int kv0 = fgh_walk_take(w, j, c) & ~15;
                         if (kr.lap) fgh_bar_wait(bar_ke + 8 * kr.s, kr.ph ^ 1);
                         fgh_tma_tile(sK + kr.s * FGH_TILE_BYTES, &maps.k, kv0, hk, b, bar_kf + 8 * kr.s);
                         fgh_ring_next(kr);
@@ -538,8 +561,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         fga_cursor ahead = {0, 0};
         int next_item = 0;
         if (!built && w.n_items > 0) {
-            next_item = fgh_walk_item(w, 0, ahead);
-            fga_cursor_next(w.pl, ahead);
+            next_item = fgh_walk_take(w, 0, ahead);
         }
         fg_mask_col col_ahead; /* the next partial item's column part (FGH_COLS_AHEAD) */
         bool prev_absent = false; /* tile j - 1 was absent: no P V to issue for it */
@@ -582,17 +604,9 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
                 }
                 if (FGH_PINGPONG && (cw != FGH_CONSUMERS - 1 || j + 1 < w.n_items))
                     fgh_named_arrive(FGH_TURN_BAR + (cw + 1) % FGH_CONSUMERS, 256);
-                if (lane == 0) {
-                    fgh_bar_arrive(bar_ke + 8 * ks);
-                    if (j + 1 == w.n_items) fgh_bar_arrive(bar_qe);
-                }
-                if (!built && j + 1 < w.n_items) {
-                    next_item = fgh_walk_item(w, j + 1, ahead);
-                    fga_cursor_next(w.pl, ahead);
-                }
-                fgh_wait<0>();
-                fgh_fence_regs<FGH_DT * 4>(&o[0][0][0]);
-                if (j > 0 && lane == 0) fgh_bar_arrive(bar_ve + 8 * vs);
+                fgh_release_k(lane, bar_ke + 8 * ks, j + 1 == w.n_items, bar_qe);
+                if (!built && j + 1 < w.n_items) next_item = fgh_walk_take(w, j + 1, ahead);
+                fgh_wait_pv(o, j > 0, bar_ve + 8 * vs, lane);
                 prev_absent = true;
                 continue;
             }
@@ -616,10 +630,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
             /* The next item, while S runs (at the top of the loop its
              * block-mask read and cursor arithmetic would delay this
              * consumer's turn, which every other consumer waits for). */
-            if (!built && j + 1 < w.n_items) {
-                next_item = fgh_walk_item(w, j + 1, ahead);
-                fga_cursor_next(w.pl, ahead);
-            }
+            if (!built && j + 1 < w.n_items) next_item = fgh_walk_take(w, j + 1, ahead);
             asm volatile("" : "+r"(next_item)); /* computed here, not sunk to its use */
 
             /* Where they are shared (FGA_SHARED_COLS), the mask column parts of
@@ -663,10 +674,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
                 fgh_named_arrive(FGH_TURN_BAR + (cw + 1) % FGH_CONSUMERS, 256);
             fgh_wait<1>();
             fgh_fence_regs<FGH_NT * 4>(&s[0][0][0]);
-            if (lane == 0) {
-                fgh_bar_arrive(bar_ke + 8 * ks);                  /* K_j is no longer read */
-                if (j + 1 == w.n_items) fgh_bar_arrive(bar_qe); /* nor is Q */
-            }
+            fgh_release_k(lane, bar_ke + 8 * ks, j + 1 == w.n_items, bar_qe);
 
             /* Mods and softmax of tile j while P_{j-1} V_{j-1} runs. */
             const bool edge = kv0 + FGH_BLOCK_N > a.kv_len || q0 + FGH_BLOCK_M > a.q_len;
@@ -674,9 +682,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
             fga_tile_mods<FGA_SHARED_COLS>(s, rows, a, p, kv0, mine == FGH_PARTIAL, edge, cols);
             fga_tile_softmax(s, m_run, l_run, alpha, fga_log2_mult(a));
 
-            fgh_wait<0>();
-            fgh_fence_regs<FGH_DT * 4>(&o[0][0][0]);
-            if (j > 0 && lane == 0) fgh_bar_arrive(bar_ve + 8 * vs); /* V_{j-1} is no longer read */
+            fgh_wait_pv(o, j > 0, bar_ve + 8 * vs, lane); /* V_{j-1} is no longer read */
             fga_rescale(o, alpha);
 #pragma unroll
             for (int kk = 0; kk < FGH_PV_STEPS; kk++) {
@@ -695,9 +701,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
                 fgh_fence();
                 fgh_issue_pv(o, pa, dv + ((vs * FGH_TILE_BYTES) >> 4));
             }
-            fgh_wait<0>();
-            fgh_fence_regs<FGH_DT * 4>(&o[0][0][0]);
-            if (lane == 0) fgh_bar_arrive(bar_ve + 8 * vs); /* the last V is no longer read */
+            fgh_wait_pv(o, true, bar_ve + 8 * vs, lane); /* the last V is no longer read */
         }
         if (lane == 0) fgh_bar_arrive(bar_le + 8 * (n & 1)); /* the slot and list are walked */
         fga_store(o, m_run, l_run, a, b, h, qrow0);
