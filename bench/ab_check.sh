@@ -25,9 +25,11 @@
 # with A and B (several changes, each alone and together, in one run).
 # Each build gets a kernel cache of its own, filled first by small runs
 # side by side (NVRTC's compiles, one core each, would otherwise take most
-# of the time), so that the timed runs only load.
+# of the time), so that the timed runs only load. With nvidia-smi on the
+# machine and SUSTAIN_MS set, each line ends with the run's mean board
+# power and SM clock (bench/clock_sample.sh).
 set -uo pipefail
-[ $# -ge 4 ] || { sed -n 2,28p "$0"; exit 2; }
+[ $# -ge 4 ] || { sed -n 2,30p "$0"; exit 2; }
 a_root=$(cd "$1" && pwd); a_build=$2; b_root=$(cd "$3" && pwd); b_build=$4
 mods=${5:-noop causal sliding_window local_global dilated}
 dims=${6:-64 128}
@@ -47,6 +49,8 @@ trap 'rm -rf "$caches"' EXIT
 
 # shellcheck source=bench/gallery_args.sh
 . "$(dirname "$0")/gallery_args.sh"
+# shellcheck source=bench/clock_sample.sh
+. "$(dirname "$0")/clock_sample.sh"
 gallery_buffers "$caches"
 mod_args() { gallery_mod_args "$a_root" "$caches" "$1"; } # the mod files of A_ROOT for both builds
 warm() { # label root cli mod d: compile (and cache) the kernels of one pair on a small shape
@@ -56,12 +60,15 @@ warm() { # label root cli mod d: compile (and cache) the kernels of one pair on 
 }
 one() { # label root cli mod d
     local label=$1 root=$2 cli=$3 mod=$4 d=$5 line
+    clock_start "$caches/clock.csv"
     # shellcheck disable=SC2046
     line=$(FLEXGEN_SOURCE_ROOT=$root FLEXGEN_CACHE_DIR=$caches/$label/$mod.$d "$cli" check $(mod_args "$mod") --batch 4 \
         --heads 16 --q-len 8192 --head-dim "$d" --time 20 ${SUSTAIN_MS:+--sustain-ms "$SUSTAIN_MS"} \
         --no-reference ${EXTRA:-} 2>&1 |
         grep -i "median" | sed 's/^ *//' | tr '\n' ' ')
-    printf '%s %-15s D=%-4s %s\n' "$label" "$mod" "$d" "${line:-(no timing: the check failed)}"
+    clock_stop
+    printf '%s %-15s D=%-4s %s%s\n' "$label" "$mod" "$d" "${line:-(no timing: the check failed) }" \
+        "$(clock_summary "$caches/clock.csv")"
 }
 for d in $dims; do
     for mod in $mods; do
