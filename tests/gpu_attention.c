@@ -232,15 +232,11 @@ static void gallery_mods(int m0, int m1) {
 /* The sweep in four parts, so that scripts/gpu_suite.sh runs them as four
  * shards side by side: most of a part's time is its NVRTC compiles (about
  * 1.5 s each, one core), a few dozen a part. */
-#define GALLERY_PART(n) \
-    static void test_gallery_##n(void **state) { \
-        (void)state; \
-        gallery_mods(NGALLERY * (n) / 4, NGALLERY * ((n) + 1) / 4); \
-    }
-GALLERY_PART(0)
-GALLERY_PART(1)
-GALLERY_PART(2)
-GALLERY_PART(3)
+#define GALLERY_PART(n) gallery_mods(NGALLERY * (n) / 4, NGALLERY * ((n) + 1) / 4)
+GPU_TEST(test_gallery_0, GALLERY_PART(0))
+GPU_TEST(test_gallery_1, GALLERY_PART(1))
+GPU_TEST(test_gallery_2, GALLERY_PART(2))
+GPU_TEST(test_gallery_3, GALLERY_PART(3))
 
 /* ---- the features one at a time --------------------------------------------- */
 
@@ -378,14 +374,8 @@ static void feature_rows(int i0, int i1) {
 /* The table in two halves, two shards of scripts/gpu_suite.sh (as the
  * gallery's parts). */
 #define NFEATURES ((int)(sizeof features / sizeof features[0]))
-static void test_features_0(void **state) {
-    (void)state;
-    feature_rows(0, NFEATURES / 2);
-}
-static void test_features_1(void **state) {
-    (void)state;
-    feature_rows(NFEATURES / 2, NFEATURES);
-}
+GPU_TEST(test_features_0, feature_rows(0, NFEATURES / 2))
+GPU_TEST(test_features_1, feature_rows(NFEATURES / 2, NFEATURES))
 
 /* ---- approximate math ------------------------------------------------------- */
 

@@ -390,14 +390,8 @@ static void gallery_mods(int m0, int m1) {
 /* The sweep and the feature table below each in two halves: four shards
  * of scripts/gpu_suite.sh a mode where there were two, whose NVRTC
  * compiles (most of their time) run side by side. */
-static void test_gallery_0(void **state) {
-    (void)state;
-    gallery_mods(0, NGALLERY / 2);
-}
-static void test_gallery_1(void **state) {
-    (void)state;
-    gallery_mods(NGALLERY / 2, NGALLERY);
-}
+GPU_TEST(test_gallery_0, gallery_mods(0, NGALLERY / 2))
+GPU_TEST(test_gallery_1, gallery_mods(NGALLERY / 2, NGALLERY))
 
 /* ---- the features one at a time --------------------------------------------- */
 
@@ -457,14 +451,8 @@ static void feature_rows(int i0, int i1) {
 }
 
 #define NFEATURES ((int)(sizeof features / sizeof features[0]))
-static void test_features_0(void **state) {
-    (void)state;
-    feature_rows(0, NFEATURES / 2);
-}
-static void test_features_1(void **state) {
-    (void)state;
-    feature_rows(NFEATURES / 2, NFEATURES);
-}
+GPU_TEST(test_features_0, feature_rows(0, NFEATURES / 2))
+GPU_TEST(test_features_1, feature_rows(NFEATURES / 2, NFEATURES))
 
 /* ---- approximate math ------------------------------------------------------- */
 

@@ -241,22 +241,10 @@ static void gallery_part(int part) {
     assert_int_equal(failures, 0);
 }
 
-static void test_gallery_0(void **state) {
-    (void)state;
-    gallery_part(0);
-}
-static void test_gallery_1(void **state) {
-    (void)state;
-    gallery_part(1);
-}
-static void test_gallery_2(void **state) {
-    (void)state;
-    gallery_part(2);
-}
-static void test_gallery_3(void **state) {
-    (void)state;
-    gallery_part(3);
-}
+GPU_TEST(test_gallery_0, gallery_part(0))
+GPU_TEST(test_gallery_1, gallery_part(1))
+GPU_TEST(test_gallery_2, gallery_part(2))
+GPU_TEST(test_gallery_3, gallery_part(3))
 
 /* ---- the features one at a time --------------------------------------------- */
 

@@ -82,4 +82,14 @@ out_check check_out(fg_dtype dt, const uint16_t *out, const float *lse, const do
                     size_t rows, int d);
 fg_mod *case_mod(fg_ctx *ctx, const acase *c);
 
+/* A cmocka test that makes one call: a part of a long table or sweep (a
+ * range of its rows), so that scripts/gpu_suite.sh runs the parts as
+ * shards side by side; most of a part's time is its NVRTC compiles, one
+ * core each. */
+#define GPU_TEST(name, call) \
+    static void name(void **state) { \
+        (void)state; \
+        call; \
+    }
+
 #endif
