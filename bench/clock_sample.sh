@@ -4,9 +4,14 @@
 # sustained load, and a change can move the clock as well as the cycles:
 # bench/attention_notes.md, "Power under sustained load, measured again").
 #
-# clock_start FILE   nvidia-smi samples power.draw and clocks.sm into FILE
-#                    every 50 ms (GPU $CLOCK_GPU, default 0, in
-#                    nvidia-smi's numbering); nothing without nvidia-smi
+# clock_start FILE   nvidia-smi samples the board power and clocks.sm into
+#                    FILE every 50 ms (GPU $CLOCK_GPU, default 0, in
+#                    nvidia-smi's numbering); nothing without nvidia-smi.
+#                    The power is power.draw.instant where the driver has
+#                    it: its power.draw is a one-second mean there, which
+#                    in a one-second sustained run takes in the idle time
+#                    before it (ab_check's W read ~460 W on kernels at the
+#                    cap's clocks).
 # clock_stop         ends the sampling
 # clock_summary FILE "(W W, MHz MHz)": the means over the samples drawing
 #                    more than 250 W (a busy H100 or H200), the first ten
@@ -17,7 +22,10 @@ clock_pid=
 clock_start() {
     clock_pid=
     command -v nvidia-smi >/dev/null 2>&1 || return 0
-    nvidia-smi -i "${CLOCK_GPU:-0}" --query-gpu=power.draw,clocks.sm --format=csv,noheader,nounits \
+    local power=power.draw
+    nvidia-smi -i "${CLOCK_GPU:-0}" --query-gpu=power.draw.instant --format=csv,noheader,nounits 2>/dev/null |
+        grep -q '^[0-9]' && power=power.draw.instant
+    nvidia-smi -i "${CLOCK_GPU:-0}" --query-gpu=$power,clocks.sm --format=csv,noheader,nounits \
         -lms 50 >"$1" 2>/dev/null &
     clock_pid=$!
 }

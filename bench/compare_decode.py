@@ -16,6 +16,13 @@ so its speed is bandwidth: every row here reports
   error    ||out - ref|| / ||ref|| against a float64 reference of the whole
            output computed from the torch mods.
 
+With --floors each row also times, under the same flush and timing, two
+calls that do no attention: one kernel on one element (launch: what the
+method charges any call) and one torch reduction over as many contiguous
+bytes as the row's K and V (read: a plain stream of the same bytes). On
+the short rows (sliding_window's 1025 keys) they show how much of a call's
+time no kernel can avoid, and so the TB/s a row can reach at all.
+
 The queries sit at the end of their sequences (positions KV - Q .. KV - 1),
 so mods see the positions a serving loop gives them: flexgen through
 q_offset (contiguous) or q_offsets (paged), flex and the reference through
@@ -195,6 +202,12 @@ def run_row(spec, shape, D, opts, compiled_flex):
             mask = causal_lower_right(Q, KV) if spec.sdpa == "causal" and Q > 1 else None
             return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
         attempt("sdpa", sdpa_call)
+    if opts.floors:
+        one = torch.zeros(1, dtype=torch.float32, device=dev)
+        stream = torch.empty(gbytes // 2, dtype=torch.bfloat16, device=dev).normal_()
+        row["floors"] = {"launch": bench_ms(lambda: one.add_(1.0), opts.warmup, opts.rep),
+                         "read": bench_ms(lambda: stream.sum(dtype=torch.float32), opts.warmup, opts.rep)}
+        del stream
     if "flexgen" in outs and "flex" in outs:
         row["flexgen_vs_flex"] = rel_err(outs["flexgen"].double(), outs["flex"].double())
     return row
@@ -212,6 +225,8 @@ def main(argv=None):
     ap.add_argument("--warmup", type=float, default=25)
     ap.add_argument("--rep", type=float, default=100)
     ap.add_argument("--systems", default="", help="only these systems (prefixes: flexgen,flex,sdpa)")
+    ap.add_argument("--floors", action="store_true",
+                    help="also time one kernel on one element and one read of the row's bytes")
     ap.add_argument("--json", default=None)
     opts = ap.parse_args(argv)
     opts.pages = [int(p) for p in opts.pages.split(",") if p]
@@ -237,7 +252,9 @@ def main(argv=None):
             sysnames = list(row["tbps"])
             print(f"{name:15s} B={shape[0]:<3d} KV={shape[1]:<7d} Q={shape[2]:<2d} D={opts.head_dim} keys={row['visible_keys']:<7d} "
                   + "  ".join(f"{s} {row['tbps'][s]:.2f} TB/s ({row['ms'][s] * 1e3:.0f} us, err {row['error'][s]:.1e})"
-                              for s in sysnames), flush=True)
+                              for s in sysnames)
+                  + "".join(f"  floor_{f} {ms * 1e3:.1f} us" + (f" ({row['bytes'] / (ms * 1e-3) / 1e12:.2f} TB/s)" if f == "read" else "")
+                            for f, ms in row.get("floors", {}).items()), flush=True)
     if opts.json:
         meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
                 "device": torch.cuda.get_device_name(), "torch": torch.__version__,
