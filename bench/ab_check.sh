@@ -27,9 +27,12 @@
 # side by side (NVRTC's compiles, one core each, would otherwise take most
 # of the time), so that the timed runs only load. With nvidia-smi on the
 # machine and SUSTAIN_MS set, each line ends with the run's mean board
-# power and SM clock (bench/clock_sample.sh).
+# power and SM clock (bench/clock_sample.sh). A run that has not ended
+# after AB_TIMEOUT seconds (default 120) is stopped and its line says so,
+# and the others go on (a kernel that hangs once in thousands of launches,
+# as the first form of attention_notes f28 did, then costs one line).
 set -uo pipefail
-[ $# -ge 4 ] || { sed -n 2,30p "$0"; exit 2; }
+[ $# -ge 4 ] || { sed -n 2,34p "$0"; exit 2; }
 a_root=$(cd "$1" && pwd); a_build=$2; b_root=$(cd "$3" && pwd); b_build=$4
 mods=${5:-noop causal sliding_window local_global dilated}
 dims=${6:-64 128}
@@ -55,17 +58,19 @@ gallery_buffers "$caches"
 mod_args() { gallery_mod_args "$a_root" "$caches" "$1"; } # the mod files of A_ROOT for both builds
 warm() { # label root cli mod d: compile (and cache) the kernels of one pair on a small shape
     # shellcheck disable=SC2046
-    FLEXGEN_SOURCE_ROOT=$2 FLEXGEN_CACHE_DIR=$caches/$1/$4.$5 "$3" check $(mod_args "$4") --batch 1 \
+    FLEXGEN_SOURCE_ROOT=$2 FLEXGEN_CACHE_DIR=$caches/$1/$4.$5 timeout "${AB_TIMEOUT:-120}" "$3" check $(mod_args "$4") --batch 1 \
         --heads 2 --q-len 256 --head-dim "$5" --no-reference ${EXTRA:-} >/dev/null 2>&1
 }
 one() { # label root cli mod d
-    local label=$1 root=$2 cli=$3 mod=$4 d=$5 line
+    local label=$1 root=$2 cli=$3 mod=$4 d=$5 line out rc
     clock_start "$caches/clock.csv"
     # shellcheck disable=SC2046
-    line=$(FLEXGEN_SOURCE_ROOT=$root FLEXGEN_CACHE_DIR=$caches/$label/$mod.$d "$cli" check $(mod_args "$mod") --batch 4 \
-        --heads 16 --q-len 8192 --head-dim "$d" --time 20 ${SUSTAIN_MS:+--sustain-ms "$SUSTAIN_MS"} \
-        --no-reference ${EXTRA:-} 2>&1 |
-        grep -i "median" | sed 's/^ *//' | tr '\n' ' ')
+    out=$(FLEXGEN_SOURCE_ROOT=$root FLEXGEN_CACHE_DIR=$caches/$label/$mod.$d timeout "${AB_TIMEOUT:-120}" "$cli" check \
+        $(mod_args "$mod") --batch 4 --heads 16 --q-len 8192 --head-dim "$d" --time 20 \
+        ${SUSTAIN_MS:+--sustain-ms "$SUSTAIN_MS"} --no-reference ${EXTRA:-} 2>&1)
+    rc=$?
+    line=$(grep -i "median" <<<"$out" | sed 's/^ *//' | tr '\n' ' ')
+    [ "$rc" -eq 124 ] && line="(no timing: stopped after ${AB_TIMEOUT:-120} s) "
     clock_stop
     printf '%s %-15s D=%-4s %s%s\n' "$label" "$mod" "$d" "${line:-(no timing: the check failed) }" \
         "$(clock_summary "$caches/clock.csv")"
