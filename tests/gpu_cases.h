@@ -26,6 +26,11 @@ typedef struct acase {
     int bm, bm_b, bm_h, q_block, kv_block; /* bm_b / bm_h 0: B / H        */
     float scale;
     int expect_masked_rows; /* rows [0, n) must come out fully masked     */
+    /* V of (batch 0, KV head 0) holds +inf at key kv / 2, column 0: the
+     * rows whose reference is then not finite may come out as anything,
+     * every other row must be exact (a kernel that walks several q tiles
+     * carries nothing of one into the next) */
+    int inf_v;
 } acase;
 
 typedef struct binds {
