@@ -27,7 +27,8 @@ typedef struct acase {
     float scale;
     int expect_masked_rows; /* rows [0, n) must come out fully masked     */
     /* V of (batch 0, KV head 0) holds +inf at key kv / 2, column 0: the
-     * rows whose reference is then not finite may come out as anything,
+     * rows of that KV head's query heads in batch 0 may come out as
+     * anything (a masked key's 0 x inf is NaN in a tile's product too),
      * every other row must be exact (a kernel that walks several q tiles
      * carries nothing of one into the next) */
     int inf_v;
