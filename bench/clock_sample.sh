@@ -19,13 +19,16 @@
 #                    than five left (a run without --sustain-ms is too
 #                    short to read)
 clock_pid=
+clock_power= # the power field, asked of the driver once
 clock_start() {
     clock_pid=
     command -v nvidia-smi >/dev/null 2>&1 || return 0
-    local power=power.draw
-    nvidia-smi -i "${CLOCK_GPU:-0}" --query-gpu=power.draw.instant --format=csv,noheader,nounits 2>/dev/null |
-        grep -q '^[0-9]' && power=power.draw.instant
-    nvidia-smi -i "${CLOCK_GPU:-0}" --query-gpu=$power,clocks.sm --format=csv,noheader,nounits \
+    if [ -z "$clock_power" ]; then
+        clock_power=power.draw
+        nvidia-smi -i "${CLOCK_GPU:-0}" --query-gpu=power.draw.instant --format=csv,noheader,nounits 2>/dev/null |
+            grep -q '^[0-9]' && clock_power=power.draw.instant
+    fi
+    nvidia-smi -i "${CLOCK_GPU:-0}" --query-gpu="$clock_power",clocks.sm --format=csv,noheader,nounits \
         -lms 50 >"$1" 2>/dev/null &
     clock_pid=$!
 }
