@@ -109,11 +109,14 @@ static void fill_abi(const fg_kernel *k, const fg_attention_args *a, const fgi_a
     abi->q_tiles = (a->q_len + k->geom[0].block_m - 1) / k->geom[0].block_m;
 }
 
-/* The Hopper kernel's third argument: q, k and v as [batch, heads, len, D]
- * tensor maps (fgi_attn_tensor_map: k's and v's boxes of the geometry's
- * block_n rows; q's of its q_box, or of its block_m where it sets none). */
+/* The Hopper kernel's third argument: q, k, v and out as [batch, heads,
+ * len, D] tensor maps (fgi_attn_tensor_map: k's and v's boxes of the
+ * geometry's block_n rows; q's of its q_box, or of its block_m where it
+ * sets none; out's of a consumer's 64 rows, where the kernel stores O by
+ * TMA). An out that TMA cannot describe (not 16-byte aligned) then sends
+ * fg_attention_forward to the portable kernel. */
 typedef struct hopper_maps {
-    CUtensorMap q, k, v;
+    CUtensorMap q, k, v, o;
 } hopper_maps;
 
 static fg_status encode_maps(fg_ctx *ctx, const fg_kernel *k, const fg_attention_args *a,
@@ -126,6 +129,13 @@ static fg_status encode_maps(fg_ctx *ctx, const fg_kernel *k, const fg_attention
                                 kv_box, "k"));
     FGI_TRY(fgi_attn_tensor_map(ctx, &m->v, a->dtype, a->v, a->head_dim, a->kv_len, a->heads_kv, a->batch, st->v,
                                 kv_box, "v"));
+    /* out's map is read by the kernels of two consumers (128-row q tiles:
+     * attention_fwd_sm90.cuh's FGH_O_SMEM) only; the others store O from
+     * registers and take any 4-byte aligned out */
+    memset(&m->o, 0, sizeof m->o);
+    if (k->geom[0].block_m == 128)
+        FGI_TRY(fgi_attn_tensor_map(ctx, &m->o, a->dtype, a->out, a->head_dim, a->q_len, a->heads_q, a->batch, st->o,
+                                    64, "out"));
     return FG_OK;
 }
 

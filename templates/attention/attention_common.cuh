@@ -693,6 +693,14 @@ static __device__ __forceinline__ void fga_rescale(float (&o)[MT][DT][4], const 
         }
 }
 
+/* Row qi's LSE (natural log; -inf for a row without a key), where the
+ * call asks for it. */
+static __device__ __forceinline__ void fga_store_lse(const fga_args &a, int b, int h, int qi, float m, float l) {
+    if (!a.lse) return;
+    float *lp = (float *)a.lse + ((fg_i64)b * a.heads_q + h) * a.q_len + qi;
+    *lp = l > 0.f ? (m + fga_log2(l)) * FGA_LN2 : FGA_NEG_INF;
+}
+
 /* Normalise and write: out rows and, from one thread per quad, LSE. */
 template <int MT, int DT>
 static __device__ __forceinline__ void fga_store(const float (&o)[MT][DT][4], const float (&m_run)[MT][2],
@@ -713,10 +721,7 @@ static __device__ __forceinline__ void fga_store(const float (&o)[MT][DT][4], co
             for (int i = 0; i < DT; i++)
                 if (i * 8 < FG_HEAD_DIM) /* a kernel may accumulate padding columns */
                     *(fg_u32 *)(op + i * 8 + t4 * 2) = fg_pack2(o[mt][i][2 * r] * inv, o[mt][i][2 * r + 1] * inv);
-            if (a.lse && t4 == 0) {
-                float *lp = (float *)a.lse + ((fg_i64)b * a.heads_q + h) * a.q_len + qi;
-                *lp = l > 0.f ? (m_run[mt][r] + fga_log2(l)) * FGA_LN2 : FGA_NEG_INF;
-            }
+            if (t4 == 0) fga_store_lse(a, b, h, qi, m_run[mt][r], l);
         }
     }
 }

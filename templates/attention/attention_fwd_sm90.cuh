@@ -179,11 +179,12 @@
  * lost 1-2% (attention_notes v40). */
 #define FGH_COLS_AHEAD (FGA_SHARED_COLS && FG_MASK_COL_READS && FGH_CONSUMERS == 2)
 
-/* The kernel's third argument: q, k and v as [batch, heads, len, D]. */
+/* The kernel's third argument: q, k, v and out as [batch, heads, len, D]
+ * (out's boxes of 64 rows: a consumer's). */
 struct fgh_maps {
-    fgh_tmap q, k, v;
+    fgh_tmap q, k, v, o;
 };
-static_assert(sizeof(fgh_maps) == 384, "fgh_maps must match the host's three CUtensorMaps");
+static_assert(sizeof(fgh_maps) == 512, "fgh_maps must match the host's four CUtensorMaps");
 /* The host's launch geometry (fwd_sm90_geometry, printed by the source
  * generator) against this file's. */
 static_assert(FG_LAUNCH_THREADS_fg_attention_fwd == FGH_THREADS, "fwd_sm90_geometry: threads");
@@ -230,11 +231,62 @@ static __device__ __forceinline__ void fgh_wait_pv(float (&o)[1][FGH_DT][4], boo
     if (release && lane == 0) fgh_bar_arrive(v_empty);
 }
 
-/* Lane 0: K_j's stage is no longer read, nor (after the walk's last item) Q. */
+/* Where O goes through shared memory and a TMA store (fgh_store_o): with
+ * two consumers, which end their walks together. Measured (H200, 2026-11-29,
+ * attention_notes f30): D=128 document -7.6% time, flamingo -3.9%, causal
+ * -1.8%, noop level; with three consumers in turns (D=64) mixed: document
+ * -2.7%, local_global +2.0%, sliding_window +2.5%, so those keep fga_store
+ * and release Q after their last S. */
+#define FGH_O_SMEM (FGH_CONSUMERS == 2)
+
+/* Lane 0: K_j's stage is no longer read, nor (after the walk's last item,
+ * where O does not go through Q's rows) Q. */
 static __device__ __forceinline__ void fgh_release_k(int lane, fg_u32 k_empty, bool last, fg_u32 q_empty) {
     if (lane == 0) {
         fgh_bar_arrive(k_empty);
-        if (last) fgh_bar_arrive(q_empty);
+        if (!FGH_O_SMEM && last) fgh_bar_arrive(q_empty);
+    }
+}
+
+/* A consumer's 64 rows of O, normalised, written over its own rows of Q
+ * (`sO`: its last S has read them) in the layout the tensor maps' boxes
+ * describe (64-column regions, 128-byte swizzle), then stored by the TMA
+ * unit, one box a region (rows past q_len are not written). Q is released
+ * to the loader once the TMA unit has read them: one thread arrives for
+ * the consumer's four warps. Through shared memory, a warp's stores are
+ * FGH_DT / 2 stmatrix instead of FGH_DT * 2 four-byte global stores, whose
+ * queue stalled the walk's end (ncu: 13% of document's consumer samples
+ * at D=128). The LSE as fga_store writes it. */
+static __device__ __forceinline__ void fgh_store_o(const float (&o)[1][FGH_DT][4], const float (&m_run)[1][2],
+                                                   const float (&l_run)[1][2], const fga_args &a,
+                                                   const fgh_tmap *omap, fg_u32 sO, int b, int h, int q0c, int cw,
+                                                   int warp, int lane, fg_u32 q_empty) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float l = fga_quad_sum(l_run[0][r]);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        /* lane's address: row lane % 8 of tile lane / 8, tiles the column groups i0 .. i0 + 3 */
+        const int row = warp * 16 + 8 * r + (lane & 7);
+#pragma unroll
+        for (int i0 = 0; i0 < FGH_DT; i0 += 4) {
+            const int g = i0 + (lane >> 3);
+            fgh_stmatrix_x4(sO + (g >> 3) * FGH_Q_REGION + fgh_swz128(row, (g & 7) * 16),
+                            fg_pack2(o[0][i0][2 * r] * inv, o[0][i0][2 * r + 1] * inv),
+                            fg_pack2(o[0][i0 + 1][2 * r] * inv, o[0][i0 + 1][2 * r + 1] * inv),
+                            fg_pack2(o[0][i0 + 2][2 * r] * inv, o[0][i0 + 2][2 * r + 1] * inv),
+                            fg_pack2(o[0][i0 + 3][2 * r] * inv, o[0][i0 + 3][2 * r + 1] * inv));
+        }
+        const int qi = q0c + warp * 16 + 8 * r + (lane >> 2);
+        if ((lane & 3) == 0 && qi < a.q_len) fga_store_lse(a, b, h, qi, m_run[0][r], l);
+    }
+    fgh_fence_async_smem();
+    fgh_named_sync(1 + cw, 128);
+    if (warp == 0 && lane == 0) {
+#pragma unroll
+        for (int r = 0; r < FGH_DS / 64; r++) fgh_tma_store(omap, sO + r * FGH_Q_REGION, r * 64, q0c, h, b);
+        fgh_bulk_commit();
+        fgh_bulk_wait<0, true>();
+        fgh_bar_arrive_n(q_empty, 4);
     }
 }
 
@@ -480,7 +532,22 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
                     if (!fgh_next_tile(a, slots, bar_lf, n, n_tiles, b, h, q0)) break;
                     const int hk = h / (a.heads_q / a.heads_kv);
                     const fgh_walk w = fgh_walk_of(a, b, h, q0, lists + (n & 1) * FGH_MERGE_MAX_KB);
-                    if (n > 0) fgh_bar_wait(bar_qe, (n - 1) & 1);
+                    if (n > 0) {
+                        /* Where Q's rows take O (FGH_O_SMEM), Q is released
+                         * after the walk's store: tile n's Q is asked into
+                         * the L2 first, while the consumers end tile n - 1
+                         * (the loader gets here once that walk's last K and V
+                         * are issued, stages ahead of its end), so that its
+                         * load after the release waits for the L2, not DRAM
+                         * (Q is read once). */
+                        if (FGH_O_SMEM)
+#pragma unroll
+                            for (int r = 0; r < FGH_DS / 64; r++)
+#pragma unroll
+                                for (int i = 0; i < FGH_BLOCK_M / FGH_Q_BOX; i++)
+                                    fgh_tma_prefetch_l2(&maps.q, r * 64, q0 + i * FGH_Q_BOX, h, b);
+                        fgh_bar_wait(bar_qe, (n - 1) & 1);
+                    }
                     fgh_bar_expect(bar_q, FGH_Q_BYTES);
 #pragma unroll
                     for (int r = 0; r < FGH_DS / 64; r++)
@@ -554,7 +621,7 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         float s[1][FGH_NT][4];
         fg_u32 pa[FGH_PV_STEPS][4]; /* P of the previous tile as wgmma A fragments */
         fgh_bar_wait(bar_q, n & 1);
-        if (w.n_items == 0 && lane == 0) fgh_bar_arrive(bar_qe); /* Q is not read */
+        if (!FGH_O_SMEM && w.n_items == 0 && lane == 0) fgh_bar_arrive(bar_qe); /* Q is not read */
 
         /* The block mask's index of the next item is read one tile ahead, so
          * its global-memory latency stays off the loop's critical path. */
@@ -704,6 +771,10 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
             fgh_wait_pv(o, true, bar_ve + 8 * vs, lane); /* the last V is no longer read */
         }
         if (lane == 0) fgh_bar_arrive(bar_le + 8 * (n & 1)); /* the slot and list are walked */
-        fga_store(o, m_run, l_run, a, b, h, qrow0);
+        if (FGH_O_SMEM)
+            fgh_store_o(o, m_run, l_run, a, &maps.o, sQ + (fg_u32)(cw * 64 * 128), b, h, q0 + cw * 64, cw, warp, lane,
+                        bar_qe);
+        else
+            fga_store(o, m_run, l_run, a, b, h, qrow0);
     }
 }

@@ -228,6 +228,10 @@ static __device__ __forceinline__ void fgh_bar_wait(fg_u32 bar, int parity) {
 static __device__ __forceinline__ void fgh_bar_arrive(fg_u32 bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+/* `count` arrivals at once (one thread standing for `count` warps). */
+static __device__ __forceinline__ void fgh_bar_arrive_n(fg_u32 bar, int count) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
 /* The producer's arrival, announcing the bytes the TMA unit will deliver. */
 static __device__ __forceinline__ void fgh_bar_expect(fg_u32 bar, int bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
@@ -242,11 +246,28 @@ static __device__ __forceinline__ void fgh_tma_load(fg_u32 dst, const fgh_tmap *
                  "l"(map), "r"(col), "r"(row), "r"(head), "r"(batch), "r"(bar)
                  : "memory");
 }
+/* The same box asked into the L2 only (no shared memory, no barrier): a
+ * later fgh_tma_load of it then waits for the L2, not for DRAM. */
+static __device__ __forceinline__ void fgh_tma_prefetch_l2(const fgh_tmap *map, int col, int row, int head,
+                                                           int batch) {
+    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(map), "r"(col),
+                 "r"(row), "r"(head), "r"(batch)
+                 : "memory");
+}
 /* Where byte `col_byte` (0..127) of row `row` lies in a region of
  * 128-byte rows with the 128-byte swizzle (1024-byte aligned): its 16-byte
  * chunk moves to chunk ^ (row % 8), as TMA writes it and wgmma reads it. */
 static __device__ __forceinline__ fg_u32 fgh_swz128(int row, int col_byte) {
     return row * 128 + ((((col_byte >> 4) ^ row) & 7) << 4) + (col_byte & 15);
+}
+/* Four 8 x 8 tiles of 16-bit pairs to shared memory, each from a warp's
+ * accumulator fragments (a thread's pair in row lane / 4, columns 2 (lane
+ * % 4) and one more: the m16n8 / wgmma layout); lane l gives the address
+ * of row l % 8 of tile l / 8. */
+static __device__ __forceinline__ void fgh_stmatrix_x4(fg_u32 addr, fg_u32 r0, fg_u32 r1, fg_u32 r2, fg_u32 r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
 }
 /* One box of a [batch, heads, len, D] tensor from shared memory (laid out
  * as fgh_tma_load leaves it) to global, by the TMA unit: rows past the
