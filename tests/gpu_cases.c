@@ -216,10 +216,12 @@ double rel_err_dense16(fg_dtype dt, const uint16_t *g, const double *ref, size_t
 }
 
 const char *case_name(const acase *c, char *buf, size_t n) {
-    snprintf(buf, n, "%s D=%d %s B=%d Hq=%d Hkv=%d Q=%d KV=%d off=%d/%d %s bm=%d(%dx%d, B%d H%d)",
+    char out_off[32] = "";
+    if (c->out_off) snprintf(out_off, sizeof out_off, " out at +%d elements", c->out_off);
+    snprintf(buf, n, "%s D=%d %s B=%d Hq=%d Hkv=%d Q=%d KV=%d off=%d/%d %s bm=%d(%dx%d, B%d H%d)%s%s",
              c->mod ? c->mod : "src", c->d, c->dtype == FG_BF16 ? "bf16" : "fp16", c->b, c->hq,
              c->hkv, c->q, c->kv, c->q_offset, c->kv_offset, c->layout == BSHD ? "BSHD" : "BHSD",
-             c->bm, c->q_block, c->kv_block, c->bm_b, c->bm_h);
+             c->bm, c->q_block, c->kv_block, c->bm_b, c->bm_h, c->inf_v ? " +inf in V" : "", out_off);
     return buf;
 }
 

@@ -32,6 +32,10 @@ typedef struct acase {
      * every other row must be exact (a kernel that walks several q tiles
      * carries nothing of one into the next) */
     int inf_v;
+    /* out starts `out_off` elements into its allocation: 2 leaves it 4-byte
+     * but not 16-byte aligned, which the Hopper kernels that store O by TMA
+     * cannot describe (fg_attention_forward then runs the portable one) */
+    int out_off;
 } acase;
 
 typedef struct binds {
