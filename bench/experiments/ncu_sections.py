@@ -4,11 +4,11 @@ its consumers' code, from ncu's source page as CSV (`ncu --import REP --page
 source --print-source sass --csv`; fwd_ncu_source.sh makes it).
 
 The consumers' code lies between the warp group's register allocation
-(USETMAXREG.TRY_ALLOC) and the producer's release (USETMAXREG.DEALLOC). In it
-the longest backward branch closes the walk loop (one q tile a turn) and the
-longest one inside it the tile loop; the sections are the walk's prologue
-(walk top to tile loop), the tile loop, and the walk's end (the last P V,
-the store). Prints each section's share of the consumer samples, the
+(USETMAXREG.TRY_ALLOC) and the producer's release (USETMAXREG.DEALLOC); a
+kernel without them (the decode walk) is read whole. In it the longest
+backward branch closes the walk loop (one q tile a turn) and the longest
+one inside it the tile loop; the sections are the walk's prologue (walk top
+to tile loop), the tile loop, and the walk's end (the last P V, the store). Prints each section's share of the consumer samples, the
 consumers' stall reasons, and the instructions that hold the most samples.
 
     python3 bench/experiments/ncu_sections.py src.csv [TOP]
@@ -24,8 +24,9 @@ def main(path, top=12):
     ix = {h: i for i, h in enumerate(hdr)}
     samples = [int(r[ix["Warp Stall Sampling (All Samples)"]] or 0) for r in data]
     addr = {int(r[0], 16): n for n, r in enumerate(data)}
-    lo = next(n for n, r in enumerate(data) if "TRY_ALLOC" in r[1])
-    hi = next(n for n, r in enumerate(data) if "DEALLOC" in r[1])
+    # without the forward's split (the decode walk, say): the whole kernel
+    lo = next((n for n, r in enumerate(data) if "TRY_ALLOC" in r[1]), 0)
+    hi = next((n for n, r in enumerate(data) if "DEALLOC" in r[1]), len(data))
 
     def back_branches(a, b):
         """(target, branch) of backward branches in [a, b), longest first"""
@@ -39,8 +40,10 @@ def main(path, top=12):
                 out.append((tgt, n))
         return sorted(out, key=lambda x: x[0] - x[1])
 
-    walk = back_branches(lo, hi)[0]
-    tile = back_branches(walk[0] + 1, walk[1])[0]
+    loops = back_branches(lo, hi)
+    walk = loops[0] if loops else (lo, hi - 1)
+    inner = back_branches(walk[0] + 1, walk[1])
+    tile = inner[0] if inner else walk
     total = sum(samples[lo:hi]) or 1
     cuts = [("before the walks", lo, walk[0]), ("walk prologue", walk[0], tile[0]),
             ("tile loop", tile[0], tile[1] + 1), ("walk end", tile[1] + 1, walk[1] + 1), ("after", walk[1] + 1, hi)]
