@@ -694,7 +694,11 @@ FG_API fg_status fg_block_mask_picture(const fg_block_mask *mask, int max_rows, 
  * out: [B, Hq, Q_LEN, D], lse: [B, Hq, Q_LEN] float32 (natural log; may be
  * NULL). Strides are in elements for the index order (b, h, s, d); the last
  * must be 1; all zero means contiguous BHSD. BSHD works by strides.
- * Hq must be a multiple of Hkv (GQA / MQA). Growable (see Conventions):
+ * Hq must be a multiple of Hkv (GQA / MQA). q, k and v: 16-byte aligned
+ * pointers and strides (FG_ERR_SHAPE otherwise); out and lse: 4-byte
+ * aligned, out 16-byte aligned where the Hopper forward is to store it by
+ * TMA (fg_attention_forward otherwise runs the portable kernel).
+ * Growable (see Conventions):
  * FG_ATTENTION_ARGS_INIT or fg_attention_args_init(), or `= {0}` with
  * struct_size left 0 as in 0.1. */
 typedef struct fg_attention_args {
