@@ -66,9 +66,11 @@ static void run_case(fg_ctx *ctx, const acase *c) {
     if (c->inf_v) hv[(size_t)(c->kv / 2) * (size_t)a.v_stride[2]] = c->dtype == FG_BF16 ? 0x7f80 : 0x7c00;
     const size_t nlse = (size_t)c->b * c->hq * c->q;
     CUdeviceptr dq = upload(hq, nq * 2), dk = upload(hk, nk * 2), dv = upload(hv, nk * 2), dout, dlse;
-    assert_int_equal(fgi_cu()->cuMemAlloc(&dout, (no + (size_t)c->out_off) * 2), CUDA_SUCCESS);
+    const size_t out_bytes = (no + (size_t)c->out_off) * 2; /* out itself starts out_off elements in */
+    assert_int_equal(fgi_cu()->cuMemAlloc(&dout, out_bytes), CUDA_SUCCESS);
     assert_int_equal(fgi_cu()->cuMemAlloc(&dlse, nlse * 4), CUDA_SUCCESS);
-    assert_int_equal(fgi_cu()->cuMemsetD8(dout, 0xff, (no + (size_t)c->out_off) * 2), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemsetD8(dout, 0xff, out_bytes), CUDA_SUCCESS);
+    const CUdeviceptr out = dout + (size_t)c->out_off * 2;
     assert_int_equal(fgi_cu()->cuMemsetD8(dlse, 0xff, nlse * 4), CUDA_SUCCESS);
 
     fg_block_mask *bm = NULL;
@@ -87,7 +89,7 @@ static void run_case(fg_ctx *ctx, const acase *c) {
     a.block_mask = bm;
 
     a.q = (const void *)(uintptr_t)dq, a.k = (const void *)(uintptr_t)dk, a.v = (const void *)(uintptr_t)dv;
-    a.out = (void *)(uintptr_t)(dout + (size_t)c->out_off * 2), a.lse = (float *)(uintptr_t)dlse;
+    a.out = (void *)(uintptr_t)out, a.lse = (float *)(uintptr_t)dlse;
     a.binds = bb.dev, a.nbinds = (size_t)bb.n;
     const double t_gpu = fgi_now_ms();
     fg_status st = fg_attention_forward(ctx, mod, &a);
@@ -96,7 +98,7 @@ static void run_case(fg_ctx *ctx, const acase *c) {
     assert_int_equal(fgi_cu()->cuCtxSynchronize(), CUDA_SUCCESS);
     uint16_t *gout = malloc(no * 2);
     float *glse = malloc(nlse * 4);
-    assert_int_equal(fgi_cu()->cuMemcpyDtoH(gout, dout + (size_t)c->out_off * 2, no * 2), CUDA_SUCCESS);
+    assert_int_equal(fgi_cu()->cuMemcpyDtoH(gout, out, no * 2), CUDA_SUCCESS);
     assert_int_equal(fgi_cu()->cuMemcpyDtoH(glse, dlse, nlse * 4), CUDA_SUCCESS);
 
     const double t_ref = fgi_now_ms();

@@ -693,6 +693,10 @@ static __device__ __forceinline__ void fga_rescale(float (&o)[MT][DT][4], const 
         }
 }
 
+/* What a row's O is multiplied by: 1 / l, its sum of exponentials, or 0 for
+ * a row without a key (l = 0). */
+static __device__ __forceinline__ float fga_row_inv(float l) { return l > 0.f ? 1.f / l : 0.f; }
+
 /* Row qi's LSE (natural log; -inf for a row without a key), where the
  * call asks for it. */
 static __device__ __forceinline__ void fga_store_lse(const fga_args &a, int b, int h, int qi, float m, float l) {
@@ -714,7 +718,7 @@ static __device__ __forceinline__ void fga_store(const float (&o)[MT][DT][4], co
             const int qi = qrow0 + mt * 16 + r * 8;
             const float l = fga_quad_sum(l_run[mt][r]);
             if (qi >= a.q_len) continue;
-            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const float inv = fga_row_inv(l);
             fg_u16 *op = (fg_u16 *)a.out + (fg_i64)b * a.o_stride[0] + (fg_i64)h * a.o_stride[1] +
                          (fg_i64)qi * a.o_stride[2];
 #pragma unroll

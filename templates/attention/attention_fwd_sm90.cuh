@@ -238,6 +238,7 @@ static __device__ __forceinline__ void fgh_wait_pv(float (&o)[1][FGH_DT][4], boo
  * -2.7%, local_global +2.0%, sliding_window +2.5%, so those keep fga_store
  * and release Q after their last S. */
 #define FGH_O_SMEM (FGH_CONSUMERS == 2)
+static_assert(FGH_O_SMEM == (FGH_BLOCK_M == 128), "forward.c's encode_maps gives out a map for 128-row q tiles");
 
 /* Lane 0: K_j's stage is no longer read, nor (after the walk's last item,
  * where O does not go through Q's rows) Q. */
@@ -264,7 +265,7 @@ static __device__ __forceinline__ void fgh_store_o(const float (&o)[1][FGH_DT][4
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const float l = fga_quad_sum(l_run[0][r]);
-        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float inv = fga_row_inv(l);
         /* lane's address: row lane % 8 of tile lane / 8, tiles the column groups i0 .. i0 + 3 */
         const int row = warp * 16 + 8 * r + (lane & 7);
 #pragma unroll
