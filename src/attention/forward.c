@@ -129,11 +129,11 @@ static fg_status encode_maps(fg_ctx *ctx, const fg_kernel *k, const fg_attention
                                 kv_box, "k"));
     FGI_TRY(fgi_attn_tensor_map(ctx, &m->v, a->dtype, a->v, a->head_dim, a->kv_len, a->heads_kv, a->batch, st->v,
                                 kv_box, "v"));
-    /* out's map is read by the kernels of two consumers (128-row q tiles:
-     * attention_fwd_sm90.cuh's FGH_O_SMEM) only; the others store O from
-     * registers and take any 4-byte aligned out */
+    /* out's map is read only by the kernels that store O by TMA (the
+     * geometry's o_map); the others store O from registers and take any
+     * 4-byte aligned out */
     memset(&m->o, 0, sizeof m->o);
-    if (k->geom[0].block_m == 128)
+    if (k->geom[0].o_map)
         FGI_TRY(fgi_attn_tensor_map(ctx, &m->o, a->dtype, a->out, a->head_dim, a->q_len, a->heads_q, a->batch, st->o,
                                     64, "out"));
     return FG_OK;

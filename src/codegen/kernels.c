@@ -132,7 +132,11 @@ static fgi_kernel_geom fwd_sm90_geometry(const fg_kernel_config *c, const fg_mod
     const size_t tile = (size_t)g.block_n * stored * 2, q = (size_t)g.block_m * stored * 2;
     const size_t stages = c->head_dim == 64 ? 3 + 4 : c->head_dim == 256 || wide ? 2 + 2 : 2 + 3;
     const size_t merge = g.q_align ? 10 * (size_t)FGI_FWD_SM90_MERGE_MAX_KB : 0;
-    g.smem = q + tile * stages + 256 + 2 * (size_t)consumers * 128 * 16 + merge + 1024;
+    /* O leaves by TMA at two consumers (over Q's rows) and, at three, for
+     * mods with a mask_mod (through a buffer laid out as Q: FGH_O_BUF) */
+    g.o_map = consumers == 2 || (mod && mod->mask);
+    const size_t o_buf = consumers == 3 && g.o_map ? q : 0;
+    g.smem = q + tile * stages + o_buf + 256 + 2 * (size_t)consumers * 128 * 16 + merge + 1024;
     return g;
 }
 

@@ -125,6 +125,11 @@ typedef struct fgi_kernel_geom {
     /* 1: the kernel is persistent, a one-dimensional grid of at most one
      * block per SM that walks every tile (the Hopper forward). */
     int persistent;
+    /* 1: the kernel stores O through a tensor map of out (the Hopper
+     * forward where attention_fwd_sm90.cuh's FGH_O_SMEM or FGH_O_BUF
+     * holds), so forward.c encodes one and an out TMA cannot describe
+     * sends the call to the portable kernel. */
+    int o_map;
 } fgi_kernel_geom;
 
 typedef struct fgi_kernel_entry {

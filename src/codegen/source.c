@@ -306,6 +306,7 @@ static void put_macros(fgi_buf *b, const gen_state *g) {
                        geom.smem);
         fgi_buf_printf(b, "#define FG_LAUNCH_BLOCK_M_%s %d\n#define FG_LAUNCH_BLOCK_N_%s %d\n", e, geom.block_m, e,
                        geom.block_n);
+        fgi_buf_printf(b, "#define FG_LAUNCH_O_MAP_%s %d\n", e, geom.o_map);
     }
     fgi_buf_puts(b, "\n");
 }

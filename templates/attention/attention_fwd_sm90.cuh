@@ -166,8 +166,15 @@
  * KB to align the base to 1024 bytes (the swizzle pattern's period);
  * fwd_sm90_geometry computes the same, and reserves the column parts
  * whether or not a mod uses them. */
-#define FGH_SMEM_BYTES (FGH_Q_BYTES + FGH_TILE_BYTES * (FGH_K_STAGES + FGH_V_STAGES) + FGH_BAR_BYTES + \
-                        2 * FGH_CONSUMERS * 128 * FGA_COL_BYTES + FGH_MERGE_BYTES + 1024)
+#define FGH_SMEM_BYTES (FGH_Q_BYTES + FGH_TILE_BYTES * (FGH_K_STAGES + FGH_V_STAGES) + FGH_O_BUF_BYTES + \
+                        FGH_BAR_BYTES + 2 * FGH_CONSUMERS * 128 * FGA_COL_BYTES + FGH_MERGE_BYTES + 1024)
+/* Three consumers (D=64) store O through a buffer of their own, laid out
+ * as Q (fgh_store_o<true>): 24 KB, which fits beside the stages there, for
+ * mods with a mask_mod. Measured (H200, 2026-11-29, attention_notes f31):
+ * document -3.0% time, local_global -2.0%, causal -1.4%, sliding_window
+ * level, but noop +0.9% (its long walks store rarely), which keeps fga_store. */
+#define FGH_O_BUF (FGH_CONSUMERS == 3 && FGA_MASK_MOD)
+#define FGH_O_BUF_BYTES (FGH_O_BUF ? FGH_Q_BYTES : 0)
 
 /* Shared column parts that read a buffer (flamingo's kv_image[kv],
  * document's document_id[kv]) are read a partial tile ahead, into a
@@ -231,14 +238,16 @@ static __device__ __forceinline__ void fgh_wait_pv(float (&o)[1][FGH_DT][4], boo
     if (release && lane == 0) fgh_bar_arrive(v_empty);
 }
 
-/* Where O goes through shared memory and a TMA store (fgh_store_o): with
+/* Where O goes through Q's rows and a TMA store (fgh_store_o<false>): with
  * two consumers, which end their walks together. Measured (H200, 2026-11-29,
  * attention_notes f30): D=128 document -7.6% time, flamingo -3.9%, causal
  * -1.8%, noop level; with three consumers in turns (D=64) mixed: document
- * -2.7%, local_global +2.0%, sliding_window +2.5%, so those keep fga_store
- * and release Q after their last S. */
+ * -2.7%, local_global +2.0%, sliding_window +2.5% (the later Q release), so
+ * those release Q after their last S and store through FGH_O_BUF or by
+ * fga_store. */
 #define FGH_O_SMEM (FGH_CONSUMERS == 2)
-static_assert(FGH_O_SMEM == (FGH_BLOCK_M == 128), "forward.c's encode_maps gives out a map for 128-row q tiles");
+static_assert(FG_LAUNCH_O_MAP_fg_attention_fwd == (FGH_O_SMEM || FGH_O_BUF),
+              "fwd_sm90_geometry's o_map: forward.c encodes out's map for the kernels that read it");
 
 /* Lane 0: K_j's stage is no longer read, nor (after the walk's last item,
  * where O does not go through Q's rows) Q. */
@@ -249,19 +258,27 @@ static __device__ __forceinline__ void fgh_release_k(int lane, fg_u32 k_empty, b
     }
 }
 
-/* A consumer's 64 rows of O, normalised, written over its own rows of Q
- * (`sO`: its last S has read them) in the layout the tensor maps' boxes
- * describe (64-column regions, 128-byte swizzle), then stored by the TMA
- * unit, one box a region (rows past q_len are not written). Q is released
- * to the loader once the TMA unit has read them: one thread arrives for
- * the consumer's four warps. Through shared memory, a warp's stores are
+/* A consumer's 64 rows of O, normalised, written to `sO` in the layout the
+ * tensor maps' boxes describe (64-column regions, 128-byte swizzle), then
+ * stored by the TMA unit, one box a region (rows past q_len are not
+ * written). Without OWN, `sO` is the consumer's own rows of Q (its last S
+ * has read them), released to the loader once the TMA unit has read them:
+ * one thread arrives for the consumer's four warps. With OWN, `sO` is its
+ * rows of FGH_O_BUF, whose previous store (a walk ago) the same thread
+ * waits for first; Q was released after the last S. Through shared memory, a warp's stores are
  * FGH_DT / 2 stmatrix instead of FGH_DT * 2 four-byte global stores, whose
  * queue stalled the walk's end (ncu: 13% of document's consumer samples
  * at D=128). The LSE as fga_store writes it. */
+template <bool OWN>
 static __device__ __forceinline__ void fgh_store_o(const float (&o)[1][FGH_DT][4], const float (&m_run)[1][2],
                                                    const float (&l_run)[1][2], const fga_args &a,
                                                    const fgh_tmap *omap, fg_u32 sO, int b, int h, int q0c, int cw,
                                                    int warp, int lane, fg_u32 q_empty) {
+    if (OWN) {
+        /* the buffer's last store has been read (long since: a walk ago) */
+        if (warp == 0 && lane == 0) fgh_bulk_wait<0, true>();
+        fgh_named_sync(1 + cw, 128);
+    }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const float l = fga_quad_sum(l_run[0][r]);
@@ -286,8 +303,10 @@ static __device__ __forceinline__ void fgh_store_o(const float (&o)[1][FGH_DT][4
 #pragma unroll
         for (int r = 0; r < FGH_DS / 64; r++) fgh_tma_store(omap, sO + r * FGH_Q_REGION, r * 64, q0c, h, b);
         fgh_bulk_commit();
-        fgh_bulk_wait<0, true>();
-        fgh_bar_arrive_n(q_empty, 4);
+        if (!OWN) {
+            fgh_bulk_wait<0, true>();
+            fgh_bar_arrive_n(q_empty, 4);
+        }
     }
 }
 
@@ -475,7 +494,8 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
     const fg_u32 sV = sK + FGH_K_STAGES * FGH_TILE_BYTES;
     /* mbarriers, 8 bytes each: Q full / empty, K full / empty, V full /
      * empty, the two list buffers' full / empty. */
-    const fg_u32 bar_q = sV + FGH_V_STAGES * FGH_TILE_BYTES, bar_qe = bar_q + 8;
+    const fg_u32 sOb = sV + FGH_V_STAGES * FGH_TILE_BYTES; /* FGH_O_BUF */
+    const fg_u32 bar_q = sOb + FGH_O_BUF_BYTES, bar_qe = bar_q + 8;
     const fg_u32 bar_kf = bar_qe + 8, bar_ke = bar_kf + 8 * FGH_K_STAGES;
     const fg_u32 bar_vf = bar_ke + 8 * FGH_K_STAGES, bar_ve = bar_vf + 8 * FGH_V_STAGES;
     const fg_u32 bar_lf = bar_ve + 8 * FGH_V_STAGES, bar_le = bar_lf + 16;
@@ -773,9 +793,14 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
         }
         if (lane == 0) fgh_bar_arrive(bar_le + 8 * (n & 1)); /* the slot and list are walked */
         if (FGH_O_SMEM)
-            fgh_store_o(o, m_run, l_run, a, &maps.o, sQ + (fg_u32)(cw * 64 * 128), b, h, q0 + cw * 64, cw, warp, lane,
-                        bar_qe);
+            fgh_store_o<false>(o, m_run, l_run, a, &maps.o, sQ + (fg_u32)(cw * 64 * 128), b, h, q0 + cw * 64, cw, warp,
+                               lane, bar_qe);
+        else if (FGH_O_BUF)
+            fgh_store_o<true>(o, m_run, l_run, a, &maps.o, sOb + (fg_u32)(cw * 64 * 128), b, h, q0 + cw * 64, cw, warp,
+                              lane, bar_qe);
         else
             fga_store(o, m_run, l_run, a, b, h, qrow0);
     }
+    /* the last store's shared memory is read before the block ends */
+    if (FGH_O_BUF && warp == 0 && lane == 0) fgh_bulk_wait<0, true>();
 }

@@ -15,6 +15,7 @@
 #define FG_LAUNCH_SMEM_fg_attention_fwd 106496
 #define FG_LAUNCH_BLOCK_M_fg_attention_fwd 128
 #define FG_LAUNCH_BLOCK_N_fg_attention_fwd 64
+#define FG_LAUNCH_O_MAP_fg_attention_fwd 0
 
 /* ==== templates/common.cuh ==== */
 /*
@@ -302,13 +303,13 @@ static_assert(sizeof(fg_mod_params) == 24, "fg_mod_params size");
 __device__ __forceinline__ bool fg_mask_mod(const fg_mod_params &p, int b, int h, int q_idx, int kv_idx) {
 #line 19 "mods/alibi.c"
     return q_idx >= kv_idx;
-#line 306 "attention_fwd-alibi-bf16-d128.cu"
+#line 307 "attention_fwd-alibi-bf16-d128.cu"
 }
 
 __device__ __forceinline__ float fg_score_mod(const fg_mod_params &p, float score, int b, int h, int q_idx, int kv_idx) {
 #line 15 "mods/alibi.c"
     return fg_fadd(score, fg_fmul(fg_load_f32(p.slopes, p.fg_len_slopes, h), (float)fg_isub(kv_idx, q_idx)));
-#line 312 "attention_fwd-alibi-bf16-d128.cu"
+#line 313 "attention_fwd-alibi-bf16-d128.cu"
 }
 
 

@@ -15,6 +15,7 @@
 #define FG_LAUNCH_SMEM_fg_attention_fwd 106496
 #define FG_LAUNCH_BLOCK_M_fg_attention_fwd 128
 #define FG_LAUNCH_BLOCK_N_fg_attention_fwd 64
+#define FG_LAUNCH_O_MAP_fg_attention_fwd 0
 
 /* ==== templates/common.cuh ==== */
 /*
@@ -294,7 +295,7 @@ static_assert(sizeof(fg_mod_params) == 8, "fg_mod_params size");
 __device__ __forceinline__ bool fg_mask_mod(const fg_mod_params &p, int b, int h, int q_idx, int kv_idx) {
 #line 12 "mods/causal.c"
     return q_idx >= kv_idx;
-#line 298 "attention_fwd-causal-bf16-d128.cu"
+#line 299 "attention_fwd-causal-bf16-d128.cu"
 }
 
 /* No score_mod: scores are used as they are. */

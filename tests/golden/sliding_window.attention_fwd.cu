@@ -15,6 +15,7 @@
 #define FG_LAUNCH_SMEM_fg_attention_fwd 106496
 #define FG_LAUNCH_BLOCK_M_fg_attention_fwd 128
 #define FG_LAUNCH_BLOCK_N_fg_attention_fwd 64
+#define FG_LAUNCH_O_MAP_fg_attention_fwd 0
 
 /* ==== templates/common.cuh ==== */
 /*
@@ -297,7 +298,7 @@ static_assert(sizeof(fg_mod_params) == 8, "fg_mod_params size");
 __device__ __forceinline__ bool fg_mask_mod(const fg_mod_params &p, int b, int h, int q_idx, int kv_idx) {
 #line 14 "mods/sliding_window.c"
     return fg_and(q_idx >= kv_idx, fg_isub(q_idx, kv_idx) <= p.WINDOW);
-#line 301 "attention_fwd-sliding_window-bf16-d128.cu"
+#line 302 "attention_fwd-sliding_window-bf16-d128.cu"
 }
 
 /* No score_mod: scores are used as they are. */
