@@ -1026,28 +1026,12 @@ static __device__ __forceinline__ float fga_log2_mult(const fga_args &a) {
     return FGA_SCORE_MOD ? FGA_LOG2E : a.scale_log2;
 }
 
-/* Online softmax over one tile of fga_tile_mods' values: new row maxima,
- * the exponentials (in place, S becomes P), the running sums, and the
- * factor alpha by which the caller must rescale its accumulator rows before
- * adding this tile's P V. `mult` (fga_log2_mult) takes the values to log2
- * units; for a positive one the maximum is taken on the values as they are
- * and each exponent is a single fused multiply-add, exp2(s * mult - m). A
- * negative scale without score_mod reverses the order, so then the values
- * are multiplied first (masked ones stay -inf). */
+/* fga_tile_softmax's second half (mult > 0), a row at a time: the row's
+ * maximum and sum as chains over the tile's column fragments. */
 template <int MT, int NT>
-static __device__ __forceinline__ void fga_tile_softmax(float (&s)[MT][NT][4], float (&m_run)[MT][2],
-                                                        float (&l_run)[MT][2], float (&alpha)[MT][2],
-                                                        float mult) {
-    if (!(mult > 0.f)) {
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int i = 0; i < NT; i++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    s[mt][i][e] = s[mt][i][e] == FGA_NEG_INF ? FGA_NEG_INF : s[mt][i][e] * mult;
-        mult = 1.f;
-    }
+static __device__ __forceinline__ void fga_tile_softmax_chain(float (&s)[MT][NT][4], float (&m_run)[MT][2],
+                                                              float (&l_run)[MT][2], float (&alpha)[MT][2],
+                                                              float mult) {
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
@@ -1071,6 +1055,86 @@ static __device__ __forceinline__ void fga_tile_softmax(float (&s)[MT][NT][4], f
         }
     }
 }
+
+/* fga_tile_softmax's second half (mult > 0) with the row maxima and sums
+ * as trees over the tile's NT column fragments, the thread's two rows side
+ * by side: ceil(log2 NT) levels instead of chains of NT dependent FMNMX /
+ * FADD. */
+template <int MT, int NT>
+static __device__ __forceinline__ void fga_tile_softmax_tree(float (&s)[MT][NT][4], float (&m_run)[MT][2],
+                                                             float (&l_run)[MT][2], float (&alpha)[MT][2],
+                                                             float mult) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        float t[2][NT];
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int i = 0; i < NT; i++) t[r][i] = fmaxf(s[mt][i][2 * r], s[mt][i][2 * r + 1]);
+#pragma unroll
+        for (int w = 1; w < NT; w *= 2)
+#pragma unroll
+            for (int i = 0; i + w < NT; i += 2 * w)
+#pragma unroll
+                for (int r = 0; r < 2; r++) t[r][i] = fmaxf(t[r][i], t[r][i + w]);
+        float m_use[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float mx = fga_quad_max(t[r][0]) * mult;
+            const float m_new = fmaxf(m_run[mt][r], mx);
+            m_use[r] = m_new == FGA_NEG_INF ? 0.f : m_new;
+            alpha[mt][r] = fga_exp2(m_run[mt][r] - m_use[r]);
+            m_run[mt][r] = m_new;
+        }
+#pragma unroll
+        for (int i = 0; i < NT; i++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                s[mt][i][2 * r] = fga_exp2(fmaf(s[mt][i][2 * r], mult, -m_use[r]));
+                s[mt][i][2 * r + 1] = fga_exp2(fmaf(s[mt][i][2 * r + 1], mult, -m_use[r]));
+                t[r][i] = s[mt][i][2 * r] + s[mt][i][2 * r + 1];
+            }
+#pragma unroll
+        for (int w = 1; w < NT; w *= 2)
+#pragma unroll
+            for (int i = 0; i + w < NT; i += 2 * w)
+#pragma unroll
+                for (int r = 0; r < 2; r++) t[r][i] += t[r][i + w];
+#pragma unroll
+        for (int r = 0; r < 2; r++) l_run[mt][r] = l_run[mt][r] * alpha[mt][r] + t[r][0];
+    }
+}
+
+/* Online softmax over one tile of fga_tile_mods' values: new row maxima,
+ * the exponentials (in place, S becomes P), the running sums, and the
+ * factor alpha by which the caller must rescale its accumulator rows before
+ * adding this tile's P V. `mult` (fga_log2_mult) takes the values to log2
+ * units; for a positive one the maximum is taken on the values as they are
+ * and each exponent is a single fused multiply-add, exp2(s * mult - m). A
+ * negative scale without score_mod reverses the order, so then the values
+ * are multiplied first (masked ones stay -inf). TREE takes the maxima and
+ * sums as trees (fga_tile_softmax_tree): the same terms, summed in another
+ * order. */
+template <int MT, int NT, bool TREE = false>
+static __device__ __forceinline__ void fga_tile_softmax(float (&s)[MT][NT][4], float (&m_run)[MT][2],
+                                                        float (&l_run)[MT][2], float (&alpha)[MT][2],
+                                                        float mult) {
+    if (!(mult > 0.f)) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int i = 0; i < NT; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[mt][i][e] = s[mt][i][e] == FGA_NEG_INF ? FGA_NEG_INF : s[mt][i][e] * mult;
+        mult = 1.f;
+    }
+    if (TREE)
+        fga_tile_softmax_tree(s, m_run, l_run, alpha, mult);
+    else
+        fga_tile_softmax_chain(s, m_run, l_run, alpha, mult);
+}
+
 
 template <int MT, int DT>
 static __device__ __forceinline__ void fga_rescale(float (&o)[MT][DT][4], const float (&alpha)[MT][2]) {
