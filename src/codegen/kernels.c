@@ -91,12 +91,9 @@ static fg_status decode_check(fg_ctx *ctx, const fg_kernel_config *c) {
  * per K/V row. */
 static fgi_kernel_geom fwd_geometry(const fg_kernel_config *c, const fg_mod *mod, int entry) {
     (void)mod, (void)entry;
-    fgi_kernel_geom g;
-    int mt = c->head_dim <= 128 && c->q_block >= 128 ? 2 : 1;
-    g.block_m = 64 * mt;
-    g.block_n = c->head_dim > 128 ? 32 : 64;
-    g.threads = 128;
-    g.bands = 1;
+    const int mt = c->head_dim <= 128 && c->q_block >= 128 ? 2 : 1;
+    /* the fields not named are 0 (no q_align, not persistent, no o_map) */
+    fgi_kernel_geom g = {.block_m = 64 * mt, .block_n = c->head_dim > 128 ? 32 : 64, .threads = 128, .bands = 1};
     size_t row = (size_t)(c->head_dim + 8) * 2;
     g.smem = (size_t)g.block_m * row + 4 * (size_t)g.block_n * row + 2 * (size_t)g.block_n * 16;
     return g;
