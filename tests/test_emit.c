@@ -485,6 +485,58 @@ static void test_launch_geometry(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* Which forward kernels store O through a tensor map of out (the
+ * geometry's o_map, which forward.c reads to encode one): the Hopper
+ * forward at two consumers, and at three (head dim 64) where the mod has a
+ * mask_mod (FGH_O_BUF); no other kernel. The template checks the host's
+ * value with a static_assert: the first row's source with the value
+ * flipped must not compile. */
+static void test_o_map_rule(void **state) {
+    (void)state;
+    static const struct {
+        fg_kernel_kind kind;
+        const char *mod, *entry;
+        int head_dim, want;
+    } cases[] = {
+        {FG_KERNEL_ATTENTION_FWD_SM90, "mods/causal.c", "fg_attention_fwd", 64, 1},
+        {FG_KERNEL_ATTENTION_FWD_SM90, "mods/noop.c", "fg_attention_fwd", 64, 0},
+        {FG_KERNEL_ATTENTION_FWD_SM90, "mods/softcap.c", "fg_attention_fwd", 64, 1}, /* two consumers */
+        {FG_KERNEL_ATTENTION_FWD_SM90, "mods/noop.c", "fg_attention_fwd", 128, 1},
+        {FG_KERNEL_ATTENTION_FWD_SM90, "mods/causal.c", "fg_attention_fwd", 256, 1},
+        {FG_KERNEL_ATTENTION_FWD, "mods/causal.c", "fg_attention_fwd", 64, 0},
+        {FG_KERNEL_ATTENTION_DECODE, "mods/causal.c", "fg_attention_decode_r16", 64, 0},
+    };
+    fg_ctx *ctx = new_ctx();
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fg_mod *m = load(ctx, cases[i].mod);
+        fg_kernel_config cfg = {cases[i].kind, 0, cases[i].head_dim, 0, 0, "sm_90a"};
+        char *src = NULL;
+        assert_int_equal(fg_generate_source(ctx, m, &cfg, &src), FG_OK);
+        char define[128];
+        snprintf(define, sizeof define, "#define FG_LAUNCH_O_MAP_%s ", cases[i].entry);
+        char *at = strstr(src, define);
+        if (!at) print_error("%s d%d: no %s\n", cases[i].mod, cases[i].head_dim, define);
+        assert_non_null(at);
+        char *num = at + strlen(define);
+        if (atoi(num) != cases[i].want)
+            print_error("%s %s d%d: o_map %d, want %d\n", cases[i].mod, cases[i].entry, cases[i].head_dim, atoi(num),
+                        cases[i].want);
+        assert_int_equal(atoi(num), cases[i].want);
+        if (i == 0) {
+            *num = cases[i].want ? '0' : '1';
+            void *img = NULL;
+            size_t size = 0;
+            assert_int_equal(fgi_nvrtc_compile(ctx, src, "o_map", "sm_90a", FG_EMIT_PTX, &img, &size, NULL),
+                             FG_ERR_COMPILE);
+            assert_non_null(strstr(fg_compile_log(ctx), "static assertion failed"));
+            assert_non_null(strstr(fg_compile_log(ctx), "fwd_sm90_geometry's o_map"));
+        }
+        fg_free(src);
+        fg_mod_destroy(m);
+    }
+    fg_ctx_destroy(ctx);
+}
+
 /* ---- divisor parameters ---------------------------------------------------------- */
 
 /* fg_iquot_by of templates/common.cuh, spelled in C. */
@@ -1621,6 +1673,7 @@ int main(void) {
         cmocka_unit_test(test_param_layout),    cmocka_unit_test(test_configs),
         cmocka_unit_test(test_keys),            cmocka_unit_test(test_cli),
         cmocka_unit_test(test_gallery_compiles), cmocka_unit_test(test_launch_geometry),
+        cmocka_unit_test(test_o_map_rule),
         cmocka_unit_test(test_divisors), cmocka_unit_test(test_float_divisors),
         cmocka_unit_test(test_approx_keys),     cmocka_unit_test(test_approx_compiles),
         cmocka_unit_test(test_order_forms),
