@@ -171,7 +171,7 @@
 /* Three consumers (D=64) store O through a buffer of their own, laid out
  * as Q (fgh_store_o<true>): 24 KB, which fits beside the stages there, for
  * mods with a mask_mod. Measured (H200, 2026-11-29, attention_notes f31):
- * document -3.0% time, local_global -2.0%, causal -1.4%, sliding_window
+ * document -3.0% time, local_global -2.4%, causal -1.6%, sliding_window
  * level, but noop +0.9% (its long walks store rarely), which keeps fga_store. */
 #define FGH_O_BUF (FGH_CONSUMERS == 3 && FGA_MASK_MOD)
 #define FGH_O_BUF_BYTES (FGH_O_BUF ? FGH_Q_BYTES : 0)

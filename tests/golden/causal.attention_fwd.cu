@@ -1135,7 +1135,6 @@ static __device__ __forceinline__ void fga_tile_softmax(float (&s)[MT][NT][4], f
         fga_tile_softmax_chain(s, m_run, l_run, alpha, mult);
 }
 
-
 template <int MT, int DT>
 static __device__ __forceinline__ void fga_rescale(float (&o)[MT][DT][4], const float (&alpha)[MT][2]) {
 #pragma unroll
