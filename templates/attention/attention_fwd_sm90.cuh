@@ -265,10 +265,10 @@ static __device__ __forceinline__ void fgh_release_k(int lane, fg_u32 k_empty, b
  * has read them), released to the loader once the TMA unit has read them:
  * one thread arrives for the consumer's four warps. With OWN, `sO` is its
  * rows of FGH_O_BUF, whose previous store (a walk ago) the same thread
- * waits for first; Q was released after the last S. Through shared memory, a warp's stores are
- * FGH_DT / 2 stmatrix instead of FGH_DT * 2 four-byte global stores, whose
- * queue stalled the walk's end (ncu: 13% of document's consumer samples
- * at D=128). The LSE as fga_store writes it. */
+ * waits for first; Q was released after the last S. Through shared
+ * memory, a warp's stores are FGH_DT / 2 stmatrix instead of FGH_DT * 2
+ * four-byte global stores, whose queue stalled the walk's end (ncu: 13% of
+ * document's consumer samples at D=128). The LSE as fga_store writes it. */
 template <bool OWN>
 static __device__ __forceinline__ void fgh_store_o(const float (&o)[1][FGH_DT][4], const float (&m_run)[1][2],
                                                    const float (&l_run)[1][2], const fga_args &a,
@@ -797,12 +797,9 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
             fgh_wait_pv(o, true, bar_ve + 8 * vs, lane); /* the last V is no longer read */
         }
         if (lane == 0) fgh_bar_arrive(bar_le + 8 * (n & 1)); /* the slot and list are walked */
-        if (FGH_O_SMEM)
-            fgh_store_o<false>(o, m_run, l_run, a, &maps.o, sQ + (fg_u32)(cw * 64 * 128), b, h, q0 + cw * 64, cw, warp,
-                               lane, bar_qe);
-        else if (FGH_O_BUF)
-            fgh_store_o<true>(o, m_run, l_run, a, &maps.o, sOb + (fg_u32)(cw * 64 * 128), b, h, q0 + cw * 64, cw, warp,
-                              lane, bar_qe);
+        if (FGH_O_SMEM || FGH_O_BUF) /* this consumer's 64 rows of Q's rows or of the buffer */
+            fgh_store_o<FGH_O_BUF>(o, m_run, l_run, a, &maps.o, (FGH_O_BUF ? sOb : sQ) + (fg_u32)(cw * 64 * 128), b, h,
+                                   q0 + cw * 64, cw, warp, lane, bar_qe);
         else
             fga_store(o, m_run, l_run, a, b, h, qrow0);
     }

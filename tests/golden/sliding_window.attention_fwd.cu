@@ -1029,6 +1029,18 @@ static __device__ __forceinline__ float fga_log2_mult(const fga_args &a) {
     return FGA_SCORE_MOD ? FGA_LOG2E : a.scale_log2;
 }
 
+/* A row's new running maximum from its tile maximum `mx` (log2 units):
+ * alpha, the factor its old sum and O rows take, and the maximum the
+ * exponentials subtract (0 while the row has seen no key, so that -inf
+ * scores give 0, not NaN). */
+static __device__ __forceinline__ float fga_row_max_step(float &m_run, float mx, float &alpha) {
+    const float m_new = fmaxf(m_run, mx);
+    const float m_use = m_new == FGA_NEG_INF ? 0.f : m_new;
+    alpha = fga_exp2(m_run - m_use);
+    m_run = m_new;
+    return m_use;
+}
+
 /* fga_tile_softmax's second half (mult > 0), a row at a time: the row's
  * maximum and sum as chains over the tile's column fragments. */
 template <int MT, int NT>
@@ -1042,11 +1054,7 @@ static __device__ __forceinline__ void fga_tile_softmax_chain(float (&s)[MT][NT]
             float mx = FGA_NEG_INF;
 #pragma unroll
             for (int i = 0; i < NT; i++) mx = fmaxf(mx, fmaxf(s[mt][i][2 * r], s[mt][i][2 * r + 1]));
-            mx = fga_quad_max(mx) * mult;
-            const float m_new = fmaxf(m_run[mt][r], mx);
-            const float m_use = m_new == FGA_NEG_INF ? 0.f : m_new;
-            alpha[mt][r] = fga_exp2(m_run[mt][r] - m_use);
-            m_run[mt][r] = m_new;
+            const float m_use = fga_row_max_step(m_run[mt][r], fga_quad_max(mx) * mult, alpha[mt][r]);
             float sum = 0.f;
 #pragma unroll
             for (int i = 0; i < NT; i++) {
@@ -1082,13 +1090,8 @@ static __device__ __forceinline__ void fga_tile_softmax_tree(float (&s)[MT][NT][
                 for (int r = 0; r < 2; r++) t[r][i] = fmaxf(t[r][i], t[r][i + w]);
         float m_use[2];
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const float mx = fga_quad_max(t[r][0]) * mult;
-            const float m_new = fmaxf(m_run[mt][r], mx);
-            m_use[r] = m_new == FGA_NEG_INF ? 0.f : m_new;
-            alpha[mt][r] = fga_exp2(m_run[mt][r] - m_use[r]);
-            m_run[mt][r] = m_new;
-        }
+        for (int r = 0; r < 2; r++)
+            m_use[r] = fga_row_max_step(m_run[mt][r], fga_quad_max(t[r][0]) * mult, alpha[mt][r]);
 #pragma unroll
         for (int i = 0; i < NT; i++)
 #pragma unroll
