@@ -4,8 +4,8 @@
  * a forward tile's products and its exponentials each need about the same
  * clocks at peak (attention_notes), so a kernel can only pass ~50% of the
  * tensor peak if the two overlap. This measures it without the attention
- * kernel around it: each of a block's three warp groups takes a role, and
- * each times its own loop with clock64.
+ * kernel around it: each of a block's warp groups (two, three or four, one
+ * block an SM) takes a role, and each times its own loop with clock64.
  *
  *   mma      one D=64 forward tile's products per iteration, as the kernel
  *            issues them: S = Q K^T (4 x m64n128k16, both operands in shared
@@ -20,6 +20,8 @@
  *            exponentials, sums, O rescaled), P packed for the next P V
  *   tile_pp  the same, the three warp groups taking turns to issue their
  *            products (the kernel's ping-pong: named barriers 1-3)
+ *   tile64   tile over 64-key tiles (fits four warp groups' registers)
+ *   tile64_pp the same in turns
  *   t_nosum  tile without the row sums' additions, P V 72 columns wide
  *            (where ones beside V would give the sums: their cost only)
  *   t_nomax  tile without the row maxima (a fixed bound: cost only)
