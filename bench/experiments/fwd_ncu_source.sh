@@ -8,8 +8,9 @@
 # release build in build-gpu (with build-gpu/devlib):
 #   OUT=... [RUNS="document:128 noop:128 causal:64"] [FLEXGEN=cli] bash bench/experiments/fwd_ncu_source.sh
 # NCU_ARGS adds ncu options (--warp-sampling-interval 0 for a short
-# kernel: the default interval gives a few hundred samples). SHAPE replaces the shape's arguments and KERNEL the kernel's name (a
-# regex): the decode walk at B=1, say, with
+# kernel: the default interval gives a few hundred samples). SHAPE
+# replaces the shape's arguments and KERNEL the kernel's name (a regex):
+# the decode walk at B=1, say, with
 #   KERNEL='fg_attention_decode_r' SHAPE="--batch 1 --heads 32 --kv-heads 8 --q-len 1 --kv-len 131072" RUNS=causal:64
 # (ncu_sections.py then counts the kernel's loops without the forward's
 # consumer / producer split).
