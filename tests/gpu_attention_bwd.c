@@ -134,6 +134,41 @@ static double rel_err32(const float *g, const double *ref, int n, long *nonfinit
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+/* The d loss / d lse that makes the reference's delta the GPU's. A
+ * backward receives the forward's output in the dtype and takes
+ * delta_i = dO_i . O_i from it, as every FlashAttention-style backward
+ * does; the reference recomputes O in float64. So the reference is given
+ * dlse_i + dO_i . (O_i exact - O_i stored), and both subtract the same
+ * delta. Without it a gradient whose terms cancel (sum_kv dS_ij is 0 for
+ * the exact O) measures the stored output's rounding, not the backward:
+ * the per-head temperature's gradient at D=192 in bf16 sat at 1.6e-2 to
+ * 2.4e-2 (bf16's tolerance is 2e-2), moved by the forward's rounding
+ * alone, and ALiBi's slope gradient at Q_LEN 1000, KV_LEN 17 was 2e-2 to
+ * 30x off; with it the two measure 5e-7 and 1.4e-5. */
+static float *stored_o_dlse(fg_ctx *ctx, const fg_mod *mod, const acase *c, const fg_attention_args *host,
+                            CUdeviceptr dout, size_t no, const uint16_t *hdo, const float *dlse) {
+    const size_t nlse = (size_t)c->b * c->hq * c->q;
+    double *exact = malloc(sizeof(double) * nlse * (size_t)c->d);
+    uint16_t *stored = malloc(no * 2);
+    float *out = malloc(4 * nlse);
+    assert_non_null(exact), assert_non_null(stored), assert_non_null(out);
+    assert_int_equal(fg_attention_reference(ctx, mod, host, exact, NULL), FG_OK);
+    assert_int_equal(fgi_cu()->cuMemcpyDtoH(stored, dout, no * 2), CUDA_SUCCESS);
+    const int64_t *st = host->out_stride;
+    for (int b = 0; b < c->b; b++)
+        for (int h = 0; h < c->hq; h++)
+            for (int i = 0; i < c->q; i++) {
+                const size_t row = ((size_t)b * c->hq + h) * c->q + i;
+                const int64_t at = b * st[0] + h * st[1] + i * st[2];
+                double corr = 0;
+                for (int d = 0; d < c->d; d++)
+                    corr += from16(c->dtype, hdo[at + d]) * (exact[row * c->d + d] - from16(c->dtype, stored[at + d]));
+                out[row] = (float)((dlse ? dlse[row] : 0.0) + corr);
+            }
+    free(exact), free(stored);
+    return out;
+}
+
 static void run_case(fg_ctx *ctx, const acase *c) {
     char name[256];
     case_name(c, name, sizeof name);
@@ -277,7 +312,8 @@ static void run_case(fg_ctx *ctx, const acase *c) {
     ha.out = hq; /* not read by the reference */
     fg_attention_bwd_args hb = b;
     hb.fwd = &ha;
-    hb.dout = hdo, hb.dq = rq, hb.dk = rk, hb.dv = rv, hb.dlse = hdlse;
+    float *ref_dlse = stored_o_dlse(ctx, mod, c, &ha, dout, no, hdo, hdlse);
+    hb.dout = hdo, hb.dq = rq, hb.dk = rk, hb.dv = rv, hb.dlse = ref_dlse;
     memset(hb.dq_stride, 0, sizeof hb.dq_stride);
     memset(hb.dk_stride, 0, sizeof hb.dk_stride);
     memset(hb.dv_stride, 0, sizeof hb.dv_stride);
@@ -294,20 +330,16 @@ static void run_case(fg_ctx *ctx, const acase *c) {
     for (int k = 0; k < gr.n; k++) eg[k] = rel_err32(gr.got[k], gr.ref[k], gr.len[k], &nonfinite);
     const double tol = c->dtype == FG_BF16 ? 2e-2 : 5e-3;
     bool ok = eq <= tol && ek <= tol && ev <= tol && nonfinite == 0 && pad_written == 0 && differs == 0;
-    /* A buffer gradient's terms can cancel: ALiBi's slope gradient is
-     * sum dS (kv - q), where sum_kv dS is 0 for the exact O but
-     * dO . (O - stored O) for the O a backward receives in the dtype, so at
-     * Q_LEN >> KV_LEN the stored output's rounding, weighted by q, outgrows
-     * the gradient (measured: 2e-2 to 30x off at Q_LEN 1000, KV_LEN 17, in
-     * both kernels; every FlashAttention-style backward takes delta from the
-     * stored O). There the buffer gradients are printed, not judged. */
-    const bool judge_grads = c->q <= 8 * c->kv;
-    for (int k = 0; k < gr.n; k++) ok &= eg[k] <= tol || !judge_grads;
+    /* The buffer gradients are fp32 sums of fp32 terms: given the stored O
+     * (stored_o_dlse) they measured 1.4e-5 at most (ALiBi's slopes at
+     * Q_LEN 1000, KV_LEN 17, deterministic), against the reference. */
+    const double grad_tol = 1e-3;
+    for (int k = 0; k < gr.n; k++) ok &= eg[k] <= grad_tol;
     const double t_end = fgi_now_ms();
     printf("%-4s %s%s%s%s%s: dq %.2e dk %.2e dv %.2e", ok ? "ok" : "FAIL", deterministic ? "[deterministic] " : "",
            hopper_allowed ? "" : "[portable] ", approx_math ? "[approx] " : "",
            grads_unaligned ? "[dk, dv unaligned] " : "", name, eq, ek, ev);
-    for (int k = 0; k < gr.n; k++) printf(" d%s %.2e%s", gr.name[k], eg[k], judge_grads ? "" : " (not judged)");
+    for (int k = 0; k < gr.n; k++) printf(" d%s %.2e", gr.name[k], eg[k]);
     printf(" (setup %.0f ms, gpu %.0f ms, reference %.0f ms)\n", t_gpu - t_start, t_ref - t_gpu, t_end - t_ref);
     if (!ok) {
         printf("     nonfinite %ld, padding written %ld, runs that differ %ld\n", nonfinite, pad_written,
@@ -321,7 +353,7 @@ static void run_case(fg_ctx *ctx, const acase *c) {
         free(gr.ref[k]), free(gr.got[k]), free(gr.again[k]);
     }
     free(rq), free(rk), free(rv), free(out_q), free(out_k), free(out_v);
-    free(hq), free(hk), free(hv), free(hdo), free(hdlse);
+    free(hq), free(hk), free(hv), free(hdo), free(hdlse), free(ref_dlse);
     CUdeviceptr all[] = {dq, dk, dv, ddo, dout, dlse, gq, gk, gv, ddlse, ws};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]) fgi_cu()->cuMemFree(all[i]);
@@ -437,6 +469,8 @@ static const acase features[] = {
     /* Q_LEN != KV_LEN both ways */
     {"noop", NULL, 128, FG_BF16, 2, 4, 1, 1, 1000, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
     {"flamingo", NULL, 128, FG_BF16, 1, 2, 2, 1000, 129, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
+    /* a buffer gradient at Q_LEN >> KV_LEN (see stored_o_dlse) */
+    {"alibi", NULL, 64, FG_FP16, 1, 2, 2, 1000, 17, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
 };
 
 /* Rows [i0, i1) of the feature table. */
