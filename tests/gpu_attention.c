@@ -347,6 +347,12 @@ static const acase features[] = {
     {"softcap", NULL, 64, FG_FP16, 1, 2, 2, 77, 300, 0, 0, BSHD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
     /* a non-default scale */
     {"noop", NULL, 128, FG_BF16, 1, 2, 2, 100, 100, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0.3f, 0},
+    /* scales large enough that a later tile's scores pass its rows' running
+     * maxima by more than the Hopper forward's exponentials against the
+     * maxima as they stand allow (fgh_tile_exp_stale): those tiles take the
+     * usual path again, in fp16's range */
+    {"causal", NULL, 64, FG_FP16, 1, 2, 2, 700, 700, 0, 0, BHSD, 0, BM_GPU, 0, 0, 128, 128, 4.0f, 0},
+    {"noop", NULL, 128, FG_FP16, 1, 2, 1, 300, 900, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 2.0f, 0},
     /* odd head dims */
     {"causal", NULL, 32, FG_BF16, 1, 2, 1, 129, 129, 0, 0, BHSD, 0, BM_CPU, 0, 0, 128, 128, 0, 0},
     {"alibi", NULL, 48, FG_FP16, 1, 2, 2, 100, 177, 0, 0, BHSD, 0, BM_NONE, 0, 0, 128, 128, 0, 0},
