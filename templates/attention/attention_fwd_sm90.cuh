@@ -247,9 +247,9 @@ static __device__ __forceinline__ void fgh_issue_pv(float (&o)[1][FGH_DT][4],
  * way) and the scale is positive, and keeps it only where each thread's
  * partial sums stay under 2^12 (no score more than 12 log2 units over its
  * row's maximum: P stays far inside fp16's range, whose largest value is
- * under 2^16, and O's float accumulators). Otherwise it returns false and the caller runs the tile the
- * usual way (fga_tile_softmax, O rescaled, P packed again) from s, which
- * this left unchanged. A tile on this path skips the maxima's FMNMX and
+ * under 2^16, and O's float accumulators). Otherwise it returns false
+ * and the caller runs the tile the usual way (fga_tile_softmax, O
+ * rescaled, P packed again) from s, which this left unchanged. A tile on this path skips the maxima's FMNMX and
  * shuffles, alpha's two exponentials and O's rescale: with random data
  * every tile after the first few. */
 #define FGH_STALE_BOUND 4096.f
