@@ -83,15 +83,8 @@ static bool in_list(const char *const *list, size_t n, const char *name) {
 /* ---- reading the other two files ------------------------------------------- */
 
 static char *slurp(const char *rel) {
-    FILE *f = fopen(tu_path(rel), "rb");
-    if (!f) fail_msg("cannot read %s (FLEXGEN_SOURCE_ROOT=%s)", tu_path(rel), tu_source_root());
-    fgi_buf b = {0};
-    char chunk[4096];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) fgi_buf_append(&b, chunk, n);
-    fclose(f);
-    char *text = fgi_buf_take(&b);
-    assert_non_null(text);
+    char *text = tu_read_file(tu_path(rel));
+    if (!text) fail_msg("cannot read %s (FLEXGEN_SOURCE_ROOT=%s)", tu_path(rel), tu_source_root());
     return text;
 }
 

@@ -44,22 +44,6 @@ static fg_mod *load(fg_ctx *ctx, const char *path) {
     return m;
 }
 
-static char *read_all(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
-        free(s);
-        s = NULL;
-    }
-    fclose(f);
-    if (s) s[n] = 0;
-    return s;
-}
-
 static char *emit_mod(fg_ctx *ctx, const fg_mod *m) {
     fgi_buf b = {0};
     fg_status st = fgi_emit_mod(ctx, m, &b);
@@ -93,7 +77,7 @@ static void test_golden(void **state) {
         fg_mod *m = load(ctx, path);
 
         snprintf(gpath, sizeof gpath, "tests/golden/%s.mod.cu", golden_mods[i]);
-        char *want = read_all(gpath);
+        char *want = tu_read_file(gpath);
         assert_non_null(want);
         char *got = emit_mod(ctx, m);
         assert_same_text(got, want, gpath);
@@ -101,7 +85,7 @@ static void test_golden(void **state) {
         free(want);
 
         snprintf(gpath, sizeof gpath, "tests/golden/%s.attention_fwd.cu", golden_mods[i]);
-        want = read_all(gpath);
+        want = tu_read_file(gpath);
         assert_non_null(want);
         char *src = NULL;
         assert_int_equal(fg_generate_source(ctx, m, NULL, &src), FG_OK);
@@ -1567,7 +1551,7 @@ static void run_cli(const char *args, cli_result *r) {
     int st = system(cmd);
     assert_true(st != -1 && WIFEXITED(st));
     r->code = WEXITSTATUS(st);
-    char *e = read_all(tmp("stderr.txt")), *o = read_all(tmp("stdout.txt"));
+    char *e = tu_read_file(tmp("stderr.txt")), *o = tu_read_file(tmp("stdout.txt"));
     snprintf(r->err, sizeof r->err, "%s", e ? e : "");
     snprintf(r->out, sizeof r->out, "%s", o ? o : "");
     free(e);

@@ -80,20 +80,6 @@ static size_t damage(const char *src, char *s, size_t cap, uint64_t *rng) {
     return n;
 }
 
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    const long n = ftell(f);
-    assert_true(n >= 0);
-    rewind(f);
-    char *t = calloc(1, (size_t)n + 1);
-    assert_non_null(t);
-    assert_int_equal(fread(t, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    return t;
-}
-
 static void check_error(fg_ctx *ctx, fg_status st, size_t len, const char *what, const char *text) {
     const char *msg = fg_errmsg(ctx);
     const int64_t off = fg_error_offset(ctx);
@@ -164,7 +150,8 @@ static void test_damaged_gallery(void **state) {
         if (nl < 3 || strcmp(e->d_name + nl - 2, ".c") != 0) continue;
         char path[8192];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        char *orig = read_text(path);
+        char *orig = tu_read_file(path);
+        assert_non_null(orig);
         const size_t cap = strlen(orig) * 2 + 1024;
         char *text = malloc(cap);
         assert_non_null(text);

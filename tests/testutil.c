@@ -18,6 +18,21 @@ const char *tu_path(const char *rel) {
     return buf;
 }
 
+char *tu_read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *s = NULL;
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) s = malloc((size_t)n + 1);
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
+        free(s);
+        s = NULL;
+    }
+    fclose(f);
+    if (s) s[n] = 0;
+    return s;
+}
+
 fg_mod *tu_gallery_mod(fg_ctx *ctx, const char *name) {
     char rel[256];
     snprintf(rel, sizeof rel, "mods/%s.c", name);

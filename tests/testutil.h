@@ -14,6 +14,9 @@
 const char *tu_source_root(void);
 /* "<root>/<rel>" in a static buffer (valid until the next call). */
 const char *tu_path(const char *rel);
+/* A whole file as NUL-terminated text (free it), or NULL when it cannot be
+ * read. */
+char *tu_read_file(const char *path);
 /* Load mods/<name>.c from the gallery; fails the test on error (prints the
  * diagnostic). */
 fg_mod *tu_gallery_mod(fg_ctx *ctx, const char *name);

@@ -746,6 +746,16 @@ static __device__ __forceinline__ void fga_tile_softmax(float (&s)[MT][NT][4], f
         fga_tile_softmax_chain(s, m_run, l_run, alpha, mult);
 }
 
+/* A 16-key step of P as the A fragment of its P V product, in the dtype:
+ * the two n8 column fragments `lo` (keys 0-7) and `hi` (keys 8-15) of a
+ * thread's two rows, packed in pairs. */
+static __device__ __forceinline__ void fga_pack_p_step(fg_u32 (&pa)[4], const float (&lo)[4], const float (&hi)[4]) {
+    pa[0] = fg_pack2(lo[0], lo[1]);
+    pa[1] = fg_pack2(lo[2], lo[3]);
+    pa[2] = fg_pack2(hi[0], hi[1]);
+    pa[3] = fg_pack2(hi[2], hi[3]);
+}
+
 template <int MT, int DT>
 static __device__ __forceinline__ void fga_rescale(float (&o)[MT][DT][4], const float (&alpha)[MT][2]) {
 #pragma unroll

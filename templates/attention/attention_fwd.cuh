@@ -384,12 +384,7 @@ static __device__ __forceinline__ void fga_forward(const fga_args &a, const fg_m
 #pragma unroll
         for (int kc = 0; kc < FGA_BLOCK_N / 16; kc++)
 #pragma unroll
-            for (int mt = 0; mt < FGA_MT; mt++) {
-                pa[kc][mt][0] = fg_pack2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-                pa[kc][mt][1] = fg_pack2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-                pa[kc][mt][2] = fg_pack2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-                pa[kc][mt][3] = fg_pack2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
-            }
+            for (int mt = 0; mt < FGA_MT; mt++) fga_pack_p_step(pa[kc][mt], s[mt][2 * kc], s[mt][2 * kc + 1]);
         const fg_u32 v_lane = sV + buf * kv_stage + (fg_u32)((v_row * FGA_ROW + v_col) * 2);
         constexpr int VSTEPS = (FGA_BLOCK_N / 16) * (FGA_DTILES / 2);
         fg_u32 vf[2][4];

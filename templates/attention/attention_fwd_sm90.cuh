@@ -157,14 +157,6 @@
  * loop) at D = 64 only: there it measured +14% (noop) and +2-11% (causal,
  * sliding window, prefix LM); at D = 128 it was flat (-1% to +4%). */
 #define FGH_PINGPONG (FGH_D == 64)
-/* A tile's exponentials against the running maxima as they stand where
- * they allow it (fgh_tile_exp_stale). Measured (H200, attention_notes f36,
- * two rounds): D=64 noop -10 to -12% time, causal -3 to -11%, prefix_lm
- * -12 to -14%, alibi -7 to -10%, document -7 to -8%; D=128 noop -3 to -5%,
- * softcap -5 to -7%, the rest level to -5%. */
-#ifndef FGH_STALE_MAX
-#define FGH_STALE_MAX 1
-#endif
 #define FGH_TURN_BAR (1 + FGH_CONSUMERS)   /* the turns' named barriers; 1 + c: cols */
 #define FGH_BUILD_BAR (1 + 2 * FGH_CONSUMERS) /* the merged walk's builders            */
 #define FGH_BAR_BYTES 256                  /* the mbarriers                         */
@@ -238,7 +230,7 @@ static __device__ __forceinline__ void fgh_issue_pv(float (&o)[1][FGH_DT][4],
 }
 
 /* A tile's exponentials against the running row maxima as they stand, no
- * new maxima taken (FGH_STALE_MAX): P packed straight into its wgmma A
+ * new maxima taken: P packed straight into its wgmma A
  * fragments, s left as it is, the row sums added to l_run. The result is
  * the same: out = O / l and LSE = m + log2 l hold for whatever m both O and
  * l are taken against, as long as no exponential overflows. So the warp
@@ -251,7 +243,10 @@ static __device__ __forceinline__ void fgh_issue_pv(float (&o)[1][FGH_DT][4],
  * and the caller runs the tile the usual way (fga_tile_softmax, O
  * rescaled, P packed again) from s, which this left unchanged. A tile on this path skips the maxima's FMNMX and
  * shuffles, alpha's two exponentials and O's rescale: with random data
- * every tile after the first few. */
+ * every tile after the first few. Measured (H200, attention_notes f36,
+ * two rounds): D=64 noop -10 to -12% time, causal -3 to -11%, prefix_lm
+ * -12 to -14%, alibi -7 to -10%, document -7 to -8%; D=128 noop -3 to -5%,
+ * softcap -5 to -7%, the rest level to -5%. */
 #define FGH_STALE_BOUND 4096.f
 static __device__ __forceinline__ bool fgh_tile_exp_stale(const float (&s)[1][FGH_NT][4], const float (&m_run)[1][2],
                                                           float (&l_run)[1][2], fg_u32 (&pa)[FGH_PV_STEPS][4],
@@ -270,10 +265,7 @@ static __device__ __forceinline__ bool fgh_tile_exp_stale(const float (&s)[1][FG
             t0 += p[h][0] + p[h][1];
             t1 += p[h][2] + p[h][3];
         }
-        pa[kk][0] = fg_pack2(p[0][0], p[0][1]);
-        pa[kk][1] = fg_pack2(p[0][2], p[0][3]);
-        pa[kk][2] = fg_pack2(p[1][0], p[1][1]);
-        pa[kk][3] = fg_pack2(p[1][2], p[1][3]);
+        fga_pack_p_step(pa[kk], p[0], p[1]);
     }
     if (!__all_sync(0xffffffffu, t0 < FGH_STALE_BOUND && t1 < FGH_STALE_BOUND)) return false;
     l_run[0][0] += t0;
@@ -825,20 +817,14 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
              * D=64 -1.3%); with one they lost (f32: causal D=128 +4.4%,
              * D=64 +1.0%), where the compiler interleaves them with the
              * mask's work. */
-            /* With FGH_STALE_MAX the wait for P_{j-1} V_{j-1} comes first:
-             * the exponentials are packed straight into pa, which it reads. */
-            if (FGH_STALE_MAX) fgh_wait_pv(o, j > 0, bar_ve + 8 * vs, lane); /* V_{j-1} is no longer read */
-            if (!FGH_STALE_MAX || !fgh_tile_exp_stale(s, m_run, l_run, pa, fga_log2_mult(a))) {
+            /* The wait for P_{j-1} V_{j-1} comes first: the exponentials
+             * are packed straight into pa, which it reads. */
+            fgh_wait_pv(o, j > 0, bar_ve + 8 * vs, lane); /* V_{j-1} is no longer read */
+            if (!fgh_tile_exp_stale(s, m_run, l_run, pa, fga_log2_mult(a))) {
                 fga_tile_softmax<1, FGH_NT, !FGA_MASK_MOD>(s, m_run, l_run, alpha, fga_log2_mult(a));
-                if (!FGH_STALE_MAX) fgh_wait_pv(o, j > 0, bar_ve + 8 * vs, lane); /* V_{j-1} is no longer read */
                 fga_rescale(o, alpha);
 #pragma unroll
-                for (int kk = 0; kk < FGH_PV_STEPS; kk++) {
-                    pa[kk][0] = fg_pack2(s[0][2 * kk][0], s[0][2 * kk][1]);
-                    pa[kk][1] = fg_pack2(s[0][2 * kk][2], s[0][2 * kk][3]);
-                    pa[kk][2] = fg_pack2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-                    pa[kk][3] = fg_pack2(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
-                }
+                for (int kk = 0; kk < FGH_PV_STEPS; kk++) fga_pack_p_step(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
             }
             prev_absent = false;
         }

@@ -1169,6 +1169,16 @@ static __device__ __forceinline__ void fga_tile_softmax(float (&s)[MT][NT][4], f
         fga_tile_softmax_chain(s, m_run, l_run, alpha, mult);
 }
 
+/* A 16-key step of P as the A fragment of its P V product, in the dtype:
+ * the two n8 column fragments `lo` (keys 0-7) and `hi` (keys 8-15) of a
+ * thread's two rows, packed in pairs. */
+static __device__ __forceinline__ void fga_pack_p_step(fg_u32 (&pa)[4], const float (&lo)[4], const float (&hi)[4]) {
+    pa[0] = fg_pack2(lo[0], lo[1]);
+    pa[1] = fg_pack2(lo[2], lo[3]);
+    pa[2] = fg_pack2(hi[0], hi[1]);
+    pa[3] = fg_pack2(hi[2], hi[3]);
+}
+
 template <int MT, int DT>
 static __device__ __forceinline__ void fga_rescale(float (&o)[MT][DT][4], const float (&alpha)[MT][2]) {
 #pragma unroll
@@ -1656,12 +1666,7 @@ static __device__ __forceinline__ void fga_forward(const fga_args &a, const fg_m
 #pragma unroll
         for (int kc = 0; kc < FGA_BLOCK_N / 16; kc++)
 #pragma unroll
-            for (int mt = 0; mt < FGA_MT; mt++) {
-                pa[kc][mt][0] = fg_pack2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-                pa[kc][mt][1] = fg_pack2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-                pa[kc][mt][2] = fg_pack2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-                pa[kc][mt][3] = fg_pack2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
-            }
+            for (int mt = 0; mt < FGA_MT; mt++) fga_pack_p_step(pa[kc][mt], s[mt][2 * kc], s[mt][2 * kc + 1]);
         const fg_u32 v_lane = sV + buf * kv_stage + (fg_u32)((v_row * FGA_ROW + v_col) * 2);
         constexpr int VSTEPS = (FGA_BLOCK_N / 16) * (FGA_DTILES / 2);
         fg_u32 vf[2][4];
