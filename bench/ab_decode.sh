@@ -14,12 +14,14 @@
 # dims, ROUNDS (default 2). PAGES (default 16) and SHAPES (compare_decode's
 # four when unset) pass through; A_ENV / B_ENV (assignments, e.g.
 # "FLEXGEN_DECODE_HEAD_PAIRS=0") set a build's environment, so one build
-# can run against itself under two options. Prints compare_decode's lines, each
+# can run against itself under two options. STOP_AFTER (seconds) starts no
+# round past that time, so that a run under a limit still prints its
+# means. Prints compare_decode's lines, each
 # prefixed with its build's label and head dim (a run that printed none:
 # the end of its output instead), then the means over the rounds of each
 # row and layout, B against A in percent.
 set -uo pipefail
-[ $# -ge 4 ] || { sed -n 2,20p "$0"; exit 2; }
+[ $# -ge 4 ] || { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 2; }
 a_root=$(cd "$1" && pwd); a_build=$2; b_root=$(cd "$3" && pwd); b_build=$4
 mods=${5:-causal softcap}
 dims=${6:-128}
@@ -44,14 +46,23 @@ one() { # label root lib d [assignments]
         tail -5 <<<"$out" | sed "s/^/    /"
     fi
 }
+# STOP_AFTER (seconds, unset: none) starts no round past that time since
+# the start, so that a run under a time limit still ends with its means
+# (over the rounds it ran; a row A and B did not both run is left out).
+start=$(date +%s)
 for d in $dims; do
     for ((r = 0; r < rounds; r++)); do
+        if [ -n "${STOP_AFTER:-}" ] && [ $(($(date +%s) - start)) -ge "$STOP_AFTER" ]; then
+            echo "STOP_AFTER=$STOP_AFTER s reached: D=$d round $((r + 1)) and after not run"
+            break 2
+        fi
         one A "$a_root" "$a_lib" "$d" "${A_ENV:-}"
         one B "$b_root" "$b_lib" "$d" "${B_ENV:-}"
     done
 done | tee "$caches/lines"
 # The means over the rounds, a line per (head dim, mod, shape, layout): A's
-# TB/s, B's and B against A.
+# TB/s, B's and B against A, and the rounds behind them where fewer than
+# ROUNDS ran.
 echo "means over $rounds rounds (TB/s):"
 awk '{
     for (i = 7; i + 2 <= NF; i++)
@@ -65,7 +76,8 @@ awk '{
         k = order[j]
         if (n[k, "A"] && n[k, "B"]) {
             a = s[k, "A"] / n[k, "A"]; b = s[k, "B"] / n[k, "B"]
-            printf "  %s  A %.3f  B %.3f  %+.1f%%\n", k, a, b, 100 * (b / a - 1)
+            printf "  %s  A %.3f  B %.3f  %+.1f%%%s\n", k, a, b, 100 * (b / a - 1),
+                   n[k, "A"] < rounds || n[k, "B"] < rounds ? sprintf("  (%d / %d rounds)", n[k, "A"], n[k, "B"]) : ""
         }
     }
-}' "$caches/lines"
+}' rounds="$rounds" "$caches/lines"
