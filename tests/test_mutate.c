@@ -2,8 +2,8 @@
  *
  * Every mod file of the gallery (the .c files of mods/, read from the
  * directory, so a new one joins by itself) is damaged a few hundred ways,
- * each way drawn
- * from a fixed stream: bytes deleted, a token of the language (or of C
+ * each way drawn from a stream fixed by the file's name (the same damages
+ * whatever order the directory lists the files in): bytes deleted, a token of the language (or of C
  * outside it, or a stray byte) inserted, a span repeated, the text cut
  * short, a byte replaced; one to three of these a text. Each damaged text
  * then goes through every step a user's snippet meets on the host:
@@ -80,6 +80,13 @@ static size_t damage(const char *src, char *s, size_t cap, uint64_t *rng) {
     return n;
 }
 
+/* The damage stream of a gallery file: FNV-1a of its name. */
+static uint64_t stream_of(const char *name) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++) h = (h ^ *c) * 0x100000001b3ull;
+    return h;
+}
+
 static void check_error(fg_ctx *ctx, fg_status st, size_t len, const char *what, const char *text) {
     const char *msg = fg_errmsg(ctx);
     const int64_t off = fg_error_offset(ctx);
@@ -89,8 +96,9 @@ static void check_error(fg_ctx *ctx, fg_status st, size_t len, const char *what,
     assert_true(ok);
 }
 
-/* Every host step after the parse, on a mod that parsed. */
-static void exercise(fg_ctx *ctx, fg_mod *mod, const char *text) {
+/* Every host step after the parse, on a mod that parsed from `text` (len
+ * bytes). */
+static void exercise(fg_ctx *ctx, fg_mod *mod, const char *text, size_t len) {
     static const fg_kernel_kind kinds[] = {FG_KERNEL_ATTENTION_FWD,      FG_KERNEL_BLOCK_MASK,
                                            FG_KERNEL_ATTENTION_FWD_SM90, FG_KERNEL_ATTENTION_BWD,
                                            FG_KERNEL_ATTENTION_BWD_SM90, FG_KERNEL_ATTENTION_DECODE};
@@ -105,7 +113,7 @@ static void exercise(fg_ctx *ctx, fg_mod *mod, const char *text) {
                 assert_non_null(src);
                 fg_free(src);
             } else {
-                check_error(ctx, st, strlen(text), "source", text);
+                check_error(ctx, st, len, "source", text);
             }
         }
 
@@ -128,9 +136,9 @@ static void exercise(fg_ctx *ctx, fg_mod *mod, const char *text) {
         if (st == FG_OK)
             for (int i = 0; i < 64; i++) assert_true(mask[i] <= 1);
         else
-            check_error(ctx, st, strlen(text), "mask", text);
+            check_error(ctx, st, len, "mask", text);
         st = fg_mod_eval_score(ctx, mod, bound ? binds : NULL, bound ? nb : 0, 1, 0, 5, 8, 3, 8, in, out);
-        if (st != FG_OK) check_error(ctx, st, strlen(text), "score", text);
+        if (st != FG_OK) check_error(ctx, st, len, "score", text);
     }
 }
 
@@ -144,7 +152,6 @@ static void test_damaged_gallery(void **state) {
     assert_non_null(d);
     int files = 0;
     long parsed = 0, refused = 0;
-    uint64_t rng = 0x5EEDF00Dull;
     for (struct dirent *e; (e = readdir(d));) {
         const size_t nl = strlen(e->d_name);
         if (nl < 3 || strcmp(e->d_name + nl - 2, ".c") != 0) continue;
@@ -156,13 +163,14 @@ static void test_damaged_gallery(void **state) {
         char *text = malloc(cap);
         assert_non_null(text);
         files++;
+        uint64_t rng = stream_of(e->d_name);
         for (int m = 0; m < MUTATIONS; m++) {
             const size_t len = damage(orig, text, cap, &rng);
             fg_mod *mod = NULL;
             const fg_status st = fg_mod_from_source(ctx, e->d_name, text, len, &mod);
             if (st == FG_OK) {
                 parsed++;
-                exercise(ctx, mod, text);
+                exercise(ctx, mod, text, len);
                 fg_mod_destroy(mod);
             } else {
                 refused++;

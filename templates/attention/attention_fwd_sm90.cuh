@@ -230,8 +230,8 @@ static __device__ __forceinline__ void fgh_issue_pv(float (&o)[1][FGH_DT][4],
 }
 
 /* A tile's exponentials against the running row maxima as they stand, no
- * new maxima taken: P packed straight into its wgmma A
- * fragments, s left as it is, the row sums added to l_run. The result is
+ * new maxima taken: P packed straight into its wgmma A fragments, s left
+ * as it is, the row sums added to l_run. The result is
  * the same: out = O / l and LSE = m + log2 l hold for whatever m both O and
  * l are taken against, as long as no exponential overflows. So the warp
  * takes this path only where every one of its rows has a finite running
@@ -241,8 +241,9 @@ static __device__ __forceinline__ void fgh_issue_pv(float (&o)[1][FGH_DT][4],
  * row's maximum: P stays far inside fp16's range, whose largest value is
  * under 2^16, and O's float accumulators). Otherwise it returns false
  * and the caller runs the tile the usual way (fga_tile_softmax, O
- * rescaled, P packed again) from s, which this left unchanged. A tile on this path skips the maxima's FMNMX and
- * shuffles, alpha's two exponentials and O's rescale: with random data
+ * rescaled, P packed again) from s, which this left unchanged. A tile on
+ * this path skips the maxima's FMNMX and shuffles, alpha's two
+ * exponentials and O's rescale: with random data
  * every tile after the first few. Measured (H200, attention_notes f36,
  * two rounds): D=64 noop -10 to -12% time, causal -3 to -11%, prefix_lm
  * -12 to -14%, alibi -7 to -10%, document -7 to -8%; D=128 noop -3 to -5%,
@@ -820,8 +821,9 @@ fg_attention_fwd(const __grid_constant__ fga_args a, const __grid_constant__ fg_
             /* The wait for P_{j-1} V_{j-1} comes first: the exponentials
              * are packed straight into pa, which it reads. */
             fgh_wait_pv(o, j > 0, bar_ve + 8 * vs, lane); /* V_{j-1} is no longer read */
-            if (!fgh_tile_exp_stale(s, m_run, l_run, pa, fga_log2_mult(a))) {
-                fga_tile_softmax<1, FGH_NT, !FGA_MASK_MOD>(s, m_run, l_run, alpha, fga_log2_mult(a));
+            const float mult = fga_log2_mult(a);
+            if (!fgh_tile_exp_stale(s, m_run, l_run, pa, mult)) {
+                fga_tile_softmax<1, FGH_NT, !FGA_MASK_MOD>(s, m_run, l_run, alpha, mult);
                 fga_rescale(o, alpha);
 #pragma unroll
                 for (int kk = 0; kk < FGH_PV_STEPS; kk++) fga_pack_p_step(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
