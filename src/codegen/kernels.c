@@ -202,10 +202,14 @@ static fgi_kernel_geom bwd_sm90_geometry(const fg_kernel_config *c, const fg_mod
     return g;
 }
 
+/* Shared memory that lets two blocks onto an SM and never three: SMs of
+ * 164 KB (sm_80) and 228 KB (sm_90, sm_100); 100 KB SMs hold one. */
+#define FGI_DEC_TWO_A_SM_SMEM (80 * 1024)
+
 /* The decode kernel (templates/attention/attention_decode.cuh): four
  * warps; tiles of 16, 32 or 64 packed rows (entry points r16, r32, r64)
  * against K/V tiles of fgi_dec_block_n rows in FGD_STAGES stages (walk
- * rows of up to 64 columns: five of 64 rows or three of 128; up to 128:
+ * rows of up to 64 columns: five of 64 rows or two of 128; up to 128:
  * three of 64 rows, or with 128-row tiles three slots of K or V, the
  * ring; else 2) of K and V rows (unpadded, swizzled; fgi_dec_walk_dim wide);
  * walk rows over 128 keep Q in a shared region of 64 rows; then the warps'
@@ -218,7 +222,7 @@ static fgi_kernel_geom decode_geometry(const fg_kernel_config *c, const fg_mod *
     g.block_m = fgi_dec_tile_rows(entry);
     const int w = fgi_dec_walk_dim(c);
     const size_t row = (size_t)w * 2;
-    const int stages = w <= 64 ? (g.block_n == 64 ? 5 : 3) : w <= 128 ? 3 : 2;
+    const int stages = w <= 64 ? (g.block_n == 64 ? 5 : 2) : w <= 128 ? 3 : 2;
     const bool ring = w > 64 && w <= 128 && g.block_n == 128; /* FGD_KV_RING */
     /* The -pairs walk of 32 rows over 128-row tiles: eight warps, so that a
      * warp takes the one-head walk's share of a tile (16 rows x 32 keys of
@@ -229,6 +233,12 @@ static fgi_kernel_geom decode_geometry(const fg_kernel_config *c, const fg_mod *
      * rows for eight warps (FGD_Q_REGS) */
     const size_t q = w > 128 ? 64 * row : g.threads > 128 ? (size_t)g.block_m * row : 0;
     g.smem = (size_t)(ring ? 3 : stages * 2) * (size_t)g.block_n * row + q + merge;
+    /* The two stages of 128-row tiles at walk rows of 64 (64 KB) leave
+     * room for a third block on an SM, where choose_split counts two: a
+     * split walk's clusters then crowded onto fewer SMs (softcap B=8 -13%,
+     * decode d40). Asking for over a third of an SM's shared memory
+     * keeps it at two. */
+    if (w <= 64 && g.block_n == 128 && g.smem < FGI_DEC_TWO_A_SM_SMEM) g.smem = FGI_DEC_TWO_A_SM_SMEM;
     return g;
 }
 

@@ -42,8 +42,8 @@
  *     kept in registers (head dim 256: in a shared region of its own).
  *     At walk rows of 128, K and V take turns in a ring of slots instead
  *     (FGD_KV_RING).
- *   - Pipelined (FGD_PIPE_S, head dim 64 with 128-row tiles, and 64-row
- *     tiles of 256-byte rows): step t waits for tile t + 1
+ *   - Pipelined (FGD_PIPE_S, 64-row tiles of 256-byte rows: head dim 128,
+ *     or 64 in pairs): step t waits for tile t + 1
  *     instead and issues its Q K^T before tile t's softmax and P V, so
  *     each warp has two independent chains in flight.
  *   - KV heads in pairs (FG_HEAD_PAIRS, head dim 64, a cache whose two
@@ -108,8 +108,15 @@
 #define FGD_CHUNKS (FGD_D / 8)       /* 16-byte chunks per row             */
 #define FGD_KSTEPS (FGD_D / 16)
 #define FGD_DTILES (FGD_D / 8)
+/* Head dim 64 with 128-row tiles: two stages (64 KB), so without
+ * FGD_PIPE_S; against three with it, +0.5-2% at B=1, +3-4% on short
+ * sliding-window walks, every contiguous row level or ahead (H200,
+ * bench/attention_notes.md, decode d40). The host keeps such a walk at
+ * two blocks an SM (decode_geometry): a third fitted beside them, and
+ * the clusters of a split walk then crowded onto fewer SMs (softcap
+ * B=8 -13%). */
 #if FGD_D <= 64
-#define FGD_STAGES (FGD_BLOCK_N == 64 ? 5 : 3)
+#define FGD_STAGES (FGD_BLOCK_N == 64 ? 5 : 2)
 #elif FGD_D <= 128
 #define FGD_STAGES 3
 #else
@@ -124,8 +131,9 @@
  * 16 KB of K: at head dim 128 +1-7%; at head dim 64 with 64-row tiles
  * within +-1.5%, with 128-row tiles (three stages) +1-2% contiguous and
  * paged 64 +4-10% over 64-row tiles without it (bench/attention_notes.md,
- * decode d8, d15); it needs a stage beyond the two in use, which head dim
- * 256 does not have. */
+ * decode d8, d15), but two stages without it did better still (d40); it
+ * needs a stage beyond the two in use, which head dim 256 and 64 with
+ * 128-row tiles do not have. */
 /* The K/V ring (FGD_KV_RING): 128-row tiles at walk rows of 128 (head dim
  * 128, or 64 in pairs) with K and V as units of their own in three 32 KB
  * slots (unit 2t is K of tile t, 2t + 1 its V, in slot u % 3), so a block
