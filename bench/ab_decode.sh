@@ -14,13 +14,12 @@
 # dims, ROUNDS (default 2). PAGES (default 16), PAGE_LAYOUTS (nhd when
 # unset) and SHAPES (compare_decode's four when unset) pass through;
 # A_ENV / B_ENV (assignments, e.g. "FLEXGEN_DECODE_HEAD_PAIRS=0") set a
-# build's environment, so one build
-# can run against itself under two options. STOP_AFTER (seconds) starts no
-# round past that time, so that a run under a limit still prints its
-# means. Prints compare_decode's lines, each
-# prefixed with its build's label and head dim (a run that printed none:
-# the end of its output instead), then the means over the rounds of each
-# row and layout, B against A in percent.
+# build's environment, so one build can run against itself under two
+# options. STOP_AFTER (seconds) starts no round past that time, so that a
+# run under a limit still prints its means. Prints compare_decode's lines,
+# each prefixed with its build's label and head dim (a run that printed
+# none: the end of its output instead), then the means over the rounds of
+# each row and layout, B against A in percent.
 set -uo pipefail
 [ $# -ge 4 ] || { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 2; }
 a_root=$(cd "$1" && pwd); a_build=$2; b_root=$(cd "$3" && pwd); b_build=$4

@@ -234,10 +234,10 @@ static fgi_kernel_geom decode_geometry(const fg_kernel_config *c, const fg_mod *
     const size_t q = w > 128 ? 64 * row : g.threads > 128 ? (size_t)g.block_m * row : 0;
     g.smem = (size_t)(ring ? 3 : stages * 2) * (size_t)g.block_n * row + q + merge;
     /* The two stages of 128-row tiles at walk rows of 64 (64 KB) leave
-     * room for a third block on an SM, where choose_split counts two: a
-     * split walk's clusters then crowded onto fewer SMs (softcap B=8 -13%,
-     * decode d40). Asking for over a third of an SM's shared memory
-     * keeps it at two. */
+     * room for a third block on an SM, where choose_split counts two;
+     * with it softcap B=8 lost 13% (decode d40), most likely its split
+     * walks' clusters packed onto fewer SMs. Asking for over a third of
+     * an SM's shared memory keeps it at two. */
     if (w <= 64 && g.block_n == 128 && g.smem < FGI_DEC_TWO_A_SM_SMEM) g.smem = FGI_DEC_TWO_A_SM_SMEM;
     return g;
 }

@@ -112,9 +112,9 @@
  * FGD_PIPE_S; against three with it, +0.5-2% at B=1, +3-4% on short
  * sliding-window walks, every contiguous row level or ahead (H200,
  * bench/attention_notes.md, decode d40). The host keeps such a walk at
- * two blocks an SM (decode_geometry): a third fitted beside them, and
- * the clusters of a split walk then crowded onto fewer SMs (softcap
- * B=8 -13%). */
+ * two blocks an SM (decode_geometry): with room for a third, softcap
+ * B=8 lost 13%, most likely its split walks' clusters packed onto fewer
+ * SMs. */
 #if FGD_D <= 64
 #define FGD_STAGES (FGD_BLOCK_N == 64 ? 5 : 2)
 #elif FGD_D <= 128
