@@ -660,10 +660,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
 #pragma unroll
         for (int kc = 0; kc < KW / 16; kc++) {
             fg_u32 pa[4];
-            pa[0] = fg_pack2(ss[0][2 * kc][0], ss[0][2 * kc][1]);
-            pa[1] = fg_pack2(ss[0][2 * kc][2], ss[0][2 * kc][3]);
-            pa[2] = fg_pack2(ss[0][2 * kc + 1][0], ss[0][2 * kc + 1][1]);
-            pa[3] = fg_pack2(ss[0][2 * kc + 1][2], ss[0][2 * kc + 1][3]);
+            fga_pack_p_step(pa, ss[0][2 * kc], ss[0][2 * kc + 1]);
 #pragma unroll
             for (int dp = 0; dp < WDTILES / 2; dp++) {
                 fg_u32 vf[4];
