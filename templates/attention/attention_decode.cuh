@@ -400,6 +400,103 @@ static __device__ __forceinline__ void fgd_tile_mods(float (&s)[NT][4], const fg
     }
 }
 
+/* ---- the transposed walk: keys as the products' rows ------------------------------ */
+
+/* A tile of 8 packed rows or fewer (one query, a group of up to 8: most
+ * decode steps) wastes 12 of the 16 rows of Q K^T's m16 fragments where it
+ * has 4. The transposed walk (fgd_decode's TR) makes the keys the rows
+ * instead: S^T = K Q^T (m16 = 16 keys, n8 = the tile's 8 rows), and
+ * O^T += V^T P^T (m16 = 16 columns of V, n8 the rows, k16 = 16 keys). A
+ * warp's 32 keys a tile then take 2 x D/16 products each way instead of
+ * 4 x D/16, its softmax runs on 8 values a thread instead of 16, and O^T
+ * holds half of O's registers. A thread's accumulator holds two rows
+ * (2 * (lane & 3) and the next) of keys or columns lane / 4 and lane / 4
+ * + 8; the row maxima and sums are over the lane / 4 groups. P^T reaches
+ * the B operand of P V through movmatrix: the accumulator's 8 x 8 halves
+ * (keys x rows) are the transposes of the B fragments (rows x keys). */
+static __device__ __forceinline__ fg_u32 fgd_movt(fg_u32 x) {
+    fg_u32 y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+    return y;
+}
+/* Over the eight lanes that share lane & 3 (a row of the transposed tile). */
+static __device__ __forceinline__ float fgd_keys_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+}
+static __device__ __forceinline__ float fgd_keys_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 4);
+    x += __shfl_xor_sync(0xffffffffu, x, 8);
+    return x + __shfl_xor_sync(0xffffffffu, x, 16);
+}
+
+/* fgd_tile_mods on the transposed tile: MT m16 fragments of keys from
+ * local key j0, value s[mt][2 * e + r] at key j0 + mt * 16 + lane / 4 +
+ * 8 * e of row ri[r]. */
+template <int MT, bool PAGED>
+static __device__ __forceinline__ void fgd_tile_mods_t(float (&s)[MT][4], const fgd_row_info (&ri)[2],
+                                                       const fga_args &a, const fg_mod_params &p, int b,
+                                                       int j0, int len, bool partial, bool bad_tile,
+                                                       const int *table) {
+    if (!FGA_SCORE_MOD && !(FGA_MASK_MOD && partial) && !bad_tile && j0 + MT * 16 <= len) return;
+    const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int j = j0 + mt * 16 + g + 8 * e;
+            bool col_ok = j < len;
+            if (PAGED && bad_tile && col_ok) col_ok = fga_page_ok(a, table, j);
+            const int kv_idx = min(j, len - 1) + a.kv_offset;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float &v = s[mt][2 * e + r];
+                bool keep = col_ok;
+                if (FGA_MASK_MOD && partial && keep) keep = fg_mask_mod(p, b, ri[r].h, ri[r].q_idx, kv_idx);
+#if FGA_SCORE_MOD
+                const float sv = fg_score_mod(p, v * a.scale, b, ri[r].h, ri[r].q_idx, kv_idx);
+                v = keep ? sv : FGA_NEG_INF;
+#else
+                if (!keep) v = FGA_NEG_INF;
+#endif
+            }
+        }
+    }
+}
+
+/* fga_tile_softmax on the transposed tile: row r's values are
+ * s[mt][2 * e + r]; its maximum and sum are over the thread's 2 x MT and
+ * then the eight lanes of its lane & 3 (the sum stays the thread's share:
+ * the walk adds the lanes' shares at its end, as the plain walk adds the
+ * quad's). */
+template <int MT>
+static __device__ __forceinline__ void fgd_tile_softmax_t(float (&s)[MT][4], float (&m_run)[2], float (&l_run)[2],
+                                                          float (&alpha)[2], float mult) {
+    if (!(mult > 0.f)) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[mt][e] = s[mt][e] == FGA_NEG_INF ? FGA_NEG_INF : s[mt][e] * mult;
+        mult = 1.f;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = FGA_NEG_INF;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) mx = fmaxf(mx, fmaxf(s[mt][r], s[mt][2 + r]));
+        const float m_use = fga_row_max_step(m_run[r], fgd_keys_max(mx) * mult, alpha[r]);
+        float sum = 0.f;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            s[mt][r] = fga_exp2(fmaf(s[mt][r], mult, -m_use));
+            s[mt][2 + r] = fga_exp2(fmaf(s[mt][2 + r], mult, -m_use));
+            sum += s[mt][r] + s[mt][2 + r];
+        }
+        l_run[r] = l_run[r] * alpha[r] + sum;
+    }
+}
+
 /* ---- the splits of a walk as one cluster (sm_90 and newer) ----------------------- */
 
 /* Where the host launches a walk's n_split blocks as one thread block
@@ -456,22 +553,25 @@ static __device__ __forceinline__ float fgd_cluster_ld(fg_u32 addr, int rank) {
 
 /* ---- the kernel ------------------------------------------------------------------ */
 
-template <int NW, int WK, bool PAGED, bool HALF>
+template <int NW, int WK, bool PAGED, bool HALF, bool TR = false>
 static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mod_params &p, unsigned char *smem) {
     constexpr int NTH = NW * 32;        /* threads                     */
     constexpr int WR = NW / WK;         /* warps along rows            */
     static_assert(NTH % FGD_CHUNKS == 0, "a tile's chunk columns per thread");
     static_assert(NW * 16 * FGD_D * 4 <= FGD_BUF_BYTES, "the warps' merge region inside the stages");
-    constexpr int RB = 16 * WR;         /* packed rows of the tile     */
+    /* TR: the transposed walk of 8 rows (see fgd_movt), one slab */
+    static_assert(!TR || (WR == 1 && !HALF), "the transposed walk: one slab of 8 rows, whole rows");
+    constexpr int RB = TR ? 8 : 16 * WR; /* packed rows of the tile     */
     constexpr int KW = FGD_BLOCK_N / WK; /* K/V rows a warp takes a tile */
     constexpr int NT = KW / 8;
+    constexpr int SN = TR ? KW / 16 : NT; /* a warp's score fragments: m16 of keys (TR) or n8 */
     static_assert(KW % 16 == 0, "P V steps of 16 keys");
     /* HALF (fgd_row_of): each warp's 16 rows are queries of one KV head
      * of the pair, so it reads and writes only that head's half of the
      * walk's columns: its k steps of Q K^T and its output tiles of P V. */
     static_assert(!HALF || FGD_PAIRS, "half slabs are a walk of KV heads in pairs");
     constexpr int WKSTEPS = HALF ? FGD_KSTEPS / 2 : FGD_KSTEPS; /* k steps of Q K^T a warp runs */
-    constexpr int WDTILES = HALF ? FGD_DTILES / 2 : FGD_DTILES; /* n8 output tiles a warp keeps  */
+    constexpr int WDTILES = TR ? FGD_D / 16 : HALF ? FGD_DTILES / 2 : FGD_DTILES; /* output tiles a warp keeps (TR: m16 of columns) */
 
     const fg_u32 s0 = fga_smem_addr(smem);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -594,7 +694,18 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     fga_cp_wait<FGD_KV_RING ? 2 : FGD_STAGES - 1>(); /* Q */
     __syncthreads();
     fg_u32 qf[QREGS ? WKSTEPS : 1][4];
-    if (QREGS) {
+    if constexpr (QREGS && TR) {
+        static_assert(!TR || QREGS, "the transposed walk keeps Q in registers");
+        /* Q^T's B fragments: rows 0-7, four 16-byte chunks (two k steps) a
+         * read */
+#pragma unroll
+        for (int kp = 0; kp < WKSTEPS / 2; kp++) {
+            fg_u32 r0, r1, r2, r3;
+            fga_ldsm4(sQ + fgd_at(lane & 7, 4 * kp + (lane >> 3)), r0, r1, r2, r3);
+            qf[2 * kp][0] = r0, qf[2 * kp][1] = r1, qf[2 * kp + 1][0] = r2, qf[2 * kp + 1][1] = r3;
+        }
+        __syncthreads(); /* the last stage is refilled in the first step */
+    } else if (QREGS) {
 #pragma unroll
         for (int kk = 0; kk < (QREGS ? WKSTEPS : 1); kk++)
             fga_ldsm4(sQ + fgd_at(wr * 16 + a_row, half_ch + a_ch + 2 * kk), qf[kk][0], qf[kk][1], qf[kk][2],
@@ -607,71 +718,115 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     for (int i = 0; i < WDTILES; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m_run[1][2] = {{FGA_NEG_INF, FGA_NEG_INF}}, l_run[1][2] = {{0.f, 0.f}};
     fgd_row_info ri[2];
-    ri[0] = fgd_row_of<HALF>(a, hk, qpos, row0 + wr * 16 + g);
-    ri[1] = fgd_row_of<HALF>(a, hk, qpos, row0 + wr * 16 + g + 8);
+    ri[0] = fgd_row_of<HALF>(a, hk, qpos, TR ? row0 + 2 * t4 : row0 + wr * 16 + g);
+    ri[1] = fgd_row_of<HALF>(a, hk, qpos, TR ? row0 + 2 * t4 + 1 : row0 + wr * 16 + g + 8);
     const float mult = fga_log2_mult(a);
 
     /* S = Q K^T over this warp's KW keys of the tile in `stage` (one
      * 16-row slab, as the shared softmax counts them). */
-    auto scores_at = [&](float (&s)[NT][4], fg_u32 k_tile) {
+    auto scores_at = [&](float (&s)[SN][4], fg_u32 k_tile) {
 #pragma unroll
-        for (int i = 0; i < NT; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        for (int i = 0; i < SN; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        if constexpr (TR) {
+            /* S^T = K Q^T: K's 16-key slabs as A fragments, Q^T from qf */
 #pragma unroll
-        for (int kk = 0; kk < WKSTEPS; kk++) {
-            fg_u32 qa[4];
-            if (QREGS) {
-                qa[0] = qf[QREGS ? kk : 0][0], qa[1] = qf[QREGS ? kk : 0][1];
-                qa[2] = qf[QREGS ? kk : 0][2], qa[3] = qf[QREGS ? kk : 0][3];
-            } else {
-                fga_ldsm4(sQ + fgd_at(wr * 16 + a_row, half_ch + a_ch + 2 * kk), qa[0], qa[1], qa[2], qa[3]);
-            }
+            for (int kk = 0; kk < WKSTEPS; kk++)
 #pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                fg_u32 kf[4];
-                fga_ldsm4(k_tile + fgd_at(wk * KW + np * 16 + k_row, half_ch + k_ch + 2 * kk), kf[0], kf[1], kf[2],
-                          kf[3]);
-                fga_mma(s[2 * np], qa, kf[0], kf[1]);
-                fga_mma(s[2 * np + 1], qa, kf[2], kf[3]);
+                for (int mt = 0; mt < SN; mt++) {
+                    fg_u32 kf[4];
+                    fga_ldsm4(k_tile + fgd_at(wk * KW + mt * 16 + a_row, a_ch + 2 * kk), kf[0], kf[1], kf[2], kf[3]);
+                    fga_mma(s[mt], kf, qf[kk][0], qf[kk][1]);
+                }
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < WKSTEPS; kk++) {
+                fg_u32 qa[4];
+                if (QREGS) {
+                    qa[0] = qf[QREGS ? kk : 0][0], qa[1] = qf[QREGS ? kk : 0][1];
+                    qa[2] = qf[QREGS ? kk : 0][2], qa[3] = qf[QREGS ? kk : 0][3];
+                } else {
+                    fga_ldsm4(sQ + fgd_at(wr * 16 + a_row, half_ch + a_ch + 2 * kk), qa[0], qa[1], qa[2], qa[3]);
+                }
+#pragma unroll
+                for (int np = 0; np < NT / 2; np++) {
+                    fg_u32 kf[4];
+                    fga_ldsm4(k_tile + fgd_at(wk * KW + np * 16 + k_row, half_ch + k_ch + 2 * kk), kf[0], kf[1], kf[2],
+                              kf[3]);
+                    fga_mma(s[2 * np], qa, kf[0], kf[1]);
+                    fga_mma(s[2 * np + 1], qa, kf[2], kf[3]);
+                }
             }
         }
     };
-    auto scores = [&](float (&s)[NT][4], int stage) { scores_at(s, s0 + stage * FGD_STAGE_BYTES); };
+    auto scores = [&](float (&s)[SN][4], int stage) { scores_at(s, s0 + stage * FGD_STAGE_BYTES); };
     /* The mods and the online softmax of a tile whose scores are in ss[0]
      * (first key kv0), then O += P V with its V at v_tile. */
-    auto soft = [&](float (&ss)[1][NT][4], int kv0, bool partial, bool bad_tile) {
-        fgd_tile_mods<NT, PAGED>(ss[0], ri, a, p, b, kv0 + wk * KW, len, partial, bad_tile, table);
+    auto soft = [&](float (&ss)[1][SN][4], int kv0, bool partial, bool bad_tile) {
         float alpha[1][2];
-        fga_tile_softmax<1, NT>(ss, m_run, l_run, alpha, mult);
-        /* Once the row maxima settle most tiles leave every alpha at 1:
-         * the warp then skips the accumulator's multiplies. */
-        if (__any_sync(0xffffffffu, alpha[0][0] != 1.f || alpha[0][1] != 1.f)) {
+        if constexpr (TR) {
+            fgd_tile_mods_t<SN, PAGED>(ss[0], ri, a, p, b, kv0 + wk * KW, len, partial, bad_tile, table);
+            fgd_tile_softmax_t<SN>(ss[0], m_run[0], l_run[0], alpha[0], mult);
+            /* O^T's columns are the rows: c0 / c2 row 2 * t4, c1 / c3 the next */
+            if (__any_sync(0xffffffffu, alpha[0][0] != 1.f || alpha[0][1] != 1.f)) {
 #pragma unroll
-            for (int i = 0; i < WDTILES; i++) {
-                o[i][0] *= alpha[0][0];
-                o[i][1] *= alpha[0][0];
-                o[i][2] *= alpha[0][1];
-                o[i][3] *= alpha[0][1];
+                for (int i = 0; i < WDTILES; i++) {
+                    o[i][0] *= alpha[0][0];
+                    o[i][1] *= alpha[0][1];
+                    o[i][2] *= alpha[0][0];
+                    o[i][3] *= alpha[0][1];
+                }
+            }
+        } else {
+            fgd_tile_mods<NT, PAGED>(ss[0], ri, a, p, b, kv0 + wk * KW, len, partial, bad_tile, table);
+            fga_tile_softmax<1, NT>(ss, m_run, l_run, alpha, mult);
+            /* Once the row maxima settle most tiles leave every alpha at 1:
+             * the warp then skips the accumulator's multiplies. */
+            if (__any_sync(0xffffffffu, alpha[0][0] != 1.f || alpha[0][1] != 1.f)) {
+#pragma unroll
+                for (int i = 0; i < WDTILES; i++) {
+                    o[i][0] *= alpha[0][0];
+                    o[i][1] *= alpha[0][0];
+                    o[i][2] *= alpha[0][1];
+                    o[i][3] *= alpha[0][1];
+                }
             }
         }
     };
-    auto pv_at = [&](float (&ss)[1][NT][4], fg_u32 v_tile) {
-        /* O += P V: P from accumulator layout to A fragments, V^T by
-         * transposing ldmatrix. */
+    auto pv_at = [&](float (&ss)[1][SN][4], fg_u32 v_tile) {
+        if constexpr (TR) {
+            /* O^T += V^T P^T: V^T's A fragments by transposing ldmatrix (16
+             * columns x 16 keys), P^T's B fragments by movmatrix of the
+             * accumulator's halves (keys 0-7, 8-15 of the slab) */
 #pragma unroll
-        for (int kc = 0; kc < KW / 16; kc++) {
-            fg_u32 pa[4];
-            fga_pack_p_step(pa, ss[0][2 * kc], ss[0][2 * kc + 1]);
+            for (int mt = 0; mt < SN; mt++) {
+                const fg_u32 pb0 = fgd_movt(fg_pack2(ss[0][mt][0], ss[0][mt][1]));
+                const fg_u32 pb1 = fgd_movt(fg_pack2(ss[0][mt][2], ss[0][mt][3]));
 #pragma unroll
-            for (int dp = 0; dp < WDTILES / 2; dp++) {
-                fg_u32 vf[4];
-                fga_ldsm4t(v_tile + fgd_at(wk * KW + kc * 16 + v_row, half_ch + v_ch + 2 * dp), vf[0], vf[1], vf[2],
-                           vf[3]);
-                fga_mma(o[2 * dp], pa, vf[0], vf[1]);
-                fga_mma(o[2 * dp + 1], pa, vf[2], vf[3]);
+                for (int i = 0; i < WDTILES; i++) {
+                    fg_u32 vf[4];
+                    fga_ldsm4t(v_tile + fgd_at(wk * KW + mt * 16 + k_row, k_ch + 2 * i), vf[0], vf[1], vf[2], vf[3]);
+                    fga_mma(o[i], vf, pb0, pb1);
+                }
+            }
+        } else {
+            /* O += P V: P from accumulator layout to A fragments, V^T by
+             * transposing ldmatrix. */
+#pragma unroll
+            for (int kc = 0; kc < KW / 16; kc++) {
+                fg_u32 pa[4];
+                fga_pack_p_step(pa, ss[0][2 * kc], ss[0][2 * kc + 1]);
+#pragma unroll
+                for (int dp = 0; dp < WDTILES / 2; dp++) {
+                    fg_u32 vf[4];
+                    fga_ldsm4t(v_tile + fgd_at(wk * KW + kc * 16 + v_row, half_ch + v_ch + 2 * dp), vf[0], vf[1], vf[2],
+                               vf[3]);
+                    fga_mma(o[2 * dp], pa, vf[0], vf[1]);
+                    fga_mma(o[2 * dp + 1], pa, vf[2], vf[3]);
+                }
             }
         }
     };
-    auto consume = [&](float (&ss)[1][NT][4], int stage, int kv0, bool partial, bool bad_tile) {
+    auto consume = [&](float (&ss)[1][SN][4], int stage, int kv0, bool partial, bool bad_tile) {
         soft(ss, kv0, partial, bad_tile);
         pv_at(ss, s0 + stage * FGD_STAGE_BYTES + FGD_KV_BYTES);
     };
@@ -695,7 +850,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
         const int kv0 = fga_cursor_kv0<FGD_BLOCK_N>(pl, use, partial);
         fga_cursor_next(pl, use);
         issue_unit(2 * t + 2);
-        float ss[1][NT][4];
+        float ss[1][SN][4];
         scores_at(ss[0], s0 + ((2 * t) % 3) * FGD_KV_BYTES);
         soft(ss, kv0, partial, bad_tile);
         fga_cp_wait<1>(); /* V_t */
@@ -712,7 +867,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
      * fewer streams ahead (tile t + 1 must have landed at step t), so it
      * needs three stages or more. Commit groups: Q, tiles 0 .. STAGES - 2
      * (the prologue), then one per step (tile t + STAGES - 1 at step t). */
-    float sa[1][NT][4], sb[1][NT][4];
+    float sa[1][SN][4], sb[1][SN][4];
     bool part_cur = false, bad_cur = false;
     int kv0_cur = 0;
     if (n > 0) {
@@ -724,7 +879,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     }
     /* Two steps per trip, so the current and next scores stay in fixed
      * registers (sa, sb) instead of being copied every step. */
-    auto step = [&](int t, float (&cur)[1][NT][4], float (&nxt)[1][NT][4]) {
+    auto step = [&](int t, float (&cur)[1][SN][4], float (&nxt)[1][SN][4]) {
         bool part_nxt = false, bad_nxt = false;
         int kv0_nxt = 0;
         if (t + 1 < n) {
@@ -753,7 +908,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
         const int kv0 = fga_cursor_kv0<FGD_BLOCK_N>(pl, use, partial);
         fga_cursor_next(pl, use);
         issue_tile(t + FGD_STAGES - 1);
-        float ss[1][NT][4];
+        float ss[1][SN][4];
         scores(ss[0], st);
         consume(ss, st, kv0, partial, bad_tile);
     }
@@ -769,16 +924,17 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     float *sm_l = sm_m + NW * 16, *sm_lse = sm_l + NW * 16;       /* [WK][RB] each, [RB] */
 #pragma unroll
     for (int e2 = 0; e2 < 2; e2++) {
-        const float l = fga_quad_sum(l_run[0][e2]);
-        if (t4 == 0) {
-            sm_m[wk * RB + wr * 16 + g + 8 * e2] = m_run[0][e2];
-            sm_l[wk * RB + wr * 16 + g + 8 * e2] = l;
+        const float l = TR ? fgd_keys_sum(l_run[0][e2]) : fga_quad_sum(l_run[0][e2]);
+        if (TR ? g == 0 : t4 == 0) {
+            const int rl = TR ? 2 * t4 + e2 : wr * 16 + g + 8 * e2;
+            sm_m[wk * RB + rl] = m_run[0][e2];
+            sm_l[wk * RB + rl] = l;
         }
     }
     __syncthreads();
 #pragma unroll
     for (int e2 = 0; e2 < 2; e2++) {
-        const int rl = wr * 16 + g + 8 * e2;
+        const int rl = TR ? 2 * t4 + e2 : wr * 16 + g + 8 * e2;
         float M = FGA_NEG_INF;
 #pragma unroll
         for (int w = 0; w < WK; w++) M = fmaxf(M, sm_m[w * RB + rl]);
@@ -788,14 +944,24 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
         for (int w = 0; w < WK; w++) L += sm_l[w * RB + rl] * fga_exp2(sm_m[w * RB + rl] - Mu);
         const float f = L > 0.f ? fga_exp2(m_run[0][e2] - Mu) / L : 0.f;
         /* HALF: only the warp's half; the rows' reads below take that half */
-        float *dst = red + ((fg_i64)wk * RB + rl) * FGD_D + half_ch * 8 + t4 * 2;
+        if (TR) {
+            /* O^T: columns 16 i + g and + 8 of row rl */
+            float *dst = red + ((fg_i64)wk * RB + rl) * FGD_D + g;
 #pragma unroll
-        for (int i = 0; i < WDTILES; i++) {
-            dst[i * 8] = o[i][2 * e2] * f;
-            dst[i * 8 + 1] = o[i][2 * e2 + 1] * f;
+            for (int i = 0; i < WDTILES; i++) {
+                dst[i * 16] = o[i][e2] * f;
+                dst[i * 16 + 8] = o[i][2 + e2] * f;
+            }
+        } else {
+            float *dst = red + ((fg_i64)wk * RB + rl) * FGD_D + half_ch * 8 + t4 * 2;
+#pragma unroll
+            for (int i = 0; i < WDTILES; i++) {
+                dst[i * 8] = o[i][2 * e2] * f;
+                dst[i * 8 + 1] = o[i][2 * e2 + 1] * f;
+            }
         }
         /* LSE in log2 units */
-        if (wk == 0 && t4 == 0) sm_lse[rl] = L > 0.f ? Mu + fga_log2(L) : FGA_NEG_INF;
+        if (wk == 0 && (TR ? g == 0 : t4 == 0)) sm_lse[rl] = L > 0.f ? Mu + fga_log2(L) : FGA_NEG_INF;
     }
     __syncthreads();
 
@@ -896,7 +1062,10 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
         static_assert(FG_LAUNCH_SMEM_##FN >= FGD_SMEM_BYTES(NW, ROWS), "decode_geometry: shared memory");        \
         extern __shared__ __align__(128) unsigned char fgd_smem[];                                          \
         fga_grid_launch_dependents(); /* the merge's blocks wait on the SMs, not in the launch queue */     \
-        fgd_decode<NW, WK, PAGED, FGD_PAIRS && (ROWS) == 32>(a, p, fgd_smem);                              \
+        if ((ROWS) == 16 && FGD_Q_IN_REGS && a.rows <= 8)                                                   \
+            fgd_decode<NW, WK, PAGED, false, (ROWS) == 16 && FGD_Q_IN_REGS>(a, p, fgd_smem);               \
+        else                                                                                                \
+            fgd_decode<NW, WK, PAGED, FGD_PAIRS && (ROWS) == 32>(a, p, fgd_smem);                          \
     }
 #define FGD_ENTRY(NAME, ROWS) FGD_ENTRY_ONE(NAME, ROWS, false) FGD_ENTRY_ONE(NAME##_paged, ROWS, true)
 FGD_ENTRY(fg_attention_decode_r16, 16)
