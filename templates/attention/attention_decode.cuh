@@ -357,6 +357,38 @@ static __device__ __forceinline__ fgd_row_info fgd_row_of(const fga_args &a, int
     return ri;
 }
 
+/* Local key j of a tile: whether a row may see it at all (inside the
+ * sequence and, in a tile that met a bad page, in a good page) and the
+ * kv_idx the mods see, clamped into the sequence. */
+struct fgd_key {
+    bool ok;
+    int kv_idx;
+};
+template <bool PAGED>
+static __device__ __forceinline__ fgd_key fgd_key_of(const fga_args &a, const int *table, int j, int len,
+                                                      bool bad_tile) {
+    bool ok = j < len;
+    if (PAGED && bad_tile && ok) ok = fga_page_ok(a, table, j);
+    return fgd_key{ok, min(j, len - 1) + a.kv_offset};
+}
+
+/* One score v of row ri at key `key`: mask_mod (partial tiles), score_mod,
+ * -inf where masked. */
+static __device__ __forceinline__ void fgd_mod_score(float &v, const fgd_key &key, const fgd_row_info &ri,
+                                                     const fga_args &a, const fg_mod_params &p, int b,
+                                                     bool partial) {
+    bool keep = key.ok;
+    if (FGA_MASK_MOD && partial && keep) keep = fg_mask_mod(p, b, ri.h, ri.q_idx, key.kv_idx);
+#if FGA_SCORE_MOD
+    /* made for every element and selected, not behind a branch per element
+     * (score_mod is total; kv_idx is clamped into the sequence) */
+    const float sv = fg_score_mod(p, v * a.scale, b, ri.h, ri.q_idx, key.kv_idx);
+    v = keep ? sv : FGA_NEG_INF;
+#else
+    if (!keep) v = FGA_NEG_INF;
+#endif
+}
+
 /* Scale, mods and range for this warp's NT n8 fragments of a tile (columns
  * starting at local key j0): with score_mod the values become score_mod(q.k
  * * scale), without it they stay raw q.k (the softmax's multiplier folds
@@ -377,25 +409,9 @@ static __device__ __forceinline__ void fgd_tile_mods(float (&s)[NT][4], const fg
     for (int i = 0; i < NT; i++) {
 #pragma unroll
         for (int c = 0; c < 2; c++) {
-            const int j = j0 + i * 8 + t4 * 2 + c;
-            bool col_ok = j < len;
-            if (PAGED && bad_tile && col_ok) col_ok = fga_page_ok(a, table, j);
-            const int kv_idx = min(j, len - 1) + a.kv_offset;
+            const fgd_key key = fgd_key_of<PAGED>(a, table, j0 + i * 8 + t4 * 2 + c, len, bad_tile);
 #pragma unroll
-            for (int e2 = 0; e2 < 2; e2++) {
-                float &v = s[i][e2 * 2 + c];
-                bool keep = col_ok;
-                if (FGA_MASK_MOD && partial && keep) keep = fg_mask_mod(p, b, ri[e2].h, ri[e2].q_idx, kv_idx);
-#if FGA_SCORE_MOD
-                /* made for every element and selected, not behind a branch
-                 * per element (score_mod is total; kv_idx is clamped into
-                 * the sequence) */
-                const float sv = fg_score_mod(p, v * a.scale, b, ri[e2].h, ri[e2].q_idx, kv_idx);
-                v = keep ? sv : FGA_NEG_INF;
-#else
-                if (!keep) v = FGA_NEG_INF;
-#endif
-            }
+            for (int e2 = 0; e2 < 2; e2++) fgd_mod_score(s[i][e2 * 2 + c], key, ri[e2], a, p, b, partial);
         }
     }
 }
@@ -445,22 +461,9 @@ static __device__ __forceinline__ void fgd_tile_mods_t(float (&s)[MT][4], const 
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            const int j = j0 + mt * 16 + g + 8 * e;
-            bool col_ok = j < len;
-            if (PAGED && bad_tile && col_ok) col_ok = fga_page_ok(a, table, j);
-            const int kv_idx = min(j, len - 1) + a.kv_offset;
+            const fgd_key key = fgd_key_of<PAGED>(a, table, j0 + mt * 16 + g + 8 * e, len, bad_tile);
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float &v = s[mt][2 * e + r];
-                bool keep = col_ok;
-                if (FGA_MASK_MOD && partial && keep) keep = fg_mask_mod(p, b, ri[r].h, ri[r].q_idx, kv_idx);
-#if FGA_SCORE_MOD
-                const float sv = fg_score_mod(p, v * a.scale, b, ri[r].h, ri[r].q_idx, kv_idx);
-                v = keep ? sv : FGA_NEG_INF;
-#else
-                if (!keep) v = FGA_NEG_INF;
-#endif
-            }
+            for (int r = 0; r < 2; r++) fgd_mod_score(s[mt][2 * e + r], key, ri[r], a, p, b, partial);
         }
     }
 }
