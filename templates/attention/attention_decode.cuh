@@ -1057,7 +1057,10 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
  * fgd_row_of); the 16-row walk (8 rows a head or fewer) mixes the two
  * heads in its slab and takes every column, and so does the 64-row walk
  * (with half slabs its registers spilled past the head-dim-128 walk's:
- * test_emit's test_decode_pairs). */
+ * test_emit's test_decode_pairs). The 16-row entry takes the transposed
+ * walk (TR) when the call's packed rows are 8 or fewer and Q sits in
+ * registers, a choice made per launch from the argument block: the entry
+ * holds both walks, so its registers are the larger walk's. */
 #define FGD_ENTRY_ONE(FN, ROWS, PAGED)                                                                       \
     extern "C" __global__ void __launch_bounds__(FG_LAUNCH_THREADS_##FN, FGD_BLOCKS_PER_SM)                \
         FN(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {                   \
