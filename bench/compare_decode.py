@@ -251,7 +251,7 @@ def main(argv=None):
             rows.append(row)
             sysnames = list(row["tbps"])
             print(f"{name:15s} B={shape[0]:<3d} KV={shape[1]:<7d} Q={shape[2]:<2d} D={opts.head_dim} keys={row['visible_keys']:<7d} "
-                  + "  ".join(f"{s} {row['tbps'][s]:.2f} TB/s ({row['ms'][s] * 1e3:.0f} us, err {row['error'][s]:.1e})"
+                  + "  ".join(f"{s} {row['tbps'][s]:.3f} TB/s ({row['ms'][s] * 1e3:.1f} us, err {row['error'][s]:.1e})"
                               for s in sysnames)
                   + "".join(f"  floor_{f} {ms * 1e3:.1f} us" + (f" ({row['bytes'] / (ms * 1e-3) / 1e12:.2f} TB/s)" if f == "read" else "")
                             for f, ms in row.get("floors", {}).items()), flush=True)
