@@ -612,6 +612,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
      * is zero, so Q K^T over the pair's rows gives each row its own head's
      * scores. */
     constexpr bool QREGS = FGD_Q_REGS(NW);
+    static_assert(!TR || QREGS, "the transposed walk keeps Q in registers");
     const fg_u32 sQ = !QREGS ? s0 + FGD_BUF_BYTES /* a region of its own */
                       : FGD_KV_RING ? s0 + 2 * FGD_KV_BYTES /* the ring's last slot */
                                     : s0 + (FGD_STAGES - 1) * FGD_STAGE_BYTES;
@@ -698,7 +699,6 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     __syncthreads();
     fg_u32 qf[QREGS ? WKSTEPS : 1][4];
     if constexpr (QREGS && TR) {
-        static_assert(!TR || QREGS, "the transposed walk keeps Q in registers");
         /* Q^T's B fragments: rows 0-7, four 16-byte chunks (two k steps) a
          * read */
 #pragma unroll
