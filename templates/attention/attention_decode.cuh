@@ -468,21 +468,16 @@ static __device__ __forceinline__ void fgd_tile_mods_t(float (&s)[MT][4], const 
     }
 }
 
-/* fga_tile_softmax on the transposed tile: row r's values are
+/* fga_tile_softmax on the transposed tile (ss[0]): row r's values are
  * s[mt][2 * e + r]; its maximum and sum are over the thread's 2 x MT and
  * then the eight lanes of its lane & 3 (the sum stays the thread's share:
  * the walk adds the lanes' shares at its end, as the plain walk adds the
  * quad's). */
 template <int MT>
-static __device__ __forceinline__ void fgd_tile_softmax_t(float (&s)[MT][4], float (&m_run)[2], float (&l_run)[2],
+static __device__ __forceinline__ void fgd_tile_softmax_t(float (&ss)[1][MT][4], float (&m_run)[2], float (&l_run)[2],
                                                           float (&alpha)[2], float mult) {
-    if (!(mult > 0.f)) {
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[mt][e] = s[mt][e] == FGA_NEG_INF ? FGA_NEG_INF : s[mt][e] * mult;
-        mult = 1.f;
-    }
+    mult = fga_tile_prescale(ss, mult);
+    float (&s)[MT][4] = ss[0];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float mx = FGA_NEG_INF;
@@ -720,9 +715,11 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
 #pragma unroll
     for (int i = 0; i < WDTILES; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m_run[1][2] = {{FGA_NEG_INF, FGA_NEG_INF}}, l_run[1][2] = {{0.f, 0.f}};
+    /* The tile's rows of this thread's accumulator values e2 = 0, 1 (TR: O^T's columns) */
+    auto tile_row = [&](int e2) { return TR ? 2 * t4 + e2 : wr * 16 + g + 8 * e2; };
     fgd_row_info ri[2];
-    ri[0] = fgd_row_of<HALF>(a, hk, qpos, TR ? row0 + 2 * t4 : row0 + wr * 16 + g);
-    ri[1] = fgd_row_of<HALF>(a, hk, qpos, TR ? row0 + 2 * t4 + 1 : row0 + wr * 16 + g + 8);
+    ri[0] = fgd_row_of<HALF>(a, hk, qpos, row0 + tile_row(0));
+    ri[1] = fgd_row_of<HALF>(a, hk, qpos, row0 + tile_row(1));
     const float mult = fga_log2_mult(a);
 
     /* S = Q K^T over this warp's KW keys of the tile in `stage` (one
@@ -768,7 +765,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
         float alpha[1][2];
         if constexpr (TR) {
             fgd_tile_mods_t<SN, PAGED>(ss[0], ri, a, p, b, kv0 + wk * KW, len, partial, bad_tile, table);
-            fgd_tile_softmax_t<SN>(ss[0], m_run[0], l_run[0], alpha[0], mult);
+            fgd_tile_softmax_t<SN>(ss, m_run[0], l_run[0], alpha[0], mult);
             /* O^T's columns are the rows: c0 / c2 row 2 * t4, c1 / c3 the next */
             if (__any_sync(0xffffffffu, alpha[0][0] != 1.f || alpha[0][1] != 1.f)) {
 #pragma unroll
@@ -929,7 +926,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     for (int e2 = 0; e2 < 2; e2++) {
         const float l = TR ? fgd_keys_sum(l_run[0][e2]) : fga_quad_sum(l_run[0][e2]);
         if (TR ? g == 0 : t4 == 0) {
-            const int rl = TR ? 2 * t4 + e2 : wr * 16 + g + 8 * e2;
+            const int rl = tile_row(e2);
             sm_m[wk * RB + rl] = m_run[0][e2];
             sm_l[wk * RB + rl] = l;
         }
@@ -937,7 +934,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     __syncthreads();
 #pragma unroll
     for (int e2 = 0; e2 < 2; e2++) {
-        const int rl = TR ? 2 * t4 + e2 : wr * 16 + g + 8 * e2;
+        const int rl = tile_row(e2);
         float M = FGA_NEG_INF;
 #pragma unroll
         for (int w = 0; w < WK; w++) M = fmaxf(M, sm_m[w * RB + rl]);
