@@ -716,16 +716,6 @@ static __device__ __forceinline__ void fga_tile_softmax_tree(float (&s)[MT][NT][
     }
 }
 
-/* Online softmax over one tile of fga_tile_mods' values: new row maxima,
- * the exponentials (in place, S becomes P), the running sums, and the
- * factor alpha by which the caller must rescale its accumulator rows before
- * adding this tile's P V. `mult` (fga_log2_mult) takes the values to log2
- * units; for a positive one the maximum is taken on the values as they are
- * and each exponent is a single fused multiply-add, exp2(s * mult - m). A
- * negative scale without score_mod reverses the order, so then the values
- * are multiplied first (masked ones stay -inf). TREE takes the maxima and
- * sums as trees (fga_tile_softmax_tree): the same terms, summed in another
- * order. */
 /* fga_tile_softmax's first half: where `mult` is not positive the values
  * are multiplied by it here (masked ones stay -inf) and the multiplier
  * left for the exponentials is 1; else the values stay and it is mult. */
@@ -741,6 +731,16 @@ static __device__ __forceinline__ float fga_tile_prescale(float (&s)[MT][NT][4],
     return 1.f;
 }
 
+/* Online softmax over one tile of fga_tile_mods' values: new row maxima,
+ * the exponentials (in place, S becomes P), the running sums, and the
+ * factor alpha by which the caller must rescale its accumulator rows before
+ * adding this tile's P V. `mult` (fga_log2_mult) takes the values to log2
+ * units; for a positive one the maximum is taken on the values as they are
+ * and each exponent is a single fused multiply-add, exp2(s * mult - m). A
+ * negative scale without score_mod reverses the order, so then the values
+ * are multiplied first (masked ones stay -inf). TREE takes the maxima and
+ * sums as trees (fga_tile_softmax_tree): the same terms, summed in another
+ * order. */
 template <int MT, int NT, bool TREE = false>
 static __device__ __forceinline__ void fga_tile_softmax(float (&s)[MT][NT][4], float (&m_run)[MT][2],
                                                         float (&l_run)[MT][2], float (&alpha)[MT][2],

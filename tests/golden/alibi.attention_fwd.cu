@@ -1139,6 +1139,21 @@ static __device__ __forceinline__ void fga_tile_softmax_tree(float (&s)[MT][NT][
     }
 }
 
+/* fga_tile_softmax's first half: where `mult` is not positive the values
+ * are multiplied by it here (masked ones stay -inf) and the multiplier
+ * left for the exponentials is 1; else the values stay and it is mult. */
+template <int MT, int NT>
+static __device__ __forceinline__ float fga_tile_prescale(float (&s)[MT][NT][4], float mult) {
+    if (mult > 0.f) return mult;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < NT; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[mt][i][e] = s[mt][i][e] == FGA_NEG_INF ? FGA_NEG_INF : s[mt][i][e] * mult;
+    return 1.f;
+}
+
 /* Online softmax over one tile of fga_tile_mods' values: new row maxima,
  * the exponentials (in place, S becomes P), the running sums, and the
  * factor alpha by which the caller must rescale its accumulator rows before
@@ -1153,16 +1168,7 @@ template <int MT, int NT, bool TREE = false>
 static __device__ __forceinline__ void fga_tile_softmax(float (&s)[MT][NT][4], float (&m_run)[MT][2],
                                                         float (&l_run)[MT][2], float (&alpha)[MT][2],
                                                         float mult) {
-    if (!(mult > 0.f)) {
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int i = 0; i < NT; i++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    s[mt][i][e] = s[mt][i][e] == FGA_NEG_INF ? FGA_NEG_INF : s[mt][i][e] * mult;
-        mult = 1.f;
-    }
+    mult = fga_tile_prescale(s, mult);
     if (TREE)
         fga_tile_softmax_tree(s, m_run, l_run, alpha, mult);
     else
