@@ -11,7 +11,14 @@ options (FLEXGEN_DECODE_HEAD_PAIRS, ...) apply as in any flexgen call. The
 output is checked once against compare_decode's float64 reference before
 the N calls. decode_one.py is the causal contiguous case beside SDPA; this
 one is for pairs of flexgen walks under ncu (noop against causal,
-contiguous against paged), e.g.
+contiguous against paged). With DECODE_FLUSH=1 each call follows a 256
+MB write, the L2 flush triton's do_bench makes before each timed call, so
+that a kernel starts from the caches the benchmark leaves it (the L2 full
+of the flush's dirty lines, each SM's instruction cache as the previous
+call left it; `ncu --cache-control all` empties both). Under ncu that
+needs `--cache-control none --replay-mode application`: with kernel
+replay the metric passes after the first find K and V in the L2
+(attention_notes decode d47). E.g.
 
     ncu --clock-control none --cache-control all -k regex:decode_r \\
         --launch-skip 3 --launch-count 1 --section SpeedOfLight \\
@@ -70,7 +77,10 @@ def main():
     print(f"{name} D={D} B={B} KV={KV} page={page or '-'} kernel={call.kernel_kind} err={err:.1e}", file=sys.stderr)
     if not err < 1e-2:
         sys.exit(f"decode_mod_one: error {err} against the float64 reference")
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda") if os.environ.get("DECODE_FLUSH") == "1" else None
     for _ in range(N):
+        if flush is not None:
+            flush.zero_()
         call()
     torch.cuda.synchronize()
 

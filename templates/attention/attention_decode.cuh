@@ -179,6 +179,22 @@ static_assert(FGD_BLOCK_N == 64 || FGD_BLOCK_N == 128, "decode tiles of 64 or 12
 static __device__ __forceinline__ fg_u32 fgd_at(int row, int chunk) {
     return (fg_u32)((row * FGD_ROW + ((chunk ^ (row & 7)) << 3)) * 2);
 }
+/* An address in fgd_smem from `at`, a lane's address of (row, c0) in a
+ * region that starts on a multiple of a row's bytes (fgd_smem is
+ * 1024-aligned, every stage, ring slot and Q region a multiple of 8 KB):
+ * `rows` rows on, its swizzled chunk's bits flipped by `flip`. A chunk's
+ * bits lie below the row's, so that is one XOR and an add -- where the
+ * compiler made each ldmatrix's or copy's swizzle again from the thread
+ * index (the -pairs ring did, in its tile loop). The callers' identities:
+ *   (row + 16 m, c0 + d), d sharing no bit with c0 (d an even step of an
+ *   unrolled loop, c0 a lane's 0 / 1 plus a half's chunks): rows 16 m,
+ *   flip d (row & 7 does not change, and c0 + d = c0 ^ d);
+ *   (r0 + i, c) for i < RUN, r0 a multiple of RUN (a power of two): rows
+ *   i, flip i & 7 ((r0 + i) & 7 = (r0 & 7) ^ (i & 7)). */
+static_assert(FGD_KV_BYTES % 1024 == 0 && FGD_ROW * 2 <= 1024, "fgd_at_step: regions on multiples of a row's bytes");
+static __device__ __forceinline__ fg_u32 fgd_at_step(fg_u32 at, int rows, int flip) {
+    return (at ^ (fg_u32)(flip << 4)) + (fg_u32)(rows * FGD_ROW * 2);
+}
 
 /* 16 bytes global -> shared. With FG_L2_PREFETCH (the host's choice per
  * device, FG_OPT_DECODE_L2_PREFETCH) each copy also asks the L2 for the
@@ -275,10 +291,11 @@ static __device__ __forceinline__ bool fgd_load_kv_paged(const fga_args &a, fg_u
      * (kr = kbase); and a copy of 0 source bytes reads nothing. */
     const int nv = page_ok ? len - j0 : 0;
     const fg_i64 ks = a.k_stride[2], vs = a.v_stride[2];
+    const fg_u32 d0 = stage + fgd_at(r0, ch);
 #pragma unroll
     for (int i = 0; i < RUN; i++) {
         const bool ok = i < nv;
-        const fg_u32 d = stage + fgd_at(r0 + i, ch);
+        const fg_u32 d = fgd_at_step(d0, i, i & 7);
         if (WHICH & 1) fgd_cp16<FGD_PAGED_PREFETCH>(d, kr, ok);
         if (WHICH & 2) fgd_cp16<FGD_PAGED_PREFETCH>(d + FGD_V_AT(WHICH), vr, ok);
         if (WHICH & 1) kr += ks;
@@ -727,6 +744,9 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     auto scores_at = [&](float (&s)[SN][4], fg_u32 k_tile) {
 #pragma unroll
         for (int i = 0; i < SN; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        /* the lane's K (and Q) addresses of the first slab and k step */
+        const fg_u32 k_at = k_tile + (TR ? fgd_at(wk * KW + a_row, a_ch) : fgd_at(wk * KW + k_row, half_ch + k_ch));
+        const fg_u32 q_at = sQ + fgd_at(wr * 16 + a_row, half_ch + a_ch);
         if constexpr (TR) {
             /* S^T = K Q^T: K's 16-key slabs as A fragments, Q^T from qf */
 #pragma unroll
@@ -734,7 +754,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
 #pragma unroll
                 for (int mt = 0; mt < SN; mt++) {
                     fg_u32 kf[4];
-                    fga_ldsm4(k_tile + fgd_at(wk * KW + mt * 16 + a_row, a_ch + 2 * kk), kf[0], kf[1], kf[2], kf[3]);
+                    fga_ldsm4(fgd_at_step(k_at, 16 * mt, 2 * kk), kf[0], kf[1], kf[2], kf[3]);
                     fga_mma(s[mt], kf, qf[kk][0], qf[kk][1]);
                 }
         } else {
@@ -745,13 +765,12 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
                     qa[0] = qf[QREGS ? kk : 0][0], qa[1] = qf[QREGS ? kk : 0][1];
                     qa[2] = qf[QREGS ? kk : 0][2], qa[3] = qf[QREGS ? kk : 0][3];
                 } else {
-                    fga_ldsm4(sQ + fgd_at(wr * 16 + a_row, half_ch + a_ch + 2 * kk), qa[0], qa[1], qa[2], qa[3]);
+                    fga_ldsm4(fgd_at_step(q_at, 0, 2 * kk), qa[0], qa[1], qa[2], qa[3]);
                 }
 #pragma unroll
                 for (int np = 0; np < NT / 2; np++) {
                     fg_u32 kf[4];
-                    fga_ldsm4(k_tile + fgd_at(wk * KW + np * 16 + k_row, half_ch + k_ch + 2 * kk), kf[0], kf[1], kf[2],
-                              kf[3]);
+                    fga_ldsm4(fgd_at_step(k_at, 16 * np, 2 * kk), kf[0], kf[1], kf[2], kf[3]);
                     fga_mma(s[2 * np], qa, kf[0], kf[1]);
                     fga_mma(s[2 * np + 1], qa, kf[2], kf[3]);
                 }
@@ -793,6 +812,8 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
         }
     };
     auto pv_at = [&](float (&ss)[1][SN][4], fg_u32 v_tile) {
+        /* the lane's V address of the first 16 keys and columns */
+        const fg_u32 v_at = v_tile + (TR ? fgd_at(wk * KW + k_row, k_ch) : fgd_at(wk * KW + v_row, half_ch + v_ch));
         if constexpr (TR) {
             /* O^T += V^T P^T: V^T's A fragments by transposing ldmatrix (16
              * columns x 16 keys), P^T's B fragments by movmatrix of the
@@ -804,7 +825,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
 #pragma unroll
                 for (int i = 0; i < WDTILES; i++) {
                     fg_u32 vf[4];
-                    fga_ldsm4t(v_tile + fgd_at(wk * KW + mt * 16 + k_row, k_ch + 2 * i), vf[0], vf[1], vf[2], vf[3]);
+                    fga_ldsm4t(fgd_at_step(v_at, 16 * mt, 2 * i), vf[0], vf[1], vf[2], vf[3]);
                     fga_mma(o[i], vf, pb0, pb1);
                 }
             }
@@ -818,8 +839,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
 #pragma unroll
                 for (int dp = 0; dp < WDTILES / 2; dp++) {
                     fg_u32 vf[4];
-                    fga_ldsm4t(v_tile + fgd_at(wk * KW + kc * 16 + v_row, half_ch + v_ch + 2 * dp), vf[0], vf[1], vf[2],
-                               vf[3]);
+                    fga_ldsm4t(fgd_at_step(v_at, 16 * kc, 2 * dp), vf[0], vf[1], vf[2], vf[3]);
                     fga_mma(o[2 * dp], pa, vf[0], vf[1]);
                     fga_mma(o[2 * dp + 1], pa, vf[2], vf[3]);
                 }
@@ -1063,7 +1083,7 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
         FN(const __grid_constant__ fga_args a, const __grid_constant__ fg_mod_params p) {                   \
         constexpr int NW = FG_LAUNCH_THREADS_##FN / 32, WK = NW / ((ROWS) / 16);                          \
         static_assert(FG_LAUNCH_SMEM_##FN >= FGD_SMEM_BYTES(NW, ROWS), "decode_geometry: shared memory");        \
-        extern __shared__ __align__(128) unsigned char fgd_smem[];                                          \
+        extern __shared__ __align__(1024) unsigned char fgd_smem[];                                         \
         fga_grid_launch_dependents(); /* the merge's blocks wait on the SMs, not in the launch queue */     \
         if ((ROWS) == 16 && FGD_Q_IN_REGS && a.rows <= 8)                                                   \
             fgd_decode<NW, WK, PAGED, false, (ROWS) == 16 && FGD_Q_IN_REGS>(a, p, fgd_smem);               \
