@@ -78,11 +78,15 @@ def main():
     if not err < 1e-2:
         sys.exit(f"decode_mod_one: error {err} against the float64 reference")
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda") if os.environ.get("DECODE_FLUSH") == "1" else None
+    # the N calls alone for a profiler run with --profile-from-start off
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
     for _ in range(N):
         if flush is not None:
             flush.zero_()
         call()
     torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
 
 
 if __name__ == "__main__":
