@@ -18,7 +18,9 @@ of the flush's dirty lines, each SM's instruction cache as the previous
 call left it; `ncu --cache-control all` empties both). Under ncu that
 needs `--cache-control none --replay-mode application`: with kernel
 replay the metric passes after the first find K and V in the L2
-(attention_notes decode d47). E.g.
+(attention_notes decode d47), or one metric (one pass). The N calls lie
+between cudaProfilerStart and Stop, for `ncu --profile-from-start off`.
+E.g.
 
     ncu --clock-control none --cache-control all -k regex:decode_r \\
         --launch-skip 3 --launch-count 1 --section SpeedOfLight \\
