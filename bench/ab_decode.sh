@@ -12,7 +12,8 @@
 # the library each run loads is BUILD/src/libflexgen.so. MODS (default
 # "causal softcap") are compare_decode's mods, DIMS (default "128") head
 # dims, ROUNDS (default 2). PAGES (default 16), PAGE_LAYOUTS (nhd when
-# unset) and SHAPES (compare_decode's four when unset) pass through;
+# unset), SHAPES (compare_decode's four when unset) and FLUSH (write when
+# unset: compare_decode's --flush) pass through;
 # A_ENV / B_ENV (assignments, e.g. "FLEXGEN_DECODE_HEAD_PAIRS=0") set a
 # build's environment, so one build can run against itself under two
 # options. STOP_AFTER (seconds) starts no round past that time, so that a
@@ -37,7 +38,7 @@ export PYTHONUNBUFFERED=1
 one() { # label root lib d [assignments]
     local out
     out=$(env ${5:-} FLEXGEN_LIB=$3 FLEXGEN_SOURCE_ROOT=$2 FLEXGEN_CACHE_DIR=$caches/$1 python3 "$here/compare_decode.py" \
-        --head-dim "$4" --mods "${mods// /,}" --pages "${PAGES:-16}" ${PAGE_LAYOUTS:+--page-layouts "$PAGE_LAYOUTS"} ${SHAPES:+--shapes "$SHAPES"} \
+        --head-dim "$4" --mods "${mods// /,}" --pages "${PAGES:-16}" ${PAGE_LAYOUTS:+--page-layouts "$PAGE_LAYOUTS"} ${SHAPES:+--shapes "$SHAPES"} ${FLUSH:+--flush "$FLUSH"} \
         --systems flexgen --warmup 10 --rep 50 2>&1)
     if grep -q "TB/s" <<<"$out"; then
         grep "TB/s" <<<"$out" | sed "s/^/$1 D=$4 /"

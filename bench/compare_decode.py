@@ -16,6 +16,12 @@ so its speed is bandwidth: every row here reports
   error    ||out - ref|| / ||ref|| against a float64 reference of the whole
            output computed from the torch mods.
 
+Before each timed call the L2 is emptied: by default as do_bench does it,
+writing 256 MB, so a call that reads less than the L2 holds (the
+sliding_window rows) finds it full of dirty lines and shares the DRAM
+with their write-back; --flush read empties it by reading 512 MB instead,
+so such a call starts from clean lines (the same loop, events and median).
+
 With --floors each row also times, under the same flush and timing, two
 calls that do no attention: one kernel on one element (launch: what the
 method charges any call) and one torch reduction over as many contiguous
@@ -159,7 +165,7 @@ def run_row(spec, shape, D, opts, compiled_flex):
         try:
             fn = make()
             out = fn()
-            row["ms"][system] = bench_ms(fn, opts.warmup, opts.rep)
+            row["ms"][system] = bench_ms(fn, opts.warmup, opts.rep, opts.flush)
             row["tbps"][system] = gbytes / (row["ms"][system] * 1e-3) / 1e12
             row["error"][system] = rel_err(out.double(), ref)
             outs[system] = out
@@ -205,8 +211,8 @@ def run_row(spec, shape, D, opts, compiled_flex):
     if opts.floors:
         one = torch.zeros(1, dtype=torch.float32, device=dev)
         stream = torch.empty(gbytes // 2, dtype=torch.bfloat16, device=dev).normal_()
-        row["floors"] = {"launch": bench_ms(lambda: one.add_(1.0), opts.warmup, opts.rep),
-                         "read": bench_ms(lambda: stream.sum(dtype=torch.float32), opts.warmup, opts.rep)}
+        row["floors"] = {"launch": bench_ms(lambda: one.add_(1.0), opts.warmup, opts.rep, opts.flush),
+                         "read": bench_ms(lambda: stream.sum(dtype=torch.float32), opts.warmup, opts.rep, opts.flush)}
         del stream
     if "flexgen" in outs and "flex" in outs:
         row["flexgen_vs_flex"] = rel_err(outs["flexgen"].double(), outs["flex"].double())
@@ -227,6 +233,9 @@ def main(argv=None):
     ap.add_argument("--systems", default="", help="only these systems (prefixes: flexgen,flex,sdpa)")
     ap.add_argument("--floors", action="store_true",
                     help="also time one kernel on one element and one read of the row's bytes")
+    ap.add_argument("--flush", choices=("write", "read"), default="write",
+                    help="how the L2 is emptied before each timed call: write (do_bench's 256 MB of zeros, "
+                         "the default) or read (512 MB read: the call finds clean lines)")
     ap.add_argument("--json", default=None)
     opts = ap.parse_args(argv)
     opts.pages = [int(p) for p in opts.pages.split(",") if p]

@@ -98,8 +98,15 @@ SYSTEMS = ("flexgen", "flex", "sdpa_flash", "sdpa_cudnn")
 # Timing
 # ---------------------------------------------------------------------------
 
-def bench_ms(fn, warmup_ms, rep_ms):
-    """Median milliseconds of fn() on the GPU."""
+def bench_ms(fn, warmup_ms, rep_ms, flush="write"):
+    """Median milliseconds of fn() on the GPU. flush "write": triton's
+    do_bench, which zeroes 256 MB before each call, so the call starts
+    with the L2 full of dirty lines it must write back as it reads;
+    "read": the same loop with the L2 emptied by reading 512 MB instead
+    (clean_flush_ms), so a call that reads less than the L2 holds starts
+    from clean lines."""
+    if flush == "read":
+        return clean_flush_ms(fn, warmup_ms, rep_ms)
     try:
         from triton.testing import do_bench
     except ImportError:
@@ -123,6 +130,40 @@ def bench_ms(fn, warmup_ms, rep_ms):
         fn()
         e.record()
         times.append((s, e))
+    torch.cuda.synchronize()
+    ms = sorted(s.elapsed_time(e) for s, e in times)
+    return ms[len(ms) // 2]
+
+
+_CLEAN_FLUSH = []
+
+
+def clean_flush_ms(fn, warmup_ms, rep_ms):
+    """do_bench's loop (warm-up and repeats by time, CUDA events around
+    each call, the median) with the L2 emptied before each call by a read
+    of 512 MB -- twice an H100's or H200's L2 several times over -- where
+    do_bench writes 256 MB: the lines the call finds are clean, so its
+    reads do not share the DRAM with the flush's write-backs."""
+    if not _CLEAN_FLUSH:
+        _CLEAN_FLUSH.append(torch.ones(128 << 20, dtype=torch.float32, device="cuda"))
+    buf = _CLEAN_FLUSH[0]
+
+    def timed():
+        buf.sum()  # the flush: every line of buf read once
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        return s, e
+
+    fn()
+    torch.cuda.synchronize()
+    s, e = timed()
+    torch.cuda.synchronize()
+    one = max(s.elapsed_time(e), 1e-3)
+    for _ in range(max(1, int(warmup_ms / one))):
+        timed()
+    times = [timed() for _ in range(max(5, int(rep_ms / one)))]
     torch.cuda.synchronize()
     ms = sorted(s.elapsed_time(e) for s, e in times)
     return ms[len(ms) // 2]
