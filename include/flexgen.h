@@ -466,7 +466,8 @@ typedef enum fg_kernel_kind {
                                         into one tile, the KV walk split
                                         over thread blocks and merged;
                                         ragged lengths and paged K/V; head
-                                        dims 16, 32, 64, 128 and 256      */
+                                        dims 64, 128 and 256 (a call of
+                                        16 or 32 takes the forward)       */
 } fg_kernel_kind;
 
 /* Everything that selects a compiled kernel besides the mods. Growable
@@ -800,7 +801,8 @@ FG_API fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_a
  * paging and block mask count; pointers may be NULL): the decode kernel
  * (FG_KERNEL_ATTENTION_DECODE) or a forward one, as FG_OPT_DECODE_KERNEL
  * and FG_OPT_HOPPER_KERNEL say, and a forward one for a block mask the
- * decode kernel cannot walk (grouped query heads with a mask per head). Fetched once, it serves every call of
+ * decode kernel cannot walk (grouped query heads with a mask per head) or
+ * a head dim it does not take (16, 32). Fetched once, it serves every call of
  * the same configuration through fg_kernel_launch, whatever the lengths,
  * batch, offsets or page table. */
 FG_API fg_status fg_attention_kernel_for(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *args,

@@ -268,6 +268,13 @@ static void test_features(void **state) {
          * two query heads per KV head): a forward kernel serves the call,
          * and fg_attention_kernel_for says so */
         {"causal", 64, FG_BF16, 1, 4, 2, 4, 1000, 0, 0, 0, 2, 128, 0, ANY_FORWARD},
+        /* head dims 16 and 32, which the decode kernel does not take
+         * (decode_check): the forward kernel serves decode-sized calls,
+         * contiguous, ragged over a paged cache (its ragged form), and
+         * with the decode kernel asked for everywhere (option 2) */
+        {"causal", 32, FG_BF16, 2, 8, 2, 1, 1000, 0, 0, 0, 0, 0, 0, ANY_FORWARD},
+        {"alibi", 16, FG_FP16, 3, 8, 2, 4, 1000, 1, 16, 0, 0, 0, 0, ANY_FORWARD},
+        {"sliding_window", 32, FG_BF16, 2, 4, 4, 2, 4097, 0, 64, 0, 0, 0, 2, ANY_FORWARD},
         /* option 2: the decode kernel for 100 queries of GQA 8 (13 row
          * tiles), paged */
         {"document", 128, FG_BF16, 2, 16, 2, 100, 1000, 1, 32, 0, 0, 0, 2, DEC},

@@ -1264,6 +1264,38 @@ static long entry_spill(const char *log, const char *entry) {
     return atol(at);
 }
 
+/* The decode kernel's head dims: 64, 128 and 256 make source; 16 and 32
+ * (whose shared rows hold fewer than the 8 chunks fgd_at's swizzle
+ * permutes) are refused with the reason, and the kernel does not apply
+ * to them, so a call of those head dims takes the forward kernel
+ * (fgi_attn_forward_kernel_config). */
+static void test_decode_head_dims(void **state) {
+    (void)state;
+    static const struct {
+        int head_dim;
+        bool ok;
+    } rows[] = {{16, false}, {32, false}, {48, false}, {64, true}, {128, true}, {256, true}};
+    fg_ctx *ctx = new_ctx();
+    fg_mod *m = load(ctx, "mods/causal.c");
+    const fgi_kernel_entry *dec = fgi_kernel_find(FG_KERNEL_ATTENTION_DECODE);
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        fg_kernel_config c = fg_kernel_config_init();
+        c.kind = FG_KERNEL_ATTENTION_DECODE;
+        c.head_dim = rows[i].head_dim;
+        char *src = NULL;
+        const fg_status st = fg_generate_source(ctx, m, &c, &src);
+        if ((st == FG_OK) != rows[i].ok) fail_msg("head dim %d: status %d", rows[i].head_dim, (int)st);
+        if (!rows[i].ok) {
+            assert_int_equal(st, FG_ERR_NOT_SUPPORTED);
+            assert_non_null(strstr(fg_errmsg(ctx), "supports 64, 128 and 256"));
+        }
+        assert_int_equal(fgi_kernel_applies(dec, &c), rows[i].ok);
+        fg_free(src);
+    }
+    fg_mod_destroy(m);
+    fg_ctx_destroy(ctx);
+}
+
 /* The decode walk's K/V tiles as the source tells the template
  * (FG_LAUNCH_BLOCK_N / _SMEM of the r16 walk) per head dim, pairs and kv
  * block: 128-row tiles where the block mask's kv blocks allow them and a
@@ -1664,6 +1696,7 @@ int main(void) {
         cmocka_unit_test(test_order_forms),
         cmocka_unit_test(test_dense_form),
         cmocka_unit_test(test_decode_pairs),
+        cmocka_unit_test(test_decode_head_dims),
         cmocka_unit_test(test_decode_tiles),
         cmocka_unit_test(test_decode_l2_prefetch),
     };

@@ -67,16 +67,21 @@ static fg_status sm90_bwd_check(fg_ctx *ctx, const fg_kernel_config *c) {
     return sm90_common_check(ctx, c, "backward", "FG_KERNEL_ATTENTION_BWD", dims);
 }
 
-/* The decode kernel: a thread's chunk column of a K/V row must divide its
- * 128 threads, so head dims 16, 32, 64, 128 and 256; KV heads in pairs at
- * head dim 64 (the walk of head dim 128 over a pair's rows). */
+/* The decode kernel: head dims 64, 128 and 256. Its shared rows swizzle
+ * their 16-byte chunks by row & 7 (fgd_at), a permutation of a row's
+ * chunks only where a row holds 8 or more (head dim 64 and up): at 16 and
+ * 32 rows would overlap. A call of those head dims takes the forward
+ * kernel (fgi_attn_forward_kernel_config). KV heads in pairs at head dim
+ * 64 (the walk of head dim 128 over a pair's rows). */
 static fg_status decode_check(fg_ctx *ctx, const fg_kernel_config *c) {
-    if (128 % (c->head_dim / 8) != 0)
-        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
-                         "head dim %d: the decode kernel supports 16, 32, 64, 128 and 256", c->head_dim);
     if (c->head_pairs == 1 && c->head_dim != 64)
         return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
                          "head dim %d: the decode kernel walks KV heads in pairs (head_pairs) at head dim 64 only",
+                         c->head_dim);
+    if (c->head_dim != 64 && c->head_dim != 128 && c->head_dim != 256)
+        return fgi_error(ctx, FG_ERR_NOT_SUPPORTED,
+                         "head dim %d: the decode kernel supports 64, 128 and 256 (a call of another head dim "
+                         "takes the forward kernel)",
                          c->head_dim);
     return FG_OK;
 }

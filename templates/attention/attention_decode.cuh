@@ -176,6 +176,7 @@ static_assert(FGD_BLOCK_N == 64 || FGD_BLOCK_N == 128, "decode tiles of 64 or 12
  * L1 split each warp's copy into about 7 wavefronts instead of 4 and
  * fetched 1.5 times the sectors from L2 (ncu, bench/attention_notes.md,
  * decode d9). fgd_at gives the byte offset of (row, logical chunk). */
+static_assert(FGD_CHUNKS >= 8, "fgd_at swizzles a row's chunks by row & 7: rows of 8 chunks or more (decode_check)");
 static __device__ __forceinline__ fg_u32 fgd_at(int row, int chunk) {
     return (fg_u32)((row * FGD_ROW + ((chunk ^ (row & 7)) << 3)) * 2);
 }
