@@ -113,43 +113,17 @@ def bench_ms(fn, warmup_ms, rep_ms, flush="write"):
         do_bench = None
     if do_bench is not None:
         return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    one = max(start.elapsed_time(end), 1e-3)
-    for _ in range(max(1, int(warmup_ms / one))):
-        fn()
-    times = []
-    for _ in range(max(5, int(rep_ms / one))):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        times.append((s, e))
-    torch.cuda.synchronize()
-    ms = sorted(s.elapsed_time(e) for s, e in times)
-    return ms[len(ms) // 2]
+    return event_median_ms(fn, warmup_ms, rep_ms)
 
 
-_CLEAN_FLUSH = []
-
-
-def clean_flush_ms(fn, warmup_ms, rep_ms):
-    """do_bench's loop (warm-up and repeats by time, CUDA events around
-    each call, the median) with the L2 emptied before each call by a read
-    of 512 MB -- twice an H100's or H200's L2 several times over -- where
-    do_bench writes 256 MB: the lines the call finds are clean, so its
-    reads do not share the DRAM with the flush's write-backs."""
-    if not _CLEAN_FLUSH:
-        _CLEAN_FLUSH.append(torch.ones(128 << 20, dtype=torch.float32, device="cuda"))
-    buf = _CLEAN_FLUSH[0]
+def event_median_ms(fn, warmup_ms, rep_ms, before=None):
+    """do_bench's loop without triton: warm-up and repeats by time, CUDA
+    events around each call of fn, the median; before(), when given, runs
+    ahead of each call outside its events."""
 
     def timed():
-        buf.sum()  # the flush: every line of buf read once
+        if before is not None:
+            before()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         fn()
@@ -167,6 +141,20 @@ def clean_flush_ms(fn, warmup_ms, rep_ms):
     torch.cuda.synchronize()
     ms = sorted(s.elapsed_time(e) for s, e in times)
     return ms[len(ms) // 2]
+
+
+_CLEAN_FLUSH = []
+
+
+def clean_flush_ms(fn, warmup_ms, rep_ms):
+    """event_median_ms with the L2 emptied before each call by a read of
+    512 MB (several times an H100's or H200's L2) where do_bench writes
+    256 MB: the lines the call finds are clean, so its reads do not share
+    the DRAM with the flush's write-backs."""
+    if not _CLEAN_FLUSH:
+        _CLEAN_FLUSH.append(torch.ones(128 << 20, dtype=torch.float32, device="cuda"))
+    buf = _CLEAN_FLUSH[0]
+    return event_median_ms(fn, warmup_ms, rep_ms, before=buf.sum)  # every line of buf read once
 
 
 def issue_ms(fn, n=20):

@@ -745,9 +745,8 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
     auto scores_at = [&](float (&s)[SN][4], fg_u32 k_tile) {
 #pragma unroll
         for (int i = 0; i < SN; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-        /* the lane's K (and Q) addresses of the first slab and k step */
+        /* the lane's K address of the first slab and k step */
         const fg_u32 k_at = k_tile + (TR ? fgd_at(wk * KW + a_row, a_ch) : fgd_at(wk * KW + k_row, half_ch + k_ch));
-        const fg_u32 q_at = sQ + fgd_at(wr * 16 + a_row, half_ch + a_ch);
         if constexpr (TR) {
             /* S^T = K Q^T: K's 16-key slabs as A fragments, Q^T from qf */
 #pragma unroll
@@ -759,6 +758,8 @@ static __device__ __forceinline__ void fgd_decode(const fga_args &a, const fg_mo
                     fga_mma(s[mt], kf, qf[kk][0], qf[kk][1]);
                 }
         } else {
+            /* Q's, where it is not in registers */
+            const fg_u32 q_at = QREGS ? 0 : sQ + fgd_at(wr * 16 + a_row, half_ch + a_ch);
 #pragma unroll
             for (int kk = 0; kk < WKSTEPS; kk++) {
                 fg_u32 qa[4];
