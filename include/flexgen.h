@@ -238,13 +238,20 @@ typedef enum fg_option {
                                    dim 64 walks two KV heads at once (the
                                    -pairs kernel, config.head_pairs), which
                                    reads the pair's rows as one 256-byte
-                                   row: 1 (default, or
-                                   FLEXGEN_DECODE_HEAD_PAIRS) where heads_kv
-                                   is even, k's and v's head strides are the
-                                   head dim (the paged [page, row, head, d]
-                                   layout) and a block mask, if any, has one
-                                   row for every head; 0 never. The result
-                                   is the same to rounding either way       */
+                                   row. It can where heads_kv is even, k's
+                                   and v's head strides are the head dim
+                                   (the paged [page, row, head, d] layout)
+                                   and a block mask, if any, has one row
+                                   for every head. -1 (default, or
+                                   FLEXGEN_DECODE_HEAD_PAIRS): chosen per
+                                   call, in pairs unless the call has a
+                                   block mask and the mod's mask keeps only
+                                   keys near the query (a sliding window:
+                                   walks of a few tiles, faster one head a
+                                   walk), judged once per mod from its
+                                   mask at its parameters' defaults; 1
+                                   wherever it can; 0 never. The result is
+                                   the same to rounding either way          */
     FG_OPT_BWD_TAIL_SPLIT = 17, /* int: whether the Hopper backward's dK/dV
                                    pass splits the blocks of its last wave
                                    (a pass without a block mask whose block

@@ -107,7 +107,7 @@ struct fg_ctx {
     int approx_math;          /* 0/1: FG_OPT_APPROX_MATH                   */
     int cp_streams;           /* 1/2: FG_OPT_CP_STREAMS                    */
     int decode_splits;        /* 0 (chosen per call) or 1..128: FG_OPT_DECODE_SPLITS */
-    int decode_head_pairs;    /* 0 or 1: FG_OPT_DECODE_HEAD_PAIRS                     */
+    int decode_head_pairs;    /* -1 (chosen per call), 0 or 1: FG_OPT_DECODE_HEAD_PAIRS */
     int bwd_lead_tiles;       /* -1 (chosen per call) or 0..65535: FG_OPT_BWD_LEAD_TILES */
     int bwd_head_pairs;       /* -1 (chosen per call), 0 or 1: FG_OPT_BWD_HEAD_PAIRS      */
     int bwd_tail_split;       /* 0 or 1: FG_OPT_BWD_TAIL_SPLIT                         */
@@ -301,6 +301,7 @@ struct fg_mod {
     fgi_func *score;           /* NULL: no score_mod                         */
     const char *canonical;     /* set by fgi_mod_finish                      */
     uint64_t hash;
+    bool mask_local;           /* fgi_mask_is_local, set by fgi_mod_finish   */
 };
 
 /* ------------------------------------------------------------------------- */
@@ -311,9 +312,19 @@ struct fg_mod {
 fg_status fgi_mod_parse(fg_ctx *ctx, const char *filename, const char *text, size_t len,
                         fg_mod **out);
 /* Canonical text of a mod, allocated in its arena, and its hash; marks the
- * divisor parameters (fgi_mod_mark_divisors); called once when a mod is
- * created. */
+ * divisor parameters (fgi_mod_mark_divisors) and judges its mask's reach
+ * (fgi_mask_is_local); called once when a mod is created. */
 fg_status fgi_mod_finish(fg_ctx *ctx, fg_mod *mod);
+/* Whether the mod's mask_mod keeps only keys near a late query (a sliding
+ * window, with a few leading keys at most), judged by sampling it at its
+ * parameters' defaults (mod/reach.c says how, and what for): at most
+ * FGI_LOCAL_NEAR_BLOCKS blocks of 128 keys among the 16384 before the
+ * query and FGI_LOCAL_FIRST_BLOCKS among the sequence's first 1024.
+ * false without a mask_mod, with buffer parameters, or where evaluating it
+ * fails. */
+#define FGI_LOCAL_NEAR_BLOCKS 16
+#define FGI_LOCAL_FIRST_BLOCKS 2
+bool fgi_mask_is_local(const fg_mod *mod);
 /* Set params[i].divisor for each scalar parameter that is the right
  * operand of an int `/` or `%` or a float `/` of its type (through unary
  * plus or a same-type cast). */

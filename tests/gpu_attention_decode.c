@@ -57,7 +57,8 @@ typedef struct dcase {
     int decode_opt;        /* FG_OPT_DECODE_KERNEL (0 is taken as 1, -1 as 0) */
     fg_kernel_kind expect; /* the kernel fg_attention_kernel_for picks      */
     int splits;            /* FG_OPT_DECODE_SPLITS (0: chosen per call)     */
-    int pairs_opt;         /* FG_OPT_DECODE_HEAD_PAIRS (0 is taken as 1, -1 as 0) */
+    int pairs_opt;         /* FG_OPT_DECODE_HEAD_PAIRS (0 is taken as -1, the
+                              call's choice; -1 as 0, never; 1 always)     */
     int expect_pairs;      /* 1: the -pairs kernel, -1: not it, 0: either   */
     int l2_opt;            /* FG_OPT_DECODE_L2_PREFETCH (0 is taken as -1, the
                               device's choice; -1 as 0, never; 1 always)   */
@@ -85,7 +86,8 @@ static void run_case(const dcase *c) {
     const int opt = c->decode_opt < 0 ? 0 : c->decode_opt ? c->decode_opt : 1;
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_KERNEL, opt), FG_OK);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_SPLITS, c->splits), FG_OK);
-    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_HEAD_PAIRS, c->pairs_opt >= 0), FG_OK);
+    assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_HEAD_PAIRS, c->pairs_opt == 0 ? -1 : c->pairs_opt > 0),
+                     FG_OK);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_L2_PREFETCH, c->l2_opt == 0 ? -1 : c->l2_opt > 0), FG_OK);
     fg_mod *mod = tu_gallery_mod(ctx, c->mod);
     /* the gallery's parameters for positions up to kv + q */
@@ -322,7 +324,9 @@ static void test_features(void **state) {
  * tiles), warps on one head's half of the columns (more than 8 rows a
  * head, padded to 16-row slabs) and on both, ragged, every page size, a
  * bad page, a long sequence with many splits, a block mask broadcast over
- * heads; and where it must not: the option off, MQA (one KV head), head
+ * heads; by the option's choice (-1) not for the block mask of a local
+ * mask (fgi_mask_is_local), unless asked for (1); and where it must not:
+ * the option off, MQA (one KV head), head
  * dim 128, a contiguous cache (a head's rows back to back), a mask per
  * query head over a group of one (the pair's tile would read two mask
  * rows). */
@@ -347,6 +351,13 @@ static void test_head_pairs(void **state) {
          * 32 rows), 20 a head (64 rows), ragged */
         {"softcap", 64, FG_BF16, 2, 16, 4, 3, 1000, 1, 16, 0, 0, 0, 0, DEC, 0, 0, 1},
         {"alibi", 64, FG_FP16, 2, 16, 4, 5, 4097, 1, 64, 0, 0, 0, 0, DEC, 0, 0, 1},
+        /* the choice by the mask's reach: a block mask of a local mask
+         * (sliding_window, local_global) one head a walk, unless pairs are
+         * asked for; a causal block mask in pairs */
+        {"sliding_window", 64, FG_BF16, 2, 8, 2, 1, 4097, 0, 16, 0, 1, 128, 0, DEC, 0, 0, -1},
+        {"sliding_window", 64, FG_BF16, 2, 8, 2, 1, 4097, 0, 16, 0, 1, 128, 0, DEC, 0, 1, 1},
+        {"local_global", 64, FG_FP16, 2, 8, 2, 2, 4097, 0, 64, 0, 1, 128, 0, DEC, 0, 0, -1},
+        {"causal", 64, FG_BF16, 2, 8, 2, 1, 4097, 0, 16, 0, 1, 128, 0, DEC, 0, 0, 1},
         {"noop", 64, FG_BF16, 2, 8, 1, 1, 1000, 0, 16, 0, 0, 0, 0, DEC, 0, 0, -1},
         {"causal", 128, FG_BF16, 2, 8, 2, 1, 1000, 0, 16, 0, 0, 0, 0, DEC, 0, 0, -1},
         {"causal", 64, FG_BF16, 2, 8, 2, 1, 1000, 0, 0, 0, 0, 0, 0, DEC, 0, 0, -1},

@@ -148,9 +148,9 @@ static void test_options(void **state) {
     static const int64_t bad_leads[] = {-2, 65536};
     check_int_option(ctx, FG_OPT_BWD_LEAD_TILES, 3, bad_leads, 2);
     assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_BWD_LEAD_TILES, -1), FG_OK);
-    /* The backward's pairs of kv heads (chosen per call) and the decode
-     * kernel's L2 prefetch (chosen per device): -1 unless the environment
-     * says 0 or 1. */
+    /* The backward's and the decode kernel's pairs of kv heads (chosen per
+     * call) and the decode kernel's L2 prefetch (chosen per device): -1
+     * unless the environment says 0 or 1. */
     static const env_row auto_envs[] = {{NULL, -1}, {"0", 0},   {"1", 1},  {"-1", -1},
                                         {"2", -1},  {"-2", -1}, {"x", -1}, {"", -1}};
     static const struct {
@@ -158,6 +158,7 @@ static void test_options(void **state) {
         fg_option opt;
         int64_t set; /* a valid value set before the bad ones */
     } autos[] = {{"FLEXGEN_BWD_HEAD_PAIRS", FG_OPT_BWD_HEAD_PAIRS, 1},
+                 {"FLEXGEN_DECODE_HEAD_PAIRS", FG_OPT_DECODE_HEAD_PAIRS, 1},
                  {"FLEXGEN_DECODE_L2_PREFETCH", FG_OPT_DECODE_L2_PREFETCH, 0}};
     for (size_t i = 0; i < sizeof autos / sizeof autos[0]; i++) {
         check_env_defaults(autos[i].env, autos[i].opt, auto_envs, sizeof auto_envs / sizeof auto_envs[0]);
@@ -165,14 +166,12 @@ static void test_options(void **state) {
         check_int_option(ctx, autos[i].opt, autos[i].set, bad_auto, 2);
         assert_int_equal(fg_ctx_set_int(ctx, autos[i].opt, -1), FG_OK);
     }
-    /* The decode kernel's KV heads in pairs and the backward's tail split:
-     * on (1) unless the environment says 0. */
+    /* The backward's tail split: on (1) unless the environment says 0. */
     static const env_row on_envs[] = {{NULL, 1}, {"0", 0}, {"1", 1}, {"2", 1}, {"-1", 1}, {"x", 1}, {"", 1}};
     static const struct {
         const char *env;
         fg_option opt;
-    } switches[] = {{"FLEXGEN_DECODE_HEAD_PAIRS", FG_OPT_DECODE_HEAD_PAIRS},
-                    {"FLEXGEN_BWD_TAIL_SPLIT", FG_OPT_BWD_TAIL_SPLIT}};
+    } switches[] = {{"FLEXGEN_BWD_TAIL_SPLIT", FG_OPT_BWD_TAIL_SPLIT}};
     for (size_t i = 0; i < sizeof switches / sizeof switches[0]; i++) {
         check_env_defaults(switches[i].env, switches[i].opt, on_envs, sizeof on_envs / sizeof on_envs[0]);
         static const int64_t bad_switch[] = {-1, 2};

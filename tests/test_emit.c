@@ -25,6 +25,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "attention/attention.h"
+#include "blockmask/blockmask.h"
 #include "codegen.h"
 #include "internal.h"
 
@@ -1296,6 +1298,50 @@ static void test_decode_head_dims(void **state) {
     fg_ctx_destroy(ctx);
 }
 
+/* Which decode walk a paged call at head dim 64 takes (config.head_pairs,
+ * fgi_attn_forward_kernel_config): by FG_OPT_DECODE_HEAD_PAIRS's choice
+ * (-1) two KV heads at once unless a block mask of a local mask makes the
+ * walks short (sliding_window, local_global: one head a walk); 1 in pairs
+ * wherever they fit; 0 never; and never where they do not fit (odd KV
+ * heads, head dim 128). */
+static void test_decode_pairs_choice(void **state) {
+    (void)state;
+    static const struct {
+        const char *mod;
+        int opt, block_mask, heads_kv, head_dim;
+        bool pairs;
+    } rows[] = {
+        {"causal", -1, 1, 2, 64, true},          {"causal", -1, 0, 2, 64, true},
+        {"sliding_window", -1, 1, 2, 64, false}, {"sliding_window", -1, 0, 2, 64, true},
+        {"local_global", -1, 1, 2, 64, false},   {"softcap", -1, 1, 2, 64, true},
+        {"sliding_window", 1, 1, 2, 64, true},   {"causal", 0, 1, 2, 64, false},
+        {"causal", -1, 1, 1, 64, false},         {"causal", 1, 1, 2, 128, false},
+    };
+    fg_ctx *ctx = new_ctx();
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        char path[64];
+        snprintf(path, sizeof path, "mods/%s.c", rows[i].mod);
+        fg_mod *m = load(ctx, path);
+        assert_int_equal(fg_ctx_set_int(ctx, FG_OPT_DECODE_HEAD_PAIRS, rows[i].opt), FG_OK);
+        fg_block_mask bm;
+        memset(&bm, 0, sizeof bm);
+        bm.desc.batch = 1, bm.desc.heads = 1, bm.desc.q_block = 128, bm.desc.kv_block = 128;
+        int32_t table = 0;
+        fg_attention_args a = fg_attention_args_init();
+        a.batch = 1, a.heads_q = 8, a.heads_kv = rows[i].heads_kv, a.q_len = 1, a.kv_len = 4097;
+        a.head_dim = rows[i].head_dim, a.dtype = FG_BF16;
+        a.block_table = &table, a.page_size = 16, a.num_pages = 300, a.max_pages = 257;
+        a.block_mask = rows[i].block_mask ? &bm : NULL;
+        const fg_kernel_config c = fgi_attn_forward_kernel_config(ctx, m, &a);
+        assert_int_equal(c.kind, FG_KERNEL_ATTENTION_DECODE);
+        if (c.head_pairs != rows[i].pairs)
+            fail_msg("%s option %d block mask %d heads_kv %d head dim %d: pairs %d", rows[i].mod, rows[i].opt,
+                     rows[i].block_mask, rows[i].heads_kv, rows[i].head_dim, c.head_pairs);
+        fg_mod_destroy(m);
+    }
+    fg_ctx_destroy(ctx);
+}
+
 /* The decode walk's K/V tiles as the source tells the template
  * (FG_LAUNCH_BLOCK_N / _SMEM of the r16 walk) per head dim, pairs and kv
  * block: 128-row tiles where the block mask's kv blocks allow them and a
@@ -1697,6 +1743,7 @@ int main(void) {
         cmocka_unit_test(test_dense_form),
         cmocka_unit_test(test_decode_pairs),
         cmocka_unit_test(test_decode_head_dims),
+        cmocka_unit_test(test_decode_pairs_choice),
         cmocka_unit_test(test_decode_tiles),
         cmocka_unit_test(test_decode_l2_prefetch),
     };

@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "internal.h"
+
 typedef struct shape {
     int batch, heads, q_len, kv_len;
 } shape;
@@ -504,6 +506,59 @@ static void test_gallery_pictures(void **state) {
     fg_mod_destroy(d);
 }
 
+/* Which masks keep only keys near a late query (fgi_mask_is_local, judged
+ * when the mod is made, at its parameters' defaults): the windows (a
+ * sliding window of 1025 keys is 9 blocks of 128; dilated's reach of
+ * 1024; local_global's window of 513 and its one block of global keys;
+ * natten's and sasa's canvases lie behind the sampled query, or 9 rows of
+ * it), and not: causal masks (every block), no mask, masks read from
+ * buffers (no values to sample). Then masks made from expressions: a
+ * window of 16 blocks is one, of 17 not; keys every 4096 (the samples of
+ * the row's middle hold some) not; a global block of 3 at the start not;
+ * a mask whose evaluation fails at its defaults not, leaving the caller's
+ * last error as it was. */
+static void test_gallery_reach(void **state) {
+    fg_ctx *ctx = *state;
+    static const struct {
+        const char *mod;
+        bool local;
+    } rows[] = {
+        {"sliding_window", true}, {"dilated", true},   {"local_global", true}, {"natten", true},
+        {"sasa", true},           {"causal", false},   {"alibi", false},       {"softcap", false},
+        {"prefix_lm", false},     {"noop", false},     {"document", false},    {"jagged", false},
+        {"flamingo", false},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        fg_mod *m = tu_gallery_mod(ctx, rows[i].mod);
+        if (m->mask_local != rows[i].local) fail_msg("%s: local %d", rows[i].mod, (int)m->mask_local);
+        fg_mod_destroy(m);
+    }
+    static const struct {
+        const char *expr;
+        bool local;
+    } exprs[] = {
+        {"q_idx >= kv_idx && q_idx - kv_idx < 16 * 128", true},
+        {"q_idx >= kv_idx && q_idx - kv_idx < 16 * 128 + 1", false},
+        {"q_idx >= kv_idx && kv_idx % 4096 == 0", false},
+        {"q_idx >= kv_idx && (q_idx - kv_idx <= 1024 || kv_idx < 2 * 128)", true},
+        {"q_idx >= kv_idx && (q_idx - kv_idx <= 1024 || kv_idx < 3 * 128)", false},
+        {"q_idx >= kv_idx && q_idx - kv_idx <= 1024 && q_idx % Z == 0", false},
+    };
+    const fg_param_decl z = {"Z", FG_PARAM_SCALAR, FG_TYPE_INT, 0.0};
+    for (size_t i = 0; i < sizeof exprs / sizeof exprs[0]; i++) {
+        /* an error on record before the mod is made stays the last one */
+        fg_mod *bad = NULL;
+        assert_int_equal(fg_mod_from_expr(ctx, FG_MASK_MOD, "q_idx +", NULL, 0, &bad), FG_ERR_SYNTAX);
+        char before[1024];
+        snprintf(before, sizeof before, "%s", fg_errmsg(ctx));
+        fg_mod *m = NULL;
+        assert_int_equal(fg_mod_from_expr(ctx, FG_MASK_MOD, exprs[i].expr, &z, 1, &m), FG_OK);
+        if (m->mask_local != exprs[i].local) fail_msg("%s: local %d", exprs[i].expr, (int)m->mask_local);
+        assert_string_equal(fg_errmsg(ctx), before);
+        fg_mod_destroy(m);
+    }
+}
+
 static int setup(void **state) {
     fg_ctx *ctx = NULL;
     if (fg_ctx_create(&ctx) != FG_OK) return -1;
@@ -522,6 +577,7 @@ int main(void) {
         cmocka_unit_test(test_gallery_params),
         cmocka_unit_test(test_gallery_guards),
         cmocka_unit_test(test_gallery_pictures),
+        cmocka_unit_test(test_gallery_reach),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

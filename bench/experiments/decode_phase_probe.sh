@@ -9,6 +9,7 @@
 # causal B=1 contiguous and paged 16 for a long walk beside them. On the
 # GPU machine from the repository root:
 #   OUT=... bash bench/experiments/decode_phase_probe.sh PROBE_BUILD
+# (ONLY=REGEX: only the runs whose names match it, e.g. ONLY=b32)
 # Phases (cycles from the block's first instruction): plan (the split's
 # range known: the block mask's counts read), issue (the first tiles'
 # copies issued: the index entries and, paged, the page ids read), first
@@ -30,11 +31,15 @@ runs=(
     "swin_b8:1:sliding_window 64 8 32768 6"
     "swin_b8_paged16_pairs:1:sliding_window 64 8 32768 6 16"
     "swin_b8_paged16_onehead:0:sliding_window 64 8 32768 6 16"
+    "swin_b32:1:sliding_window 64 32 8192 6"
+    "swin_b32_paged16_pairs:1:sliding_window 64 32 8192 6 16"
+    "swin_b32_paged16_onehead:0:sliding_window 64 32 8192 6 16"
     "causal_b1:1:causal 64 1 131072 6"
     "causal_b1_paged16_pairs:1:causal 64 1 131072 6 16"
 )
 for r in "${runs[@]}"; do
     name=${r%%:*}; rest=${r#*:}; hp=${rest%%:*}; args=${rest#*:}
+    [[ $name =~ ${ONLY:-.} ]] || continue
     FLEXGEN_DECODE_HEAD_PAIRS=$hp timeout 120 python3 "$here/decode_mod_one.py" $args > "$out/phase_$name.txt" 2>&1
     echo "== $name (rc $?, FLEXGEN_DECODE_HEAD_PAIRS=$hp): $args"
     python3 "$here/decode_phase_probe.py" "$out/phase_$name.txt"

@@ -44,7 +44,7 @@ fg_status fg_ctx_create(fg_ctx **out) {
     ctx->decode_splits = (int)env_int("FLEXGEN_DECODE_SPLITS", 0, FGI_DEC_MAX_SPLIT, 0);
     ctx->bwd_lead_tiles = (int)env_int("FLEXGEN_BWD_LEAD_TILES", -1, 65535, -1);
     ctx->bwd_head_pairs = (int)env_int("FLEXGEN_BWD_HEAD_PAIRS", -1, 1, -1);
-    ctx->decode_head_pairs = (int)env_int("FLEXGEN_DECODE_HEAD_PAIRS", 0, 1, 1);
+    ctx->decode_head_pairs = (int)env_int("FLEXGEN_DECODE_HEAD_PAIRS", -1, 1, -1);
     ctx->bwd_tail_split = (int)env_int("FLEXGEN_BWD_TAIL_SPLIT", 0, 1, 1);
     ctx->decode_l2_prefetch = (int)env_int("FLEXGEN_DECODE_L2_PREFETCH", -1, 1, -1);
     ctx->cache_max_bytes = env_int("FLEXGEN_CACHE_MAX_BYTES", 1, INT64_MAX, (int64_t)1 << 30);
@@ -108,7 +108,7 @@ fg_status fg_ctx_set_int(fg_ctx *ctx, fg_option opt, int64_t v) {
         ctx->bwd_head_pairs = (int)v;
         return FG_OK;
     case FG_OPT_DECODE_HEAD_PAIRS:
-        FGI_CHECK_ARG(ctx, v == 0 || v == 1, "decode head pairs %lld must be 0 or 1", (long long)v);
+        FGI_CHECK_ARG(ctx, v >= -1 && v <= 1, "decode head pairs %lld must be -1, 0 or 1", (long long)v);
         ctx->decode_head_pairs = (int)v;
         return FG_OK;
     case FG_OPT_BWD_TAIL_SPLIT:

@@ -244,10 +244,12 @@ fg_status fgi_attn_decode_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_a
  * kernel for a call whose mask they cannot. */
 bool fgi_attn_decode_walks(const fg_attention_args *a);
 /* Whether the decode kernel at head dim 64 walks `a` over KV heads in
- * pairs (config.head_pairs): the context allows it
- * (FG_OPT_DECODE_HEAD_PAIRS), the heads are even in number with their k
- * and v rows side by side, and the pairs' tiles can walk the block mask. */
-bool fgi_attn_decode_pairs(const fg_ctx *ctx, const fg_attention_args *a);
+ * pairs (config.head_pairs): the heads are even in number with their k
+ * and v rows side by side, the pairs' tiles can walk the block mask, and
+ * the context asks for it (FG_OPT_DECODE_HEAD_PAIRS 1) or leaves the
+ * choice (-1) and the walks are not short: no block mask, or one of a
+ * mod (`mod`, may be NULL) whose mask is not local (fgi_mask_is_local). */
+bool fgi_attn_decode_pairs(const fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a);
 /* The workspace a decode launch of `a` (checked) by the kernel of `cfg`
  * may use, in bytes: its parts, 0 when its walk is not split. (Whether the
  * GPU merges a walk's splits in clusters, which then leave it unused, does
@@ -335,8 +337,8 @@ fg_kernel_config fgi_attn_bwd_config(fg_dtype dtype, int head_dim);
  * arguments already in this library's layout: the decode kernel where the
  * call takes it and it takes the head dim and the block mask, else the
  * forward kernel (its ragged form for per-sequence lengths, positions or
- * paged K/V). */
-fg_kernel_config fgi_attn_forward_kernel_config(const fg_ctx *ctx, const fg_attention_args *a);
+ * paged K/V). The mod's mask picks the decode walk (fgi_attn_decode_pairs). */
+fg_kernel_config fgi_attn_forward_kernel_config(const fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a);
 
 /* What every launch checks before touching the device: CUDA is ready and
  * the current CUDA context is the one the kernel was loaded in. */

@@ -97,8 +97,14 @@ static fg_attention_args pair_view(const fg_attention_args *a) {
     return p;
 }
 
-bool fgi_attn_decode_pairs(const fg_ctx *ctx, const fg_attention_args *a) {
+/* Chosen (-1): one KV head a walk where a block mask of a local mask
+ * makes every walk a few tiles: there the pairs' tiles of twice the bytes
+ * each wait as long as one head's, and half as many walk at once (paged
+ * sliding_window at head dim 64 +9-12% one head a walk; long walks 0.3-6%
+ * faster in pairs: bench/attention_notes.md, decode d48). */
+bool fgi_attn_decode_pairs(const fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a) {
     if (!ctx->decode_head_pairs || a->head_dim != 64 || !pairs_fit(a)) return false;
+    if (ctx->decode_head_pairs < 0 && a->block_mask && mod && mod->mask_local) return false;
     const fg_attention_args p = pair_view(a);
     return fgi_attn_decode_walks(&p);
 }

@@ -251,7 +251,8 @@ fg_status fg_kernel_launch(fg_ctx *ctx, fg_kernel *k, const fg_attention_args *a
  * only on whether q blocks are under 128 rows, and blocks under 128 in
  * either direction keep the portable kernel, so a few configurations serve
  * every block size. */
-static fg_kernel_config forward_config(const fg_ctx *ctx, const fg_attention_args *a, bool decode) {
+static fg_kernel_config forward_config(const fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a,
+                                       bool decode) {
     fg_kernel_config cfg = fg_kernel_config_init();
     cfg.kind = decode && fgi_attn_takes_decode(ctx, a) ? FG_KERNEL_ATTENTION_DECODE : FG_KERNEL_ATTENTION_FWD;
     cfg.dtype = a->dtype;
@@ -263,7 +264,7 @@ static fg_kernel_config forward_config(const fg_ctx *ctx, const fg_attention_arg
         cfg.ragged = fgi_attn_is_seq(a);
         cfg.dense = !bm; /* the Hopper kernel's 176-row tiles where they apply */
     } else {
-        cfg.head_pairs = fgi_attn_decode_pairs(ctx, a);
+        cfg.head_pairs = fgi_attn_decode_pairs(ctx, mod, a);
     }
     return cfg;
 }
@@ -272,16 +273,16 @@ static fg_kernel_config forward_config(const fg_ctx *ctx, const fg_attention_arg
  * and the block mask, else the forward kernel: for per-sequence lengths,
  * positions or paged K/V its ragged form (forward_config), which only the
  * portable kernel has. */
-fg_kernel_config fgi_attn_forward_kernel_config(const fg_ctx *ctx, const fg_attention_args *a) {
-    fg_kernel_config cfg = forward_config(ctx, a, true);
+fg_kernel_config fgi_attn_forward_kernel_config(const fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a) {
+    fg_kernel_config cfg = forward_config(ctx, mod, a, true);
     if (cfg.kind == FG_KERNEL_ATTENTION_DECODE &&
         (!fgi_kernel_applies(fgi_kernel_find(cfg.kind), &cfg) || !fgi_attn_decode_walks(a)))
-        cfg = forward_config(ctx, a, false);
+        cfg = forward_config(ctx, mod, a, false);
     return cfg;
 }
 
 static fg_status kernel_for(fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a, fg_kernel **out) {
-    const fg_kernel_config cfg = fgi_attn_forward_kernel_config(ctx, a);
+    const fg_kernel_config cfg = fgi_attn_forward_kernel_config(ctx, mod, a);
     return fg_kernel_get(ctx, mod, &cfg, out);
 }
 
@@ -307,7 +308,7 @@ fg_status fg_attention_workspace_size(fg_ctx *ctx, const fg_mod *mod, const fg_a
                          "batch %d, heads_q %d, heads_kv %d, q_len %d, kv_len %d: each must be >= 1, heads_q a "
                          "multiple of heads_kv",
                          a.batch, a.heads_q, a.heads_kv, a.q_len, a.kv_len);
-    const fg_kernel_config cfg = forward_config(ctx, &a, true);
+    const fg_kernel_config cfg = forward_config(ctx, mod, &a, true);
     if (cfg.kind != FG_KERNEL_ATTENTION_DECODE || !fgi_kernel_applies(fgi_kernel_find(cfg.kind), &cfg) ||
         !fgi_attn_decode_walks(&a)) {
         *bytes = FGI_FWD_WORKSPACE_BYTES; /* the Hopper forward's tile counter */
@@ -333,7 +334,7 @@ fg_status fg_attention_forward(fg_ctx *ctx, const fg_mod *mod, const fg_attentio
      * layout TMA cannot describe (the Hopper kernel), a block mask the
      * decode tiles cannot walk (the forward kernel is tried as
      * kernel_for would pick it, then the portable one). */
-    const fg_kernel_config cfg = forward_config(ctx, &a, false);
+    const fg_kernel_config cfg = forward_config(ctx, mod, &a, false);
     bool hopper = row->op == FGI_KOP_ATTENTION_DECODE && ctx->hopper_kernel != 0;
     for (int tries = 0; s == FG_ERR_NOT_SUPPORTED && tries < 2; tries++) {
         FGI_TRY(fgi_attn_kernel_get(ctx, mod, &cfg, hopper, &k));

@@ -173,7 +173,7 @@ static fg_status load_kernels(cp_call *c) {
         const fgi_ring_step *st = &rk->steps[c->parts[i].step];
         fg_attention_args pa;
         pair_call_args(c, c->parts[i].step, &st->pairs[c->parts[i].pair], k, v, st->kv_rows, c->parts[i].row, &pa);
-        const fg_kernel_config cfg = fgi_attn_forward_kernel_config(c->r.ctx, &pa);
+        const fg_kernel_config cfg = fgi_attn_forward_kernel_config(c->r.ctx, c->r.mod, &pa);
         bool seen = false; /* the rest of the configuration is the call's */
         for (int j = 0; j < nmade && !seen; j++)
             seen = made[j].kind == cfg.kind && made[j].q_block == cfg.q_block && made[j].kv_block == cfg.kv_block &&
