@@ -104,7 +104,7 @@ static fg_attention_args pair_view(const fg_attention_args *a) {
  * faster in pairs: bench/attention_notes.md, decode d48). */
 bool fgi_attn_decode_pairs(const fg_ctx *ctx, const fg_mod *mod, const fg_attention_args *a) {
     if (!ctx->decode_head_pairs || a->head_dim != 64 || !pairs_fit(a)) return false;
-    if (ctx->decode_head_pairs < 0 && a->block_mask && mod && mod->mask_local) return false;
+    if (ctx->decode_head_pairs < 0 && a->block_mask && mod && fgi_mask_is_local(mod)) return false;
     const fg_attention_args p = pair_view(a);
     return fgi_attn_decode_walks(&p);
 }

@@ -304,6 +304,5 @@ fg_status fgi_mod_finish(fg_ctx *ctx, fg_mod *mod) {
     mod->canonical = text;
     mod->hash = fgi_fnv1a(FGI_FNV_SEED, text, len);
     fgi_mod_mark_divisors(mod);
-    mod->mask_local = fgi_mask_is_local(mod);
     return FG_OK;
 }

@@ -12,14 +12,15 @@
  * pairs put twice the bytes behind each wait (bench/attention_notes.md,
  * "decode d48"). The sequence's length is not known when the mod is made,
  * nor are the keys a GPU-built block mask keeps known to the host without
- * waiting for the GPU, so the mod is judged once, by sampling its mask at
- * its parameters' defaults: for the last query of a 128-key block at
- * 2^20 (q_idx = 2^20 + 127, b = 0, h = 0), the 128-key blocks (as a block
- * mask's, from key 0) that hold a kept key among the 16384 keys up to the
- * query, among the first 1024 keys of the sequence (global or sink
- * tokens), and in three samples of 1024 keys spread over the rest. A mask is local when the last
- * 16384 keys hold at most FGI_LOCAL_NEAR_BLOCKS such blocks, the first 1024
- * at most FGI_LOCAL_FIRST_BLOCKS, and the three samples none.
+ * waiting for the GPU, so the mod is judged once (on first use), by
+ * sampling its mask at its parameters' defaults: for the last query of a
+ * 128-key block at 2^20 (q_idx = 2^20 + 127, b = 0, h = 0), the 128-key
+ * blocks (as a block mask's, from key 0) that hold a kept key among the
+ * 16384 keys up to the query, among the first 1024 keys of the sequence
+ * (global or sink tokens), and in three samples of 1024 keys spread over
+ * the rest. A mask is local when the last 16384 keys hold at most
+ * FGI_LOCAL_NEAR_BLOCKS such blocks, the first 1024 at most
+ * FGI_LOCAL_FIRST_BLOCKS, and the three samples none.
  *
  * A sample, not a proof: a mask it misjudges (one that keeps every 4096th
  * key, say) takes the other walk, which gives the same result to rounding,
@@ -51,12 +52,12 @@ static int kept_blocks(fg_ctx *ctx, const fg_mod *mod, const fgi_value *values, 
     return blocks;
 }
 
-bool fgi_mask_is_local(const fg_mod *mod) {
+static bool judge(const fg_mod *mod) {
     if (!mod->mask) return false;
     for (int i = 0; i < mod->nparams; i++)
         if (mod->params[i].kind == FG_PARAM_BUFFER) return false; /* no values to sample with */
     /* A context of its own: a failed evaluation (a division by zero at the
-     * defaults, say) leaves the caller's last error as it was. */
+     * defaults, say) is a judgement, not the caller's error. */
     fg_ctx probe;
     memset(&probe, 0, sizeof probe);
     probe.offset = -1;
@@ -77,4 +78,17 @@ bool fgi_mask_is_local(const fg_mod *mod) {
     free(out);
     fgi_clear_error(&probe);
     return local;
+}
+
+/* Judged on the first call only: sampling costs 10-200 us (the gallery's
+ * masks, release build), which only a decode call that can walk in pairs
+ * pays, once per mod. */
+bool fgi_mask_is_local(const fg_mod *mod) {
+    atomic_int *reach = (atomic_int *)&mod->mask_reach; /* a cache: mods are made mutable */
+    int r = atomic_load_explicit(reach, memory_order_relaxed);
+    if (r == 0) {
+        r = judge(mod) ? 1 : 2;
+        atomic_store_explicit(reach, r, memory_order_relaxed);
+    }
+    return r == 1;
 }
