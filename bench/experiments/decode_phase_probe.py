@@ -14,7 +14,7 @@ import re
 import statistics
 import sys
 
-PHASES = ("plan", "issue", "first", "loop", "merge", "end")
+PHASES = ("plan", "page", "issue", "first", "loop", "merge", "end")
 LINE = re.compile(r"PROBE (\w+) split (\d+) n (\d+) gt0 (\d+) " + " ".join(f"{p} (-?\\d+)" for p in PHASES))
 
 

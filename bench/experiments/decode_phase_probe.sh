@@ -11,7 +11,8 @@
 #   OUT=... bash bench/experiments/decode_phase_probe.sh PROBE_BUILD
 # (ONLY=REGEX: only the runs whose names match it, e.g. ONLY=b32)
 # Phases (cycles from the block's first instruction): plan (the split's
-# range known: the block mask's counts read), issue (the first tiles'
+# range known: the block mask's counts read), page (the first tile's page
+# id arrived, paged; its index entry, contiguous), issue (the first tiles'
 # copies issued: the index entries and, paged, the page ids read), first
 # (the first tile landed, every warp past its barrier), loop (the last
 # tile's P V done), merge (the warps' parts merged in shared memory), end
