@@ -302,7 +302,7 @@ struct fg_mod {
     fgi_func *score;           /* NULL: no score_mod                         */
     const char *canonical;     /* set by fgi_mod_finish                      */
     uint64_t hash;
-    /* fgi_mask_is_local's answer, judged on first use (a mod is otherwise
+    /* fgi_mask_is_local's answer (blockmask/blockmask.h), judged on first use (a mod is otherwise
      * immutable once made; threads that judge it at once store the same
      * answer): 0 not yet, 1 local, 2 not */
     atomic_int mask_reach;
@@ -319,16 +319,6 @@ fg_status fgi_mod_parse(fg_ctx *ctx, const char *filename, const char *text, siz
  * divisor parameters (fgi_mod_mark_divisors); called once when a mod is
  * created. */
 fg_status fgi_mod_finish(fg_ctx *ctx, fg_mod *mod);
-/* Whether the mod's mask_mod keeps only keys near a late query (a sliding
- * window, with a few leading keys at most), judged by sampling it at its
- * parameters' defaults (mod/reach.c says how, and what for) on the first
- * call, then remembered: at most FGI_LOCAL_NEAR_BLOCKS blocks of 128 keys
- * among the 16384 up to the query and FGI_LOCAL_FIRST_BLOCKS among the
- * sequence's first 1024. false without a mask_mod, with buffer parameters,
- * or where evaluating it fails. */
-#define FGI_LOCAL_NEAR_BLOCKS 16
-#define FGI_LOCAL_FIRST_BLOCKS 2
-bool fgi_mask_is_local(const fg_mod *mod);
 /* Set params[i].divisor for each scalar parameter that is the right
  * operand of an int `/` or `%` or a float `/` of its type (through unary
  * plus or a same-type cast). */

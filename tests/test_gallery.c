@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blockmask/blockmask.h"
 #include "internal.h"
 
 typedef struct shape {

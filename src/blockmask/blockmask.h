@@ -84,6 +84,17 @@ struct fg_block_mask {
     uint64_t cg_hash;
 };
 
+/* Whether the mod's mask_mod keeps only keys near a late query (a sliding
+ * window, with a few leading keys at most), judged by sampling it at its
+ * parameters' defaults (reach.c says how, and what for) on the first call,
+ * then remembered in the mod: at most FGI_LOCAL_NEAR_BLOCKS blocks of 128
+ * keys among the 16384 up to the query and FGI_LOCAL_FIRST_BLOCKS among
+ * the sequence's first 1024. false without a mask_mod, with buffer
+ * parameters, or where evaluating it fails. */
+#define FGI_LOCAL_NEAR_BLOCKS 16
+#define FGI_LOCAL_FIRST_BLOCKS 2
+bool fgi_mask_is_local(const fg_mod *mod);
+
 /* Array `which` (fg_block_mask_array) as a 0-based slot. */
 static inline int fgi_bm_slot(fg_block_mask_array which) { return (int)which - 1; }
 

@@ -15,7 +15,9 @@
  * waiting for the GPU, so the mod is judged once (on first use), by
  * sampling its mask at its parameters' defaults: for the last query of a
  * 128-key block at 2^20 (q_idx = 2^20 + 127, b = 0, h = 0), the 128-key
- * blocks (as a block mask's, from key 0) that hold a kept key among the
+ * blocks (as a block mask's, from key 0; counted by building the block
+ * mask of that one row on the CPU, fg_block_mask_create) that hold a kept
+ * key among the
  * 16384 keys up to the query, among the first 1024 keys of the sequence
  * (global or sink tokens), and in three samples of 1024 keys spread over
  * the rest. A mask is local when the last 16384 keys hold at most
@@ -28,9 +30,8 @@
  * values bound at a call, so changing a parameter never changes the kernel
  * (flexgen.h: changing a value never recompiles).
  */
-#include "mod/front.h"
+#include "blockmask/blockmask.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 #define PROBE_BLOCK 128
@@ -40,49 +41,42 @@
 #define PROBE_SAMPLE 1024
 
 /* Blocks of PROBE_BLOCK keys holding a kept key among [kv0, kv0 + n) for
- * the probe's query, or -1 where the evaluation fails. */
-static int kept_blocks(fg_ctx *ctx, const fg_mod *mod, const fgi_value *values, int kv0, int n, uint8_t *out) {
-    if (fgi_eval_mask(ctx, mod, values, 0, 0, PROBE_Q, 1, kv0, n, out) != FG_OK) return -1;
-    int blocks = 0;
-    for (int blk = 0; blk < n; blk += PROBE_BLOCK) {
-        bool any = false;
-        for (int j = blk; j < blk + PROBE_BLOCK && j < n && !any; j++) any = out[j] != 0;
-        blocks += any;
-    }
+ * the probe's query (kv0 a multiple of PROBE_BLOCK): the partial and full
+ * counts of that row's block mask; -1 where building it fails (a buffer
+ * parameter left unbound, an evaluation error). */
+static int kept_blocks(fg_ctx *ctx, const fg_mod *mod, int kv0, int n) {
+    const fg_block_mask_desc d = {1, 1, 1, n, PROBE_BLOCK, PROBE_BLOCK, sizeof d, PROBE_Q, kv0};
+    fg_block_mask *m = NULL;
+    if (fg_block_mask_create(ctx, mod, &d, NULL, 0, &m) != FG_OK) return -1;
+    const int32_t *part = NULL, *full = NULL;
+    fg_block_mask_array_get(m, FG_BM_KV_NUM_BLOCKS, &part, NULL, NULL);
+    fg_block_mask_array_get(m, FG_BM_FULL_KV_NUM_BLOCKS, &full, NULL, NULL);
+    const int blocks = part && full ? part[0] + full[0] : -1;
+    fg_block_mask_destroy(m);
     return blocks;
 }
 
 static bool judge(const fg_mod *mod) {
     if (!mod->mask) return false;
-    for (int i = 0; i < mod->nparams; i++)
-        if (mod->params[i].kind == FG_PARAM_BUFFER) return false; /* no values to sample with */
-    /* A context of its own: a failed evaluation (a division by zero at the
-     * defaults, say) is a judgement, not the caller's error. */
+    /* A context of its own: a failed build (an unbound buffer, a division
+     * by zero at the defaults) is a judgement, not the caller's error. */
     fg_ctx probe;
     memset(&probe, 0, sizeof probe);
     probe.offset = -1;
-    fgi_value values[FGI_MAX_PARAMS];
-    uint8_t *out = malloc(PROBE_NEAR);
-    bool local = false;
-    if (out && fgi_bind(&probe, mod, NULL, 0, values) == FG_OK) {
-        const int near = kept_blocks(&probe, mod, values, PROBE_Q + 1 - PROBE_NEAR, PROBE_NEAR, out);
-        const int first = kept_blocks(&probe, mod, values, 0, PROBE_SAMPLE, out);
-        int middle = 0;
-        for (int s = 1; s <= 3 && middle >= 0; s++) {
-            const int m = kept_blocks(&probe, mod, values, PROBE_AT / 4 * s, PROBE_SAMPLE, out);
-            middle = m < 0 ? -1 : middle + m;
-        }
-        local = near >= 0 && near <= FGI_LOCAL_NEAR_BLOCKS && first >= 0 && first <= FGI_LOCAL_FIRST_BLOCKS &&
-                middle == 0;
+    const int near = kept_blocks(&probe, mod, PROBE_Q + 1 - PROBE_NEAR, PROBE_NEAR);
+    bool local = near >= 0 && near <= FGI_LOCAL_NEAR_BLOCKS;
+    if (local) {
+        const int first = kept_blocks(&probe, mod, 0, PROBE_SAMPLE);
+        local = first >= 0 && first <= FGI_LOCAL_FIRST_BLOCKS;
     }
-    free(out);
+    for (int s = 1; s <= 3 && local; s++) local = kept_blocks(&probe, mod, PROBE_AT / 4 * s, PROBE_SAMPLE) == 0;
     fgi_clear_error(&probe);
     return local;
 }
 
-/* Judged on the first call only: sampling costs 10-200 us (the gallery's
- * masks, release build), which only a decode call that can walk in pairs
- * pays, once per mod. */
+/* Judged on the first call only: sampling costs 20-300 us (the gallery's
+ * masks), which only a decode call that can walk in pairs pays, once per
+ * mod. */
 bool fgi_mask_is_local(const fg_mod *mod) {
     atomic_int *reach = (atomic_int *)&mod->mask_reach; /* a cache: mods are made mutable */
     int r = atomic_load_explicit(reach, memory_order_relaxed);
